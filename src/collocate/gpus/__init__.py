@@ -1,0 +1,1 @@
+"""GPU backends behind one interface: NVML for real GPUs, an emulated twin for machines without."""

@@ -1,0 +1,63 @@
+"""The one interface every GPU backend implements.
+
+The daemon and the monitor only talk to a ``GpuBackend``; tests and CPU-only machines swap in
+the emulated backend instead of patching NVML calls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from collocate.model import GpuId
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceInfo:
+    """Static facts about one schedulable device (a whole GPU or one MIG instance)."""
+
+    id: GpuId
+    uuid: str  # what CUDA_VISIBLE_DEVICES gets (GPU-... or MIG-...)
+    type_name: str  # e.g. "A100-40GB", or the NVML product name for unknown real GPUs
+    total_mib: float
+    sm_count: int
+    parent_uuid: str | None = None  # the physical GPU of a MIG instance
+    mig_profile: str | None = None  # e.g. "3g.20gb"
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessUsage:
+    pid: int
+    used_mib: float
+    sm_util: float | None = None  # fraction in [0, 1], when the backend can attribute it
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceSample:
+    """One reading of a device. Metrics a backend cannot read are None, never a made-up zero."""
+
+    uuid: str
+    time: float  # time.time() of the reading
+    used_mib: float
+    free_mib: float
+    gpu_util: float | None = None  # NVML "utilization.gpu" as a fraction
+    sm_activity: float | None = None  # GPM SM_UTIL / DCGM SM_ACTIVE, fraction
+    sm_occupancy: float | None = None
+    dram_activity: float | None = None
+    power_watts: float | None = None
+    energy_joules: float | None = None  # monotonic counter since driver load
+    processes: tuple[ProcessUsage, ...] = ()
+
+
+class GpuBackend(Protocol):
+    name: str
+
+    def devices(self) -> list[DeviceInfo]:
+        """Schedulable devices; with MIG enabled, the MIG instances instead of their parent."""
+        ...
+
+    def sample(self) -> list[DeviceSample]:
+        """Read every device once. Must be cheap: the daemon calls it every sampling period."""
+        ...
+
+    def close(self) -> None: ...

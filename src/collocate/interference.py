@@ -1,0 +1,112 @@
+"""How much collocated jobs slow each other down, and what a GPU draws doing it.
+
+One model serves the simulator (job progress and energy), the ``auto`` policy (predicted
+slowdown of a candidate placement) and emulated jobs (so the demo shows real trade-offs).
+The formulas and the provenance of every parameter are in ``data/interference.toml``.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from collocate.errors import InputError
+from collocate.model import JobProfile, SharingMode
+
+
+@dataclass(frozen=True, slots=True)
+class ModeParams:
+    base: float
+    per_sm: float = 0.0
+    per_dram: float = 0.0
+    saturation_exponent: float = 1.0
+    speed_exponent: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class InterferenceModel:
+    modes: dict[SharingMode, ModeParams]
+    power_exponent: float = 1.0
+
+    def slowdown(
+        self,
+        mode: SharingMode,
+        job: JobProfile,
+        others: Sequence[JobProfile] = (),
+        *,
+        speed: float = 1.0,
+    ) -> float:
+        """Factor (>= 1) by which ``job`` runs slower than alone on a whole GPU."""
+        p = self.modes[mode]
+        if mode is SharingMode.MIG:
+            return (1.0 + p.base) * max(1.0, job.sm_activity / speed) ** p.speed_exponent
+        if not others:
+            return 1.0
+        return float(
+            shared_slowdown(
+                p,
+                job.sm_activity,
+                job.dram_activity,
+                sum(o.sm_activity for o in others),
+                sum(o.dram_activity for o in others),
+            )
+        )
+
+    def busy_fraction(self, profiles: Sequence[JobProfile]) -> float:
+        """Fraction of the GPU's SMs kept busy by these jobs together (for power and SM util)."""
+        return min(1.0, sum(p.sm_activity for p in profiles))
+
+    def power_watts(self, idle_watts: float, max_watts: float, profiles: Sequence[JobProfile]) -> float:
+        busy = self.busy_fraction(profiles)
+        return idle_watts + (max_watts - idle_watts) * busy**self.power_exponent
+
+
+def shared_slowdown(p: ModeParams, sm, dram, other_sm, other_dram):
+    """The sharing formula for time-slicing and MPS; works on floats and numpy arrays alike, so
+    the ``auto`` policy can score a thousand candidate GPUs in one call."""
+    sharing = 1.0 + p.base + p.per_sm * other_sm + p.per_dram * other_dram
+    total = np.maximum(np.maximum(sm + other_sm, dram + other_dram), 1.0)
+    return sharing * total**p.saturation_exponent
+
+
+def load_interference(path: Path | None = None) -> InterferenceModel:
+    """Read the model from a TOML file (the packaged default when ``path`` is None)."""
+    if path is None:
+        return default_interference()
+    try:
+        return _parse(tomllib.loads(path.read_text()), str(path))
+    except OSError as exc:
+        raise InputError(f"cannot read interference model {path}: {exc}") from exc
+
+
+@cache
+def default_interference() -> InterferenceModel:
+    text = resources.files("collocate").joinpath("data/interference.toml").read_text()
+    return _parse(tomllib.loads(text), "collocate/data/interference.toml")
+
+
+def _parse(doc: dict, where: str) -> InterferenceModel:
+    modes: dict[SharingMode, ModeParams] = {}
+    for name, values in doc.get("modes", {}).items():
+        try:
+            mode = SharingMode(name)
+        except ValueError:
+            raise InputError(
+                f"{where}: unknown sharing mode [modes.{name}]",
+                hint=f"use one of {', '.join(m.value for m in SharingMode)}",
+            ) from None
+        fields = {k: float(v) for k, v in values.items() if k != "provenance"}
+        try:
+            modes[mode] = ModeParams(**fields)
+        except TypeError as exc:
+            raise InputError(f"{where}: [modes.{name}]: {exc}") from None
+    missing = [m.value for m in SharingMode if m not in modes]
+    if missing:
+        raise InputError(f"{where}: no parameters for sharing mode(s) {', '.join(missing)}")
+    return InterferenceModel(modes, float(doc.get("power", {}).get("exponent", 1.0)))

@@ -1,0 +1,253 @@
+"""Plain data shared by every part: jobs, GPUs, cluster snapshots and placement plans.
+
+Everything here is an immutable value. The scheduler core, the policies, the simulator and the
+daemon exchange these objects; none of them carries behaviour beyond small derived properties.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import numpy as np
+
+
+class SharingMode(StrEnum):
+    """How jobs on one GPU share it."""
+
+    TIME_SLICING = "time-slicing"  # the driver's default: contexts take turns
+    MPS = "mps"  # NVIDIA Multi-Process Service: kernels of several processes run concurrently
+    MIG = "mig"  # hardware partitions; each instance is scheduled as a GPU of its own
+
+
+class JobState(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    REJECTED = "rejected"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self not in (JobState.PENDING, JobState.RUNNING)
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class GpuId:
+    """A GPU (or MIG instance) in the cluster: node, device index, optional MIG instance."""
+
+    node: str
+    index: int
+    mig: str | None = None
+
+    def __str__(self) -> str:
+        base = f"{self.node}:{self.index}"
+        return f"{base}/{self.mig}" if self.mig else base
+
+    @classmethod
+    def parse(cls, text: str) -> GpuId:
+        head, _, mig = text.partition("/")
+        node, _, index = head.rpartition(":")
+        return cls(node, int(index), mig or None)
+
+
+@dataclass(frozen=True, slots=True)
+class JobProfile:
+    """How a job uses a GPU when it runs alone: the inputs of the interference model.
+
+    ``sm_activity`` and ``dram_activity`` are fractions in [0, 1] as DCGM/GPM report them
+    (SM active cycles, DRAM interface active cycles).
+    """
+
+    sm_activity: float = 0.5
+    dram_activity: float = 0.2
+
+
+UNKNOWN_PROFILE = JobProfile()
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A training job as the scheduler sees it; the daemon keeps command, cwd and env beside it.
+
+    ``mem_mib`` is the memory requirement placement uses (an estimate, a declaration, a measured
+    peak, or a value raised after an out-of-memory crash); ``mem_source`` says which, and
+    ``mem_uncertainty`` is its relative uncertainty (0 = measured).
+    """
+
+    id: str
+    gpus: int = 1
+    mem_mib: float | None = None
+    mem_source: str = "unknown"
+    mem_uncertainty: float = 0.0
+    submit_time: float = 0.0
+    priority: int = 0
+    name: str = ""
+    profile: JobProfile = UNKNOWN_PROFILE
+    max_retries: int = 3
+    attempts: int = 0
+    oom_crashes: int = 0
+    state: JobState = JobState.PENDING
+    dataset: str | None = None
+    reason: str = ""  # why it was rejected, failed or last requeued
+
+    @property
+    def recovered(self) -> bool:
+        """True once the job has been requeued after an out-of-memory crash."""
+        return self.oom_crashes > 0
+
+    @property
+    def mem_known(self) -> bool:
+        return self.mem_source in ("measured", "history")
+
+
+@dataclass(frozen=True, slots=True)
+class Utilization:
+    """Window summaries of a GPU's activity (see ``collocate.policies.risk``), each in [0, 1]."""
+
+    sm_activity: float = 0.0
+    sm_occupancy: float = 0.0
+    dram_activity: float = 0.0
+
+
+IDLE = Utilization()
+
+
+@dataclass(frozen=True, slots=True)
+class GpuView:
+    """One GPU described by hand: how tests and the daemon (few GPUs) state a GPU's condition.
+
+    ``free_mib`` is measured free memory; ``committed_mib`` the sum of the memory requirements
+    of the jobs placed on it (which may not have allocated yet). ``launch_seen_at`` is when the
+    newest job placed here was first seen running on it: ``inf`` while not yet seen, ``-inf``
+    when nothing is settling (or the newest job's memory is known from a measurement).
+    """
+
+    id: GpuId
+    total_mib: float
+    free_mib: float | None = None  # None: total minus committed
+    committed_mib: float = 0.0
+    util: Utilization = IDLE
+    jobs: tuple[str, ...] = ()
+    launch_seen_at: float = -math.inf
+    speed: float = 1.0  # relative compute (a MIG slice is < 1); not used for memory
+
+
+@dataclass(frozen=True, slots=True)
+class RunningJob:
+    """A job currently on the cluster, as policies see it (for interference predictions)."""
+
+    id: str
+    gpus: tuple[GpuId, ...]
+    profile: JobProfile
+    mem_mib: float
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ClusterSnapshot:
+    """The cluster at decision time, as parallel arrays indexed by GPU position.
+
+    Arrays rather than a list of objects because a policy runs on every scheduling round of a
+    simulation of thousands of GPUs; ``from_views`` builds one from hand-written ``GpuView``s.
+    Policies treat the arrays as read-only.
+
+    Per GPU: ``node`` (node number), ``total_mib``, ``free_mib`` (measured), ``committed_mib``
+    (sum of placed jobs' requirements), ``n_jobs``, ``sm_sum``/``dram_sum`` (sum of the solo
+    activity profiles of the jobs on it), ``util_sm``/``util_occ``/``util_dram`` (measured
+    window summaries), ``launch_seen_at`` (see ``GpuView``) and ``speed``.
+    """
+
+    now: float
+    ids: tuple[GpuId, ...]
+    node: np.ndarray
+    total_mib: np.ndarray
+    free_mib: np.ndarray
+    committed_mib: np.ndarray
+    n_jobs: np.ndarray
+    sm_sum: np.ndarray
+    dram_sum: np.ndarray
+    util_sm: np.ndarray
+    util_occ: np.ndarray
+    util_dram: np.ndarray
+    launch_seen_at: np.ndarray
+    speed: np.ndarray
+    sharing: SharingMode = SharingMode.TIME_SLICING
+    running: Mapping[str, RunningJob] = field(default_factory=dict)
+    placements_made: int = 0  # placements so far, for policies that rotate (round-robin)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @classmethod
+    def from_views(
+        cls,
+        views: Sequence[GpuView],
+        *,
+        now: float = 0.0,
+        sharing: SharingMode = SharingMode.TIME_SLICING,
+        running: Mapping[str, RunningJob] | None = None,
+        placements_made: int = 0,
+    ) -> ClusterSnapshot:
+        running = dict(running or {})
+        node_numbers: dict[str, int] = {}
+        sm = np.zeros(len(views))
+        dram = np.zeros(len(views))
+        for i, v in enumerate(views):
+            node_numbers.setdefault(v.id.node, len(node_numbers))
+            for job_id in v.jobs:
+                profile = running[job_id].profile if job_id in running else UNKNOWN_PROFILE
+                sm[i] += profile.sm_activity
+                dram[i] += profile.dram_activity
+
+        def column(values, dtype=float) -> np.ndarray:
+            return np.array(list(values), dtype=dtype)
+
+        return cls(
+            now=now,
+            ids=tuple(v.id for v in views),
+            node=column((node_numbers[v.id.node] for v in views), np.int64),
+            total_mib=column(v.total_mib for v in views),
+            free_mib=column(
+                v.total_mib - v.committed_mib if v.free_mib is None else v.free_mib for v in views
+            ),
+            committed_mib=column(v.committed_mib for v in views),
+            n_jobs=column((len(v.jobs) for v in views), np.int64),
+            sm_sum=sm,
+            dram_sum=dram,
+            util_sm=column(v.util.sm_activity for v in views),
+            util_occ=column(v.util.sm_occupancy for v in views),
+            util_dram=column(v.util.dram_activity for v in views),
+            launch_seen_at=column(v.launch_seen_at for v in views),
+            speed=column(v.speed for v in views),
+            sharing=sharing,
+            running=running,
+            placements_made=placements_made,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    job_id: str
+    gpus: tuple[GpuId, ...]
+    mem_mib: float | None = None  # the requirement it was placed with (MPS limits derive from it)
+    sm_share: float | None = None  # MPS active-thread fraction, when the policy sets one
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    job_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What one scheduling round decided. An executor (simulator or daemon) applies it."""
+
+    placements: tuple[Placement, ...] = ()
+    rejections: tuple[Rejection, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.placements or self.rejections)

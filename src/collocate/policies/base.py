@@ -1,0 +1,88 @@
+"""What every placement policy shares: the signature, the per-round ledger and node grouping.
+
+A policy is a pure function ``(queue, snapshot) -> Plan``. ``queue`` is the pending jobs in
+queue order (jobs recovered from an out-of-memory crash first, then by priority, then by
+submission); ``snapshot`` is the cluster at decision time. A policy may place several jobs in
+one round; the ``Ledger`` keeps its own tentative bookkeeping so that the second placement of a
+round sees the first one, without touching the snapshot.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Protocol
+
+import numpy as np
+
+from collocate.model import ClusterSnapshot, Job, Placement, Plan
+
+
+class Policy(Protocol):
+    name: str
+
+    def __call__(self, queue: Sequence[Job], cluster: ClusterSnapshot) -> Plan: ...
+
+
+class Ledger:
+    """Per-round copies of the mutable columns of a snapshot, updated as jobs are placed."""
+
+    def __init__(self, cluster: ClusterSnapshot) -> None:
+        self.cluster = cluster
+        self.free_mib = cluster.free_mib.copy()
+        self.committed_mib = cluster.committed_mib.copy()
+        self.n_jobs = cluster.n_jobs.copy()
+        self.sm_sum = cluster.sm_sum.copy()
+        self.dram_sum = cluster.dram_sum.copy()
+        self.launch_seen_at = cluster.launch_seen_at.copy()
+        self.placements: list[Placement] = []
+
+    def place(self, job: Job, gpus: Iterable[int], *, sm_share: float | None = None) -> None:
+        idx = list(gpus)
+        mem = job.mem_mib or 0.0
+        self.free_mib[idx] -= mem
+        self.committed_mib[idx] += mem
+        self.n_jobs[idx] += 1
+        self.sm_sum[idx] += job.profile.sm_activity
+        self.dram_sum[idx] += job.profile.dram_activity
+        # A job placed now has not been seen on the GPU yet, unless its memory is measured.
+        self.launch_seen_at[idx] = -math.inf if job.mem_known else math.inf
+        ids = self.cluster.ids
+        self.placements.append(
+            Placement(job.id, tuple(ids[i] for i in idx), job.mem_mib, sm_share)
+        )
+
+    def in_flight(self, settle_s: float) -> np.ndarray:
+        """GPUs whose newest job is not yet seen running plus ``settle_s`` (memory still ramping)."""
+        return (self.cluster.now - self.launch_seen_at) < settle_s
+
+    def plan(self) -> Plan:
+        return Plan(tuple(self.placements))
+
+
+def pick_on_one_node(candidates: np.ndarray, node: np.ndarray, count: int) -> list[int] | None:
+    """The first ``count`` candidates (kept in their given order) that share one node.
+
+    Nodes are tried in the order their first candidate appears, so a policy's preference order
+    also decides the node. Returns None when no node has enough candidates.
+    """
+    if count == 1:
+        return [int(candidates[0])] if len(candidates) else None
+    if len(candidates) < count:
+        return None
+    nodes = node[candidates]
+    seen: set[int] = set()
+    for n in nodes:
+        n = int(n)
+        if n in seen:
+            continue
+        seen.add(n)
+        members = candidates[nodes == n]
+        if len(members) >= count:
+            return [int(i) for i in members[:count]]
+    return None
+
+
+def gpus_per_node(cluster: ClusterSnapshot) -> int:
+    """The most GPUs any one node has: the largest job the cluster can ever run."""
+    return int(np.bincount(cluster.node).max()) if len(cluster) else 0

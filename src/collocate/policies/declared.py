@@ -1,0 +1,35 @@
+"""``declared-memory``: pack jobs by the memory their users declared (gflow ``--shared``, KAI
+gpu-memory requests). Trusts the declaration completely: it never looks at measured memory, so a
+job that uses more than it declared can crash its neighbours' allocations.
+
+A job without a declaration is treated as needing a whole GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from collocate.model import ClusterSnapshot, Job, Plan
+from collocate.policies.base import Ledger, pick_on_one_node
+
+
+@dataclass(frozen=True)
+class DeclaredMemory:
+    name: ClassVar[str] = "declared-memory"
+
+    def __call__(self, queue: Sequence[Job], cluster: ClusterSnapshot) -> Plan:
+        ledger = Ledger(cluster)
+        for job in queue:
+            if job.mem_mib is None:
+                fits = ledger.n_jobs == 0
+            else:
+                fits = cluster.total_mib - ledger.committed_mib >= job.mem_mib
+            gpus = pick_on_one_node(np.flatnonzero(fits), cluster.node, job.gpus)  # first fit
+            if gpus is None:
+                break
+            ledger.place(job, gpus)
+        return ledger.plan()

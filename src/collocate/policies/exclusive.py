@@ -1,0 +1,26 @@
+"""``exclusive``: FIFO on whole GPUs, never shared — what a plain Slurm GPU queue gives."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from collocate.model import ClusterSnapshot, Job, Plan
+from collocate.policies.base import Ledger, pick_on_one_node
+
+
+@dataclass(frozen=True)
+class Exclusive:
+    name: ClassVar[str] = "exclusive"
+
+    def __call__(self, queue: Sequence[Job], cluster: ClusterSnapshot) -> Plan:
+        ledger = Ledger(cluster)
+        for job in queue:
+            gpus = pick_on_one_node(np.flatnonzero(ledger.n_jobs == 0), cluster.node, job.gpus)
+            if gpus is None:
+                break  # strict FIFO: the head waits, and so does everyone behind it
+            ledger.place(job, gpus)
+        return ledger.plan()

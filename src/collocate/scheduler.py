@@ -1,0 +1,154 @@
+"""The scheduling core that the simulator and the daemon both run.
+
+It owns the queue and the jobs' states, asks the policy for a plan each round, checks the plan,
+and applies the recovery rules when a job's process ends. It does no I/O and reads no clock:
+the caller passes the cluster snapshot and the time, and persists every changed job through the
+``on_change`` hook (the daemon writes it to SQLite; the simulator keeps it in memory).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+
+from sortedcontainers import SortedKeyList
+
+from collocate.errors import CollocateError
+from collocate.model import ClusterSnapshot, Job, JobState, Plan, Rejection
+from collocate.policies.base import Policy
+from collocate.recovery import ExitReport, RecoveryRules, after_exit
+
+
+class PolicyError(CollocateError):
+    """A policy returned an impossible plan: a bug in the policy, never the user's fault."""
+
+
+@dataclass(frozen=True, slots=True)
+class Capacity:
+    """The static shape of the cluster, to reject jobs no node could ever run."""
+
+    nodes: tuple[tuple[int, float], ...]  # per node: (GPU count, largest GPU memory in MiB)
+
+    @classmethod
+    def of(cls, cluster: ClusterSnapshot) -> Capacity:
+        shape: dict[int, tuple[int, float]] = {}
+        for node, total in zip(cluster.node.tolist(), cluster.total_mib.tolist()):
+            count, largest = shape.get(node, (0, 0.0))
+            shape[node] = (count + 1, max(largest, total))
+        return cls(tuple(shape.values()))
+
+    def why_not(self, job: Job) -> str | None:
+        if job.gpus < 1:
+            return "a job needs at least 1 GPU"
+        most_gpus = max((n for n, _ in self.nodes), default=0)
+        if job.gpus > most_gpus:
+            return f"needs {job.gpus} GPUs on one node but the largest node has {most_gpus}"
+        if job.mem_mib is not None:
+            largest = max((m for n, m in self.nodes if n >= job.gpus), default=0.0)
+            if job.mem_mib > largest:
+                return (
+                    f"needs {job.mem_mib:.0f} MiB per GPU but the largest GPU has {largest:.0f} MiB"
+                )
+        return None
+
+
+def queue_key(job: Job) -> tuple:
+    """Recovered jobs first, then higher priority, then earlier submission."""
+    return (not job.recovered, -job.priority, job.submit_time, job.id)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        policy: Policy,
+        capacity: Capacity,
+        *,
+        rules: RecoveryRules = RecoveryRules(),
+        on_change: Callable[[Job], None] | None = None,
+    ) -> None:
+        self.policy = policy
+        self.capacity = capacity
+        self.rules = rules
+        self.jobs: dict[str, Job] = {}
+        self._queue = SortedKeyList(key=queue_key)
+        self._on_change = on_change or (lambda job: None)
+        self.placements_made = 0
+
+    # -- queue ------------------------------------------------------------------------------
+    @property
+    def queue(self) -> Sequence[Job]:
+        """Pending jobs in queue order (read-only view)."""
+        return self._queue
+
+    def submit(self, job: Job) -> Job:
+        """Queue a job, or reject it with a reason when no node could ever run it."""
+        if job.id in self.jobs:
+            raise CollocateError(f"job id {job.id!r} is already known")
+        reason = self.capacity.why_not(job)
+        if reason is not None:
+            return self._store(replace(job, state=JobState.REJECTED, reason=reason))
+        return self._store(replace(job, state=JobState.PENDING))
+
+    def restore(self, jobs: Iterable[Job]) -> None:
+        """Load jobs saved by an earlier run (the daemon after a restart), without callbacks."""
+        for job in jobs:
+            self.jobs[job.id] = job
+            if job.state is JobState.PENDING:
+                self._queue.add(job)
+
+    # -- rounds -----------------------------------------------------------------------------
+    def schedule(self, cluster: ClusterSnapshot) -> Plan:
+        """Run one policy round and mark the placed jobs running."""
+        if not self._queue:
+            return Plan()
+        cluster = replace(cluster, placements_made=self.placements_made)
+        plan = self.policy(self._queue, cluster)
+        self._check(plan, cluster)
+        for placement in plan.placements:
+            job = self.jobs[placement.job_id]
+            self._store(replace(job, state=JobState.RUNNING, attempts=job.attempts + 1))
+        self.placements_made += len(plan.placements)
+        return plan
+
+    def job_exited(self, job_id: str, report: ExitReport) -> Job:
+        job = self.jobs[job_id]
+        if job.state is not JobState.RUNNING:
+            raise CollocateError(f"job {job_id} is {job.state}, not running")
+        return self._store(after_exit(job, report, self.rules))
+
+    def cancel(self, job_id: str) -> Job:
+        job = self.jobs[job_id]
+        if job.state.is_terminal:
+            return job
+        return self._store(replace(job, state=JobState.CANCELLED, reason="cancelled by the user"))
+
+    def update(self, job: Job) -> Job:
+        """Replace a job's record (e.g. a new estimate), keeping the queue consistent."""
+        return self._store(job)
+
+    # -- internals --------------------------------------------------------------------------
+    def _store(self, job: Job) -> Job:
+        old = self.jobs.get(job.id)
+        if old is not None and old.state is JobState.PENDING:
+            self._queue.remove(old)
+        self.jobs[job.id] = job
+        if job.state is JobState.PENDING:
+            self._queue.add(job)
+        self._on_change(job)
+        return job
+
+    def _check(self, plan: Plan, cluster: ClusterSnapshot) -> None:
+        known = set(cluster.ids)
+        seen: set[str] = set()
+        for p in plan.placements:
+            job = self.jobs.get(p.job_id)
+            if job is None or job.state is not JobState.PENDING or p.job_id in seen:
+                raise PolicyError(f"policy {self.policy.name} placed job {p.job_id} that is not pending")
+            seen.add(p.job_id)
+            if len(set(p.gpus)) != job.gpus or not set(p.gpus) <= known:
+                raise PolicyError(
+                    f"policy {self.policy.name} gave job {p.job_id} GPUs {p.gpus}; it needs {job.gpus}"
+                )
+        for r in plan.rejections:
+            if not isinstance(r, Rejection) or r.job_id not in self.jobs:
+                raise PolicyError(f"policy {self.policy.name} rejected an unknown job {r}")

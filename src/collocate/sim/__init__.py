@@ -1,0 +1,1 @@
+"""Discrete-event simulation of a GPU cluster running the real scheduler core."""

@@ -1,0 +1,128 @@
+"""`collocate simulate`: replay a trace under several policies and compare them."""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from collocate.errors import InputError
+
+
+class OutputFormat(StrEnum):
+    table = "table"
+    json = "json"
+
+
+def register(app: typer.Typer) -> None:
+    app.command("simulate")(simulate)
+
+
+def simulate(
+    trace: Annotated[Path | None, typer.Option(help="Job trace (CSV or JSONL); see docs/simulator.md.")] = None,
+    workloads: Annotated[
+        Path | None, typer.Option(help="Workload catalogue for traces that name workloads (carma-workloads.csv format).")
+    ] = None,
+    synthetic: Annotated[
+        int, typer.Option(help="Instead of --trace, generate this many synthetic jobs (seeded by --seed).")
+    ] = 0,
+    cluster: Annotated[str, typer.Option(help="GPUs, e.g. 4xA100-40GB or 2x(8xH100-80GB) for nodes.")] = "4xA100-40GB",
+    policy: Annotated[str, typer.Option(help="Comma-separated policies to compare.")] = "exclusive,carma-magm,auto",
+    estimator: Annotated[
+        str, typer.Option(help="Memory estimate the policies see: peak, horus, faketensor or gpumemnet.")
+    ] = "peak",
+    sharing: Annotated[str, typer.Option(help="How jobs share a GPU: time-slicing or mps.")] = "time-slicing",
+    seed: Annotated[int, typer.Option(help="Seed for synthetic traces.")] = 0,
+    out: Annotated[Path | None, typer.Option(help="Folder for per-job CSV and PNG plots.")] = None,
+    format: Annotated[OutputFormat, typer.Option("--format", help="table or json.")] = OutputFormat.table,
+) -> None:
+    """Replay a job trace under one or more placement policies and compare them.
+
+    Every policy runs through the same scheduler core as `collocate serve`; only the clock, the
+    GPUs and the jobs are simulated. Estimates drive placement while out-of-memory crashes follow
+    the jobs' measured peaks.
+    """
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from collocate.gputypes import parse_cluster
+    from collocate.model import SharingMode
+    from collocate.policies import make_policy
+    from collocate.sim.engine import SimConfig, Simulation
+    from collocate.sim.metrics import summarize
+    from collocate.sim.report import table, write_jobs_csv, write_plots
+    from collocate.sim.synth import synthetic_trace
+    from collocate.sim.trace import ESTIMATORS, load_catalogue, load_trace
+
+    nodes = parse_cluster(cluster)
+    if estimator not in ESTIMATORS:
+        raise InputError(f"unknown estimator {estimator!r}", hint=f"valid estimators: {', '.join(ESTIMATORS)}")
+    try:
+        mode = SharingMode(sharing)
+    except ValueError:
+        raise InputError(f"unknown sharing mode {sharing!r}", hint="valid: time-slicing, mps") from None
+    if mode is SharingMode.MIG:
+        raise InputError("the simulator does not model MIG partitions yet", hint="use time-slicing or mps")
+    policies = [make_policy(name.strip()) for name in policy.split(",") if name.strip()]
+    if not policies:
+        raise InputError("no policy given", hint="e.g. --policy exclusive,carma-magm,auto")
+
+    if synthetic and trace:
+        raise InputError("give either --trace or --synthetic, not both")
+    if synthetic:
+        gpu_count = sum(n.count for n in nodes)
+        jobs = synthetic_trace(
+            synthetic,
+            gpus=gpu_count,
+            gpu_mem_mib=min(n.gpu_type.memory_mib for n in nodes),
+            max_gpus_per_job=max(n.count for n in nodes),
+            seed=seed,
+        )
+        source = f"{synthetic} synthetic jobs (seed {seed})"
+    elif trace:
+        catalogue = load_catalogue(workloads) if workloads else None
+        jobs = load_trace(trace, catalogue)
+        source = str(trace.name)
+    else:
+        raise InputError(
+            "no trace given",
+            hint="pass --trace FILE (and --workloads FILE for CARMA-style traces) or --synthetic N",
+        )
+
+    console = Console(stderr=True)
+    config = SimConfig(sharing=mode, estimator=estimator)
+    results = []
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=console, transient=True, disable=format is OutputFormat.json and not console.is_terminal,
+    ) as progress:
+        for p in policies:
+            task = progress.add_task(f"{p.name:>16}", total=len(jobs))
+            sim = Simulation(nodes, jobs, p, config, progress=lambda done, total: progress.update(task, completed=done))
+            results.append(sim.run())
+    summaries = [summarize(r) for r in results]
+
+    written: list[Path] = []
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+        write_jobs_csv(results, out / "jobs.csv")
+        written = [out / "jobs.csv", *write_plots(results, out)]
+
+    if format is OutputFormat.json:
+        doc = {
+            "trace": source,
+            "cluster": cluster,
+            "estimator": estimator,
+            "sharing": mode.value,
+            "policies": [s.as_dict() for s in summaries],
+            "files": [str(p) for p in written],
+        }
+        typer.echo(json.dumps(doc, indent=2))
+    else:
+        terminal = Console()
+        Console(width=max(terminal.width, 120)).print(table(summaries, f"{source} on {cluster} ({mode.value}, estimator: {estimator})"))
+        for path in written:
+            typer.echo(f"wrote {path}")

@@ -1,0 +1,407 @@
+"""The discrete-event simulator: the real scheduler core on simulated GPUs and a simulated clock.
+
+What is simulated (everything else is the production code path):
+
+* time: an event heap (arrivals, memory ramp-ups, finishes, wake-ups), not a fixed tick;
+* GPUs: memory, the solo activity of the jobs on them, power from the interference model;
+* jobs: progress at ``1 / slowdown`` of solo speed, where the slowdown comes from the
+  interference model for the jobs sharing each of their GPUs; a job allocates its *actual*
+  peak memory ``ramp_s`` after it starts, and if that does not fit beside its neighbours it
+  crashes out of memory (the job that allocates last is the one that fails, as on a real GPU)
+  and goes through the recovery rules, restarting from scratch.
+
+Policies see estimates (``Job.mem_mib``, from the chosen estimator) while crashes follow the
+actual peaks, so the cost of a poor estimator shows up as out-of-memory crashes.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from collocate.gputypes import NodeSpec
+from collocate.interference import InterferenceModel, default_interference
+from collocate.model import ClusterSnapshot, GpuId, Job, JobState, RunningJob, SharingMode
+from collocate.policies.base import Policy
+from collocate.recovery import ExitReport, Outcome, RecoveryRules
+from collocate.scheduler import Capacity, Scheduler
+from collocate.sim.trace import TraceJob
+
+# Event kinds, in the order they are handled at equal times: work done frees GPUs before new
+# work arrives, so a round at time t sees every change of time t.
+_FINISH, _RAMP, _ARRIVE, _WAKE = range(4)
+
+ESTIMATE_UNCERTAINTY = {
+    # Relative uncertainty the simulator attaches to each catalogue estimator, from its published
+    # accuracy on CARMA's models (shared notes carma.md §5.2): FakeTensor under-estimated every
+    # CNN (median 0.54x of the peak), Horus ranged 0.37x-4.6x, GPUMemNet returns a bin's upper
+    # edge and was >= actual in 16 of 18 cases.
+    "peak": 0.0,
+    "declared": 0.0,
+    "gpumemnet": 0.0,
+    "horus": 0.5,
+    "faketensor": 0.85,
+}
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    sharing: SharingMode = SharingMode.TIME_SLICING
+    estimator: str = "peak"
+    ramp_s: float = 10.0  # from start until a job holds its peak memory
+    startup_s: float = 0.0  # from placement until the process is seen on the GPU
+    wake_s: float = 30.0  # re-run the policy this long after a launch is seen (in-flight guard)
+    rules: RecoveryRules = field(default_factory=RecoveryRules)
+    interference: InterferenceModel = field(default_factory=default_interference)
+    timeline_gpus: int = 16  # record memory/SM timelines of the first N GPUs (for plots)
+
+
+@dataclass
+class JobRecord:
+    id: str
+    name: str
+    gpus: int
+    submit: float
+    peak_mib: float
+    mem_mib: float | None
+    start: float | None = None  # first start
+    end: float | None = None
+    state: str = "pending"
+    attempts: int = 0
+    oom_crashes: int = 0
+    last_gpus: str = ""
+    reason: str = ""
+
+
+@dataclass
+class _Running:
+    job: Job
+    gpus: list[int]
+    peak_mib: float
+    allocated: bool = False
+    work_left: float = 0.0  # solo-seconds still to do
+    rate: float = 1.0
+    since: float = 0.0  # when work_left was last brought up to date
+    version: int = 0
+
+
+@dataclass
+class SimResult:
+    policy: str
+    records: list[JobRecord]
+    makespan_s: float
+    energy_j: float
+    sm_util: float  # time-averaged busy fraction over all GPUs
+    mem_util: float  # time-averaged allocated fraction over all GPUs
+    gpu_count: int
+    decisions: int
+    timelines: dict[str, list[tuple[float, float, float]]]  # gpu -> (t, used MiB, busy)
+
+
+class Simulation:
+    def __init__(
+        self,
+        nodes: Sequence[NodeSpec],
+        trace: Sequence[TraceJob],
+        policy: Policy,
+        config: SimConfig = SimConfig(),
+        *,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> None:
+        self.cfg = config
+        self.trace = trace
+        self.policy = policy
+        self.progress = progress
+        ids, node_no, totals, idle_w, max_w = [], [], [], [], []
+        for number, spec in enumerate(nodes):
+            for index in range(spec.count):
+                ids.append(GpuId(spec.name, index))
+                node_no.append(number)
+                totals.append(float(spec.gpu_type.memory_mib))
+                idle_w.append(spec.gpu_type.idle_watts)
+                max_w.append(spec.gpu_type.max_watts)
+        n = len(ids)
+        self.ids = tuple(ids)
+        self._index = {g: i for i, g in enumerate(self.ids)}
+        self.node = np.array(node_no, dtype=np.int64)
+        self.total = np.array(totals)
+        self.idle_w = np.array(idle_w)
+        self.max_w = np.array(max_w)
+        self.used = np.zeros(n)  # actually allocated memory
+        self.committed = np.zeros(n)  # requirements of resident jobs
+        self.n_jobs = np.zeros(n, dtype=np.int64)
+        self.sm_sum = np.zeros(n)
+        self.dram_sum = np.zeros(n)
+        self.seen_at = np.full(n, -math.inf)
+        self.residents: list[set[str]] = [set() for _ in range(n)]
+        # Integrals since t=0, brought up to date lazily per GPU.
+        self.last_t = np.zeros(n)
+        self.energy = np.zeros(n)
+        self.busy_int = np.zeros(n)
+        self.mem_int = np.zeros(n)
+        self.timelines: dict[str, list[tuple[float, float, float]]] = {
+            str(ids[i]): [(0.0, 0.0, 0.0)] for i in range(min(n, config.timeline_gpus))
+        }
+
+        self.running: dict[str, _Running] = {}
+        self.scheduler = Scheduler(policy, Capacity.of(self._snapshot(0.0)), rules=config.rules)
+        self.records: dict[str, JobRecord] = {}
+        self.peaks: dict[str, float] = {}
+        self.events: list[tuple[float, int, int, str, int]] = []
+        self._seq = 0
+        self.decisions = 0
+        for tj in trace:
+            self._push(tj.arrival_s, _ARRIVE, tj.id)
+        self._by_id = {tj.id: tj for tj in trace}
+
+    # -- event plumbing -----------------------------------------------------------------------
+    def _push(self, t: float, kind: int, job_id: str, version: int = 0) -> None:
+        self._seq += 1
+        heapq.heappush(self.events, (t, kind, self._seq, job_id, version))
+
+    def run(self) -> SimResult:
+        now = 0.0
+        done = 0
+        total = len(self.trace)
+        while self.events:
+            now = self.events[0][0]
+            changed = False
+            while self.events and self.events[0][0] == now:
+                _, kind, _, job_id, version = heapq.heappop(self.events)
+                if kind == _ARRIVE:
+                    changed |= self._arrive(job_id, now)
+                elif kind == _RAMP:
+                    changed |= self._ramp(job_id, version, now)
+                elif kind == _FINISH:
+                    changed |= self._finish(job_id, version, now)
+                else:
+                    changed = True
+            if changed and len(self.scheduler.queue):
+                self._round(now)
+            finished = sum(1 for r in self.records.values() if r.state in _FINAL) if self.progress else 0
+            if self.progress and finished != done:
+                done = finished
+                self.progress(done, total)
+        return self._result(now)
+
+    # -- events -----------------------------------------------------------------------------
+    def _arrive(self, job_id: str, now: float) -> bool:
+        w = self._by_id[job_id].workload
+        estimator = self.cfg.estimator
+        mem = w.estimates.get(estimator)
+        if mem is None:
+            mem = w.estimates.get("declared")
+        job = Job(
+            id=job_id,
+            gpus=w.gpus,
+            mem_mib=mem,
+            mem_source=estimator if mem is not None else "unknown",
+            mem_uncertainty=ESTIMATE_UNCERTAINTY.get(estimator, 0.5),
+            submit_time=now,
+            name=w.name,
+            profile=w.profile,
+        )
+        self.peaks[job_id] = w.peak_mib
+        self.records[job_id] = JobRecord(job_id, w.name, w.gpus, now, w.peak_mib, mem)
+        job = self.scheduler.submit(job)
+        if job.state is JobState.REJECTED:
+            self._close(job, now)
+            return False
+        return True
+
+    def _round(self, now: float) -> None:
+        plan = self.scheduler.schedule(self._snapshot(now))
+        self.decisions += 1
+        for placement in plan.placements:
+            self._launch(placement.job_id, [self._index[g] for g in placement.gpus], now)
+        if len(self.scheduler.queue) and (self.seen_at > now - self.cfg.wake_s).any():
+            wake = float(np.min(self.seen_at[self.seen_at > now - self.cfg.wake_s])) + self.cfg.wake_s
+            self._push(max(wake, now + 1e-6), _WAKE, "")
+
+    def _launch(self, job_id: str, gpus: list[int], now: float) -> None:
+        job = self.scheduler.jobs[job_id]
+        record = self.records[job_id]
+        record.start = now if record.start is None else record.start
+        record.attempts = job.attempts
+        record.last_gpus = ",".join(str(self.ids[i]) for i in gpus)
+        record.state = "running"
+        self._advance(gpus, now)
+        mem = job.mem_mib or 0.0
+        self.committed[gpus] += mem
+        self.n_jobs[gpus] += 1
+        self.sm_sum[gpus] += job.profile.sm_activity
+        self.dram_sum[gpus] += job.profile.dram_activity
+        self.seen_at[gpus] = -math.inf if job.mem_known else now + self.cfg.startup_s
+        run = _Running(job, gpus, self.peaks[job_id], work_left=self._by_id[job_id].workload.duration_s, since=now)
+        self.running[job_id] = run
+        for i in gpus:
+            self.residents[i].add(job_id)
+        self._push(now + self.cfg.ramp_s, _RAMP, job_id, job.attempts)
+        self._rerate(gpus, now)
+
+    def _ramp(self, job_id: str, attempt: int, now: float) -> bool:
+        run = self.running.get(job_id)
+        if run is None or run.job.attempts != attempt or run.allocated:
+            return False
+        gpus = run.gpus
+        room = self.total[gpus] - self.used[gpus]
+        if (room < run.peak_mib).any():
+            observed = float(max(0.0, room.min()))
+            self._stop(run, now)
+            job = self.scheduler.job_exited(job_id, ExitReport(Outcome.OOM, observed, "CUDA out of memory"))
+            record = self.records[job_id]
+            record.oom_crashes = job.oom_crashes
+            if job.state.is_terminal:
+                self._close(job, now)
+            else:
+                record.state = "pending"
+            return True
+        self._advance(gpus, now)
+        self.used[gpus] += run.peak_mib
+        run.allocated = True
+        self._mark(gpus, now)
+        return False
+
+    def _finish(self, job_id: str, version: int, now: float) -> bool:
+        run = self.running.get(job_id)
+        if run is None or run.version != version:
+            return False
+        self._stop(run, now)
+        job = self.scheduler.job_exited(job_id, ExitReport(Outcome.SUCCEEDED))
+        self._close(job, now)
+        return True
+
+    # -- state changes ----------------------------------------------------------------------
+    def _stop(self, run: _Running, now: float) -> None:
+        gpus = run.gpus
+        self._advance(gpus, now)
+        job = run.job
+        self.committed[gpus] -= job.mem_mib or 0.0
+        self.n_jobs[gpus] -= 1
+        self.sm_sum[gpus] -= job.profile.sm_activity
+        self.dram_sum[gpus] -= job.profile.dram_activity
+        if run.allocated:
+            self.used[gpus] -= run.peak_mib
+        for i in gpus:
+            self.residents[i].discard(job.id)
+            if not self.residents[i]:  # clear float drift
+                self.committed[i] = self.used[i] = self.sm_sum[i] = self.dram_sum[i] = 0.0
+        del self.running[job.id]
+        self._rerate(gpus, now)
+
+    def _rerate(self, gpus: list[int], now: float) -> None:
+        """Recompute the progress rate of every job sharing any of these GPUs."""
+        affected = {job_id for i in gpus for job_id in self.residents[i]}
+        model, mode = self.cfg.interference, self.cfg.sharing
+        for job_id in affected:
+            run = self.running[job_id]
+            run.work_left -= (now - run.since) * run.rate
+            run.since = now
+            slowdown = 1.0
+            for i in run.gpus:
+                others = [self.running[o].job.profile for o in self.residents[i] if o != job_id]
+                slowdown = max(slowdown, model.slowdown(mode, run.job.profile, others))
+            run.rate = 1.0 / slowdown
+            run.version += 1
+            self._push(now + max(run.work_left, 0.0) / run.rate, _FINISH, job_id, run.version)
+        self._mark(gpus, now)
+
+    def _advance(self, gpus: list[int], now: float) -> None:
+        """Integrate energy, busy time and memory of these GPUs up to ``now``."""
+        dt = now - self.last_t[gpus]
+        busy = np.minimum(1.0, self.sm_sum[gpus])
+        power = self.idle_w[gpus] + (self.max_w[gpus] - self.idle_w[gpus]) * busy**self.cfg.interference.power_exponent
+        self.energy[gpus] += power * dt
+        self.busy_int[gpus] += busy * dt
+        self.mem_int[gpus] += self.used[gpus] / self.total[gpus] * dt
+        self.last_t[gpus] = now
+
+    def _mark(self, gpus: list[int], now: float) -> None:
+        for i in gpus:
+            key = str(self.ids[i])
+            if key in self.timelines:
+                self.timelines[key].append((now, float(self.used[i]), float(min(1.0, self.sm_sum[i]))))
+
+    def _close(self, job: Job, now: float) -> None:
+        record = self.records[job.id]
+        record.state = job.state.value
+        record.end = now
+        record.reason = job.reason
+        record.attempts = job.attempts
+        record.oom_crashes = job.oom_crashes
+
+    def _snapshot(self, now: float) -> ClusterSnapshot:
+        busy = np.minimum(1.0, self.sm_sum)
+        return ClusterSnapshot(
+            now=now,
+            ids=self.ids,
+            node=self.node,
+            total_mib=self.total,
+            free_mib=self.total - self.used,
+            committed_mib=self.committed.copy(),
+            n_jobs=self.n_jobs.copy(),
+            sm_sum=self.sm_sum.copy(),
+            dram_sum=self.dram_sum.copy(),
+            # The monitor's 30 s window has settled on the current level by the time the
+            # in-flight guard (30 s) releases a GPU, so the current level stands in for it.
+            util_sm=busy,
+            util_occ=busy * OCCUPANCY_PER_SM,
+            util_dram=np.minimum(1.0, self.dram_sum),
+            launch_seen_at=self.seen_at.copy(),
+            speed=np.ones(len(self.ids)),
+            sharing=self.cfg.sharing,
+            running=_RunningView(self.running, self.ids),
+        )
+
+    def _result(self, now: float) -> SimResult:
+        first = min((r.submit for r in self.records.values()), default=0.0)
+        ends = [r.end for r in self.records.values() if r.end is not None]
+        end = max(ends, default=now)
+        all_gpus = list(range(len(self.ids)))
+        self._advance(all_gpus, end)
+        span = max(end - first, 1e-9)
+        g = len(self.ids)
+        return SimResult(
+            policy=self.policy.name,
+            records=list(self.records.values()),
+            makespan_s=end - first,
+            energy_j=float(self.energy.sum()),
+            sm_util=float(self.busy_int.sum() / (g * span)),
+            mem_util=float(self.mem_int.sum() / (g * span)),
+            gpu_count=g,
+            decisions=self.decisions,
+            timelines=self.timelines,
+        )
+
+
+_FINAL = {"done", "failed", "rejected", "cancelled"}
+
+# SM occupancy is not in the catalogue; assume resident warps fill ~60% of the SM's slots when it
+# is active (typical of training kernels), awaiting measurement.
+OCCUPANCY_PER_SM = 0.6
+
+
+class _RunningView(dict):
+    """``snapshot.running`` built on demand: only the ``auto`` family reads it, and building
+    RunningJob objects for thousands of jobs every round would dominate a large simulation."""
+
+    def __init__(self, running: dict[str, _Running], ids: tuple[GpuId, ...]) -> None:
+        super().__init__()
+        self._running, self._ids = running, ids
+
+    def __missing__(self, job_id: str) -> RunningJob:
+        run = self._running[job_id]
+        return RunningJob(job_id, tuple(self._ids[i] for i in run.gpus), run.job.profile, run.job.mem_mib or 0.0)
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self._running
+
+    def __len__(self) -> int:
+        return len(self._running)
+
+    def __iter__(self):
+        return iter(self._running)
