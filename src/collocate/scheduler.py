@@ -9,7 +9,7 @@ the caller passes the cluster snapshot and the time, and persists every changed 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from sortedcontainers import SortedKeyList
 
@@ -28,6 +28,16 @@ class Capacity:
     """The static shape of the cluster, to reject jobs no node could ever run."""
 
     nodes: tuple[tuple[int, float], ...]  # per node: (GPU count, largest GPU memory in MiB)
+    _largest: tuple[float, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # Largest GPU memory among nodes with at least k GPUs, for every k: O(1) checks.
+        most = max((n for n, _ in self.nodes), default=0)
+        largest = [0.0] * (most + 1)
+        for count, mib in self.nodes:
+            for k in range(1, count + 1):
+                largest[k] = max(largest[k], mib)
+        object.__setattr__(self, "_largest", tuple(largest))
 
     @classmethod
     def of(cls, cluster: ClusterSnapshot) -> Capacity:
@@ -40,11 +50,11 @@ class Capacity:
     def why_not(self, job: Job) -> str | None:
         if job.gpus < 1:
             return "a job needs at least 1 GPU"
-        most_gpus = max((n for n, _ in self.nodes), default=0)
+        most_gpus = len(self._largest) - 1
         if job.gpus > most_gpus:
             return f"needs {job.gpus} GPUs on one node but the largest node has {most_gpus}"
         if job.mem_mib is not None:
-            largest = max((m for n, m in self.nodes if n >= job.gpus), default=0.0)
+            largest = self._largest[job.gpus]
             if job.mem_mib > largest:
                 return (
                     f"needs {job.mem_mib:.0f} MiB per GPU but the largest GPU has {largest:.0f} MiB"
@@ -73,6 +83,7 @@ class Scheduler:
         self._queue = SortedKeyList(key=queue_key)
         self._on_change = on_change or (lambda job: None)
         self.placements_made = 0
+        self._known_gpus: tuple[tuple, frozenset] = ((), frozenset())
 
     # -- queue ------------------------------------------------------------------------------
     @property
@@ -138,7 +149,9 @@ class Scheduler:
         return job
 
     def _check(self, plan: Plan, cluster: ClusterSnapshot) -> None:
-        known = set(cluster.ids)
+        if self._known_gpus[0] is not cluster.ids:
+            self._known_gpus = (cluster.ids, frozenset(cluster.ids))
+        known = self._known_gpus[1]
         seen: set[str] = set()
         for p in plan.placements:
             job = self.jobs.get(p.job_id)

@@ -39,7 +39,7 @@ class Ledger:
 
     def place(self, job: Job, gpus: Iterable[int], *, sm_share: float | None = None) -> None:
         idx = list(gpus)
-        mem = job.mem_mib or 0.0
+        mem = commitment(job, self.cluster.total_mib[idx])
         self.free_mib[idx] -= mem
         self.committed_mib[idx] += mem
         self.n_jobs[idx] += 1
@@ -58,6 +58,17 @@ class Ledger:
 
     def plan(self) -> Plan:
         return Plan(tuple(self.placements))
+
+
+def commitment(job: Job, total_mib):
+    """Memory a job holds against its GPUs: its requirement, or the whole GPU when unknown,
+    so that nothing is packed beside a job whose size nobody knows."""
+    return total_mib if job.mem_mib is None else job.mem_mib
+
+
+def fits_alone(job: Job, cluster: ClusterSnapshot) -> np.ndarray | bool:
+    """GPUs big enough for the job even with nobody beside it (clusters may mix GPU sizes)."""
+    return True if job.mem_mib is None else cluster.total_mib >= job.mem_mib
 
 
 def pick_on_one_node(candidates: np.ndarray, node: np.ndarray, count: int) -> list[int] | None:

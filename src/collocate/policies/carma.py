@@ -23,7 +23,7 @@ from enum import StrEnum
 import numpy as np
 
 from collocate.model import ClusterSnapshot, Job, Plan
-from collocate.policies.base import Ledger, pick_on_one_node
+from collocate.policies.base import Ledger, fits_alone, pick_on_one_node
 from collocate.policies.risk import RiskLimits, too_busy
 
 
@@ -50,7 +50,7 @@ class Carma:
         ledger = Ledger(cluster)
         busy = too_busy(cluster.util_sm, cluster.util_occ, cluster.util_dram, self.limits)
         for job in queue:
-            available = ~ledger.in_flight(self.settle_s)
+            available = ~ledger.in_flight(self.settle_s) & fits_alone(job, cluster)
             idle = np.flatnonzero(available & (ledger.n_jobs == 0))
             gpus = pick_on_one_node(idle, cluster.node, job.gpus)
             if gpus is None and not job.recovered and job.mem_mib is not None:

@@ -14,7 +14,7 @@ from typing import ClassVar
 import numpy as np
 
 from collocate.model import ClusterSnapshot, Job, Plan
-from collocate.policies.base import Ledger, pick_on_one_node
+from collocate.policies.base import Ledger, fits_alone, pick_on_one_node
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class RoundRobin:
         ledger = Ledger(cluster)
         n = len(cluster)
         for job in queue:
-            available = ~ledger.in_flight(self.settle_s)
+            available = ~ledger.in_flight(self.settle_s) & fits_alone(job, cluster)
             gpus = pick_on_one_node(
                 np.flatnonzero(available & (ledger.n_jobs == 0)), cluster.node, job.gpus
             )

@@ -14,7 +14,7 @@ import numpy as np
 
 from collocate.errors import InputError
 from collocate.model import ClusterSnapshot, Job, Plan
-from collocate.policies.base import Ledger, pick_on_one_node
+from collocate.policies.base import Ledger, fits_alone, pick_on_one_node
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class Shares:
     def __call__(self, queue: Sequence[Job], cluster: ClusterSnapshot) -> Plan:
         ledger = Ledger(cluster)
         for job in queue:
-            open_slots = np.flatnonzero(ledger.n_jobs < self.slots_per_gpu)
+            open_slots = np.flatnonzero((ledger.n_jobs < self.slots_per_gpu) & fits_alone(job, cluster))
             least_loaded_first = open_slots[np.argsort(ledger.n_jobs[open_slots], kind="stable")]
             gpus = pick_on_one_node(least_loaded_first, cluster.node, job.gpus)
             if gpus is None:

@@ -26,7 +26,7 @@ import numpy as np
 from collocate.gputypes import NodeSpec
 from collocate.interference import InterferenceModel, default_interference
 from collocate.model import ClusterSnapshot, GpuId, Job, JobState, RunningJob, SharingMode
-from collocate.policies.base import Policy
+from collocate.policies.base import Policy, commitment
 from collocate.recovery import ExitReport, Outcome, RecoveryRules
 from collocate.scheduler import Capacity, Scheduler
 from collocate.sim.trace import TraceJob
@@ -82,6 +82,7 @@ class _Running:
     job: Job
     gpus: list[int]
     peak_mib: float
+    commitment: np.ndarray | float  # what it holds against each of its GPUs' committed memory
     allocated: bool = False
     work_left: float = 0.0  # solo-seconds still to do
     rate: float = 1.0
@@ -131,6 +132,7 @@ class Simulation:
         self.total = np.array(totals)
         self.idle_w = np.array(idle_w)
         self.max_w = np.array(max_w)
+        self.speed = np.ones(n)
         self.used = np.zeros(n)  # actually allocated memory
         self.committed = np.zeros(n)  # requirements of resident jobs
         self.n_jobs = np.zeros(n, dtype=np.int64)
@@ -154,6 +156,7 @@ class Simulation:
         self.events: list[tuple[float, int, int, str, int]] = []
         self._seq = 0
         self.decisions = 0
+        self.closed = 0  # jobs in a final state
         for tj in trace:
             self._push(tj.arrival_s, _ARRIVE, tj.id)
         self._by_id = {tj.id: tj for tj in trace}
@@ -182,9 +185,8 @@ class Simulation:
                     changed = True
             if changed and len(self.scheduler.queue):
                 self._round(now)
-            finished = sum(1 for r in self.records.values() if r.state in _FINAL) if self.progress else 0
-            if self.progress and finished != done:
-                done = finished
+            if self.progress and self.closed != done:
+                done = self.closed
                 self.progress(done, total)
         return self._result(now)
 
@@ -230,13 +232,16 @@ class Simulation:
         record.last_gpus = ",".join(str(self.ids[i]) for i in gpus)
         record.state = "running"
         self._advance(gpus, now)
-        mem = job.mem_mib or 0.0
-        self.committed[gpus] += mem
+        run_commitment = commitment(job, self.total[gpus])
+        self.committed[gpus] += run_commitment
         self.n_jobs[gpus] += 1
         self.sm_sum[gpus] += job.profile.sm_activity
         self.dram_sum[gpus] += job.profile.dram_activity
         self.seen_at[gpus] = -math.inf if job.mem_known else now + self.cfg.startup_s
-        run = _Running(job, gpus, self.peaks[job_id], work_left=self._by_id[job_id].workload.duration_s, since=now)
+        run = _Running(
+            job, gpus, self.peaks[job_id], run_commitment,
+            work_left=self._by_id[job_id].workload.duration_s, since=now,
+        )
         self.running[job_id] = run
         for i in gpus:
             self.residents[i].add(job_id)
@@ -280,7 +285,7 @@ class Simulation:
         gpus = run.gpus
         self._advance(gpus, now)
         job = run.job
-        self.committed[gpus] -= job.mem_mib or 0.0
+        self.committed[gpus] -= run.commitment
         self.n_jobs[gpus] -= 1
         self.sm_sum[gpus] -= job.profile.sm_activity
         self.dram_sum[gpus] -= job.profile.dram_activity
@@ -312,13 +317,14 @@ class Simulation:
 
     def _advance(self, gpus: list[int], now: float) -> None:
         """Integrate energy, busy time and memory of these GPUs up to ``now``."""
-        dt = now - self.last_t[gpus]
-        busy = np.minimum(1.0, self.sm_sum[gpus])
-        power = self.idle_w[gpus] + (self.max_w[gpus] - self.idle_w[gpus]) * busy**self.cfg.interference.power_exponent
-        self.energy[gpus] += power * dt
-        self.busy_int[gpus] += busy * dt
-        self.mem_int[gpus] += self.used[gpus] / self.total[gpus] * dt
-        self.last_t[gpus] = now
+        exponent = self.cfg.interference.power_exponent
+        for i in gpus:  # scalar loop: jobs hold few GPUs, and fancy indexing costs more
+            dt = now - self.last_t[i]
+            busy = min(1.0, self.sm_sum[i])
+            self.energy[i] += (self.idle_w[i] + (self.max_w[i] - self.idle_w[i]) * busy**exponent) * dt
+            self.busy_int[i] += busy * dt
+            self.mem_int[i] += self.used[i] / self.total[i] * dt
+            self.last_t[i] = now
 
     def _mark(self, gpus: list[int], now: float) -> None:
         for i in gpus:
@@ -328,6 +334,7 @@ class Simulation:
 
     def _close(self, job: Job, now: float) -> None:
         record = self.records[job.id]
+        self.closed += 1
         record.state = job.state.value
         record.end = now
         record.reason = job.reason
@@ -342,17 +349,17 @@ class Simulation:
             node=self.node,
             total_mib=self.total,
             free_mib=self.total - self.used,
-            committed_mib=self.committed.copy(),
-            n_jobs=self.n_jobs.copy(),
-            sm_sum=self.sm_sum.copy(),
-            dram_sum=self.dram_sum.copy(),
+            committed_mib=_frozen(self.committed),
+            n_jobs=_frozen(self.n_jobs),
+            sm_sum=_frozen(self.sm_sum),
+            dram_sum=_frozen(self.dram_sum),
             # The monitor's 30 s window has settled on the current level by the time the
             # in-flight guard (30 s) releases a GPU, so the current level stands in for it.
             util_sm=busy,
             util_occ=busy * OCCUPANCY_PER_SM,
             util_dram=np.minimum(1.0, self.dram_sum),
-            launch_seen_at=self.seen_at.copy(),
-            speed=np.ones(len(self.ids)),
+            launch_seen_at=_frozen(self.seen_at),
+            speed=self.speed,
             sharing=self.cfg.sharing,
             running=_RunningView(self.running, self.ids),
         )
@@ -361,8 +368,7 @@ class Simulation:
         first = min((r.submit for r in self.records.values()), default=0.0)
         ends = [r.end for r in self.records.values() if r.end is not None]
         end = max(ends, default=now)
-        all_gpus = list(range(len(self.ids)))
-        self._advance(all_gpus, end)
+        self._advance(range(len(self.ids)), end)
         span = max(end - first, 1e-9)
         g = len(self.ids)
         return SimResult(
@@ -378,7 +384,12 @@ class Simulation:
         )
 
 
-_FINAL = {"done", "failed", "rejected", "cancelled"}
+def _frozen(array: np.ndarray) -> np.ndarray:
+    """A read-only view: the policy cannot change the simulator's state, and nothing is copied."""
+    view = array.view()
+    view.flags.writeable = False
+    return view
+
 
 # SM occupancy is not in the catalogue; assume resident warps fill ~60% of the SM's slots when it
 # is active (typical of training kernels), awaiting measurement.

@@ -1,0 +1,142 @@
+"""Each policy on hand-made snapshots: what it places, where, and what it refuses."""
+
+import math
+
+import pytest
+
+from collocate.errors import InputError, UnknownNameError
+from collocate.model import ClusterSnapshot, GpuId, GpuView, Job, JobProfile, RunningJob, Utilization
+from collocate.policies import POLICY_NAMES, make_policy
+
+GIB = 1024.0
+
+
+def gpu(i, *, node="n0", total=40 * GIB, free=None, committed=0.0, jobs=(), util=Utilization(), seen=-math.inf):
+    return GpuView(GpuId(node, i), total, free, committed, util, tuple(jobs), seen)
+
+
+def placed(plan):
+    return {p.job_id: [str(g) for g in p.gpus] for p in plan.placements}
+
+
+def job(id, mem=None, gpus=1, **kw):
+    return Job(id, gpus=gpus, mem_mib=mem, mem_source="declared" if mem else "unknown", **kw)
+
+
+def test_exclusive_uses_idle_gpus_only_and_blocks_in_fifo_order():
+    cluster = ClusterSnapshot.from_views([gpu(0, jobs=["x"], committed=GIB), gpu(1), gpu(2)])
+    plan = make_policy("exclusive")([job("a"), job("b", gpus=2), job("c")], cluster)
+    assert placed(plan) == {"a": ["n0:1"]}  # b needs 2 idle GPUs, only one is left; c waits behind b
+
+
+def test_multi_gpu_jobs_stay_on_one_node():
+    cluster = ClusterSnapshot.from_views([gpu(0, node="n0"), gpu(0, node="n1"), gpu(1, node="n1")])
+    plan = make_policy("exclusive")([job("a", gpus=2)], cluster)
+    assert placed(plan) == {"a": ["n1:0", "n1:1"]}
+
+
+def test_shares_caps_jobs_per_gpu_without_memory_check():
+    cluster = ClusterSnapshot.from_views([gpu(0), gpu(1)])
+    queue = [job(c, mem=30 * GIB) for c in "abcde"]
+    plan = make_policy("shares", slots_per_gpu=2)(queue, cluster)
+    assert len(plan.placements) == 4  # 4 x 30 GiB on 2 x 40 GiB: over-committed by design
+    with pytest.raises(InputError):
+        make_policy("shares", slots_per_gpu=0)
+
+
+def test_declared_memory_packs_first_fit_by_declaration():
+    cluster = ClusterSnapshot.from_views([gpu(0, committed=30 * GIB, jobs=["x"]), gpu(1)])
+    plan = make_policy("declared-memory")([job("a", mem=8 * GIB), job("b", mem=20 * GIB), job("c", mem=21 * GIB)], cluster)
+    assert placed(plan) == {"a": ["n0:0"], "b": ["n0:1"]}  # c: 21 GiB fits on neither GPU
+
+
+def test_round_robin_rotates_and_respects_in_flight():
+    busy = [gpu(i, jobs=[f"x{i}"], committed=GIB) for i in range(3)]
+    cluster = ClusterSnapshot.from_views(busy, placements_made=1)
+    plan = make_policy("round-robin")([job("a"), job("b")], cluster)
+    # the ring starts at GPU 1; a GPU that just got a job is in flight and is skipped
+    assert placed(plan) == {"a": ["n0:1"], "b": ["n0:2"]}
+
+
+def test_carma_exclusive_first_then_collocates_by_ordering():
+    views = [
+        gpu(0, free=20 * GIB, committed=18 * GIB, jobs=["x"], util=Utilization(0.5, 0.3, 0.2)),
+        gpu(1, free=30 * GIB, committed=8 * GIB, jobs=["y"], util=Utilization(0.3, 0.2, 0.1)),
+    ]
+    cluster = ClusterSnapshot.from_views(views)
+    queue = [job("a", mem=10 * GIB)]
+    assert placed(make_policy("carma-ff")(queue, cluster)) == {"a": ["n0:0"]}
+    assert placed(make_policy("carma-bf")(queue, cluster)) == {"a": ["n0:0"]}
+    assert placed(make_policy("carma-magm")(queue, cluster)) == {"a": ["n0:1"]}
+    assert placed(make_policy("carma-lug")(queue, cluster)) == {"a": ["n0:1"]}
+    # memory gate: free - 512 >= estimate + 2048
+    assert placed(make_policy("carma-ff")([job("big", mem=28 * GIB)], cluster)) == {}
+    idle = ClusterSnapshot.from_views([*views, gpu(2)])
+    assert placed(make_policy("carma-magm")(queue, idle)) == {"a": ["n0:2"]}
+
+
+def test_carma_risk_filter_and_in_flight_guard():
+    hot = Utilization(0.85, 0.50, 0.10)  # SM >= 0.8 and occupancy >= 0.45
+    views = [gpu(0, free=30 * GIB, jobs=["x"], util=hot), gpu(1, free=30 * GIB, jobs=["y"], seen=95.0)]
+    plan = make_policy("carma-ff")([job("a", mem=GIB)], ClusterSnapshot.from_views(views, now=100.0))
+    assert placed(plan) == {}  # GPU 0 too busy, GPU 1 seen 5 s ago (< 30 s settle)
+    later = ClusterSnapshot.from_views(views, now=126.0)
+    assert placed(make_policy("carma-ff")([job("a", mem=GIB)], later)) == {"a": ["n0:1"]}
+
+
+def test_carma_blocks_collocation_while_a_recovered_job_waits():
+    views = [gpu(0, free=30 * GIB, jobs=["x"]), gpu(1, free=30 * GIB, jobs=["y"])]
+    cluster = ClusterSnapshot.from_views(views)
+    recovered = job("r", mem=GIB, oom_crashes=1)
+    plan = make_policy("carma-ff")([recovered, job("a", mem=GIB)], cluster)
+    assert placed(plan) == {}
+    assert placed(make_policy("auto")([recovered, job("a", mem=GIB)], cluster)) == {"r": ["n0:0"], "a": ["n0:1"]}
+
+
+def test_auto_prefers_the_placement_with_least_interference():
+    heavy, light = JobProfile(0.8, 0.4), JobProfile(0.1, 0.05)
+    running = {
+        "h": RunningJob("h", (GpuId("n0", 0),), heavy, 4 * GIB),
+        "l": RunningJob("l", (GpuId("n0", 1),), light, 4 * GIB),
+    }
+    views = [gpu(0, free=30 * GIB, committed=4 * GIB, jobs=["h"]), gpu(1, free=30 * GIB, committed=4 * GIB, jobs=["l"])]
+    cluster = ClusterSnapshot.from_views(views, running=running)
+    plan = make_policy("auto")([job("new", mem=4 * GIB, profile=JobProfile(0.7, 0.3))], cluster)
+    assert placed(plan) == {"new": ["n0:1"]}
+
+
+def test_auto_refuses_collocation_that_slows_jobs_too_much():
+    heavy = JobProfile(0.9, 0.5)
+    running = {"h": RunningJob("h", (GpuId("n0", 0),), heavy, 4 * GIB)}
+    cluster = ClusterSnapshot.from_views([gpu(0, free=30 * GIB, committed=4 * GIB, jobs=["h"])], running=running)
+    assert placed(make_policy("auto")([job("new", mem=GIB, profile=heavy)], cluster)) == {}
+
+
+def test_auto_counts_committed_memory_not_only_measured_free():
+    # 30 GiB measured free, but a job committed 25 GiB has not allocated yet
+    cluster = ClusterSnapshot.from_views([gpu(0, free=30 * GIB, committed=35 * GIB, jobs=["x"])])
+    assert placed(make_policy("auto")([job("a", mem=4 * GIB, profile=JobProfile(0.1, 0.1))], cluster)) == {}
+
+
+def test_auto_backfills_past_a_blocked_head():
+    cluster = ClusterSnapshot.from_views([gpu(0, free=20 * GIB, committed=20 * GIB, jobs=["x"])])
+    queue = [job("big", mem=30 * GIB), job("small", mem=2 * GIB, profile=JobProfile(0.1, 0.1))]
+    assert placed(make_policy("auto")(queue, cluster)) == {"small": ["n0:0"]}
+    assert placed(make_policy("carma-ff")(queue, cluster)) == {}  # head-of-line blocking
+
+
+def test_auto_reserves_gpus_for_a_job_that_waited_long():
+    views = [gpu(0, free=20 * GIB, committed=20 * GIB, jobs=["x"])]
+    cluster = ClusterSnapshot.from_views(views, now=7200.0)
+    queue = [job("big", mem=30 * GIB, submit_time=0.0), job("small", mem=2 * GIB, submit_time=10.0)]
+    assert placed(make_policy("auto")(queue, cluster)) == {}  # GPU 0 is kept draining for "big"
+
+
+def test_unknown_policy_and_parameter_list_the_valid_ones():
+    with pytest.raises(UnknownNameError) as err:
+        make_policy("magic")
+    assert "carma-magm" in str(err.value)
+    with pytest.raises(InputError) as err:
+        make_policy("carma-ff", headroom=1)
+    assert "headroom_mib" in str(err.value)
+    assert set(POLICY_NAMES) >= {"exclusive", "shares", "declared-memory", "round-robin", "auto"}

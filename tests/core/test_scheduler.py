@@ -1,0 +1,75 @@
+"""The scheduling core: admission, queue order, plan checks and recovery rules."""
+
+import pytest
+
+from collocate.errors import CollocateError
+from collocate.model import ClusterSnapshot, GpuId, GpuView, Job, JobState, Placement, Plan
+from collocate.policies import make_policy
+from collocate.recovery import ExitReport, Outcome, RecoveryRules, after_exit, raised_requirement
+from collocate.scheduler import Capacity, PolicyError, Scheduler
+
+GIB = 1024.0
+
+
+def cluster(n=2, total=40 * GIB):
+    return ClusterSnapshot.from_views([GpuView(GpuId("n0", i), total) for i in range(n)])
+
+
+def test_jobs_no_node_can_run_are_rejected_with_a_reason():
+    s = Scheduler(make_policy("exclusive"), Capacity.of(cluster()))
+    too_wide = s.submit(Job("a", gpus=3))
+    too_big = s.submit(Job("b", mem_mib=50 * GIB))
+    assert too_wide.state is JobState.REJECTED and "largest node has 2" in too_wide.reason
+    assert too_big.state is JobState.REJECTED and "largest GPU has" in too_big.reason
+    assert list(s.queue) == []
+
+
+def test_oom_requeues_first_with_raised_memory_until_retries_run_out():
+    s = Scheduler(make_policy("exclusive"), Capacity.of(cluster(1)))
+    s.submit(Job("early", submit_time=0.0))
+    s.submit(Job("late", mem_mib=4 * GIB, submit_time=1.0, max_retries=1))
+    s.schedule(cluster(1))  # "early" runs
+    s.job_exited("early", ExitReport(Outcome.SUCCEEDED))
+    plan = s.schedule(cluster(1))
+    assert [p.job_id for p in plan.placements] == ["late"]
+    s.submit(Job("other", submit_time=2.0))
+    job = s.job_exited("late", ExitReport(Outcome.OOM, observed_peak_mib=6 * GIB))
+    assert job.state is JobState.PENDING and job.recovered
+    assert job.mem_mib == 6 * GIB * 1.25 + 512
+    assert [j.id for j in s.queue] == ["late", "other"]  # recovered jobs go first
+    s.schedule(cluster(1))
+    failed = s.job_exited("late", ExitReport(Outcome.OOM, observed_peak_mib=7 * GIB))
+    assert failed.state is JobState.FAILED and "2 attempts" in failed.reason
+
+
+def test_requirement_is_never_lowered_and_other_failures_are_not_retried():
+    assert raised_requirement(10 * GIB, 2 * GIB, RecoveryRules()) == 10 * GIB
+    assert raised_requirement(None, None, RecoveryRules()) is None
+    running = Job("a", state=JobState.RUNNING, attempts=1)
+    assert after_exit(running, ExitReport(Outcome.FAILED, reason="exit 2")).state is JobState.FAILED
+    assert after_exit(running, ExitReport(Outcome.FAILED), RecoveryRules(retry_failures=True)).state is JobState.PENDING
+    assert after_exit(running, ExitReport(Outcome.LOST)).state is JobState.PENDING
+
+
+def test_a_bad_plan_is_caught_as_a_policy_bug():
+    class Broken:
+        name = "broken"
+
+        def __call__(self, queue, cluster):
+            return Plan((Placement("a", (GpuId("n0", 0), GpuId("n0", 1))),))
+
+    s = Scheduler(Broken(), Capacity.of(cluster()))
+    s.submit(Job("a", gpus=1))
+    with pytest.raises(PolicyError):
+        s.schedule(cluster())
+
+
+def test_duplicate_ids_and_exits_of_jobs_not_running_are_refused():
+    s = Scheduler(make_policy("exclusive"), Capacity.of(cluster()))
+    s.submit(Job("a"))
+    with pytest.raises(CollocateError):
+        s.submit(Job("a"))
+    with pytest.raises(CollocateError):
+        s.job_exited("a", ExitReport(Outcome.SUCCEEDED))
+    assert s.cancel("a").state is JobState.CANCELLED
+    assert list(s.queue) == []

@@ -1,0 +1,97 @@
+"""The simulator end to end: the golden sanity figure, determinism, OOM, and the CLI."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from collocate.gputypes import parse_cluster
+from collocate.policies import POLICY_NAMES, make_policy
+from collocate.sim.engine import SimConfig, Simulation
+from collocate.sim.metrics import summarize
+from collocate.sim.synth import synthetic_trace
+from collocate.sim.trace import load_catalogue, load_trace
+
+
+@pytest.fixture(scope="module")
+def heavy60(shared_data):
+    return load_trace(shared_data / "carma-heavy-60.csv", load_catalogue(shared_data / "carma-workloads.csv"))
+
+
+def run(trace, policy, cluster="4xA100-40GB", **config):
+    return Simulation(parse_cluster(cluster), trace, make_policy(policy), SimConfig(**config)).run()
+
+
+def test_exclusive_fifo_on_heavy60_matches_the_independent_replay(heavy60):
+    # ../shared/data/README.md: strict FIFO on whole GPUs, no overheads: about 594 minutes.
+    assert summarize(run(heavy60, "exclusive")).makespan_min == pytest.approx(594, abs=1)
+
+
+@pytest.mark.parametrize("policy", POLICY_NAMES)
+def test_every_job_ends_exactly_once(heavy60, policy):
+    result = run(heavy60, policy)
+    assert sorted(r.id for r in result.records) == sorted(j.id for j in heavy60)
+    assert all(r.state in ("done", "failed", "rejected") and r.end is not None for r in result.records)
+
+
+def test_same_seed_same_result():
+    trace = synthetic_trace(300, gpus=8, seed=7)
+    a = summarize(run(trace, "auto", "8xA100-40GB"))
+    b = summarize(run(synthetic_trace(300, gpus=8, seed=7), "auto", "8xA100-40GB"))
+    assert a == b
+    c = summarize(run(synthetic_trace(300, gpus=8, seed=8), "auto", "8xA100-40GB"))
+    assert c != a
+
+
+def test_underestimates_crash_and_recover_while_the_peak_oracle_never_crashes(heavy60):
+    oracle = summarize(run(heavy60, "carma-magm", estimator="peak"))
+    assert oracle.oom_crashes == 0
+    blind = summarize(run(heavy60, "round-robin"))
+    assert blind.oom_crashes > 0 and blind.recovered_jobs > 0
+
+
+def test_collocation_beats_exclusive_and_auto_keeps_oom_at_the_best_memory_aware_level(shared_data):
+    catalogue = load_catalogue(shared_data / "carma-workloads.csv")
+    trace = load_trace(shared_data / "carma-mix-90.csv", catalogue)
+    s = {p: summarize(run(trace, p)) for p in ("exclusive", "carma-magm", "auto")}
+    assert s["auto"].mean_jct_min < s["carma-magm"].mean_jct_min < s["exclusive"].mean_jct_min
+    assert s["auto"].makespan_min < s["exclusive"].makespan_min
+    assert s["auto"].energy_kwh <= s["carma-magm"].energy_kwh
+    assert s["auto"].oom_crashes <= s["carma-magm"].oom_crashes
+
+
+def test_mps_interferes_less_than_time_slicing():
+    trace = synthetic_trace(200, gpus=4, seed=3)
+    ts = summarize(run(trace, "shares", "4xA100-40GB", sharing="time-slicing"))
+    mps = summarize(run(trace, "shares", "4xA100-40GB", sharing="mps"))
+    assert mps.mean_jct_min < ts.mean_jct_min
+
+
+def test_cli_prints_one_json_document_and_writes_plots(shared_data, tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "collocate.cli", "simulate",
+         "--trace", str(shared_data / "carma-heavy-60.csv"),
+         "--workloads", str(shared_data / "carma-workloads.csv"),
+         "--policy", "exclusive,auto", "--format", "json", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert [p["policy"] for p in doc["policies"]] == ["exclusive", "auto"]
+    assert {"makespan_min", "mean_jct_min", "energy_kwh", "oom_crashes"} <= set(doc["policies"][0])
+    assert (tmp_path / "jobs.csv").read_text().count("\n") == 121
+    assert (tmp_path / "jct_cdf.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_cli_bad_names_exit_2_and_list_valid_choices(shared_data):
+    for args, expected in (
+        (["--policy", "fastest"], "carma-magm"),
+        (["--cluster", "4xV100"], "A100-40GB"),
+        (["--estimator", "guess"], "faketensor"),
+    ):
+        out = subprocess.run(
+            [sys.executable, "-m", "collocate.cli", "simulate", "--synthetic", "5", *args],
+            capture_output=True, text=True, timeout=60,
+        )
+        assert out.returncode == 2 and expected in out.stderr, out.stderr
