@@ -34,7 +34,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from collocate.interference import InterferenceModel, default_interference, shared_slowdown
+from collocate.interference import InterferenceModel, ModeParams, default_interference, shared_slowdown
 from collocate.model import ClusterSnapshot, Job, Plan, SharingMode
 from collocate.policies.base import Ledger, fits_alone, pick_on_one_node
 from collocate.policies.risk import RiskLimits, too_busy
@@ -90,6 +90,11 @@ class Auto:
         room = np.minimum(ledger.free_mib, cluster.total_mib - ledger.committed_mib)
         fits = room - self.reserve_mib - need - self.headroom_mib >= keep
         candidates = np.flatnonzero(usable & fits & (ledger.n_jobs > 0) & ~ledger.in_flight(self.settle_s))
+        params = self._params(ledger.cluster.sharing)
+        # The newcomer alone gains at most 1 / (its slowdown below saturation): drop GPUs where
+        # even that misses the bar before scoring the rest.
+        bound = 1.0 + params.base + params.per_sm * ledger.sm_sum[candidates] + params.per_dram * ledger.dram_sum[candidates]
+        candidates = candidates[bound * min_gain <= 1.0]
         if candidates.size == 0:
             return None
         gain, ok = self._score(job, ledger, candidates)
@@ -103,8 +108,7 @@ class Auto:
         Residents are represented by their mean profile, which keeps the score one vector
         expression per GPU set.
         """
-        mode = ledger.cluster.sharing
-        params = self.interference.modes[SharingMode.TIME_SLICING if mode is SharingMode.MIG else mode]
+        params = self._params(ledger.cluster.sharing)
         a, d = job.profile.sm_activity, job.profile.dram_activity
         n = ledger.n_jobs[gpus].astype(float)
         sm, dram = ledger.sm_sum[gpus], ledger.dram_sum[gpus]
@@ -117,6 +121,10 @@ class Auto:
         gain = 1.0 / newcomer + n * (1.0 / resident_after - 1.0 / resident_before)
         ok = (newcomer <= self.max_slowdown) & (resident_after <= self.max_slowdown)
         return gain, ok
+
+    def _params(self, mode: SharingMode) -> ModeParams:
+        # Jobs sharing one MIG instance time-slice it.
+        return self.interference.modes[SharingMode.TIME_SLICING if mode is SharingMode.MIG else mode]
 
     def _reserve_for(self, job: Job, ledger: Ledger, keep: np.ndarray) -> None:
         """Keep room for ``job`` on the GPUs it would fit soonest: others may still share them,
