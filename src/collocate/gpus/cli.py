@@ -1,0 +1,59 @@
+"""`collocate emulate-job`: run an emulated training job on emulated GPUs (demos, tests, CI)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    app.command("emulate-job")(emulate_job)
+
+
+def emulate_job(
+    mem: Annotated[str, typer.Option("--mem", help="GPU memory the job uses, e.g. 3GiB, 512MiB.")],
+    seconds: Annotated[float, typer.Option("--seconds", help="Duration when alone on a GPU.")],
+    sm: Annotated[float, typer.Option("--sm", help="Solo SM activity, fraction in [0, 1].")] = 0.5,
+    dram: Annotated[float, typer.Option("--dram", help="Solo DRAM activity, fraction.")] = 0.2,
+    ramp: Annotated[
+        float, typer.Option("--ramp", help="Seconds to grow to --mem (4 steps).")
+    ] = 2.0,
+    peak_mem: Annotated[
+        Optional[str],
+        typer.Option("--peak-mem", help="A later, larger peak (e.g. to under-run an estimate)."),
+    ] = None,
+    peak_at: Annotated[
+        float, typer.Option("--peak-at", help="Fraction of progress at which --peak-mem is taken.")
+    ] = 0.5,
+    state_dir: Annotated[
+        Optional[Path],
+        typer.Option("--state-dir", help="Emulated GPU state (default: $COLLOCATE_EMULATED_DIR)."),
+    ] = None,
+) -> None:
+    """Pretend to train on the emulated GPUs in CUDA_VISIBLE_DEVICES.
+
+    Holds --mem of emulated GPU memory, takes --seconds when alone and longer when it shares a GPU
+    (sharing mode from $COLLOCATE_SHARING), prints PyTorch's out-of-memory error and exits 1 when
+    its memory does not fit, and exits 143 on SIGTERM. Its memory is independent of the --mem a
+    scheduler was told at submit time.
+    """
+    from collocate.gpus.emulate_job import JobSpec, run_job
+    from collocate.gpus.emulated import state_dir_from_env
+    from collocate.units import parse_mib
+
+    spec = JobSpec(
+        mem_mib=parse_mib(mem),
+        seconds=seconds,
+        sm=sm,
+        dram=dram,
+        ramp_s=ramp,
+        peak_mib=None if peak_mem is None else parse_mib(peak_mem),
+        peak_at=peak_at,
+    )
+    status = run_job(spec, state_dir_from_env(state_dir), os.environ)
+    sys.stdout.flush()
+    raise typer.Exit(status)

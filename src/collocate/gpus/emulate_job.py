@@ -1,0 +1,280 @@
+"""An emulated training job: a real process that holds emulated GPU memory and slows down when
+shared.
+
+It behaves like a PyTorch training script as far as the daemon can tell: it finds its devices in
+``CUDA_VISIBLE_DEVICES`` (emulated UUIDs), grows its memory in a few steps, fails with PyTorch's
+exact out-of-memory text and exit status 1 when a step does not fit, prints progress, and dies
+cleanly on SIGTERM (exit 143). Its solo duration is ``seconds``; while other jobs share its device
+it advances by ``dt / slowdown`` with the slowdown from ``collocate.interference``, so collocated
+emulated jobs really take longer.
+
+The memory a job really uses (``mem_mib``, then ``peak_mib`` from ``peak_at`` of its progress) is
+independent of the requirement the scheduler was given at submit time: that is what lets a demo
+show an under-estimated job crash and recover.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from collocate.errors import CollocateError, InputError
+from collocate.gpus.emulated_state import (
+    Claim,
+    DeviceRow,
+    Refusal,
+    StateStore,
+    process_start_time,
+)
+from collocate.interference import InterferenceModel, default_interference
+from collocate.model import JobProfile, SharingMode
+
+ENV_SHARING = "COLLOCATE_SHARING"
+RAMP_STEPS = 4
+EXIT_OOM = 1
+_MIB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """What an emulated job does; validated in the constructor (bad values never start a job)."""
+
+    mem_mib: float
+    seconds: float
+    sm: float = 0.5
+    dram: float = 0.2
+    ramp_s: float = 2.0
+    peak_mib: float | None = None
+    peak_at: float = 0.5  # fraction of progress at which the peak allocation happens
+    tick_s: float | None = None  # None: seconds/40 within [0.02, 0.1] (short jobs stay precise)
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.mem_mib >= 0, "--mem must be >= 0"),
+            (self.seconds > 0, "--seconds must be > 0"),
+            (0 <= self.sm <= 1, "--sm must be a fraction in [0, 1]"),
+            (0 <= self.dram <= 1, "--dram must be a fraction in [0, 1]"),
+            (self.ramp_s >= 0, "--ramp must be >= 0"),
+            (self.peak_mib is None or self.peak_mib >= self.mem_mib, "--peak-mem must be >= --mem"),
+            (0 <= self.peak_at <= 1, "--peak-at must be a fraction in [0, 1]"),
+            (self.tick_s is None or self.tick_s > 0, "tick must be > 0"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise InputError(message)
+
+    def claim_at(self, elapsed: float, progress: float) -> float:
+        """MiB the job holds at wall time ``elapsed`` with ``progress`` in [0, 1] done."""
+        if self.ramp_s == 0:
+            target = self.mem_mib
+        else:
+            step = min(RAMP_STEPS, 1 + int(elapsed / (self.ramp_s / (RAMP_STEPS - 1))))
+            target = self.mem_mib * step / RAMP_STEPS
+        if self.peak_mib is not None and progress >= self.peak_at:
+            target = max(target, self.peak_mib)
+        return target
+
+
+class OutOfMemory(Exception):
+    def __init__(self, refusal: Refusal, ordinal: int) -> None:
+        super().__init__(oom_message(refusal, ordinal, os.getpid()))
+        self.refusal = refusal
+
+
+class Terminated(Exception):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.exit_code = 128 + signum
+
+
+def torch_size(mib: float) -> str:
+    """A size as PyTorch's caching allocator prints it (bytes/KiB/MiB/GiB, two decimals)."""
+    size = int(round(mib * _MIB))
+    if size <= 1024:
+        return f"{size} bytes"
+    if size <= _MIB:
+        return f"{size / 1024:.2f} KiB"
+    if size <= 1024 * _MIB:
+        return f"{size / _MIB:.2f} MiB"
+    return f"{size / (1024 * _MIB):.2f} GiB"
+
+
+def oom_message(r: Refusal, ordinal: int, pid: int) -> str:
+    """The line PyTorch prints for a failed CUDA allocation, with this claim's numbers."""
+    others = "".join(f"Process {p} has {torch_size(m)} memory in use. " for p, m in r.others)
+    return (
+        "torch.OutOfMemoryError: CUDA out of memory."
+        f" Tried to allocate {torch_size(r.requested_mib)}."
+        f" GPU {ordinal} has a total capacity of {torch_size(r.total_mib)} of which"
+        f" {torch_size(r.free_mib)} is free. {others}Including non-PyTorch memory, this process"
+        f" has {torch_size(r.own_mib)} memory in use. Of the allocated memory"
+        f" {torch_size(r.own_mib)} is allocated by PyTorch, and 0 bytes is reserved by PyTorch but"
+        " unallocated. If reserved but unallocated memory is large try setting"
+        " PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See"
+        " documentation for Memory Management "
+        " (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)"
+    )
+
+
+def resolve_devices(visible: str | None, devices: list[DeviceRow]) -> list[DeviceRow]:
+    """Map ``CUDA_VISIBLE_DEVICES`` (emulated UUIDs, or indices into the device list) to devices."""
+    if not visible or not visible.strip():
+        raise CollocateError(
+            "no CUDA devices visible: CUDA_VISIBLE_DEVICES is empty or unset",
+            hint="run the job through the daemon, or set CUDA_VISIBLE_DEVICES=GPU-emu-<node>-0",
+        )
+    by_uuid = {d.uuid: d for d in devices}
+    out: list[DeviceRow] = []
+    for item in (v.strip() for v in visible.split(",")):
+        if item in by_uuid:
+            out.append(by_uuid[item])
+        elif item.isdigit() and int(item) < len(devices):
+            out.append(devices[int(item)])
+        else:
+            raise CollocateError(
+                f"CUDA_VISIBLE_DEVICES names {item!r}, which is not an emulated device",
+                hint=f"known devices: {', '.join(by_uuid) or 'none'}",
+            )
+    return out
+
+
+def sharing_mode(env: dict[str, str] | os._Environ[str]) -> SharingMode:
+    value = env.get(ENV_SHARING, SharingMode.TIME_SLICING.value)
+    try:
+        return SharingMode(value)
+    except ValueError:
+        raise InputError(
+            f"{ENV_SHARING}={value!r} is not a sharing mode",
+            hint=f"use one of {', '.join(m.value for m in SharingMode)}",
+        ) from None
+
+
+def job_slowdown(
+    model: InterferenceModel, mode: SharingMode, own: JobProfile, device: DeviceRow,
+    others: list[JobProfile],
+) -> float:
+    """Slowdown on one device.
+
+    A MIG instance runs at its SM share; jobs inside one instance share it by ``mode``.
+    """
+    if device.parent_uuid is None:
+        if mode is SharingMode.MIG:  # not partitioned: co-runners take turns
+            mode = SharingMode.TIME_SLICING
+        return model.slowdown(mode, own, others)
+    f = device.sm_fraction
+    solo = model.slowdown(SharingMode.MIG, own, speed=f)
+    if not others:
+        return solo
+    inner = SharingMode.TIME_SLICING if mode is SharingMode.MIG else mode
+
+    def scaled(p: JobProfile) -> JobProfile:
+        return JobProfile(min(1.0, p.sm_activity / f), min(1.0, p.dram_activity / f))
+
+    return solo * model.slowdown(inner, scaled(own), [scaled(o) for o in others])
+
+
+class EmulatedJob:
+    """Runs one ``JobSpec`` against the emulated state; ``run`` returns the exit status."""
+
+    def __init__(
+        self, spec: JobSpec, store: StateStore, devices: list[DeviceRow], *,
+        mode: SharingMode = SharingMode.TIME_SLICING, model: InterferenceModel | None = None,
+        out: TextIO = sys.stdout, err: TextIO = sys.stderr,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.spec, self.store, self.devices, self.mode = spec, store, devices, mode
+        self.model = model or default_interference()
+        self.out, self.err, self.clock = out, err, clock
+        self.pid = os.getpid()
+        started = process_start_time(self.pid)
+        if started is None:
+            raise CollocateError("cannot read this process's start time", hint="is /proc mounted?")
+        self.started = started
+        self.profile = JobProfile(spec.sm, spec.dram)
+        self.held: float | None = None  # None until the first claim (even of 0 MiB) is stored
+
+    def run(self) -> int:
+        """Run to completion; claims are released on every way out (done, OOM, signal, error)."""
+        previous = {s: signal.signal(s, _raise_terminated) for s in (signal.SIGTERM, signal.SIGINT)}
+        status = EXIT_OOM  # replaced on every path that returns
+        message: tuple[str, TextIO] | None = None
+        try:
+            status = self._run()
+        except OutOfMemory as exc:
+            status, message = EXIT_OOM, (str(exc), self.err)
+        except Terminated as exc:
+            status, message = exc.exit_code, (f"terminated by {exc}; released GPU memory", self.out)
+        finally:
+            for s in previous:  # a second signal must not interrupt the release
+                signal.signal(s, signal.SIG_IGN)
+            self.store.release(self.pid)
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+        if message is not None:
+            print(message[0], file=message[1], flush=True)
+        return status
+
+    def _run(self) -> int:
+        uuids = ",".join(d.uuid for d in self.devices)
+        self._say(f"emulated job pid {self.pid} on {uuids} mode {self.mode.value}")
+        t0 = last = self.clock()
+        progress, next_report = 0.0, 0.1
+        tick = self.spec.tick_s or min(0.1, max(0.02, self.spec.seconds / 40))
+        while True:
+            now = self.clock()
+            self._hold(self.spec.claim_at(now - t0, progress))
+            slowdown = self._slowdown()
+            progress += (now - last) / self.spec.seconds / slowdown
+            last = now
+            if progress >= next_report or progress >= 1.0:
+                shown = min(1.0, progress)
+                self._say(f"progress {shown * 100:5.1f}% elapsed {now - t0:.2f}s "
+                          f"slowdown {slowdown:.3f} mem {self.held or 0:.0f}MiB")
+                next_report = shown + 0.1
+            if progress >= 1.0:
+                self._say(f"done in {now - t0:.2f}s (solo {self.spec.seconds:.2f}s)")
+                return 0
+            time.sleep(tick)
+
+    def _hold(self, mib: float) -> None:
+        if mib == self.held:
+            return
+        for ordinal, device in enumerate(self.devices):
+            refusal = self.store.claim(
+                device.uuid, self.pid, self.started, mib, self.spec.sm, self.spec.dram
+            )
+            if refusal is not None:
+                raise OutOfMemory(refusal, ordinal)
+        self.held = mib
+
+    def _slowdown(self) -> float:
+        claims = self.store.live_claims(uuids=[d.uuid for d in self.devices])
+        worst = 1.0
+        for device in self.devices:
+            others = [_profile(c) for c in claims if c.uuid == device.uuid and c.pid != self.pid]
+            worst = max(worst, job_slowdown(self.model, self.mode, self.profile, device, others))
+        return worst
+
+    def _say(self, text: str) -> None:
+        print(text, file=self.out, flush=True)
+
+
+def run_job(spec: JobSpec, state_dir: Path, env: os._Environ[str] | dict[str, str]) -> int:
+    """Entry point for the CLI: resolve devices and mode from ``env`` and run the job."""
+    store = StateStore.open_existing(state_dir)
+    devices = resolve_devices(env.get("CUDA_VISIBLE_DEVICES"), store.devices())
+    return EmulatedJob(spec, store, devices, mode=sharing_mode(env)).run()
+
+
+def _profile(c: Claim) -> JobProfile:
+    return JobProfile(c.sm, c.dram)
+
+
+def _raise_terminated(signum: int, _frame: object) -> None:
+    raise Terminated(signum)

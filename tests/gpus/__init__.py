@@ -1,0 +1,1 @@
+"""Tests of the GPU layer (a package, so helper modules import relatively)."""
