@@ -35,6 +35,9 @@ COMMAND_MODULES = (
     "collocate.share.cli",
     "collocate.gpus.cli",
     "collocate.estimate.cli",
+    "collocate.daemon.cli",
+    "collocate.monitor.cli",
+    "collocate.bench.cli",
 )
 
 for _name in COMMAND_MODULES:

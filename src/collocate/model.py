@@ -37,7 +37,11 @@ class JobState(StrEnum):
 
 @dataclass(frozen=True, slots=True, order=True)
 class GpuId:
-    """A GPU (or MIG instance) in the cluster: node, device index, optional MIG instance."""
+    """A GPU (or MIG instance) in the cluster: node, device index, optional MIG instance.
+
+    ``mig`` is ``"<gpu instance id>.<compute instance id>"`` as NVML numbers them (``"1.0"``);
+    written out, a MIG device reads ``node0:2/1.0``.
+    """
 
     node: str
     index: int
