@@ -141,3 +141,34 @@ def test_unreadable_memory_reports_the_device_full(fake: FakeNvml) -> None:
     s = backend.sample()[0]
     assert (s.used_mib, s.free_mib) == (81_559, 0.0)
     assert backend.capabilities()["memory"].startswith("error:")
+
+
+def test_driver_versions_reads_driver_cuda_and_device_name():
+    from types import SimpleNamespace
+
+    from collocate.gpus.nvml import driver_versions
+
+    calls = []
+    fake = SimpleNamespace(
+        nvmlInit=lambda: calls.append("init"),
+        nvmlShutdown=lambda: calls.append("shutdown"),
+        nvmlSystemGetDriverVersion=lambda: b"570.86.15",
+        nvmlSystemGetCudaDriverVersion=lambda: 12080,
+        nvmlDeviceGetHandleByIndex=lambda i: ("handle", i),
+        nvmlDeviceGetName=lambda h: "NVIDIA H100 80GB HBM3",
+    )
+    assert driver_versions(0, fake) == {
+        "device_name": "NVIDIA H100 80GB HBM3", "driver": "570.86.15", "cuda_driver": "12.8"}
+    assert calls == ["init", "shutdown"]
+
+
+def test_driver_versions_without_a_driver_are_unknown():
+    from types import SimpleNamespace
+
+    from collocate.gpus.nvml import driver_versions
+
+    def fail():
+        raise RuntimeError("NVML Shared Library Not Found")
+
+    assert driver_versions(0, SimpleNamespace(nvmlInit=fail)) == {
+        "device_name": None, "driver": None, "cuda_driver": None}

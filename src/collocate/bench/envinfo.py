@@ -11,6 +11,8 @@ import datetime as dt
 import platform
 from typing import Any
 
+from collocate.gpus.nvml import driver_versions
+
 CPU_NOTE = "CPU run with tiny models: these numbers are NOT GPU measurements"
 
 
@@ -23,33 +25,6 @@ def _cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
-
-
-def _nvml_versions(index: int) -> dict[str, Any]:
-    """Device name and driver/CUDA versions from NVML (``None`` where it cannot tell)."""
-    out: dict[str, Any] = {"device_name": None, "driver": None, "cuda_driver": None}
-    try:
-        import pynvml as nvml
-
-        nvml.nvmlInit()
-    except Exception:  # noqa: BLE001 - no driver: versions stay unknown
-        return out
-    try:
-        def text(v: Any) -> str:
-            return v.decode() if isinstance(v, bytes) else str(v)
-
-        out["driver"] = text(nvml.nvmlSystemGetDriverVersion())
-        version = int(nvml.nvmlSystemGetCudaDriverVersion())
-        out["cuda_driver"] = f"{version // 1000}.{(version % 1000) // 10}"
-        out["device_name"] = text(nvml.nvmlDeviceGetName(nvml.nvmlDeviceGetHandleByIndex(index)))
-    except Exception:  # noqa: BLE001 - partial answers are still worth keeping
-        pass
-    finally:
-        try:
-            nvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001
-            pass
-    return out
 
 
 def environment(device: str, *, gpu_index: int = 0) -> dict[str, Any]:
@@ -70,7 +45,7 @@ def environment(device: str, *, gpu_index: int = 0) -> dict[str, Any]:
         "time_utc": now.isoformat(timespec="seconds"),
     }
     if device == "cuda":
-        env.update(_nvml_versions(gpu_index))
+        env.update(driver_versions(gpu_index))
         env["cuda"] = env.get("cuda_driver") or torch_cuda
     else:
         env.update(device_name=_cpu_name(), driver=None, cuda=None, note=CPU_NOTE)

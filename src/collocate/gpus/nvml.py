@@ -366,6 +366,30 @@ class NvmlBackend:
         return gpm_values(n, filled.metrics[: len(ids)])
 
 
+def driver_versions(index: int = 0, nvml: Any = None) -> dict[str, Any]:
+    """Device name and driver/CUDA versions from NVML (``None`` where it cannot tell)."""
+    out: dict[str, Any] = {"device_name": None, "driver": None, "cuda_driver": None}
+    try:
+        if nvml is None:
+            import pynvml as nvml
+        nvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - no driver: versions stay unknown
+        return out
+    try:
+        out["driver"] = _text(nvml.nvmlSystemGetDriverVersion())
+        version = int(nvml.nvmlSystemGetCudaDriverVersion())
+        out["cuda_driver"] = f"{version // 1000}.{(version % 1000) // 10}"
+        out["device_name"] = _text(nvml.nvmlDeviceGetName(nvml.nvmlDeviceGetHandleByIndex(index)))
+    except Exception:  # noqa: BLE001 - partial answers are still worth keeping
+        pass
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass
+    return out
+
+
 def nvml_available(nvml: Any = None) -> bool:
     """True when NVML loads and initialises (a driver is present); used by ``--gpus auto``."""
     if nvml is None:
