@@ -1,0 +1,115 @@
+"""Benchmark: how long and how much memory `estimate_memory` needs for a ResNet-50 at batch 64.
+
+Issue #4's target: under 5 s on a 2-core CPU machine, estimator memory under 2 GiB. Each
+repetition runs in a fresh Python process so that import time and peak RSS are those of a real
+`collocate estimate` call; we report the first (cold) estimate's wall time, which includes the
+lazy import of ``torch._dynamo`` that ``FakeTensorMode`` triggers, the process's total time
+including importing torch, a second (warm) estimate in the same process (what a long-running
+service pays), and the process's peak resident set size. The load average is recorded because
+other work on the machine inflates the times.
+
+    python benchmarks/estimate_speed.py [--repeats 5] [--entry ...] [--batch-size 64]
+
+Writes benchmarks/results/estimate_speed-<UTC date>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+CHILD = r"""
+import json, resource, sys, time
+t0 = time.perf_counter()
+from collocate.estimate.api import estimate_memory
+import torch
+t1 = time.perf_counter()
+est = estimate_memory(sys.argv[1], batch_size=int(sys.argv[2]), gpu=sys.argv[3])
+t2 = time.perf_counter()
+estimate_memory(sys.argv[1], batch_size=int(sys.argv[2]), gpu=sys.argv[3])
+t3 = time.perf_counter()
+print(json.dumps({
+    "import_s": t1 - t0, "estimate_s": t2 - t1, "total_s": t2 - t0, "warm_estimate_s": t3 - t2,
+    "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    "mib": est.mib, "method": est.method, "torch": torch.__version__,
+    "threads": torch.get_num_threads(),
+}))
+"""
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--entry", default="collocate.workloads.models:build_resnet50")
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--gpu", default="A100-80GB")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    args = ap.parse_args()
+
+    load_before = os.getloadavg()
+    runs = []
+    for i in range(args.repeats):
+        proc = subprocess.run(
+            [sys.executable, "-c", CHILD, args.entry, str(args.batch_size), args.gpu],
+            capture_output=True, text=True, check=True,
+        )
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        print(f"run {i + 1}: estimate {runs[-1]['estimate_s']:.2f} s, "
+              f"warm {runs[-1]['warm_estimate_s']:.2f} s, "
+              f"total {runs[-1]['total_s']:.2f} s, peak RSS {runs[-1]['peak_rss_mib']:.0f} MiB")
+
+    def summary(key: str) -> dict[str, float]:
+        vals = [r[key] for r in runs]
+        return {"median": statistics.median(vals), "min": min(vals), "max": max(vals)}
+
+    now = dt.datetime.now(dt.timezone.utc)
+    result = {
+        "benchmark": "estimate_speed",
+        "entry_point": args.entry,
+        "batch_size": args.batch_size,
+        "gpu_type_modelled": args.gpu,
+        "device": "cpu",
+        "machine": {"cpu_model": cpu_model(), "cores": os.cpu_count(),
+                    "python": platform.python_version(), "platform": platform.platform()},
+        "load_average_1_5_15min_before": [round(x, 2) for x in load_before],
+        "load_average_1_5_15min_after": [round(x, 2) for x in os.getloadavg()],
+        "torch_version": runs[0]["torch"],
+        "torch_threads": runs[0]["threads"],
+        "date_utc": now.isoformat(timespec="seconds"),
+        "repeats": args.repeats,
+        "estimate_s": summary("estimate_s"),
+        "total_s_including_imports": summary("total_s"),
+        "warm_estimate_s": summary("warm_estimate_s"),
+        "peak_rss_mib": summary("peak_rss_mib"),
+        "estimate_mib": runs[0]["mib"],
+        "method": runs[0]["method"],
+        "targets": {"estimate_s": 5.0, "peak_rss_mib": 2048},
+        "runs": runs,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"estimate_speed-{now.date().isoformat()}.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"median estimate {result['estimate_s']['median']:.2f} s, "
+          f"median total {result['total_s_including_imports']['median']:.2f} s, "
+          f"max peak RSS {result['peak_rss_mib']['max']:.0f} MiB -> {path}")
+
+
+if __name__ == "__main__":
+    main()

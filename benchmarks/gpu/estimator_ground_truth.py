@@ -1,0 +1,323 @@
+"""Measure the ground truth for the memory estimator on a real GPU.
+
+For every configuration (model x batch size x optimizer x precision) a fresh Python process
+builds the model through its entry point, moves it to the GPU and runs a few training
+iterations; it then reports the process's GPU memory as NVML sees it (``nvidia-ml-py``, per
+process, which includes the CUDA context) and PyTorch's ``max_memory_reserved`` /
+``max_memory_allocated``. Separate processes keep one configuration's cached memory from
+leaking into the next. torchvision, timm and transformers configurations are included when
+those packages import (models are built from configs, no weights).
+
+    python benchmarks/gpu/estimator_ground_truth.py                 # all configs, on the GPU
+    python benchmarks/gpu/estimator_ground_truth.py --dry-run       # CPU: build + 1 step each
+    python benchmarks/gpu/estimator_ground_truth.py --only mlp-b256-sgd-fp32 --dry-run
+
+Writes ``benchmarks/results/estimator_ground_truth-<date>.csv`` (device, driver, CUDA and torch
+versions and the date are columns of every row). A dry run measures nothing and writes no CSV
+unless ``--out`` is given, in which case memory columns stay empty and status is "dry-run"; it
+runs in fp32 (mixed precision is only exercised on the GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as dt
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+ITERATIONS = 3
+CHILD_TIMEOUT_S = 600
+
+FIELDS = [
+    "config", "family", "entry_point", "batch_size", "optimizer", "precision", "status",
+    "nvml_peak_mib", "nvml_source", "max_reserved_mib", "max_allocated_mib", "context_mib",
+    "iterations",
+    "device_name", "driver", "cuda", "torch", "date_utc", "error",
+]
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str
+    family: str  # mlp, cnn, transformer, recsys
+    entry_point: str
+    batch_size: int
+    optimizer: str
+    precision: str
+    requires: str | None = None  # optional package the model needs
+
+
+def _c(family: str, entry: str, bs: int, opt: str, prec: str, requires: str | None = None,
+       short: str | None = None) -> Config:
+    base = short or entry.split(":")[1].removeprefix("build_")
+    return Config(f"{base}-b{bs}-{opt}-{prec}", family, entry, bs, opt, prec, requires)
+
+
+M = "collocate.workloads.models:"
+A = "collocate.workloads.adapters:"
+
+CONFIGS: list[Config] = [
+    # built-in MLPs
+    _c("mlp", M + "build_mlp", 256, "sgd", "fp32"),
+    _c("mlp", M + "build_mlp", 4096, "sgd", "fp32"),
+    _c("mlp", M + "build_mlp", 4096, "adamw", "bf16"),
+    # built-in CNNs
+    _c("cnn", M + "build_resnet18_cifar", 128, "sgd", "fp32"),
+    _c("cnn", M + "build_resnet18_cifar", 512, "adamw", "fp16"),
+    _c("cnn", M + "build_resnet50_cifar", 256, "sgd", "fp32"),
+    _c("cnn", M + "build_resnet18", 64, "sgd", "fp32"),
+    _c("cnn", M + "build_resnet26", 64, "adam", "fp32"),
+    _c("cnn", M + "build_resnet50", 32, "sgd", "fp32"),
+    _c("cnn", M + "build_resnet50", 64, "sgd", "fp32"),
+    _c("cnn", M + "build_resnet50", 128, "sgd", "fp32"),
+    _c("cnn", M + "build_resnet50", 64, "adamw", "fp16"),
+    _c("cnn", M + "build_resnet50", 128, "adamw", "bf16"),
+    _c("cnn", M + "build_resnet152", 32, "sgd", "fp32"),
+    _c("cnn", M + "build_resnet152", 64, "adamw", "bf16"),
+    # built-in transformers (SDPA) and a recommender
+    _c("transformer", M + "build_transformer_small", 16, "adamw", "fp32"),
+    _c("transformer", M + "build_transformer_small", 32, "adamw", "bf16"),
+    _c("transformer", M + "build_transformer_base", 8, "adamw", "fp32"),
+    _c("transformer", M + "build_transformer_base", 16, "adamw", "bf16"),
+    _c("transformer", M + "build_transformer_base", 16, "sgd", "fp16"),
+    _c("transformer", M + "build_transformer_base_ckpt", 32, "adamw", "bf16"),
+    _c("recsys", M + "build_dlrm", 2048, "adam", "fp32"),
+    _c("recsys", M + "build_dlrm", 8192, "adam", "fp32"),
+    # torchvision
+    *[_c("cnn", A + f"tv_{m}", bs, opt, prec, "torchvision")
+      for m, bs, opt, prec in [
+          ("resnet50", 64, "sgd", "fp32"), ("resnet50", 128, "sgd", "fp16"),
+          ("vgg16", 32, "sgd", "fp32"), ("vgg16", 64, "sgd", "bf16"),
+          ("mobilenet_v2", 128, "sgd", "fp32"), ("efficientnet_b0", 64, "adamw", "fp32"),
+          ("densenet121", 64, "sgd", "fp32"), ("inception_v3", 32, "sgd", "fp32"),
+          ("convnext_tiny", 64, "adamw", "bf16"), ("vit_b_16", 32, "adamw", "bf16"),
+          ("vit_b_16", 64, "adamw", "fp32"), ("swin_t", 32, "adamw", "fp32"),
+      ]],
+    # timm
+    *[_c("cnn" if not m.startswith("vit") else "transformer", A + f"timm_{m}", bs, opt, prec,
+         "timm")
+      for m, bs, opt, prec in [
+          ("resnet50", 64, "sgd", "fp32"), ("efficientnet_b3", 32, "adamw", "fp32"),
+          ("convnext_small", 32, "adamw", "bf16"), ("vit_base_patch16_224", 32, "adamw", "fp32"),
+          ("vit_small_patch16_224", 128, "adamw", "bf16"),
+      ]],
+    # Hugging Face transformers
+    *[_c("transformer", A + f"hf_{m}", bs, opt, prec, "transformers")
+      for m, bs, opt, prec in [
+          ("bert_base", 16, "adamw", "fp32"), ("bert_base", 32, "adamw", "bf16"),
+          ("bert_large", 8, "adamw", "fp32"), ("gpt2", 8, "adamw", "fp32"),
+          ("gpt2", 16, "adamw", "bf16"), ("gpt2_medium", 4, "adamw", "fp32"),
+          ("roberta_base", 16, "adamw", "fp16"), ("t5_small", 16, "adamw", "fp32"),
+      ]],
+]
+
+
+def available(cfg: Config) -> bool:
+    return cfg.requires is None or importlib.util.find_spec(cfg.requires) is not None
+
+
+# ------------------------------------------------------------------ child side
+
+
+def _nvml_handle(pynvml: Any) -> Any:
+    first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()
+    if first.startswith("GPU-") or first.startswith("MIG-"):
+        return pynvml.nvmlDeviceGetHandleByUUID(first)
+    return pynvml.nvmlDeviceGetHandleByIndex(int(first or 0))
+
+
+def _nvml_used_mib(pid: int | None) -> float | None:
+    """This process's GPU memory (pid given) or the whole device's used memory (pid None)."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - no NVML on this machine
+        return None
+    try:
+        handle = _nvml_handle(pynvml)
+        if pid is None:
+            return pynvml.nvmlDeviceGetMemoryInfo(handle).used / 2**20
+        for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+            if p.pid == pid and p.usedGpuMemory is not None:
+                return p.usedGpuMemory / 2**20
+        return None  # e.g. a container's PID namespace hides our pid from NVML
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _device_info(torch: Any) -> dict[str, str]:
+    info = {"device_name": "cpu", "driver": "", "cuda": str(torch.version.cuda or ""),
+            "torch": torch.__version__}
+    if torch.cuda.is_available():
+        info["device_name"] = torch.cuda.get_device_name(0)
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            drv = pynvml.nvmlSystemGetDriverVersion()
+            info["driver"] = drv.decode() if isinstance(drv, bytes) else str(drv)
+            pynvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001 - NVML missing: leave the driver empty
+            pass
+    return info
+
+
+def run_child(cfg: Config, dry_run: bool) -> dict[str, Any]:
+    """Build and train one configuration in this process; return one CSV row."""
+    device_used_before = None if dry_run else _nvml_used_mib(None)  # before CUDA starts
+    import torch
+
+    from collocate.estimate.entrypoint import load
+    from collocate.estimate.trace import as_args, default_loss, prefer_foreach
+
+    row: dict[str, Any] = {**_device_info(torch), "iterations": 0}
+    device = "cpu" if dry_run else "cuda"
+    bs = 2 if dry_run else cfg.batch_size
+    work = load(cfg.entry_point, bs, cfg.optimizer)
+    if dry_run:
+        row["status"] = "dry-run"
+    work.model.to(device)
+    # The optimizer was built on CPU parameters; rebuild it for the moved ones.
+    from collocate.estimate.entrypoint import make_optimizer
+
+    work.optimizer = make_optimizer(cfg.optimizer, work.model.parameters())
+    if not dry_run:
+        prefer_foreach(work.optimizer)
+
+    def move(t: Any) -> Any:
+        return t.to(device) if isinstance(t, torch.Tensor) else t
+
+    inputs = ({k: move(v) for k, v in work.inputs.items()} if isinstance(work.inputs, dict)
+              else tuple(move(t) for t in work.inputs) if isinstance(work.inputs, tuple | list)
+              else move(work.inputs))
+    targets = move(work.targets)
+    # A dry run stays in fp32: CPUs without native bf16/fp16 matmuls emulate them, which turns a
+    # one-step smoke test into minutes. The GPU run uses the configured precision.
+    amp = None if dry_run else {"fp16": torch.float16, "bf16": torch.bfloat16}.get(cfg.precision)
+    scaler = torch.amp.GradScaler("cuda", enabled=cfg.precision == "fp16" and not dry_run)
+    args, kwargs = as_args(inputs)
+    work.model.train()
+    nvml_peak = device_peak = 0.0
+    for _ in range(1 if dry_run else ITERATIONS):
+        work.optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(device, dtype=amp or torch.float32, enabled=amp is not None):
+            out = work.model(*args, **kwargs)
+            if work.loss_fn is None:
+                loss = default_loss(out, targets)
+            else:
+                loss = work.loss_fn(out, targets) if targets is not None else work.loss_fn(out)
+        scaler.scale(loss).backward()
+        scaler.step(work.optimizer)
+        scaler.update()
+        row["iterations"] += 1
+        if not dry_run:
+            torch.cuda.synchronize()
+            nvml_peak = max(nvml_peak, _nvml_used_mib(os.getpid()) or 0.0)
+            device_peak = max(device_peak, _nvml_used_mib(None) or 0.0)
+    if not dry_run:
+        row["max_reserved_mib"] = round(torch.cuda.max_memory_reserved() / 2**20, 1)
+        row["max_allocated_mib"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+        if not nvml_peak and device_used_before is not None and device_peak:
+            # NVML could not see our pid: fall back to the device's growth (valid when the GPU
+            # runs nothing else, which the measurement requires anyway).
+            nvml_peak = device_peak - device_used_before
+            row["nvml_source"] = "device-delta"
+        elif nvml_peak:
+            row["nvml_source"] = "process"
+        if nvml_peak:
+            row["nvml_peak_mib"] = round(nvml_peak, 1)
+            row["context_mib"] = round(nvml_peak - row["max_reserved_mib"], 1)
+        row["status"] = "ok"
+    return row
+
+
+# ------------------------------------------------------------------ parent side
+
+
+def measure(cfg: Config, dry_run: bool) -> dict[str, Any]:
+    """Run one configuration in a fresh subprocess and return its CSV row."""
+    base = {k: v for k, v in asdict(cfg).items() if k != "requires"}
+    base["config"] = base.pop("name")
+    argv = [sys.executable, __file__, "--child", json.dumps(asdict(cfg))]
+    if dry_run:
+        argv.append("--dry-run")
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S,
+                              check=False)
+    except subprocess.TimeoutExpired:
+        return {**base, "status": "timeout", "error": f"over {CHILD_TIMEOUT_S} s"}
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode == 0 and lines:
+        return {**base, **json.loads(lines[-1])}
+    err = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+    status = "oom" if "out of memory" in proc.stderr.lower() else "error"
+    return {**base, "status": status, "error": err[:300]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Measure GPU memory ground truth for the estimator.")
+    ap.add_argument("--dry-run", action="store_true", help="CPU only: build and step each model")
+    ap.add_argument("--only", nargs="*", help="config names to run (default: all)")
+    ap.add_argument("--list", action="store_true", help="print the configurations and exit")
+    ap.add_argument("--out", type=Path, help="CSV path (default: benchmarks/results/...)")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+
+    if args.child:
+        row = run_child(Config(**json.loads(args.child)), args.dry_run)
+        print(json.dumps(row))
+        return 0
+
+    names = [c.name for c in CONFIGS]
+    if len(set(names)) != len(names):
+        raise SystemExit("duplicate configuration names")
+    if args.list:
+        for c in CONFIGS:
+            print(f"{c.name:45s} {c.entry_point} {'(needs ' + c.requires + ')' if c.requires else ''}")
+        return 0
+    chosen = [c for c in CONFIGS if not args.only or c.name in args.only]
+    if args.only and len(chosen) != len(args.only):
+        unknown = sorted(set(args.only) - set(names))
+        raise SystemExit(f"unknown config(s): {', '.join(unknown)}; see --list")
+    if not args.dry_run:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SystemExit("no CUDA GPU visible: run on the GPU machine, or use --dry-run")
+    date = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    rows = []
+    for cfg in chosen:
+        if not available(cfg):
+            print(f"skip {cfg.name}: {cfg.requires} not installed")
+            continue
+        row = measure(cfg, args.dry_run)
+        row["date_utc"] = date
+        rows.append(row)
+        print(f"{cfg.name:45s} {row['status']:8s} nvml={row.get('nvml_peak_mib', '')} "
+              f"reserved={row.get('max_reserved_mib', '')} {row.get('error', '')}")
+    out = args.out
+    if out is None and not args.dry_run:
+        out = Path(__file__).parents[1] / "results" / f"estimator_ground_truth-{date[:10]}.csv"
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with out.open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
+            w.writeheader()
+            w.writerows(rows)
+        print(f"wrote {len(rows)} rows to {out}")
+    bad = [r for r in rows if r["status"] not in ("ok", "dry-run", "oom")]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""`collocate estimate`: GPU memory of a training job before it runs.
+
+torch is imported only inside the command, so ``collocate --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from collocate.errors import InputError
+
+
+def register(app: typer.Typer) -> None:
+    app.command("estimate")(estimate)
+
+
+def estimate(
+    entry_point: Annotated[str, typer.Argument(help="package.module:function returning (model, batch, optimizer[, loss])")],
+    batch_size: Annotated[int, typer.Option("--batch-size", "-b", help="per-GPU batch size")],
+    optimizer: Annotated[str | None, typer.Option(help="sgd, adam or adamw (default: the entry point's)")] = None,
+    precision: Annotated[str, typer.Option(help="fp32, fp16 (AMP) or bf16 (AMP)")] = "fp32",
+    gpu: Annotated[str | None, typer.Option(help="GPU type, e.g. A100-40GB, H100-80GB")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="table or json")] = "table",
+    fallback: Annotated[str, typer.Option(help="comma-separated fallbacks to allow, or 'none'")] = "cpu-run,analytical",
+    baselines: Annotated[bool, typer.Option("--baselines", help="also print the Horus and FakeTensor baselines")] = False,
+) -> None:
+    """Estimate the peak GPU memory of one training iteration (no GPU needed)."""
+    if fmt not in ("table", "json"):
+        raise InputError(f"unknown format {fmt!r}", hint="use --format table or --format json")
+    from collocate.estimate.api import estimate_baselines, estimate_memory
+
+    fallbacks = () if fallback.strip() in ("", "none") else tuple(
+        f.strip() for f in fallback.split(",") if f.strip()
+    )
+    est = estimate_memory(
+        entry_point, batch_size=batch_size, optimizer=optimizer, precision=precision, gpu=gpu,
+        fallbacks=fallbacks,
+    )
+    base = estimate_baselines(entry_point, batch_size=batch_size, precision=precision) if baselines else {}
+    if fmt == "json":
+        out = est.to_dict()
+        if baselines:
+            out["baselines"] = {k: (v.to_dict() if not isinstance(v, str) else {"error": v})
+                                for k, v in base.items()}
+        typer.echo(json.dumps(out, indent=2))
+        return
+    _print_table(est, base)
+
+
+def _print_table(est: object, base: dict[str, object]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from collocate.estimate.base import Estimate
+
+    assert isinstance(est, Estimate)
+    console = Console()
+    console.print(f"estimated peak GPU memory: [bold]{est.mib:,.0f} MiB[/bold] "
+                  f"(±{est.uncertainty:.0%}, method: {est.method})")
+    t = Table()
+    t.add_column("part")
+    t.add_column("MiB", justify="right")
+    for k, v in est.breakdown.items():
+        t.add_row(k.replace("_", " "), f"{v:,.1f}")
+    console.print(t)
+    if est.note:
+        console.print(f"note: {est.note}")
+    for name, b in base.items():
+        text = f"{b.mib:,.0f} MiB" if isinstance(b, Estimate) else f"failed ({b})"
+        console.print(f"baseline {name}: {text}")

@@ -1,0 +1,92 @@
+"""Memory a training process uses on a GPU besides its tensors, per GPU type.
+
+Three parts, with where each number comes from. **None of them has been measured by this
+project yet**: ``benchmarks/gpu/estimator_ground_truth.py`` records NVML per-process memory and
+``torch.cuda.max_memory_reserved`` side by side, and the difference is exactly the context; the
+numbers below must be replaced by those measurements (GPU validation issue).
+
+* **CUDA context** (driver state, PyTorch's and cuDNN/cuBLAS kernel images, not visible to
+  ``torch.cuda.memory_reserved``). With CUDA >= 11.7 lazy module loading (PyTorch's default since
+  1.13) public reports put it at roughly 300-600 MiB; larger and newer GPUs sit at the top of the
+  range. We take 500 MiB (Ampere) and 600 MiB (Hopper) with ±200 MiB uncertainty. Placeholder.
+* **cuBLAS workspace**: PyTorch allocates it through the caching allocator, once per
+  (handle, stream). Its default size, read from ``aten/src/ATen/cuda/CublasHandlePool.cpp``, is
+  ``4096*8*1024`` bytes (32 MiB) on sm90 and ``4096*1024*2 + 16*1024*8`` bytes (about 8.1 MiB)
+  otherwise; recent PyTorch shares it with cuBLASLt. A training step uses two handles: one on the
+  main thread (forward) and one on the autograd engine's device thread (backward). These are
+  injected into the allocation timeline, so the allocator model rounds them like any tensor.
+* **cuDNN convolution workspace**: transient, algorithm-dependent, also from the caching
+  allocator. Heuristic allowance: as large as the largest convolution tensor of the step, capped
+  at 1 GiB, with ±100% uncertainty. Placeholder until measured.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from collocate.errors import UnknownNameError
+
+MIB = 1 << 20
+CUBLAS_WS_SM90 = 4096 * 8 * 1024
+CUBLAS_WS_DEFAULT = 4096 * 1024 * 2 + 16 * 1024 * 8
+CUBLAS_HANDLES_PER_STEP = 2
+CUDNN_WS_CAP = 1 << 30
+
+
+@dataclass(frozen=True)
+class GpuType:
+    """One GPU model: capacity, compute capability and context size (MiB)."""
+
+    name: str
+    total_mib: int
+    sm: int
+    context_mib: float
+    context_uncertainty_mib: float
+
+    @property
+    def cublas_workspace_bytes(self) -> int:
+        return CUBLAS_WS_SM90 if self.sm >= 90 else CUBLAS_WS_DEFAULT
+
+
+# total_mib: the marketed capacity in MiB (what NVML reports is slightly less).
+GPU_TYPES: dict[str, GpuType] = {
+    g.name: g
+    for g in (
+        GpuType("A100-40GB", 40960, 80, 500.0, 200.0),
+        GpuType("A100-80GB", 81920, 80, 500.0, 200.0),
+        GpuType("H100-80GB", 81920, 90, 600.0, 200.0),
+        GpuType("H200-141GB", 144384, 90, 600.0, 200.0),
+        GpuType("L4-24GB", 24576, 89, 450.0, 200.0),
+        GpuType("V100-32GB", 32768, 70, 450.0, 200.0),
+    )
+}
+
+DEFAULT_GPU = "A100-80GB"
+
+
+def gpu_type(name: str | None) -> GpuType:
+    """Look a GPU type up by name (case-insensitive); the error lists the known ones."""
+    if name is None:
+        return GPU_TYPES[DEFAULT_GPU]
+    for key, g in GPU_TYPES.items():
+        if key.lower() == name.lower():
+            return g
+    raise UnknownNameError("GPU type", name, list(GPU_TYPES))
+
+
+def cudnn_workspace_bytes(largest_conv_bytes: int) -> int:
+    """Heuristic cuDNN workspace allowance for a step whose largest conv tensor is given."""
+    return min(largest_conv_bytes, CUDNN_WS_CAP)
+
+
+def gpu_type_from_device_name(device_name: str) -> GpuType | None:
+    """Map an NVML/CUDA device name ("NVIDIA H100 80GB HBM3") to a known type, or None."""
+    n = device_name.upper().replace("-", " ")
+    for family in ("H200", "H100", "A100", "L4", "V100"):
+        if family in n.split() or f"{family} " in n or n.endswith(family):
+            sizes = [g for g in GPU_TYPES.values() if g.name.startswith(family)]
+            for g in sizes:
+                if g.name.split("-")[1].upper().replace("GB", "") + "GB" in n.replace(" ", ""):
+                    return g
+            return sizes[0] if sizes else None
+    return None

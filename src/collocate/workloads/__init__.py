@@ -1,0 +1,1 @@
+"""Built-in PyTorch workloads on synthetic data, and adapters for model zoos."""

@@ -1,0 +1,78 @@
+"""The GPU measurement script's dry run and the accuracy report generator (on a fixture)."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import pathlib
+import sys
+from types import ModuleType
+
+import pytest
+
+from collocate.estimate.entrypoint import resolve
+
+ROOT = pathlib.Path(__file__).parents[2]
+FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "ground_truth_fixture.csv"
+
+
+def _load(name: str) -> ModuleType:
+    path = ROOT / "benchmarks" / "gpu" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+gt = _load("estimator_ground_truth")
+report = _load("estimator_report")
+
+
+def test_config_list_is_large_varied_and_resolvable() -> None:
+    names = [c.name for c in gt.CONFIGS]
+    assert len(names) >= 40 and len(set(names)) == len(names)
+    assert {c.family for c in gt.CONFIGS} >= {"mlp", "cnn", "transformer"}
+    assert {c.precision for c in gt.CONFIGS} == {"fp32", "fp16", "bf16"}
+    assert {c.optimizer for c in gt.CONFIGS} == {"sgd", "adam", "adamw"}
+    assert {c.requires for c in gt.CONFIGS} >= {"torchvision", "timm", "transformers"}
+    for c in gt.CONFIGS:
+        assert callable(resolve(c.entry_point))
+
+
+def test_dry_run_two_configs(tmp_path: pathlib.Path) -> None:
+    out = tmp_path / "gt.csv"
+    rc = gt.main(["--dry-run", "--only", "mlp-b256-sgd-fp32", "dlrm-b2048-adam-fp32",
+                  "--out", str(out)])
+    assert rc == 0
+    rows = list(csv.DictReader(out.open()))
+    assert [r["status"] for r in rows] == ["dry-run", "dry-run"]
+    assert all(r["nvml_peak_mib"] == "" and r["torch"] for r in rows)  # nothing invented
+    assert rows[0]["device_name"] == "cpu"
+
+
+def test_unknown_config_name_is_refused() -> None:
+    with pytest.raises(SystemExit, match="unknown config"):
+        gt.main(["--dry-run", "--only", "nope"])
+
+
+def test_summary_metrics_by_hand() -> None:
+    cases = [report.Case(f"c{i}", "mlp", 100.0, None, {"ours": e, "horus": None, "faketensor": 50.0})
+             for i, e in enumerate([95.0, 120.0, 80.0])]
+    s = report.summarise(cases, "ours")
+    assert s["median_ape"] == pytest.approx(0.20)  # errors 5%, 20%, 20%
+    assert s["under_share"] == pytest.approx(1 / 3)  # only 80 is >10% under
+    assert s["max_ape"] == pytest.approx(0.20)
+    assert report.summarise(cases, "horus") == {"n": 0, "failed": 3}
+    assert report.summarise(cases, "faketensor")["under_share"] == 1.0
+
+
+def test_report_from_fixture(tmp_path: pathlib.Path) -> None:
+    out = tmp_path / "accuracy.md"
+    assert report.main([str(FIXTURE), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "FIXTURE, NOT A MEASUREMENT" in text
+    assert "| ours | 3 | 0 |" in text  # the oom row is not a case
+    assert "item_model-b8-sgd-fp32" in text and "cpu-run" in text
+    assert "faketensor" in text and "Goal" in text
