@@ -1,0 +1,279 @@
+"""Commands of the daemon and its clients: serve, submit, ls, show, logs, cancel, gpus, drain,
+resume, demo. Parsing and rendering only; the work happens in the daemon (``service``)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from collocate.errors import InputError
+
+StateDirOpt = Annotated[
+    Path | None,
+    typer.Option("--state-dir", help="Daemon state dir (default: $COLLOCATE_STATE_DIR, then "
+                 "$XDG_STATE_HOME/collocate, then ~/.local/state/collocate)."),
+]
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve")(serve)
+    app.command("submit", context_settings={"allow_interspersed_args": False})(submit)
+    app.command("ls")(ls)
+    app.command("show")(show)
+    app.command("logs")(logs)
+    app.command("cancel")(cancel)
+    app.command("gpus")(gpus)
+    app.command("drain")(drain)
+    app.command("resume")(resume)
+    from collocate.daemon.demo import demo
+
+    app.command("demo")(demo)
+
+
+def _client(state_dir: Path | None):
+    from collocate.daemon.client import Client
+
+    return Client(state_dir)
+
+
+def parse_params(items: list[str]) -> dict[str, Any]:
+    """``["settle_s=5", ...]`` → ``{"settle_s": 5.0}`` (numbers become floats or ints)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise InputError(f"cannot read --param {item!r}", hint="write --param NAME=VALUE, e.g. settle_s=5")
+        try:
+            out[key] = int(value)
+        except ValueError:
+            try:
+                out[key] = float(value)
+            except ValueError:
+                out[key] = value
+    return out
+
+
+def serve(
+    state_dir: StateDirOpt = None,
+    gpus: Annotated[str, typer.Option("--gpus", help="nvml, auto, or emulated:4xA100-40GB.")] = "auto",
+    policy: Annotated[str, typer.Option("--policy", help="Placement policy (see `collocate simulate`).")] = "auto",
+    param: Annotated[list[str], typer.Option("--param", help="Policy parameter NAME=VALUE (repeatable).")] = [],  # noqa: B006
+    sharing: Annotated[str, typer.Option("--sharing", help="time-slicing or mps.")] = "time-slicing",
+    period: Annotated[float, typer.Option("--period", help="Sampling/scheduling period, seconds.")] = 1.0,
+    window: Annotated[int, typer.Option("--window", help="Samples in the utilization window.")] = 30,
+    group: Annotated[str | None, typer.Option("--group", help="Also serve members of this group.")] = None,
+    tcp: Annotated[str | None, typer.Option("--tcp", help="Also listen on HOST:PORT (needs --token-file).")] = None,
+    token_file: Annotated[Path | None, typer.Option("--token-file", help="File holding the TCP token.")] = None,
+    retry_growth: Annotated[float, typer.Option("--oom-growth", help="OOM: new requirement = peak x this + margin.")] = 1.25,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log every job event.")] = False,
+) -> None:
+    """Run the daemon in the foreground (Ctrl-C stops it; running jobs keep running)."""
+    import grp
+
+    from collocate.daemon.paths import resolve_state_dir
+    from collocate.daemon.service import ServeConfig, run_daemon
+    from collocate.model import SharingMode
+    from collocate.policies import make_policy
+    from collocate.recovery import RecoveryRules
+
+    if sharing not in ("time-slicing", "mps"):
+        raise InputError(f"unknown sharing mode {sharing!r}", hint="use time-slicing or mps")
+    if period <= 0 or window < 1:
+        raise InputError("--period must be > 0 and --window >= 1")
+    params = parse_params(param)
+    make_policy(policy, **params)  # fail before anything starts
+    gid = None
+    if group is not None:
+        try:
+            gid = grp.getgrnam(group).gr_gid
+        except KeyError:
+            raise InputError(f"no group {group!r} on this machine") from None
+    tcp_addr, token = None, None
+    if tcp is not None:
+        host, _, port = tcp.rpartition(":")
+        if not host or not port.isdigit():
+            raise InputError(f"cannot read --tcp {tcp!r}", hint="write HOST:PORT, e.g. 127.0.0.1:7070")
+        if token_file is None:
+            raise InputError("--tcp needs --token-file", hint="put a long random token in a file only you can read")
+        token = token_file.read_text().strip()
+        if len(token) < 16:
+            raise InputError("the token is too short", hint="use at least 16 random characters")
+        tcp_addr = (host, int(port))
+    stream = logging.StreamHandler()  # the file log in the state dir always gets INFO
+    stream.setLevel(logging.INFO if verbose else logging.WARNING)
+    stream.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    logging.getLogger().addHandler(stream)
+    config = ServeConfig(
+        state_dir=resolve_state_dir(state_dir), gpus=gpus, policy=policy, policy_params=params,
+        sharing=SharingMode(sharing), period_s=period, window=window, allow_gid=gid, tcp=tcp_addr,
+        token=token, rules=RecoveryRules(growth=retry_growth),
+    )
+
+    def ready(service) -> None:
+        typer.echo(f"collocate daemon: {len(service.monitor.devices)} GPU(s) ({service.backend.name}), "
+                   f"policy {policy}, state {service.layout.root}", err=True)
+
+    run_daemon(config, on_ready=ready)
+
+
+def submit(
+    command: Annotated[list[str] | None, typer.Argument(help="The command, after --.")] = None,
+    gpus: Annotated[int, typer.Option("--gpus", help="GPUs the job needs.")] = 1,
+    mem: Annotated[str | None, typer.Option("--mem", help="GPU memory per GPU, e.g. 6GiB.")] = None,
+    name: Annotated[str | None, typer.Option("--name")] = None,
+    priority: Annotated[int, typer.Option("--priority", help="Higher runs first.")] = 0,
+    retries: Annotated[int | None, typer.Option("--retries", help="Retries (OOM: default 3; "
+                        "giving it also retries other failures).")] = None,
+    cwd: Annotated[Path | None, typer.Option("--cwd", help="Working directory (default: here).")] = None,
+    env: Annotated[list[str], typer.Option("--env", help="NAME=VALUE for the job (repeatable).")] = [],  # noqa: B006
+    estimate: Annotated[str | None, typer.Option("--estimate", help="Estimate memory statically from "
+                        "this entry point (package.module:function), instead of --mem.")] = None,
+    batch_size: Annotated[int | None, typer.Option("--batch-size", help="Batch size for --estimate.")] = None,
+    state_dir: StateDirOpt = None,
+) -> None:
+    """Queue a job and print its id: collocate submit --mem 6GiB -- python train.py --lr 3e-4"""
+    from collocate.daemon.spec import parse_env
+
+    if not command:
+        raise InputError("empty command", hint="put the command after --, e.g. "
+                         "collocate submit --mem 6GiB -- python train.py")
+    parse_env(env)  # a clear error before contacting the daemon
+    directory = (cwd or Path.cwd()).expanduser().absolute()
+    if not directory.is_dir():
+        raise InputError(f"working directory {directory} does not exist", hint="pass an existing --cwd")
+    extra: dict[str, Any] = {"mem": mem}
+    if estimate is not None:
+        extra = _static_estimate(estimate, batch_size, mem, directory)
+    result = _client(state_dir).request(
+        "submit", argv=list(command), gpus=gpus, name=name, priority=priority,
+        retries=retries, cwd=str(directory), env=list(env), base_env=dict(os.environ), **extra,
+    )
+    typer.echo(result["id"])
+
+
+def _static_estimate(entry_point: str, batch_size: int | None, mem: str | None, cwd: Path) -> dict[str, Any]:
+    """Run the static estimator here, in the user's environment and cwd (where the entry point
+    imports), in a child process; the daemon still prefers measured history when it has one."""
+    from collocate.estimate.providers import EstimateRequest, StaticProvider
+
+    if mem is not None:
+        raise InputError("give either --mem or --estimate, not both")
+    if batch_size is None:
+        raise InputError("--estimate needs --batch-size", hint="e.g. --estimate mypkg.train:build --batch-size 32")
+    here = Path.cwd()
+    os.chdir(cwd)
+    try:
+        est = StaticProvider(isolated=True).estimate(EstimateRequest(entry_point=entry_point, batch_size=batch_size))
+    finally:
+        os.chdir(here)
+    if est is None or not est.available:
+        raise InputError(f"no static estimate for {entry_point}", hint="pass --mem instead")
+    typer.echo(f"estimated {est.mib:.0f} MiB ({est.method}, +/-{est.uncertainty:.0%})", err=True)
+    return {"mem": f"{est.mib:.1f}", "mem_source": f"static-{est.method}", "mem_uncertainty": est.uncertainty}
+
+
+def ls(
+    all_: Annotated[bool, typer.Option("--all", "-a", help="Include finished jobs.")] = False,
+    fmt: Annotated[str, typer.Option("--format", help="table or json.")] = "table",
+    state_dir: StateDirOpt = None,
+) -> None:
+    """List jobs (pending and running; --all for every job)."""
+    from collocate.daemon import render
+
+    if fmt not in ("table", "json"):
+        raise InputError(f"unknown format {fmt!r}", hint="use table or json")
+    rows = _client(state_dir).request("ls", all=all_)
+    if fmt == "json":
+        typer.echo(json.dumps(rows, indent=1))
+    else:
+        render.print_jobs(rows)
+
+
+def show(job_id: Annotated[str, typer.Argument()], state_dir: StateDirOpt = None,
+         fmt: Annotated[str, typer.Option("--format", help="text or json.")] = "text") -> None:
+    """Show one job: its command, memory requirement and every attempt."""
+    from collocate.daemon import render
+
+    detail = _client(state_dir).request("show", id=job_id)
+    if fmt == "json":
+        typer.echo(json.dumps(detail, indent=1))
+    else:
+        render.print_detail(detail)
+
+
+def logs(
+    job_id: Annotated[str, typer.Argument()],
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the job ends.")] = False,
+    stderr: Annotated[bool, typer.Option("--stderr", help="Show stderr instead of stdout.")] = False,
+    attempt: Annotated[int | None, typer.Option("--attempt", help="Attempt number (default: last).")] = None,
+    state_dir: StateDirOpt = None,
+) -> None:
+    """Print a job's output (its last attempt unless --attempt)."""
+    client = _client(state_dir)
+    offset, chosen = 0, attempt
+    while True:
+        chunk = client.request("logs", id=job_id, offset=offset, attempt=chosen,
+                               stream="stderr" if stderr else "stdout")
+        if chunk["attempt"] is not None and chosen is None and follow:
+            chosen = chunk["attempt"]
+        sys.stdout.write(chunk["text"])
+        sys.stdout.flush()
+        offset = chunk["offset"]
+        if chunk["text"]:
+            continue
+        if not follow or chunk.get("ended") or chunk["state"] in ("done", "failed", "cancelled", "rejected"):
+            return
+        time.sleep(0.5)
+
+
+def cancel(job_ids: Annotated[list[str], typer.Argument(help="Job id(s).")], state_dir: StateDirOpt = None) -> None:
+    """Cancel jobs: pending ones leave the queue, running ones get SIGTERM (SIGKILL after 10 s)."""
+    client = _client(state_dir)
+    for job_id in job_ids:
+        result = client.request("cancel", id=job_id)
+        typer.echo(f"{result['id']}: {result['state']}")
+
+
+def gpus(
+    watch: Annotated[bool, typer.Option("--watch", "-w", help="Refresh every second until Ctrl-C.")] = False,
+    fmt: Annotated[str, typer.Option("--format", help="table or json.")] = "table",
+    state_dir: StateDirOpt = None,
+) -> None:
+    """GPUs as the daemon sees them: memory, SM activity, jobs on each."""
+    from collocate.daemon import render
+
+    client = _client(state_dir)
+    if fmt == "json":
+        typer.echo(json.dumps(client.request("gpus"), indent=1))
+        return
+    if not watch:
+        render.console().print(render.gpu_table(client.request("gpus")))
+        return
+    from rich.live import Live
+
+    with Live(render.gpu_table(client.request("gpus")), console=render.console(), refresh_per_second=2) as live:
+        try:
+            while True:
+                time.sleep(1.0)
+                live.update(render.gpu_table(client.request("gpus")))
+        except KeyboardInterrupt:
+            pass
+
+
+def drain(state_dir: StateDirOpt = None) -> None:
+    """Stop placing jobs; running ones finish. `collocate resume` undoes it."""
+    r = _client(state_dir).request("drain")
+    typer.echo(f"draining: {r['running']} running job(s) will finish, {r['pending']} stay queued")
+
+
+def resume(state_dir: StateDirOpt = None) -> None:
+    """Place jobs again after `collocate drain`."""
+    _client(state_dir).request("resume")
+    typer.echo("placing jobs again")

@@ -1,0 +1,134 @@
+"""Turn a placement into a running process: the launch plan (pure) and the start (I/O).
+
+``plan_launch`` builds the exact argv, environment and cwd a job gets, so tests assert on the
+plan without starting anything. ``start`` runs it through ``collocate.daemon.runner`` in a new
+session (its own process group), with stdout/stderr going to the attempt's log files; when the
+daemon runs as root, the job runs as the user who submitted it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from collocate.daemon.paths import attempt_files
+from collocate.daemon.spec import JobSpec
+from collocate.gpus.mps import MpsDirs, mps_client_env
+from collocate.model import Job, Placement, SharingMode
+
+ENV_EMULATED_DIR = "COLLOCATE_EMULATED_DIR"  # the emulated backend's contract with its jobs
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchPlan:
+    """Everything needed to start one attempt; printable and comparable in tests."""
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    cwd: str
+    dir: Path
+    uid: int | None  # run as this user (daemon is root and the submitter is someone else)
+    gid: int | None
+
+
+def mps_env(job: Job, placement: Placement, dirs: MpsDirs) -> dict[str, str]:
+    """Per-client MPS limits derived from the job's estimate (``collocate.gpus.mps`` formats them).
+
+    Thread percentage: the policy's ``sm_share`` when it set one, else the job's solo SM
+    activity (measured history, or the default profile). Pinned memory: the placed requirement
+    plus the MPS module's margin, per visible device ordinal; without an estimate it is left
+    unset rather than guessed.
+    """
+    share = placement.sm_share if placement.sm_share is not None else job.profile.sm_activity
+    mem = placement.mem_mib if placement.mem_mib is not None else job.mem_mib
+    return mps_client_env(dirs=dirs, sm_share=share, mem_mib=mem,
+                          devices=[str(i) for i in range(len(placement.gpus))])
+
+
+def plan_launch(
+    job: Job,
+    spec: JobSpec,
+    placement: Placement,
+    uuids: Sequence[str],
+    *,
+    attempt: int,
+    attempt_dir: Path,
+    sharing: SharingMode,
+    emulated_dir: Path | None,
+    mps_dirs: MpsDirs | None = None,
+    daemon_uid: int | None = None,
+) -> LaunchPlan:
+    env = dict(spec.env)
+    env.update({
+        "CUDA_VISIBLE_DEVICES": ",".join(uuids),
+        "COLLOCATE_JOB_ID": job.id,
+        "COLLOCATE_ATTEMPT": str(attempt),
+        "COLLOCATE_SHARING": sharing.value,
+    })
+    if emulated_dir is not None:
+        env[ENV_EMULATED_DIR] = str(emulated_dir)
+    if sharing is SharingMode.MPS and mps_dirs is not None:
+        env.update(mps_env(job, placement, mps_dirs))
+    daemon_uid = os.getuid() if daemon_uid is None else daemon_uid
+    as_other = daemon_uid == 0 and spec.uid not in (-1, 0)
+    as_user = ("--uid", str(spec.uid), "--gid", str(spec.gid)) if as_other else ()
+    argv = (sys.executable, "-m", "collocate.daemon.runner", "--dir", str(attempt_dir), *as_user,
+            "--", *spec.argv)
+    return LaunchPlan(argv, env, spec.cwd, attempt_dir,
+                      spec.uid if as_other else None, spec.gid if as_other else None)
+
+
+def start(plan: LaunchPlan) -> tuple[subprocess.Popen, float]:
+    """Start the runner; returns its Popen and process start time. Raises OSError on failure.
+
+    The runner runs as the daemon's user, so it can always write its records; it drops to the
+    submitting user only for the job itself (``--uid/--gid``). Log files are opened here and
+    inherited, so the job needs no access to the state dir.
+    """
+    plan.dir.mkdir(parents=True, exist_ok=True)
+    files = attempt_files(plan.dir)
+    argv = list(plan.argv)
+    with open(files["stdout"], "ab") as out, open(files["stderr"], "ab") as err:
+        proc = subprocess.Popen(
+            argv,
+            cwd=plan.cwd,
+            env=dict(plan.env),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=err,
+            start_new_session=True,  # own session and process group: signal the whole job
+            close_fds=True,
+        )
+    try:
+        started = psutil.Process(proc.pid).create_time()
+    except psutil.Error:
+        started = 0.0  # exited already; the exit record tells the rest
+    return proc, started
+
+
+def process_matches(pid: int | None, started: float | None, tolerance_s: float = 0.05) -> bool:
+    """True when ``pid`` is alive, not a zombie, and is the process that started at ``started``."""
+    if not pid or started is None:
+        return False
+    try:
+        p = psutil.Process(pid)
+        if p.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return abs(p.create_time() - started) < tolerance_s
+    except psutil.Error:
+        return False
+
+
+def process_tree(pid: int) -> set[int]:
+    """``pid`` and its descendants (the job's processes, for memory attribution)."""
+    try:
+        p = psutil.Process(pid)
+        return {pid, *(c.pid for c in p.children(recursive=True))}
+    except psutil.Error:
+        return set()

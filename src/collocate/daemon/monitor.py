@@ -1,0 +1,134 @@
+"""Live GPU readings turned into what the scheduler core needs: a ``ClusterSnapshot``.
+
+Each sampling period the monitor reads the backend once, pushes SM activity, SM occupancy and
+DRAM activity into per-GPU sliding windows (``WINDOW_SAMPLES`` long, as the risk filter
+expects), and attributes per-process memory to jobs (a job's processes are its runner's process
+tree). From that it builds ``GpuView``s with the in-flight guard: ``launch_seen_at`` of a GPU is
+when its newest job was first seen holding memory there (``inf`` until then), or ``-inf`` when
+that job's memory is already known from a measurement.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from collocate.gpus.base import DeviceInfo, DeviceSample, GpuBackend
+from collocate.model import (
+    ClusterSnapshot,
+    GpuView,
+    Job,
+    RunningJob,
+    SharingMode,
+    Utilization,
+)
+from collocate.policies.risk import WINDOW_SAMPLES, summarize_window
+
+
+@dataclass(slots=True)
+class Tracked:
+    """A running job as the monitor follows it."""
+
+    job: Job
+    uuids: tuple[str, ...]
+    placed_seq: int  # order of placement: the newest job on a GPU has the largest
+    pids: frozenset[int] = frozenset()
+    seen_at: float | None = None  # first time a process of the job held memory on its GPUs
+    peak_mib: float = 0.0  # max over samples of the job's memory on any one of its GPUs
+    sm_sum: float = 0.0
+    sm_samples: int = 0
+
+    @property
+    def sm_mean(self) -> float | None:
+        return self.sm_sum / self.sm_samples if self.sm_samples else None
+
+
+class Monitor:
+    def __init__(self, backend: GpuBackend, *, window: int = WINDOW_SAMPLES) -> None:
+        self.backend = backend
+        self.devices: list[DeviceInfo] = backend.devices()
+        self.by_uuid = {d.uuid: d for d in self.devices}
+        self.window = window
+        self._sm: dict[str, deque[float]] = {d.uuid: deque(maxlen=window) for d in self.devices}
+        self._occ: dict[str, deque[float]] = {d.uuid: deque(maxlen=window) for d in self.devices}
+        self._dram: dict[str, deque[float]] = {d.uuid: deque(maxlen=window) for d in self.devices}
+        self.last: dict[str, DeviceSample] = {}
+
+    def refresh(self, tracked: Iterable[Tracked], now: float) -> None:
+        """Read the backend once, update the windows and each tracked job's memory and SM."""
+        for s in self.backend.sample():
+            if s.uuid not in self._sm:
+                continue
+            self.last[s.uuid] = s
+            sm = s.sm_activity if s.sm_activity is not None else (s.gpu_util or 0.0)
+            self._sm[s.uuid].append(sm)
+            self._occ[s.uuid].append(s.sm_occupancy or 0.0)
+            self._dram[s.uuid].append(s.dram_activity or 0.0)
+        for t in tracked:
+            self._attribute(t, now)
+
+    def _attribute(self, t: Tracked, now: float) -> None:
+        held, sm, seen_sm = 0.0, 0.0, False
+        for uuid in t.uuids:
+            sample = self.last.get(uuid)
+            if sample is None:
+                continue
+            mib = sum(p.used_mib for p in sample.processes if p.pid in t.pids)
+            held = max(held, mib)
+            shares = [p.sm_util for p in sample.processes if p.pid in t.pids and p.sm_util is not None]
+            if shares:
+                sm, seen_sm = max(sm, sum(shares)), True
+        if held > 0:
+            if t.seen_at is None:
+                t.seen_at = now
+            t.peak_mib = max(t.peak_mib, held)
+            if seen_sm:
+                t.sm_sum += sm
+                t.sm_samples += 1
+
+    def util(self, uuid: str) -> Utilization:
+        return summarize_window(self._sm[uuid], self._occ[uuid], self._dram[uuid])
+
+    def snapshot(
+        self, tracked: Sequence[Tracked], *, now: float, sharing: SharingMode
+    ) -> ClusterSnapshot:
+        on_gpu: dict[str, list[Tracked]] = {d.uuid: [] for d in self.devices}
+        for t in tracked:
+            for uuid in t.uuids:
+                on_gpu.setdefault(uuid, []).append(t)
+        views = []
+        for d in self.devices:
+            here = on_gpu.get(d.uuid, [])
+            sample = self.last.get(d.uuid)
+            views.append(GpuView(
+                id=d.id,
+                total_mib=d.total_mib,
+                free_mib=None if sample is None else sample.free_mib,
+                committed_mib=sum(_requirement(t.job, d.total_mib) for t in here),
+                util=self.util(d.uuid),
+                jobs=tuple(t.job.id for t in here),
+                launch_seen_at=_launch_seen_at(here),
+                speed=1.0,
+            ))
+        running = {
+            t.job.id: RunningJob(t.job.id, tuple(self.by_uuid[u].id for u in t.uuids if u in self.by_uuid),
+                                 t.job.profile, _requirement(t.job, 0.0))
+            for t in tracked
+        }
+        return ClusterSnapshot.from_views(views, now=now, sharing=sharing, running=running)
+
+
+def _requirement(job: Job, unknown: float) -> float:
+    """What a running job commits on a GPU; a job of unknown memory commits all of it."""
+    return unknown if job.mem_mib is None else job.mem_mib
+
+
+def _launch_seen_at(here: Sequence[Tracked]) -> float:
+    if not here:
+        return -math.inf
+    newest = max(here, key=lambda t: t.placed_seq)
+    if newest.job.mem_known:
+        return -math.inf
+    return math.inf if newest.seen_at is None else newest.seen_at

@@ -1,0 +1,458 @@
+"""The daemon's loop: sample GPUs, reap exits, schedule, launch; and the requests it serves.
+
+One thread owns everything that changes (the ``Scheduler``, the SQLite ``Store``, the running
+jobs). API threads hand requests to it through a queue and wait for the reply, so there are no
+locks around the core and every write comes from one place. Each period (1 s by default) the
+loop samples the GPUs, updates the utilization windows, reaps jobs that ended, asks the same
+``Scheduler`` the simulator uses for a plan, and launches it. A request wakes the loop at once.
+
+Restart safety: at start the loop reloads every job, then looks at each attempt that has no end:
+a live runner with the recorded pid *and* process start time is re-adopted; a runner that ended
+while the daemon was down left ``exit.json``, which is read as if the exit happened now; a runner
+that vanished without a record is LOST (its process group is killed, the job requeued, the
+attempt marked). A job is therefore never run twice and never dropped.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import queue
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from collocate.daemon import views
+from collocate.daemon.failures import classify, describe_status, oom_lower_bound_mib
+from collocate.daemon.launcher import plan_launch, process_matches, process_tree, start
+from collocate.daemon.monitor import Monitor, Tracked
+from collocate.daemon.paths import StateLayout, attempt_files
+from collocate.daemon.runner import read_tail
+from collocate.daemon.server import ApiServer, Peer
+from collocate.daemon.spec import JobSpec, validate_submit
+from collocate.daemon.store import Attempt, Store, with_profile
+from collocate.errors import CollocateError, InputError
+from collocate.gpus.base import GpuBackend
+from collocate.gpus.mps import MpsDirs
+from collocate.model import Job, JobState, Placement, SharingMode
+from collocate.policies import make_policy
+from collocate.policies.risk import WINDOW_SAMPLES
+from collocate.recovery import ExitReport, Outcome, RecoveryRules
+from collocate.scheduler import Capacity, Scheduler
+
+log = logging.getLogger("collocate.daemon")
+REQUEST_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """Everything ``collocate serve`` takes; validated by the CLI before the daemon starts."""
+
+    state_dir: Path
+    gpus: str = "auto"
+    policy: str = "auto"
+    policy_params: dict[str, Any] = field(default_factory=dict)
+    sharing: SharingMode = SharingMode.TIME_SLICING
+    period_s: float = 1.0
+    window: int = WINDOW_SAMPLES
+    allow_gid: int | None = None
+    tcp: tuple[str, int] | None = None
+    token: str | None = None
+    cancel_grace_s: float = 10.0
+    rules: RecoveryRules = field(default_factory=RecoveryRules)
+
+
+@dataclass(slots=True)
+class Running:
+    """A launched attempt the loop watches until it ends."""
+
+    attempt: Attempt
+    tracked: Tracked
+    proc: Any = None  # subprocess.Popen when this daemon started it; None when re-adopted
+    cancel_at: float | None = None  # when the user asked to cancel it
+
+
+class Service:
+    def __init__(self, config: ServeConfig, *, backend: GpuBackend | None = None) -> None:
+        self.config = config
+        self.layout = StateLayout(config.state_dir)
+        self._backend = backend
+        self._requests: queue.Queue[tuple[str, dict, Peer, Future]] = queue.Queue()
+        self._stop = threading.Event()
+        self.running: dict[str, Running] = {}
+        self.specs: dict[str, JobSpec] = {}
+        self._placed_seq = 0
+        self._lock_fd: int | None = None
+        self.mps = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def open(self) -> None:
+        """Take the state dir, open the store and the GPUs, recover the previous run, listen."""
+        self.layout.create(allow_gid=self.config.allow_gid)
+        self._take_lock()
+        self.store = Store(self.layout.db)
+        if self._backend is None:
+            from collocate.gpus.registry import open_backend
+
+            self._backend = open_backend(self.config.gpus, state_dir=self.layout.root,
+                                         node=socket.gethostname())
+        self.backend = self._backend
+        self.monitor = Monitor(self.backend, window=self.config.window)
+        if not self.monitor.devices:
+            raise CollocateError("the GPU backend reports no devices",
+                                 hint="check `nvidia-smi`, or use --gpus emulated:4xA100-40GB")
+        self.uuid_of = {d.id: d.uuid for d in self.monitor.devices}
+        self.emulated_dir = self.layout.emulated if self.backend.name == "emulated" else None
+        if self.config.sharing is SharingMode.MPS and self.backend.name != "emulated":
+            from collocate.gpus.mps import MpsControl
+
+            self.mps = MpsControl(self.layout.root)
+            self.mps.start()
+        policy = make_policy(self.config.policy, **self.config.policy_params)
+        snapshot = self.monitor.snapshot([], now=time.time(), sharing=self.config.sharing)
+        self.scheduler = Scheduler(policy, Capacity.of(snapshot), rules=self.config.rules,
+                                   on_change=self.store.save_job)
+        self._restore()
+        self.server = ApiServer(self.layout.socket, self.call, allow_gid=self.config.allow_gid,
+                                tcp=self.config.tcp, token=self.config.token)
+        self.server.start()
+        self.layout.pid_file.write_text(f"{os.getpid()}\n")
+        log.info("serving %d GPU(s) with policy %s from %s", len(self.monitor.devices),
+                 self.config.policy, self.layout.root)
+
+    def _take_lock(self) -> None:
+        fd = os.open(self.layout.root / "daemon.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise CollocateError(
+                f"a collocate daemon already runs on {self.layout.root}",
+                hint="stop it first, or start another one with a different --state-dir",
+            ) from None
+        self._lock_fd = fd  # held until the process exits, even by SIGKILL
+
+    def close(self) -> None:
+        """Stop serving; running jobs keep running and are re-adopted by the next start."""
+        self._stop.set()
+        if hasattr(self, "server"):
+            self.server.stop()
+        if self.mps is not None:
+            try:
+                self.mps.stop()
+            except CollocateError as exc:
+                log.warning("%s", exc)
+        if hasattr(self, "store"):
+            self.store.close()
+        if self._backend is not None:
+            self._backend.close()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def serve_forever(self) -> None:
+        """Answer requests as they come; run a round whenever one is due (requests never starve it)."""
+        next_tick = time.monotonic()
+        while not self._stop.is_set():
+            now = time.monotonic()
+            if now >= next_tick:
+                try:
+                    self.tick()
+                except Exception:
+                    log.exception("scheduling round failed")
+                next_tick = max(next_tick + self.config.period_s, time.monotonic())
+                continue
+            try:
+                item = self._requests.get(timeout=min(next_tick - now, 0.5))
+            except queue.Empty:
+                continue
+            self._answer(*item)
+
+    # -- requests --------------------------------------------------------------------------
+    def call(self, op: str, args: dict[str, Any], peer: Peer) -> Any:
+        """Run a request on the loop thread and wait for its answer (API threads call this)."""
+        if self._stop.is_set():
+            raise CollocateError("the daemon is shutting down", hint="start it again with `collocate serve`")
+        future: Future = Future()
+        self._requests.put((op, args, peer, future))
+        return future.result(timeout=REQUEST_TIMEOUT_S)
+
+    def _answer(self, op: str, args: dict, peer: Peer, future: Future) -> None:
+        try:
+            future.set_result(getattr(self, f"op_{op}")(args, peer))
+        except Exception as exc:
+            if not isinstance(exc, CollocateError):
+                log.exception("request %s failed", op)
+            future.set_exception(exc)
+
+    def op_ping(self, args: dict, peer: Peer) -> dict:
+        return {"pid": os.getpid(), "state_dir": str(self.layout.root), "policy": self.config.policy,
+                "gpus": len(self.monitor.devices), "draining": self.store.get_flag("draining")}
+
+    def op_submit(self, args: dict, peer: Peer) -> dict:
+        req = validate_submit(args, uid=peer.uid, gid=peer.gid, user=peer.user)
+        mem, source, uncertainty, sm = req.mem_mib, req.mem_source, req.mem_uncertainty, None
+        if mem is None:
+            source = "unknown"
+        measured = self.store.history(req.spec.signature)
+        if measured is not None:  # measured history beats a declaration (DESIGN: estimators)
+            mem, source, uncertainty, sm = measured[0], "history", 0.05, measured[1]
+        job = Job(id="0", gpus=req.gpus, mem_mib=mem, mem_source=source,
+                  mem_uncertainty=uncertainty, submit_time=time.time(), priority=req.priority,
+                  name=req.name, max_retries=req.max_retries)
+        why = self.scheduler.capacity.why_not(job)
+        if why is not None:
+            raise InputError(f"this job can never run here: {why}",
+                             hint="ask for fewer GPUs or less memory (`collocate gpus` lists them)")
+        job = with_profile(replace(job, id=self.store.next_id()), sm)
+        self.store.add_job(job, req.spec)
+        self.specs[job.id] = req.spec
+        job = self.scheduler.submit(job)
+        return {"id": job.id, "state": job.state.value, "mem_mib": job.mem_mib, "mem_source": source}
+
+    def op_ls(self, args: dict, peer: Peer) -> list[dict]:
+        return views.job_rows(self.store, include_done=bool(args.get("all")), running=self.running)
+
+    def op_show(self, args: dict, peer: Peer) -> dict:
+        return views.job_detail(self.store, self._job_id(args))
+
+    def op_logs(self, args: dict, peer: Peer) -> dict:
+        job_id = self._job_id(args)
+        self._check_owner(job_id, peer, "read the logs of")
+        return views.logs(self.store, job_id, args)
+
+    def op_cancel(self, args: dict, peer: Peer) -> dict:
+        job_id = self._job_id(args)
+        self._check_owner(job_id, peer, "cancel")
+        job = self.scheduler.jobs.get(job_id)
+        if job is None:
+            raise InputError(f"job {job_id} is not known to this daemon")
+        if job.state is JobState.RUNNING and job_id in self.running:
+            run = self.running[job_id]
+            if run.cancel_at is None:
+                run.cancel_at = time.time()
+                _signal_group(run.attempt.pid, signal.SIGTERM)
+            return {"id": job_id, "state": "cancelling"}
+        job = self.scheduler.cancel(job_id)
+        return {"id": job_id, "state": job.state.value}
+
+    def op_gpus(self, args: dict, peer: Peer) -> list[dict]:
+        return views.gpu_rows(self.monitor, self.running)
+
+    def op_drain(self, args: dict, peer: Peer) -> dict:
+        self.store.set_flag("draining", True)
+        return {"draining": True, "running": len(self.running),
+                "pending": len(self.scheduler.queue)}
+
+    def op_resume(self, args: dict, peer: Peer) -> dict:
+        self.store.set_flag("draining", False)
+        return {"draining": False}
+
+    def _check_owner(self, job_id: str, peer: Peer, action: str) -> None:
+        """On a shared daemon (--group) users may see each other's queue but not touch jobs."""
+        owner = self.specs[job_id].uid
+        if peer.uid not in (owner, os.getuid(), 0) and owner != -1:
+            raise InputError(f"you may not {action} job {job_id}: it belongs to {self.specs[job_id].user}",
+                             hint="ask its owner or the daemon's owner")
+
+    def _job_id(self, args: dict) -> str:
+        job_id = str(args.get("id", "")).strip()
+        if self.store.job(job_id) is None:
+            raise InputError(f"no job {job_id!r}", hint="`collocate ls --all` lists every job")
+        return job_id
+
+    # -- one scheduling round ----------------------------------------------------------------
+    def tick(self) -> None:
+        now = time.time()
+        for run in self.running.values():
+            if run.proc is None or run.proc.poll() is None:
+                run.tracked.pids = frozenset(process_tree(run.attempt.pid or 0))
+        self.monitor.refresh([r.tracked for r in self.running.values()], now)
+        self._reap(now)
+        if self.store.get_flag("draining") or not self.scheduler.queue:
+            return
+        snapshot = self.monitor.snapshot([r.tracked for r in self.running.values()], now=now,
+                                         sharing=self.config.sharing)
+        plan = self.scheduler.schedule(snapshot)
+        for placement in plan.placements:
+            self._launch(placement, now)
+
+    def _reap(self, now: float) -> None:
+        for job_id, run in list(self.running.items()):
+            if run.proc is not None:
+                status = run.proc.poll()
+                alive = status is None
+            else:
+                status = None
+                alive = process_matches(run.attempt.pid, run.attempt.pid_started)
+            if alive:
+                if run.cancel_at is not None and now - run.cancel_at > self.config.cancel_grace_s:
+                    _signal_group(run.attempt.pid, signal.SIGKILL)
+                continue
+            self._ended(run, runner_status=status, adopted=run.proc is None)
+
+    def _ended(self, run: Running, *, runner_status: int | None, adopted: bool) -> None:
+        """Classify an attempt whose runner is gone, record it, and let the scheduler recover."""
+        a = run.attempt
+        record = views.read_exit(Path(a.dir))
+        if record is not None:
+            returncode, tail, end = record.get("returncode"), record.get("stderr_tail", ""), record.get("end")
+            outcome, reason = classify(returncode, tail, cancelled=run.cancel_at is not None)
+        else:
+            _signal_group(a.pid, signal.SIGKILL)  # whatever is left of the job must not run on
+            returncode, tail, end = None, read_tail(attempt_files(Path(a.dir))["stderr"]), time.time()
+            if run.cancel_at is not None:
+                outcome, reason = Outcome.CANCELLED, "cancelled by the user"
+            elif adopted:
+                outcome, reason = Outcome.LOST, "the job vanished while the daemon was down; requeued"
+            else:
+                outcome = Outcome.FAILED
+                reason = (f"the job's runner was {describe_status(runner_status or -9)} "
+                          "before it could record the exit")
+        self._finish(run, outcome, reason, returncode, tail, end or time.time())
+
+    def _finish(self, run: Running, outcome: Outcome, reason: str, returncode: int | None,
+                tail: str, end: float) -> None:
+        t = run.tracked
+        peak = t.peak_mib if t.peak_mib > 0 else None
+        observed = peak
+        if outcome is Outcome.OOM:
+            bound = oom_lower_bound_mib(tail)
+            if bound is not None:
+                observed = max(peak or 0.0, bound)
+        a = replace(run.attempt, end=end, returncode=returncode, outcome=outcome.value,
+                    reason=reason, peak_mib=peak, sm_activity=t.sm_mean)
+        self.store.update_attempt(a)
+        self.running.pop(a.job_id, None)
+        spec = self.specs[a.job_id]
+        self.scheduler.rules = replace(self.config.rules, retry_failures=spec.retry_failures)
+        job = self.scheduler.job_exited(a.job_id, ExitReport(outcome, observed, reason))
+        if outcome is Outcome.LOST or (job.state is JobState.PENDING and outcome is Outcome.FAILED):
+            job = self.scheduler.update(replace(job, reason=reason))
+        if job.state is JobState.PENDING and (why := self.scheduler.capacity.why_not(job)):
+            job = self.scheduler.update(replace(
+                job, state=JobState.FAILED, reason=f"{reason}; cannot retry: it now {why}"))
+        if outcome is Outcome.SUCCEEDED and peak is not None:
+            self.store.record_history(spec.signature, peak, t.sm_mean)
+        log.info("job %s attempt %d: %s (%s) -> %s", a.job_id, a.n, outcome.value, reason, job.state.value)
+
+    def _launch(self, placement: Placement, now: float) -> None:
+        job = self.scheduler.jobs[placement.job_id]
+        spec = self.specs[job.id]
+        uuids = tuple(self.uuid_of[g] for g in placement.gpus)
+        adir = self.layout.attempt_dir(job.id, job.attempts)
+        attempt = Attempt(job.id, job.attempts, now, tuple(str(g) for g in placement.gpus), uuids,
+                          str(adir), mem_mib=placement.mem_mib)
+        self.store.add_attempt(attempt)
+        mps_dirs = None
+        if self.config.sharing is SharingMode.MPS:  # emulated GPUs: the same env, no MPS server
+            mps_dirs = self.mps.dirs if self.mps is not None else MpsDirs.under(self.layout.root)
+        plan = plan_launch(job, spec, placement, uuids, attempt=job.attempts, attempt_dir=adir,
+                           sharing=self.config.sharing, emulated_dir=self.emulated_dir,
+                           mps_dirs=mps_dirs)
+        self._placed_seq += 1
+        tracked = Tracked(job, uuids, self._placed_seq)
+        try:
+            proc, started = start(plan)
+        except OSError as exc:
+            run = Running(attempt, tracked)
+            self._finish(run, Outcome.FAILED, f"could not start the job: {exc}", None, "", time.time())
+            return
+        attempt = replace(attempt, pid=proc.pid, pid_started=started)
+        self.store.update_attempt(attempt)
+        tracked.pids = frozenset({proc.pid})
+        self.running[job.id] = Running(attempt, tracked, proc)
+
+    # -- restart -----------------------------------------------------------------------------
+    def _restore(self) -> None:
+        rows = self.store.jobs()
+        self.specs = {job.id: spec for job, spec, _ in rows}
+        self.scheduler.restore(job for job, _, _ in rows)
+        open_attempts = {a.job_id: a for a in self.store.open_attempts()}
+        for job_id, a in sorted(open_attempts.items(), key=lambda kv: kv[1].start):
+            job = self.scheduler.jobs.get(job_id)
+            if job is None or job.state is not JobState.RUNNING:
+                self.store.update_attempt(replace(a, end=time.time(), outcome=Outcome.LOST.value,
+                                                  reason="closed at restart"))
+                continue
+            a = self._fill_pid(a)
+            self._placed_seq += 1
+            tracked = Tracked(job, a.uuids, self._placed_seq)
+            run = Running(a, tracked)
+            if process_matches(a.pid, a.pid_started):
+                tracked.pids = frozenset(process_tree(a.pid or 0))
+                self.running[job_id] = run
+                log.info("re-adopted job %s (runner pid %s)", job_id, a.pid)
+            else:
+                self._ended(run, runner_status=None, adopted=True)
+        for job in list(self.scheduler.jobs.values()):
+            if job.state is JobState.RUNNING and job.id not in self.running and job.id not in open_attempts:
+                self._settle_unlaunched(job)
+
+    def _settle_unlaunched(self, job: Job) -> None:
+        """A RUNNING job with no open attempt: the daemon died between two of its writes."""
+        attempts = self.store.attempts(job.id)
+        last = attempts[-1] if attempts else None
+        if last is not None and last.n == job.attempts and last.outcome:
+            report = ExitReport(Outcome(last.outcome), last.peak_mib, last.reason or "")
+        else:  # placed but never launched: not the job's fault
+            report = ExitReport(Outcome.LOST, None, "placed but never launched")
+        self.scheduler.job_exited(job.id, report)
+
+    def _fill_pid(self, a: Attempt) -> Attempt:
+        """An attempt whose pid was not yet stored: take it from the runner's own record."""
+        if a.pid is not None:
+            return a
+        started = views.read_json(attempt_files(Path(a.dir))["started"])
+        if started is None:
+            return a
+        a = replace(a, pid=int(started["pid"]), pid_started=float(started["started"]))
+        self.store.update_attempt(a)
+        return a
+
+
+def _signal_group(pid: int | None, sig: int) -> None:
+    """Signal a job's process group (its runner's pid is the group id); gone is fine."""
+    if not pid:
+        return
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def run_daemon(config: ServeConfig, *, on_ready: Callable[[Service], None] | None = None) -> None:
+    """Open, serve until SIGTERM/SIGINT, close. Jobs keep running across a daemon stop."""
+    service = Service(config)
+    handler: logging.Handler | None = None
+    try:
+        service.layout.create(allow_gid=config.allow_gid)
+        handler = logging.FileHandler(service.layout.daemon_log)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        handler.setLevel(logging.INFO)
+        log.addHandler(handler)
+        if log.getEffectiveLevel() > logging.INFO:
+            log.setLevel(logging.INFO)
+        service.open()
+        previous = {s: signal.signal(s, lambda *_: service.stop()) for s in (signal.SIGTERM, signal.SIGINT)}
+        if on_ready is not None:
+            on_ready(service)
+        try:
+            service.serve_forever()
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h)
+    finally:
+        service.close()
+        if handler is not None:
+            log.removeHandler(handler)
+            handler.close()

@@ -1,0 +1,139 @@
+"""What a user submits, validated once at the edge: the command, where and how it runs.
+
+``Job`` (``collocate.model``) is what the scheduler sees; ``JobSpec`` is what the daemon keeps
+beside it to launch the job. ``validate_submit`` turns an API request into both, or raises an
+``InputError`` naming the field and the fix, before anything is stored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from collocate.errors import InputError
+from collocate.units import parse_mib
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Set by the daemon for every launch; a user's value would be overwritten, so refuse it.
+RESERVED_ENV = ("CUDA_VISIBLE_DEVICES", "COLLOCATE_JOB_ID", "COLLOCATE_ATTEMPT")
+MAX_RETRIES = 100
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """How to launch a job: argv (never through a shell), cwd, environment, owner."""
+
+    argv: tuple[str, ...]
+    cwd: str
+    env: dict[str, str] = field(default_factory=dict)
+    uid: int = -1  # the submitting user (socket peer credentials); -1 = the daemon's user
+    gid: int = -1
+    user: str = ""
+    retry_failures: bool = False  # the user passed --retries: retry non-OOM failures too
+
+    @property
+    def signature(self) -> str:
+        """Same command, arguments and working directory = same job, for memory history."""
+        key = json.dumps([list(self.argv), self.cwd], separators=(",", ":"))
+        return hashlib.sha256(key.encode()).hexdigest()[:32]
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        d["argv"] = list(self.argv)
+        return json.dumps(d)
+
+    @classmethod
+    def from_json(cls, text: str) -> JobSpec:
+        d = json.loads(text)
+        d["argv"] = tuple(d["argv"])
+        return cls(**d)
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitRequest:
+    """A validated submission: the spec plus the scheduling fields of the future ``Job``."""
+
+    spec: JobSpec
+    gpus: int
+    mem_mib: float | None
+    name: str
+    priority: int
+    max_retries: int
+    mem_source: str = "declared"
+    mem_uncertainty: float = 0.0
+
+
+def parse_env(items: list[str] | tuple[str, ...]) -> dict[str, str]:
+    """``["K=V", ...]`` as a dict; a clear error for a malformed item."""
+    env: dict[str, str] = {}
+    for item in items:
+        name, sep, value = str(item).partition("=")
+        if not sep or not _ENV_NAME.match(name):
+            raise InputError(
+                f"cannot read --env {item!r}",
+                hint="write --env NAME=VALUE with NAME made of letters, digits and _",
+            )
+        env[name] = value
+    return env
+
+
+def validate_submit(args: dict[str, Any], *, uid: int, gid: int, user: str) -> SubmitRequest:
+    """Check a ``submit`` request's fields; raises ``InputError`` on the first bad one."""
+    argv = args.get("argv")
+    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+        raise InputError(
+            "empty command",
+            hint="put the command after --, e.g. collocate submit --mem 6GiB -- python train.py",
+        )
+    if not argv[0].strip():
+        raise InputError("the command's program name is empty", hint="check the text after --")
+    cwd = args.get("cwd")
+    if not isinstance(cwd, str) or not os.path.isabs(cwd):
+        raise InputError(f"--cwd must be an absolute directory, got {cwd!r}")
+    if not Path(cwd).is_dir():
+        raise InputError(f"working directory {cwd} does not exist", hint="pass an existing --cwd")
+    gpus = _int(args.get("gpus", 1), "--gpus", low=1)
+    mem = args.get("mem")
+    mem_mib = None if mem in (None, "") else parse_mib(mem)
+    if mem_mib is not None and mem_mib <= 0:
+        raise InputError(f"--mem must be more than 0, got {mem!r}", hint="e.g. --mem 6GiB")
+    retries = args.get("retries")
+    max_retries = 3 if retries is None else _int(retries, "--retries", low=0, high=MAX_RETRIES)
+    items = args.get("env") or []
+    base_env = args.get("base_env") or {}
+    if not isinstance(items, list) or not isinstance(base_env, dict):
+        raise InputError("env must be a list of NAME=VALUE strings, base_env an object")
+    user_env = parse_env(items)
+    for reserved in RESERVED_ENV:
+        if reserved in user_env:
+            raise InputError(f"--env {reserved} is set by the daemon for each launch", hint="drop it")
+    env = {str(k): str(v) for k, v in base_env.items() if k not in RESERVED_ENV}
+    env.update(user_env)
+    name = str(args.get("name") or os.path.basename(argv[0]))[:200]
+    priority = _int(args.get("priority", 0), "--priority")
+    source, uncertainty = str(args.get("mem_source") or "declared"), args.get("mem_uncertainty", 0.0)
+    if source != "declared" and not source.startswith("static-"):
+        raise InputError(f"unknown memory source {source!r}", hint="declared, or static-<method>")
+    if not isinstance(uncertainty, int | float) or not 0 <= uncertainty <= 10:
+        raise InputError(f"memory uncertainty must be a number in [0, 10], got {uncertainty!r}")
+    spec = JobSpec(tuple(argv), cwd, env, uid, gid, user, retry_failures=retries is not None)
+    return SubmitRequest(spec, gpus, mem_mib, name, priority, max_retries, source, float(uncertainty))
+
+
+def _int(value: Any, option: str, *, low: int | None = None, high: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise InputError(f"{option} must be a whole number, got {value!r}")
+    try:
+        number = int(value)
+    except ValueError:
+        raise InputError(f"{option} must be a whole number, got {value!r}") from None
+    if low is not None and number < low:
+        raise InputError(f"{option} must be at least {low}, got {number}")
+    if high is not None and number > high:
+        raise InputError(f"{option} must be at most {high}, got {number}")
+    return number

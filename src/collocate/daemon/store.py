@@ -1,0 +1,211 @@
+"""The daemon's persistent state: jobs, their attempts, measured history, a few flags.
+
+Embedded SQLite in WAL mode, so a daemon killed mid-write loses at most the transaction in
+flight and a restarted daemon finds every job. Only the daemon's loop thread writes (one
+connection, one place), which keeps the queue order and the attempt records consistent.
+
+Tables:
+
+* ``jobs``: the scheduler's ``Job`` (JSON), the launch ``JobSpec`` (JSON), submit order;
+* ``attempts``: one row per launch: start/end, GPUs, the runner's pid and process start time
+  (to re-adopt it after a restart), exit status, outcome, reason, measured peak memory and SM;
+* ``history``: per job signature (command, arguments, cwd), the measured peak and SM activity
+  of its last successful run, used as the estimate of later jobs with the same signature;
+* ``meta``: the id counter and the drain flag.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from collocate.daemon.spec import JobSpec
+from collocate.errors import CollocateError
+from collocate.model import Job, JobProfile, JobState
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY, seq INTEGER NOT NULL UNIQUE, job TEXT NOT NULL, spec TEXT NOT NULL,
+    submitted REAL NOT NULL, ended REAL
+);
+CREATE TABLE IF NOT EXISTS attempts (
+    job_id TEXT NOT NULL, n INTEGER NOT NULL, start REAL NOT NULL, end REAL,
+    gpus TEXT NOT NULL, uuids TEXT NOT NULL, mem_mib REAL, dir TEXT NOT NULL,
+    pid INTEGER, pid_started REAL, returncode INTEGER, outcome TEXT, reason TEXT,
+    peak_mib REAL, sm_activity REAL, PRIMARY KEY (job_id, n)
+);
+CREATE TABLE IF NOT EXISTS history (
+    signature TEXT PRIMARY KEY, peak_mib REAL NOT NULL, sm_activity REAL, runs INTEGER NOT NULL,
+    updated REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One launch of a job, as ``collocate show`` lists it."""
+
+    job_id: str
+    n: int
+    start: float
+    gpus: tuple[str, ...]
+    uuids: tuple[str, ...]
+    dir: str
+    mem_mib: float | None = None
+    end: float | None = None
+    pid: int | None = None
+    pid_started: float | None = None
+    returncode: int | None = None
+    outcome: str | None = None
+    reason: str | None = None
+    peak_mib: float | None = None
+    sm_activity: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["gpus"], d["uuids"] = list(self.gpus), list(self.uuids)
+        return d
+
+
+def job_to_json(job: Job) -> str:
+    d = {f.name: getattr(job, f.name) for f in fields(Job)}
+    d["profile"] = asdict(job.profile)
+    d["state"] = job.state.value
+    return json.dumps(d)
+
+
+def job_from_json(text: str) -> Job:
+    d = json.loads(text)
+    d["profile"] = JobProfile(**d["profile"])
+    d["state"] = JobState(d["state"])
+    return Job(**d)
+
+
+class Store:
+    """All reads and writes of the daemon's SQLite file (one connection, the loop's thread)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        try:
+            self.db = sqlite3.connect(self.path, isolation_level=None, timeout=30.0,
+                                      check_same_thread=False)
+            self.db.execute("PRAGMA journal_mode = WAL")
+            self.db.execute("PRAGMA synchronous = NORMAL")  # durable across process kills
+            self.db.executescript(_SCHEMA)
+        except sqlite3.Error as exc:
+            raise CollocateError(
+                f"cannot open the job store {self.path}: {exc}",
+                hint="check the state dir is writable and on a local file system",
+            ) from exc
+
+    def close(self) -> None:
+        self.db.close()
+
+    # -- jobs ------------------------------------------------------------------------------
+    def next_id(self) -> str:
+        """A new job id (1, 2, 3...), never reused even after jobs are removed."""
+        with self.db:
+            self.db.execute("BEGIN IMMEDIATE")
+            row = self.db.execute("SELECT value FROM meta WHERE key = 'next_id'").fetchone()
+            n = int(row[0]) if row else 1
+            self.db.execute(
+                "INSERT INTO meta VALUES ('next_id', ?) ON CONFLICT (key) DO UPDATE SET"
+                " value = excluded.value", (str(n + 1),))
+        return str(n)
+
+    def add_job(self, job: Job, spec: JobSpec) -> None:
+        self.db.execute(
+            "INSERT INTO jobs (id, seq, job, spec, submitted, ended) VALUES (?, ?, ?, ?, ?, ?)",
+            (job.id, int(job.id), job_to_json(job), spec.to_json(), job.submit_time,
+             time.time() if job.state.is_terminal else None),
+        )
+
+    def save_job(self, job: Job) -> None:
+        """Persist a changed job (the scheduler's ``on_change`` hook lands here)."""
+        self.db.execute(
+            "UPDATE jobs SET job = ?, ended = CASE WHEN ? THEN COALESCE(ended, ?) ELSE NULL END"
+            " WHERE id = ?",
+            (job_to_json(job), job.state.is_terminal, time.time(), job.id),
+        )
+
+    def jobs(self) -> list[tuple[Job, JobSpec, float | None]]:
+        """Every job in submit order, with its spec and end time."""
+        rows = self.db.execute("SELECT job, spec, ended FROM jobs ORDER BY seq")
+        return [(job_from_json(j), JobSpec.from_json(s), e) for j, s, e in rows]
+
+    def job(self, job_id: str) -> tuple[Job, JobSpec, float | None] | None:
+        row = self.db.execute("SELECT job, spec, ended FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return None if row is None else (job_from_json(row[0]), JobSpec.from_json(row[1]), row[2])
+
+    # -- attempts --------------------------------------------------------------------------
+    def add_attempt(self, a: Attempt) -> None:
+        self.db.execute(
+            "INSERT INTO attempts (job_id, n, start, gpus, uuids, mem_mib, dir)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (a.job_id, a.n, a.start, json.dumps(a.gpus), json.dumps(a.uuids), a.mem_mib, a.dir),
+        )
+
+    def update_attempt(self, a: Attempt) -> None:
+        self.db.execute(
+            "UPDATE attempts SET end = ?, pid = ?, pid_started = ?, returncode = ?, outcome = ?,"
+            " reason = ?, peak_mib = ?, sm_activity = ? WHERE job_id = ? AND n = ?",
+            (a.end, a.pid, a.pid_started, a.returncode, a.outcome, a.reason, a.peak_mib,
+             a.sm_activity, a.job_id, a.n),
+        )
+
+    def attempts(self, job_id: str) -> list[Attempt]:
+        rows = self.db.execute(
+            "SELECT job_id, n, start, gpus, uuids, dir, mem_mib, end, pid, pid_started,"
+            " returncode, outcome, reason, peak_mib, sm_activity FROM attempts WHERE job_id = ?"
+            " ORDER BY n", (job_id,))
+        return [_attempt(r) for r in rows]
+
+    def open_attempts(self) -> list[Attempt]:
+        """Attempts with no end: the jobs that were running when the daemon last stopped."""
+        rows = self.db.execute(
+            "SELECT job_id, n, start, gpus, uuids, dir, mem_mib, end, pid, pid_started,"
+            " returncode, outcome, reason, peak_mib, sm_activity FROM attempts WHERE end IS NULL")
+        return [_attempt(r) for r in rows]
+
+    # -- history ---------------------------------------------------------------------------
+    def record_history(self, signature: str, peak_mib: float, sm_activity: float | None) -> None:
+        self.db.execute(
+            "INSERT INTO history VALUES (?, ?, ?, 1, ?) ON CONFLICT (signature) DO UPDATE SET"
+            " peak_mib = excluded.peak_mib, sm_activity = COALESCE(excluded.sm_activity,"
+            " sm_activity), runs = runs + 1, updated = excluded.updated",
+            (signature, peak_mib, sm_activity, time.time()),
+        )
+
+    def history(self, signature: str) -> tuple[float, float | None] | None:
+        row = self.db.execute(
+            "SELECT peak_mib, sm_activity FROM history WHERE signature = ?", (signature,)
+        ).fetchone()
+        return None if row is None else (row[0], row[1])
+
+    # -- flags -----------------------------------------------------------------------------
+    def get_flag(self, key: str) -> bool:
+        row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return bool(row and row[0] == "1")
+
+    def set_flag(self, key: str, value: bool) -> None:
+        self.db.execute(
+            "INSERT INTO meta VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            (key, "1" if value else "0"),
+        )
+
+
+def _attempt(r: tuple) -> Attempt:
+    return Attempt(r[0], r[1], r[2], tuple(json.loads(r[3])), tuple(json.loads(r[4])), r[5],
+                   *r[6:])
+
+
+def with_profile(job: Job, sm_activity: float | None) -> Job:
+    """The job with a measured solo SM activity, when history has one."""
+    if sm_activity is None:
+        return job
+    return replace(job, profile=JobProfile(sm_activity, job.profile.dram_activity))

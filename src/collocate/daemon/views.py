@@ -1,0 +1,116 @@
+"""Read-only views the API returns: job rows, a job's detail with attempts, GPUs, log chunks.
+
+Plain dicts of JSON types, so the client renders them as a table or prints them as JSON and
+other tools can consume ``collocate ls --format json`` directly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from collocate.daemon.paths import attempt_files
+from collocate.daemon.store import Store
+from collocate.errors import InputError
+
+if TYPE_CHECKING:
+    from collocate.daemon.monitor import Monitor
+
+LOG_CHUNK_BYTES = 256 * 1024
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def read_exit(attempt_dir: Path) -> dict[str, Any] | None:
+    """The runner's exit record of an attempt, or None while it runs (or if it never wrote one)."""
+    return read_json(attempt_files(attempt_dir)["exit"])
+
+
+def job_rows(store: Store, *, include_done: bool, running: Mapping[str, Any]) -> list[dict[str, Any]]:
+    starts: dict[str, float] = {}
+    last_gpus: dict[str, list[str]] = {}
+    for job_id, n, start, gpus in store.db.execute(
+        "SELECT job_id, n, start, gpus FROM attempts ORDER BY job_id, n"
+    ):
+        starts.setdefault(job_id, start)
+        last_gpus[job_id] = json.loads(gpus)
+    rows = []
+    for job, spec, ended in store.jobs():
+        if job.state.is_terminal and not include_done:
+            continue
+        rows.append({
+            "id": job.id, "name": job.name, "state": job.state.value, "user": spec.user,
+            "gpus": job.gpus, "mem_mib": job.mem_mib, "mem_source": job.mem_source,
+            "priority": job.priority, "attempts": job.attempts, "oom_crashes": job.oom_crashes,
+            "submit_time": job.submit_time, "start_time": starts.get(job.id), "end_time": ended,
+            "on": last_gpus.get(job.id, []) if job.id in running else [], "reason": job.reason,
+        })
+    return rows
+
+
+def job_detail(store: Store, job_id: str) -> dict[str, Any]:
+    found = store.job(job_id)
+    if found is None:
+        raise InputError(f"no job {job_id!r}")
+    job, spec, ended = found
+    return {
+        "id": job.id, "name": job.name, "state": job.state.value, "reason": job.reason,
+        "user": spec.user, "argv": list(spec.argv), "cwd": spec.cwd, "gpus": job.gpus,
+        "mem_mib": job.mem_mib, "mem_source": job.mem_source, "priority": job.priority,
+        "max_retries": job.max_retries, "attempts_used": job.attempts,
+        "oom_crashes": job.oom_crashes, "submit_time": job.submit_time, "end_time": ended,
+        "signature": spec.signature, "attempts": [a.to_dict() for a in store.attempts(job_id)],
+    }
+
+
+def logs(store: Store, job_id: str, args: Mapping[str, Any]) -> dict[str, Any]:
+    """A chunk of one attempt's stdout or stderr from ``offset``; the client follows with it."""
+    attempts = store.attempts(job_id)
+    found = store.job(job_id)
+    state = found[0].state.value if found else "unknown"
+    if not attempts:
+        return {"text": "", "offset": 0, "attempt": None, "state": state, "path": None}
+    n = args.get("attempt")
+    chosen = attempts[-1] if n is None else next((a for a in attempts if a.n == int(n)), None)
+    if chosen is None:
+        raise InputError(f"job {job_id} has no attempt {n}", hint=f"it has 1..{attempts[-1].n}")
+    stream = "stderr" if args.get("stream") == "stderr" else "stdout"
+    path = attempt_files(Path(chosen.dir))[stream]
+    offset = max(0, int(args.get("offset", 0)))
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read(LOG_CHUNK_BYTES)
+    except OSError:
+        data = b""
+    return {"text": data.decode(errors="replace"), "offset": offset + len(data),
+            "attempt": chosen.n, "state": state, "path": os.fspath(path),
+            "ended": chosen.end is not None}
+
+
+def gpu_rows(monitor: Monitor, running: Mapping[str, Any]) -> list[dict[str, Any]]:
+    jobs_on: dict[str, list[str]] = {}
+    for job_id, run in running.items():
+        for uuid in run.tracked.uuids:
+            jobs_on.setdefault(uuid, []).append(job_id)
+    rows = []
+    for d in monitor.devices:
+        s = monitor.last.get(d.uuid)
+        u = monitor.util(d.uuid)
+        rows.append({
+            "id": str(d.id), "uuid": d.uuid, "type": d.type_name, "total_mib": d.total_mib,
+            "used_mib": None if s is None else s.used_mib,
+            "free_mib": None if s is None else s.free_mib,
+            "sm_now": None if s is None else s.sm_activity,
+            "sm_window": u.sm_activity, "dram_window": u.dram_activity,
+            "jobs": sorted(jobs_on.get(d.uuid, []), key=int),
+        })
+    return rows

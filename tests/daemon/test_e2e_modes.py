@@ -1,0 +1,71 @@
+"""Sharing modes, MIG instances, following logs, and the demo, on emulated GPUs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from conftest import job_argv
+
+from collocate.errors import CollocateError
+
+ENV_DUMP = [sys.executable, "-c",
+            ("import os; [print(k + '=' + os.environ.get(k, '')) for k in ('CUDA_VISIBLE_DEVICES', "
+            "'COLLOCATE_SHARING', 'CUDA_MPS_ACTIVE_THREAD_PERCENTAGE', 'CUDA_MPS_PINNED_DEVICE_MEM_LIMIT', "
+            "'COLLOCATE_JOB_ID', 'MY_VAR')]")]
+
+
+def test_mps_jobs_get_limits_from_their_estimate(daemons):
+    d = daemons("--sharing", "mps")
+    job = d.submit(ENV_DUMP, mem="6GiB", env=["MY_VAR=hello"])
+    d.wait_state(job, "done")
+    env = dict(line.split("=", 1) for line in d.client.request("logs", id=job)["text"].splitlines())
+    assert env["COLLOCATE_SHARING"] == "mps" and env["MY_VAR"] == "hello" and env["COLLOCATE_JOB_ID"] == job
+    assert env["CUDA_VISIBLE_DEVICES"].startswith("GPU-emu-")
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"  # default solo SM activity, no history yet
+    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=6656M"  # 6144 MiB + the 512 MiB margin
+
+
+def test_mig_instances_are_scheduled_as_gpus_of_their_own_size(daemons):
+    d = daemons(gpus="emulated:1xA100-40GB:mig0=3g.20gb,4g.20gb")
+    gpus = d.client.request("gpus")
+    assert len(gpus) == 2 and all(g["uuid"].startswith("MIG-emu-") for g in gpus)
+    with pytest.raises(CollocateError, match="largest GPU has"):
+        d.submit(job_argv(1000, 0.2), mem="30GiB")  # fits an A100-40GB, not a 20 GB instance
+    job = d.submit(job_argv(5000, 0.5), mem="6GiB")
+    done = d.wait_state(job, "done")
+    assert done["attempts"][0]["uuids"][0].startswith("MIG-emu-")
+    assert 4900 <= done["attempts"][0]["peak_mib"] <= 5100
+
+
+def test_logs_follow_until_the_job_ends(daemons, tmp_path):
+    d = daemons()
+    job = d.submit(job_argv(500, 1.5), mem="1GiB")
+    d.wait_state(job, "running")
+    out = subprocess.run([sys.executable, "-m", "collocate.cli", "logs", job, "-f", "--state-dir",
+                          str(d.state_dir)], capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0 and "done in" in out.stdout
+
+
+def test_demo_runs_and_prints_the_comparison():
+    out = subprocess.run([sys.executable, "-m", "collocate.cli", "demo", "--scale", "0.15", "--timeout", "120"],
+                         capture_output=True, text=True, timeout=180, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    table = out.stdout[out.stdout.index("result"):]
+    assert "exclusive" in table and "auto" in table and "makespan" in table
+    rows = [line for line in table.splitlines() if "exclusive" in line or "auto" in line]
+    assert all(" 16 " in row for row in rows)  # every job done under both policies
+
+
+def test_submit_estimate_uses_the_static_estimator_then_history_wins(daemons, tmp_path):
+    d = daemons()
+    cmd = [sys.executable, "-m", "collocate.cli", "submit", "--state-dir", str(d.state_dir), "--cwd", str(tmp_path),
+           "--estimate", "collocate.workloads.models:build_mlp", "--batch-size", "8", "--", *job_argv(700, 0.3)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=150, check=False)
+    assert out.returncode == 0, out.stderr
+    first = d.job(out.stdout.strip())
+    assert first["mem_source"].startswith("static-") and first["mem_mib"] > 0
+    d.wait_state(first["id"], "done")
+    again = d.submit(job_argv(700, 0.3), cwd=str(tmp_path), mem="5GiB")
+    assert d.job(again)["mem_source"] == "history"  # measured beats both static and declared

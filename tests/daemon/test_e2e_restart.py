@@ -1,0 +1,92 @@
+"""Restart safety: SIGKILL the daemon while jobs run, start it again, nothing lost or run twice."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+from conftest import job_argv, wait_for
+
+
+def test_running_jobs_are_readopted_after_sigkill_and_run_once(daemons):
+    d = daemons()
+    a = d.submit(job_argv(1000, 6.0), mem="2GiB")
+    b = d.submit(job_argv(1000, 6.0), mem="2GiB")
+    d.wait_state(a, "running")
+    d.wait_state(b, "running")
+    runner_a = d.job(a)["attempts"][0]["pid"]
+    d.kill(signal.SIGKILL)
+    os.kill(runner_a, 0)  # the job outlived the daemon
+    d.start()
+    assert d.job(a)["state"] == "running"  # re-adopted, not requeued
+    for job in (a, b):
+        done = d.wait_state(job, "done", timeout=30)
+        assert len(done["attempts"]) == 1 and done["attempts"][0]["outcome"] == "succeeded"
+    assert d.job(a)["attempts"][0]["pid"] == runner_a
+
+
+def test_job_that_ended_while_the_daemon_was_down_is_recorded(daemons):
+    d = daemons()
+    ok = d.submit(job_argv(500, 2.0), mem="1GiB")
+    oom = d.submit([sys.executable, "-c", ("import sys, time; time.sleep(2);"
+                    " sys.exit('torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB')")],
+                   mem="1GiB", retries=0)
+    d.wait_state(ok, "running")
+    d.wait_state(oom, "running")
+    d.kill(signal.SIGKILL)
+    time.sleep(3.5)  # both end while nobody watches
+    restarted = time.time()
+    d.start()
+    done = d.wait_state(ok, "done", timeout=20)["attempts"][0]
+    assert done["outcome"] == "succeeded" and done["end"] < restarted  # the runner's end time
+    failed = d.wait_state(oom, "failed", timeout=20)
+    assert failed["attempts"][0]["outcome"] == "oom"
+    assert failed["reason"] == "out of GPU memory on all 1 attempts"
+
+
+def test_vanished_job_is_marked_lost_and_requeued_and_queue_order_kept(daemons):
+    d = daemons(gpus="emulated:1xA100-40GB")
+    victim = d.submit(job_argv(39000, 3.0), mem="39GiB")
+    d.wait_state(victim, "running")
+    queued = [d.submit(job_argv(39000, 0.3), mem="39GiB") for _ in range(3)]
+    runner = d.job(victim)["attempts"][0]["pid"]
+    d.kill(signal.SIGKILL)
+    os.killpg(runner, signal.SIGKILL)  # the runner and the job die with no exit record
+    wait_for(lambda: not _alive(runner), 10, "the runner to die")
+    d.start()
+    detail = d.job(victim)
+    assert detail["attempts"][0]["outcome"] == "lost"
+    rows = d.client.request("ls", all=True)
+    assert [r["id"] for r in rows] == [victim, *queued]
+    ends = []
+    for job in [victim, *queued]:
+        done = d.wait_state(job, "done", timeout=60)
+        ends.append(done["attempts"][-1]["start"])
+    assert ends[1] < ends[2] < ends[3]  # the queue kept its order across the restart
+    assert len(d.job(victim)["attempts"]) == 2
+
+
+def test_pending_jobs_survive_restart_in_order(daemons):
+    d = daemons()
+    d.client.request("drain")
+    ids = [d.submit(job_argv(300, 0.2), mem="1GiB", priority=p) for p in (0, 5, 0)]
+    d.kill(signal.SIGKILL)
+    d.start()
+    rows = d.client.request("ls")
+    assert [r["id"] for r in rows] == ids and all(r["state"] == "pending" for r in rows)
+    assert d.client.request("ping")["draining"] is True  # the drain flag is state too
+    d.client.request("resume")
+    starts = {j: d.wait_state(j, "done")["attempts"][0]["start"] for j in ids}
+    assert starts[ids[1]] <= min(starts[ids[0]], starts[ids[2]])  # priority 5 first
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True

@@ -1,0 +1,189 @@
+"""Pure parts of the daemon: submit validation, launch plans, the store, the monitor's snapshot."""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from collocate.daemon.launcher import plan_launch
+from collocate.daemon.monitor import Monitor, Tracked
+from collocate.daemon.paths import ENV_STATE_DIR, resolve_state_dir
+from collocate.daemon.spec import JobSpec, parse_env, validate_submit
+from collocate.daemon.store import Attempt, Store, job_from_json, job_to_json
+from collocate.errors import InputError
+from collocate.gpus.base import DeviceInfo, DeviceSample, ProcessUsage
+from collocate.gpus.mps import MpsDirs
+from collocate.model import GpuId, Job, JobProfile, JobState, Placement, SharingMode
+
+
+def _req(**kw):
+    base = {"argv": ["python", "train.py"], "cwd": "/"}
+    return validate_submit({**base, **kw}, uid=1000, gid=1000, user="ada")
+
+
+def test_validate_submit_fields():
+    r = _req(mem="6GiB", gpus=2, retries=5, env=["A=1", "B=x=y"], base_env={"PATH": "/bin",
+             "CUDA_VISIBLE_DEVICES": "3"}, priority="4")
+    assert r.mem_mib == 6144 and r.gpus == 2 and r.max_retries == 5 and r.priority == 4
+    assert r.spec.env == {"PATH": "/bin", "A": "1", "B": "x=y"}  # the client's CVD never leaks in
+    assert r.spec.retry_failures and r.spec.uid == 1000
+    assert _req().max_retries == 3 and not _req().spec.retry_failures
+
+
+@pytest.mark.parametrize("bad", [
+    {"argv": []}, {"argv": [""]}, {"argv": "python"}, {"cwd": "rel"}, {"cwd": "/no/such/dir"},
+    {"mem": "6 lots"}, {"mem": "0"}, {"gpus": 0}, {"gpus": True}, {"retries": -1}, {"retries": 1000},
+    {"env": ["=1"]}, {"env": ["1A=1"]}, {"env": ["COLLOCATE_JOB_ID=3"]}, {"priority": "high"},
+])
+def test_validate_submit_rejects(bad):
+    with pytest.raises(InputError):
+        _req(**bad)
+
+
+def test_static_estimate_fields_are_checked():
+    r = _req(mem="700", mem_source="static-traced", mem_uncertainty=0.28)
+    assert (r.mem_mib, r.mem_source, r.mem_uncertainty) == (700, "static-traced", 0.28)
+    with pytest.raises(InputError, match="memory source"):
+        _req(mem="700", mem_source="history")  # only the daemon measures history
+    with pytest.raises(InputError, match="uncertainty"):
+        _req(mem="700", mem_source="static-traced", mem_uncertainty=-1)
+
+
+def test_parse_env():
+    assert parse_env(["A=", "B_2=3"]) == {"A": "", "B_2": "3"}
+    with pytest.raises(InputError, match="NAME=VALUE"):
+        parse_env(["NOPE"])
+
+
+def test_signature_is_command_and_cwd():
+    a = JobSpec(("python", "t.py", "--lr", "1"), "/w", {"X": "1"})
+    assert a.signature == JobSpec(("python", "t.py", "--lr", "1"), "/w", {"X": "2"}).signature
+    assert a.signature != JobSpec(("python", "t.py", "--lr", "2"), "/w").signature
+    assert a.signature != JobSpec(("python", "t.py", "--lr", "1"), "/v").signature
+
+
+def test_launch_plan_is_exact(tmp_path):
+    job = Job("7", gpus=2, mem_mib=6000, profile=JobProfile(0.3, 0.1))
+    spec = JobSpec(("python", "train.py"), "/work", {"HOME": "/home/ada"}, uid=1000, gid=100)
+    placement = Placement("7", (GpuId("n", 0), GpuId("n", 1)), 6000.0)
+    plan = plan_launch(job, spec, placement, ("GPU-a", "GPU-b"), attempt=2, attempt_dir=tmp_path,
+                       sharing=SharingMode.TIME_SLICING, emulated_dir=None, daemon_uid=0)
+    assert plan.argv == (sys.executable, "-m", "collocate.daemon.runner", "--dir", str(tmp_path),
+                         "--uid", "1000", "--gid", "100", "--", "python", "train.py")
+    assert plan.env == {"HOME": "/home/ada", "CUDA_VISIBLE_DEVICES": "GPU-a,GPU-b", "COLLOCATE_JOB_ID": "7",
+                        "COLLOCATE_ATTEMPT": "2", "COLLOCATE_SHARING": "time-slicing"}
+    assert (plan.uid, plan.gid, plan.cwd) == (1000, 100, "/work")  # root daemon: runs as the submitter
+    same_user = plan_launch(job, spec, placement, ("GPU-a", "GPU-b"), attempt=2, attempt_dir=tmp_path,
+                            sharing=SharingMode.TIME_SLICING, emulated_dir=None, daemon_uid=1000)
+    assert same_user.uid is None and "--uid" not in same_user.argv
+
+
+def test_launch_plan_mps_limits_from_the_estimate(tmp_path):
+    job = Job("7", mem_mib=6000, profile=JobProfile(0.35, 0.1))
+    placement = Placement("7", (GpuId("n", 0),), 6000.0)
+    plan = plan_launch(job, JobSpec(("x",), "/"), placement, ("GPU-a",), attempt=1, attempt_dir=tmp_path,
+                       sharing=SharingMode.MPS, emulated_dir=Path("/emu"), mps_dirs=MpsDirs.under(tmp_path))
+    assert plan.env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "35"
+    assert plan.env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=6512M"
+    assert plan.env["COLLOCATE_EMULATED_DIR"] == "/emu" and plan.env["COLLOCATE_SHARING"] == "mps"
+    assert plan.env["CUDA_MPS_PIPE_DIRECTORY"].startswith(str(tmp_path))
+
+
+def test_store_round_trip(tmp_path):
+    store = Store(tmp_path / "db.sqlite")
+    job = Job("1", gpus=1, mem_mib=None, profile=JobProfile(0.2, 0.1), state=JobState.PENDING)
+    assert job_from_json(job_to_json(job)) == job
+    assert store.next_id() == "1" and store.next_id() == "2"
+    store.add_job(job, JobSpec(("a",), "/"))
+    store.save_job(Job("1", state=JobState.DONE))
+    (loaded, spec, ended), = store.jobs()
+    assert loaded.state is JobState.DONE and ended is not None and spec.argv == ("a",)
+    store.add_attempt(Attempt("1", 1, 10.0, ("n:0",), ("GPU-a",), str(tmp_path)))
+    assert [a.n for a in store.open_attempts()] == [1]
+    store.record_history("sig", 3000.0, 0.4)
+    store.record_history("sig", 3100.0, None)
+    assert store.history("sig") == (3100.0, 0.4)
+    store.close()
+
+
+class _Backend:
+    name = "fake"
+
+    def __init__(self, samples):
+        self.samples = samples
+
+    def devices(self):
+        return [DeviceInfo(GpuId("n", i), f"GPU-{i}", "A100-40GB", 40000.0, 108) for i in range(2)]
+
+    def sample(self):
+        return self.samples
+
+    def close(self):
+        pass
+
+
+def test_monitor_attributes_memory_and_sets_the_in_flight_guard():
+    samples = [DeviceSample("GPU-0", 0.0, 5000, 35000, sm_activity=0.5, processes=(ProcessUsage(11, 5000, 0.5),)),
+               DeviceSample("GPU-1", 0.0, 0, 40000, sm_activity=0.0)]
+    mon = Monitor(_Backend(samples), window=5)
+    seen = Tracked(Job("1", mem_mib=6000), ("GPU-0",), 1, pids=frozenset({10, 11}))
+    unseen = Tracked(Job("2", mem_mib=None), ("GPU-1",), 2, pids=frozenset({20}))
+    mon.refresh([seen, unseen], now=100.0)
+    assert seen.seen_at == 100.0 and seen.peak_mib == 5000 and seen.sm_mean == 0.5
+    snap = mon.snapshot([seen, unseen], now=101.0, sharing=SharingMode.TIME_SLICING)
+    assert snap.launch_seen_at.tolist() == [100.0, math.inf]
+    assert snap.committed_mib.tolist() == [6000.0, 40000.0]  # unknown memory commits the whole GPU
+    assert snap.free_mib.tolist() == [35000.0, 40000.0]
+    measured = Tracked(Job("3", mem_mib=6000, mem_source="history"), ("GPU-1",), 3)
+    snap = mon.snapshot([seen, unseen, measured], now=101.0, sharing=SharingMode.TIME_SLICING)
+    assert snap.launch_seen_at[1] == -math.inf  # newest job's memory is measured: no settling
+
+
+def test_state_dir_resolution(monkeypatch, tmp_path):
+    monkeypatch.setenv(ENV_STATE_DIR, str(tmp_path / "env"))
+    assert resolve_state_dir(tmp_path / "flag") == tmp_path / "flag"
+    assert resolve_state_dir() == tmp_path / "env"
+    monkeypatch.delenv(ENV_STATE_DIR)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    assert resolve_state_dir() == tmp_path / "xdg" / "collocate"
+    monkeypatch.delenv("XDG_STATE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert resolve_state_dir() == tmp_path / ".local" / "state" / "collocate"
+    assert os.path.isabs(resolve_state_dir())
+
+
+def test_authorize_owner_root_and_group_only(monkeypatch):
+    import grp as grp_module
+
+    from collocate.daemon.server import Peer, Refused, authorize
+
+    authorize(Peer(uid=1000, gid=1000), daemon_uid=1000, allow_gid=None)
+    authorize(Peer(uid=0, gid=0), daemon_uid=1000, allow_gid=None)
+    with pytest.raises(Refused, match="may not use"):
+        authorize(Peer(uid=1001, gid=1001), daemon_uid=1000, allow_gid=None)
+    authorize(Peer(uid=1001, gid=500), daemon_uid=1000, allow_gid=500)  # primary group
+    monkeypatch.setattr(grp_module, "getgrgid", lambda gid: type("G", (), {"gr_mem": ["bob"]})())
+    monkeypatch.setattr(Peer, "user", property(lambda self: "bob" if self.uid == 1002 else "eve"))
+    authorize(Peer(uid=1002, gid=1002), daemon_uid=1000, allow_gid=500)  # supplementary member
+    with pytest.raises(Refused):
+        authorize(Peer(uid=1003, gid=1003), daemon_uid=1000, allow_gid=500)
+
+
+def test_protocol_rejects_garbage():
+    import io
+
+    from collocate.daemon import protocol
+
+    with pytest.raises(protocol.ProtocolError):
+        protocol.read_message(io.BytesIO(b"not json\n"))
+    with pytest.raises(protocol.ProtocolError):
+        protocol.read_message(io.BytesIO(b"[1, 2]\n"))
+    with pytest.raises(protocol.ProtocolError):
+        protocol.read_message(io.BytesIO(b'{"op": "ls"}'))  # truncated: no newline
+    assert protocol.read_message(io.BytesIO(b"")) is None
+    with pytest.raises(InputError, match="valid requests"):
+        protocol.check_request({"op": "rm -rf"})
