@@ -92,7 +92,9 @@ class Job:
     name: str = ""
     profile: JobProfile = UNKNOWN_PROFILE
     max_retries: int = 3
+    retry_failures: bool = False  # retry non-OOM failures too (the user asked with --retries)
     attempts: int = 0
+    lost_attempts: int = 0  # attempts lost through no fault of the job (daemon down, node gone)
     oom_crashes: int = 0
     state: JobState = JobState.PENDING
     dataset: str | None = None

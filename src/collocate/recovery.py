@@ -39,7 +39,7 @@ class RecoveryRules:
 
     growth: float = 1.25
     margin_mib: float = 512.0
-    retry_failures: bool = False  # retry non-OOM failures too (the user's --retries asks for it)
+    retry_failures: bool = False  # retry non-OOM failures of every job (``Job.retry_failures``: one job)
 
 
 def after_exit(job: Job, report: ExitReport, rules: RecoveryRules = RecoveryRules()) -> Job:
@@ -48,16 +48,19 @@ def after_exit(job: Job, report: ExitReport, rules: RecoveryRules = RecoveryRule
         return replace(job, state=JobState.DONE)
     if report.outcome is Outcome.CANCELLED:
         return replace(job, state=JobState.CANCELLED)
-    if report.outcome is Outcome.LOST:
-        return replace(job, state=JobState.PENDING)  # not an attempt the job used up
-    retries_left = job.attempts <= job.max_retries
+    if report.outcome is Outcome.LOST:  # not an attempt the job used up
+        return replace(
+            job, state=JobState.PENDING, lost_attempts=job.lost_attempts + 1,
+            reason=report.reason or "the attempt was lost; requeued",
+        )
+    retries_left = job.attempts - job.lost_attempts <= job.max_retries
     if report.outcome is Outcome.OOM:
         if not retries_left:
             return replace(
                 job,
                 state=JobState.FAILED,
                 oom_crashes=job.oom_crashes + 1,
-                reason=f"out of GPU memory on all {job.attempts} attempts",
+                reason=f"out of GPU memory on all {job.attempts - job.lost_attempts} attempts",
             )
         return replace(
             job,
@@ -68,7 +71,7 @@ def after_exit(job: Job, report: ExitReport, rules: RecoveryRules = RecoveryRule
             mem_uncertainty=0.0,
             reason=f"out of GPU memory on attempt {job.attempts}; requeued",
         )
-    if rules.retry_failures and retries_left:
+    if (rules.retry_failures or job.retry_failures) and retries_left:
         return replace(job, state=JobState.PENDING, reason=report.reason)
     return replace(job, state=JobState.FAILED, reason=report.reason or "exited with an error")
 

@@ -118,6 +118,9 @@ class Scheduler:
         for placement in plan.placements:
             job = self.jobs[placement.job_id]
             self._store(replace(job, state=JobState.RUNNING, attempts=job.attempts + 1))
+        for rejection in plan.rejections:
+            job = self.jobs[rejection.job_id]
+            self._store(replace(job, state=JobState.REJECTED, reason=rejection.reason))
         self.placements_made += len(plan.placements)
         return plan
 
@@ -125,7 +128,12 @@ class Scheduler:
         job = self.jobs[job_id]
         if job.state is not JobState.RUNNING:
             raise CollocateError(f"job {job_id} is {job.state}, not running")
-        return self._store(after_exit(job, report, self.rules))
+        job = after_exit(job, report, self.rules)
+        if job.state is JobState.PENDING and (why := self.capacity.why_not(job)):
+            # e.g. an OOM raised its requirement beyond every GPU: waiting would be forever
+            cause = report.reason or report.outcome.value
+            job = replace(job, state=JobState.FAILED, reason=f"{cause}; cannot retry: it now {why}")
+        return self._store(job)
 
     def cancel(self, job_id: str) -> Job:
         job = self.jobs[job_id]
@@ -163,5 +171,6 @@ class Scheduler:
                     f"policy {self.policy.name} gave job {p.job_id} GPUs {p.gpus}; it needs {job.gpus}"
                 )
         for r in plan.rejections:
-            if not isinstance(r, Rejection) or r.job_id not in self.jobs:
-                raise PolicyError(f"policy {self.policy.name} rejected an unknown job {r}")
+            job = self.jobs.get(r.job_id) if isinstance(r, Rejection) else None
+            if job is None or job.state is not JobState.PENDING or r.job_id in seen:
+                raise PolicyError(f"policy {self.policy.name} rejected {r}, which is not a pending job")

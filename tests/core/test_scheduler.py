@@ -3,7 +3,7 @@
 import pytest
 
 from collocate.errors import CollocateError
-from collocate.model import ClusterSnapshot, GpuId, GpuView, Job, JobState, Placement, Plan
+from collocate.model import ClusterSnapshot, GpuId, GpuView, Job, JobState, Placement, Plan, Rejection
 from collocate.policies import make_policy
 from collocate.recovery import ExitReport, Outcome, RecoveryRules, after_exit, raised_requirement
 from collocate.scheduler import Capacity, PolicyError, Scheduler
@@ -73,3 +73,41 @@ def test_duplicate_ids_and_exits_of_jobs_not_running_are_refused():
         s.job_exited("a", ExitReport(Outcome.SUCCEEDED))
     assert s.cancel("a").state is JobState.CANCELLED
     assert list(s.queue) == []
+
+
+def test_an_oom_that_outgrows_every_gpu_fails_instead_of_waiting_forever():
+    s = Scheduler(make_policy("exclusive"), Capacity.of(cluster(1, total=16 * GIB)))
+    s.submit(Job("a", mem_mib=8 * GIB))
+    s.schedule(cluster(1, total=16 * GIB))
+    job = s.job_exited("a", ExitReport(Outcome.OOM, observed_peak_mib=15 * GIB, reason="CUDA out of memory"))
+    assert job.state is JobState.FAILED
+    assert job.reason.startswith("CUDA out of memory; cannot retry: it now needs")
+    assert list(s.queue) == []
+
+
+def test_retrying_plain_failures_is_per_job_and_lost_attempts_do_not_count():
+    s = Scheduler(make_policy("exclusive"), Capacity.of(cluster(2)))
+    s.submit(Job("asked", retry_failures=True, max_retries=1))
+    s.submit(Job("plain"))
+    s.schedule(cluster(2))
+    assert s.job_exited("asked", ExitReport(Outcome.FAILED, reason="exit 1")).state is JobState.PENDING
+    assert s.job_exited("plain", ExitReport(Outcome.FAILED, reason="exit 1")).state is JobState.FAILED
+    for _ in range(3):  # lost attempts (daemon down) never use up retries
+        s.schedule(cluster(2))
+        job = s.job_exited("asked", ExitReport(Outcome.LOST, reason="vanished"))
+        assert job.state is JobState.PENDING and job.reason == "vanished"
+    s.schedule(cluster(2))
+    assert s.job_exited("asked", ExitReport(Outcome.FAILED, reason="exit 1")).state is JobState.FAILED
+
+
+def test_a_policy_rejection_is_applied_with_its_reason():
+    class Refuses:
+        name = "refuses"
+
+        def __call__(self, queue, cluster):
+            return Plan(rejections=(Rejection(queue[0].id, "never on Sundays"),))
+
+    s = Scheduler(Refuses(), Capacity.of(cluster()))
+    s.submit(Job("a"))
+    s.schedule(cluster())
+    assert s.jobs["a"].state is JobState.REJECTED and s.jobs["a"].reason == "never on Sundays"

@@ -208,7 +208,8 @@ class Service:
             mem, source, uncertainty, sm = measured[0], "history", 0.05, measured[1]
         job = Job(id="0", gpus=req.gpus, mem_mib=mem, mem_source=source,
                   mem_uncertainty=uncertainty, submit_time=time.time(), priority=req.priority,
-                  name=req.name, max_retries=req.max_retries)
+                  name=req.name, max_retries=req.max_retries,
+                  retry_failures=req.spec.retry_failures)
         why = self.scheduler.capacity.why_not(job)
         if why is not None:
             raise InputError(f"this job can never run here: {why}",
@@ -334,13 +335,7 @@ class Service:
         self.store.update_attempt(a)
         self.running.pop(a.job_id, None)
         spec = self.specs[a.job_id]
-        self.scheduler.rules = replace(self.config.rules, retry_failures=spec.retry_failures)
         job = self.scheduler.job_exited(a.job_id, ExitReport(outcome, observed, reason))
-        if outcome is Outcome.LOST or (job.state is JobState.PENDING and outcome is Outcome.FAILED):
-            job = self.scheduler.update(replace(job, reason=reason))
-        if job.state is JobState.PENDING and (why := self.scheduler.capacity.why_not(job)):
-            job = self.scheduler.update(replace(
-                job, state=JobState.FAILED, reason=f"{reason}; cannot retry: it now {why}"))
         if outcome is Outcome.SUCCEEDED and peak is not None:
             self.store.record_history(spec.signature, peak, t.sm_mean)
         log.info("job %s attempt %d: %s (%s) -> %s", a.job_id, a.n, outcome.value, reason, job.state.value)
