@@ -1,0 +1,99 @@
+"""``collocate report`` and ``collocate dashboard``: parsing and printing, the work elsewhere."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from collocate.errors import CollocateError
+
+StateDirOpt = Annotated[Path | None, typer.Option(
+    "--state-dir", help="Daemon state dir (default: $COLLOCATE_STATE_DIR, then "
+    "$XDG_STATE_HOME/collocate, then ~/.local/state/collocate).")]
+
+
+def register(app: typer.Typer) -> None:
+    app.command("report")(report)
+    app.command("dashboard")(dashboard)
+
+
+def report(
+    since: Annotated[str | None, typer.Option(
+        "--since", help="Only after this: 24h, 7d, 2026-11-20T08:00, or epoch seconds.")] = None,
+    state_dir: Annotated[Path | None, typer.Option(
+        "--state-dir", help="Daemon state dir (default: $COLLOCATE_STATE_DIR, then "
+        "$XDG_STATE_HOME/collocate, then ~/.local/state/collocate).")] = None,
+    out: Annotated[Path, typer.Option("--out", help="Directory for summary.md/json and PNGs.")]
+    = Path("collocate-report"),
+) -> None:
+    """Summarise GPU usage per user, job and GPU (energy, GPU-hours, SM activity) with plots."""
+    from collocate.daemon.paths import resolve_state_dir
+    from collocate.monitor.report import build_report, parse_since
+    from collocate.monitor.store import MonitorStore, monitor_db_path
+
+    start = parse_since(since) if since else None
+    path = monitor_db_path(resolve_state_dir(state_dir))
+    if not path.exists():
+        raise CollocateError(
+            f"no monitoring data at {path}",
+            hint="run the daemon (`collocate serve`) so it samples, or pass its --state-dir",
+        )
+    store = MonitorStore(path)
+    try:
+        result = build_report(store, out, since=start)
+    finally:
+        store.close()
+    typer.echo(f"{len(result.jobs)} job(s), {len(result.users)} user(s), "
+               f"{len(result.gpus)} GPU(s); energy {sum(j.energy_wh for j in result.jobs):.2f} Wh "
+               f"attributed to jobs")
+    for f in result.files:
+        typer.echo(f"wrote {f}")
+
+
+def dashboard(
+    state_dir: StateDirOpt = None,
+    host: Annotated[str, typer.Option("--host", help="Address to serve on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="Port (0 picks a free one).")] = 8765,
+    token_file: Annotated[Path | None, typer.Option(
+        "--token-file", help="File holding the access token (needed beyond localhost).")] = None,
+    allow_submit: Annotated[bool, typer.Option(
+        "--allow-submit", help="Let the page queue jobs (as you; needs --token-file).")] = False,
+) -> None:
+    """Serve the web dashboard of a running daemon until Ctrl-C (local only without a token)."""
+    import signal
+    import threading
+
+    from collocate.daemon.client import Client
+    from collocate.daemon.paths import resolve_state_dir
+    from collocate.errors import InputError
+    from collocate.monitor.store import MonitorStore, monitor_db_path
+    from collocate.web.app import create_app
+    from collocate.web.client_source import ClientSource
+    from collocate.web.server import serve_in_thread
+
+    token = token_file.read_text().strip() if token_file is not None else None
+    if allow_submit and token is None:
+        raise InputError("--allow-submit needs --token-file",
+                         hint="anyone who can open the page could queue jobs as you otherwise")
+    root = resolve_state_dir(state_dir)
+    client = Client(root)
+    client.request("ping")  # a clear error now if no daemon runs there
+    path = monitor_db_path(root)
+    store = MonitorStore(path) if path.exists() else None
+    server = serve_in_thread(create_app(ClientSource(client, store=store,
+                                                     allow_submit=allow_submit), token=token),
+                             host, port)
+    typer.echo(f"dashboard on {server.url}" + ("?token=..." if token else ""), err=True)
+    stop = threading.Event()
+    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        while not stop.wait(0.5):
+            pass
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        server.stop()
+        if store is not None:
+            store.close()

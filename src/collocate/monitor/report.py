@@ -1,0 +1,243 @@
+"""``collocate report``: per-user, per-job and per-GPU summaries with PNG plots.
+
+Input is the monitoring store only (``MonitorStore``), so a report can be made while the daemon
+runs or after it stopped. Without ``since`` the job and GPU numbers are whole-life totals (never
+pruned); with ``since`` they are sums over the retained samples after it. Outputs in ``out``:
+
+* ``summary.md`` (tables a human reads) and ``summary.json`` (the same numbers for tools);
+* ``gpu_timeline.png``: one row per GPU, a bar per job while it held memory there;
+* ``utilization.png``: SM activity (or NVML utilization) and memory of each GPU over time;
+* ``energy.png``: power of each GPU over time, and energy per job (Wh).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from collocate.errors import InputError
+from collocate.monitor.store import JobSummary, MonitorStore
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+MAX_PLOT_ROWS = 200_000
+
+
+def parse_since(text: str, now: float | None = None) -> float:
+    """``90m``/``24h``/``7d``, an ISO date-time (local time unless it has an offset), or epoch s."""
+    now = time.time() if now is None else now
+    match = _DURATION.match(text)
+    if match:
+        return now - float(match[1]) * _UNIT_S[match[2]]
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        return datetime.fromisoformat(text.strip()).timestamp()
+    except ValueError:
+        raise InputError(f"cannot read --since {text!r}",
+                         hint="use a duration like 24h or 7d, a date like 2026-11-20T08:00, "
+                         "or seconds since the epoch") from None
+
+
+def summary_lines(s: JobSummary) -> list[str]:
+    """The lines ``collocate show`` adds for a job's measured usage."""
+    sm = "-" if s.mean_sm is None else f"{100 * s.mean_sm:.0f}%"
+    return [
+        f"peak GPU memory  {s.peak_mib:,.0f} MiB",
+        f"mean SM activity {sm}",
+        f"GPU-hours        {s.gpu_hours:.3f} (share of GPU time; held {s.occupancy_hours:.3f})",
+        f"energy           {s.energy_wh:.2f} Wh",
+        f"CPU-hours        {s.cpu_hours:.3f}, peak host memory {s.peak_rss_mib:,.0f} MiB",
+    ]
+
+
+@dataclass(frozen=True)
+class Report:
+    since: float | None
+    jobs: list[JobSummary]
+    users: list[dict[str, Any]]
+    gpus: list[dict[str, Any]]
+    files: list[Path]
+
+
+def build_report(store: MonitorStore, out: Path, *, since: float | None = None) -> Report:
+    """Compute the summaries and write every file into ``out`` (created if missing)."""
+    out.mkdir(parents=True, exist_ok=True)
+    jobs = store.job_summaries(since=since)
+    series = store.gpu_series(since=since or 0.0, limit=MAX_PLOT_ROWS)
+    users = _per_user(jobs)
+    gpus = _per_gpu(store, series, since)
+    files = [out / "summary.md", out / "summary.json"]
+    files[0].write_text(_markdown(since, jobs, users, gpus))
+    files[1].write_text(json.dumps({"since": since, "jobs": [j.to_dict() for j in jobs],
+                                    "users": users, "gpus": gpus}, indent=1))
+    files += _plots(out, series, jobs)
+    return Report(since, jobs, users, gpus, files)
+
+
+def _per_user(jobs: list[JobSummary]) -> list[dict[str, Any]]:
+    users: dict[str, dict[str, Any]] = {}
+    for j in jobs:
+        u = users.setdefault(j.user or "?", {"user": j.user or "?", "jobs": 0, "gpu_hours": 0.0,
+                                             "energy_wh": 0.0, "cpu_hours": 0.0})
+        u["jobs"] += 1
+        u["gpu_hours"] += j.gpu_hours
+        u["energy_wh"] += j.energy_wh
+        u["cpu_hours"] += j.cpu_hours
+    return sorted(users.values(), key=lambda u: -u["energy_wh"])
+
+
+def _per_gpu(store: MonitorStore, series: list[dict[str, Any]],
+             since: float | None) -> list[dict[str, Any]]:
+    rows: dict[str, dict[str, Any]] = {}
+    for r in series:
+        g = rows.setdefault(r["uuid"], {"gpu": r["gpu"], "uuid": r["uuid"], "energy_wh": 0.0,
+                                        "samples": 0, "sm_sum": 0.0, "sm_n": 0, "busy": 0,
+                                        "jobs": set()})
+        g["energy_wh"] += (r["energy_j"] or 0.0) / 3600.0
+        g["samples"] += 1
+        sm = r["sm"] if r["sm"] is not None else r["gpu_util"]
+        if sm is not None:
+            g["sm_sum"] += sm
+            g["sm_n"] += 1
+        g["busy"] += bool(r["jobs"])
+        g["jobs"].update(r["jobs"])
+    if since is None:  # whole-life energy from the totals, which retention never prunes
+        for t in store.gpu_totals():
+            g = rows.setdefault(t["uuid"], {"gpu": t["gpu"], "uuid": t["uuid"], "samples": 0,
+                                            "sm_sum": 0.0, "sm_n": 0, "busy": 0, "jobs": set()})
+            g["energy_wh"] = t["energy_j"] / 3600.0
+            g["idle_wh"] = t["idle_energy_j"] / 3600.0
+    out = []
+    for g in sorted(rows.values(), key=lambda g: g["gpu"]):
+        out.append({"gpu": g["gpu"], "uuid": g["uuid"], "energy_wh": g["energy_wh"],
+                    "idle_wh": g.get("idle_wh"),
+                    "mean_sm": g["sm_sum"] / g["sm_n"] if g["sm_n"] else None,
+                    "busy_fraction": g["busy"] / g["samples"] if g["samples"] else None,
+                    "jobs": sorted(g["jobs"], key=_job_key)})
+    return out
+
+
+def _markdown(since: float | None, jobs: list[JobSummary], users: list[dict[str, Any]],
+              gpus: list[dict[str, Any]]) -> str:
+    span = ("whole history" if since is None
+            else f"since {datetime.fromtimestamp(since):%Y-%m-%d %H:%M}")
+    pct = lambda x: "-" if x is None else f"{100 * x:.0f}%"  # noqa: E731
+    lines = [f"# collocate report ({span})", "", "## Per user", "",
+             "| user | jobs | GPU-hours | energy (Wh) | CPU-hours |", "|---|---|---|---|---|"]
+    lines += [f"| {u['user']} | {u['jobs']} | {u['gpu_hours']:.3f} | {u['energy_wh']:.2f} |"
+              f" {u['cpu_hours']:.3f} |" for u in users]
+    lines += ["", "## Per job", "", "| job | user | name | GPUs | peak MiB | mean SM | GPU-hours |"
+              " energy (Wh) |", "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {j.job_id} | {j.user} | {j.name} | {len(j.gpus)} | {j.peak_mib:,.0f} |"
+              f" {pct(j.mean_sm)} | {j.gpu_hours:.3f} | {j.energy_wh:.2f} |" for j in jobs]
+    lines += ["", "## Per GPU", "", "| GPU | energy (Wh) | idle (Wh) | mean SM | busy | jobs |",
+              "|---|---|---|---|---|---|"]
+    lines += [f"| {g['gpu']} | {g['energy_wh']:.2f} | "
+              f"{'-' if g['idle_wh'] is None else format(g['idle_wh'], '.2f')} | "
+              f"{pct(g['mean_sm'])} | {pct(g['busy_fraction'])} | {', '.join(g['jobs'])} |"
+              for g in gpus]
+    lines += ["", "Energy of shared GPUs is split among jobs as docs/monitoring.md describes.", ""]
+    return "\n".join(lines)
+
+
+def _plots(out: Path, series: list[dict[str, Any]], jobs: list[JobSummary]) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by_gpu: dict[str, list[dict[str, Any]]] = {}
+    for r in series:
+        by_gpu.setdefault(r["gpu"], []).append(r)
+    names = sorted(by_gpu)
+    t0 = min((r["t"] for r in series), default=0.0)
+    files = [out / "gpu_timeline.png", out / "utilization.png", out / "energy.png"]
+
+    fig, ax = plt.subplots(figsize=(10, 1 + 0.5 * max(1, len(names))))
+    colors = plt.get_cmap("tab20")
+    for row, gpu in enumerate(names):
+        placed = _lanes(_segments(by_gpu[gpu]))
+        height = 0.8 / max(1, max((lane for *_, lane in placed), default=0) + 1)
+        for job, (start, end), lane in placed:  # collocated jobs get lanes side by side
+            bottom = row - 0.4 + lane * height
+            ax.broken_barh([((start - t0) / 60, max(1e-3, (end - start) / 60))],
+                           (bottom, height * 0.9), color=colors(_job_key(job)[0] % 20))
+            ax.text((start - t0) / 60, bottom + height / 2, f" {job}", va="center", fontsize=7)
+    ax.set_yticks(range(len(names)), names)
+    ax.set_xlabel("minutes")
+    ax.set_title("jobs on each GPU")
+    fig.tight_layout()
+    fig.savefig(files[0], dpi=100)
+    plt.close(fig)
+
+    fig, (sm_ax, mem_ax) = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
+    for gpu in names:
+        rows = by_gpu[gpu]
+        xs = [(r["t"] - t0) / 60 for r in rows]
+        sm_ax.plot(xs, [r["sm"] if r["sm"] is not None else r["gpu_util"] for r in rows], label=gpu)
+        mem_ax.plot(xs, [(r["used_mib"] or 0) / 1024 for r in rows], label=gpu)
+    sm_ax.set_ylabel("SM activity")
+    mem_ax.set_ylabel("memory used (GiB)")
+    mem_ax.set_xlabel("minutes")
+    if names:
+        sm_ax.legend(fontsize=7, ncol=4)
+    fig.tight_layout()
+    fig.savefig(files[1], dpi=100)
+    plt.close(fig)
+
+    fig, (p_ax, e_ax) = plt.subplots(2, 1, figsize=(10, 6))
+    for gpu in names:
+        rows = by_gpu[gpu]
+        p_ax.plot([(r["t"] - t0) / 60 for r in rows], [r["power_w"] for r in rows], label=gpu)
+    p_ax.set_ylabel("power (W)")
+    p_ax.set_xlabel("minutes")
+    top = sorted(jobs, key=lambda j: -j.energy_wh)[:30]
+    e_ax.bar([j.job_id for j in top], [j.energy_wh for j in top])
+    e_ax.set_ylabel("energy (Wh)")
+    e_ax.set_xlabel("job")
+    fig.tight_layout()
+    fig.savefig(files[2], dpi=100)
+    plt.close(fig)
+    return files
+
+
+def _segments(rows: list[dict[str, Any]]) -> list[tuple[str, tuple[float, float]]]:
+    """(job, (start, end)) for each stretch of consecutive samples a job was on the GPU."""
+    open_at: dict[str, float] = {}
+    out = []
+    last_t = rows[0]["t"] if rows else 0.0
+    for r in rows:
+        for job in [j for j in open_at if j not in r["jobs"]]:
+            out.append((job, (open_at.pop(job), last_t)))
+        for job in r["jobs"]:
+            open_at.setdefault(job, r["t"])
+        last_t = r["t"]
+    out += [(job, (start, last_t)) for job, start in open_at.items()]
+    return out
+
+
+def _lanes(segments: list[tuple[str, tuple[float, float]]]
+           ) -> list[tuple[str, tuple[float, float], int]]:
+    """Give overlapping segments different lanes (the lowest free one), for the timeline."""
+    ends: list[float] = []
+    out = []
+    for job, (start, end) in sorted(segments, key=lambda s: s[1][0]):
+        lane = next((i for i, e in enumerate(ends) if e < start), len(ends))
+        if lane == len(ends):
+            ends.append(end)
+        else:
+            ends[lane] = end
+        out.append((job, (start, end), lane))
+    return out
+
+
+def _job_key(job_id: str) -> tuple[int, str]:
+    return (int(job_id), job_id) if job_id.isdigit() else (0, job_id)

@@ -1,0 +1,108 @@
+"""The dashboard's FastAPI app: JSON endpoints, one HTML page, and Prometheus ``/metrics``.
+
+``create_app(source, token=...)`` is the only entry point. Routes:
+
+* ``GET /``: the page (``page.PAGE``: inline CSS and JS, no build step, no CDN; polls the API);
+* ``GET /api/gpus``, ``/api/jobs``, ``/api/jobs/{id}``, ``/api/jobs/{id}/log``, ``/api/status``;
+* ``POST /api/jobs`` (``{"argv": [...], "name": ..., "mem": "6GiB"}``) when the source can submit;
+* ``GET /metrics``: the Prometheus registry given (``PrometheusSink.registry``), 404 without one.
+
+Access: with ``token`` set, every route needs it, as ``Authorization: Bearer <token>``, header
+``X-Collocate-Token`` or query ``?token=`` (the page passes its own query token on to the API).
+Without a token the app must only be served on localhost (``server.serve_in_thread`` refuses
+anything else), because the page shows every user's commands and logs.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any
+
+from fastapi import Body, FastAPI, HTTPException, Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+
+from collocate.errors import CollocateError
+from collocate.web.page import PAGE
+from collocate.web.source import DashboardSource, can_submit
+
+MAX_LOG_BYTES = 64 * 1024
+
+
+def create_app(source: DashboardSource, *, token: str | None = None,
+               registry: Any = None) -> FastAPI:
+    """The dashboard over ``source``; ``registry`` is a prometheus_client CollectorRegistry."""
+    if token is not None and len(token) < 16:
+        raise CollocateError("the dashboard token is too short",
+                             hint="use at least 16 random characters, e.g. `openssl rand -hex 16`")
+    app = FastAPI(title="collocate", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.token = token
+
+    @app.middleware("http")
+    async def check_token(request: Request, call_next: Any) -> Response:
+        if token is not None and not _token_ok(request, token):
+            return JSONResponse({"detail": "missing or wrong token",
+                                 "hint": "pass ?token=... or an 'Authorization: Bearer' header"},
+                                status_code=401)
+        return await call_next(request)
+
+    @app.get("/", response_class=HTMLResponse)
+    def page() -> str:
+        return PAGE
+
+    @app.get("/api/gpus")
+    def gpus() -> list[dict[str, Any]]:
+        return source.gpus()
+
+    @app.get("/api/jobs")
+    def jobs() -> list[dict[str, Any]]:
+        return source.jobs()
+
+    @app.get("/api/jobs/{job_id}")
+    def job(job_id: str) -> dict[str, Any]:
+        found = source.job(job_id)
+        if found is None:
+            raise HTTPException(404, f"no job {job_id!r}")
+        return found
+
+    @app.get("/api/jobs/{job_id}/log")
+    def log_tail(job_id: str, max_bytes: int = 16 * 1024) -> dict[str, Any]:
+        if source.job(job_id) is None:
+            raise HTTPException(404, f"no job {job_id!r}")
+        return {"id": job_id, "text": source.log_tail(job_id, max(0, min(max_bytes,
+                                                                         MAX_LOG_BYTES)))}
+
+    @app.get("/api/status")
+    def status() -> dict[str, Any]:
+        return {**source.status(), "can_submit": can_submit(source)}
+
+    @app.post("/api/jobs")
+    def submit(body: dict[str, Any] = Body(...)) -> dict[str, Any]:  # noqa: B008
+        if not can_submit(source):
+            raise HTTPException(501, "this dashboard is read-only; use `collocate submit`")
+        argv = body.get("argv")
+        if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+            raise HTTPException(422, "argv must be a non-empty list of strings")
+        try:
+            job_id = source.submit(argv, name=body.get("name") or None,  # type: ignore[attr-defined]
+                                   mem=body.get("mem") or None)
+        except CollocateError as exc:
+            raise HTTPException(422, str(exc)) from exc
+        return {"id": job_id}
+
+    @app.get("/metrics")
+    def metrics() -> Response:
+        if registry is None:
+            raise HTTPException(404, "no Prometheus registry configured")
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+def _token_ok(request: Request, token: str) -> bool:
+    given = request.query_params.get("token") or request.headers.get("x-collocate-token") or ""
+    auth = request.headers.get("authorization", "")
+    if auth.lower().startswith("bearer "):
+        given = auth[7:].strip()
+    return hmac.compare_digest(given.encode(), token.encode())

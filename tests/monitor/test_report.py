@@ -1,0 +1,73 @@
+"""`collocate report`: the summary numbers, the files, and the --since parsing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from collocate.cli import app
+from collocate.errors import InputError
+from collocate.monitor.report import build_report, parse_since, summary_lines
+from collocate.monitor.store import MonitorStore, monitor_db_path
+
+from .test_store import run_ticks
+
+
+def test_report_files_and_numbers(tmp_path):
+    store = MonitorStore(tmp_path / "m.sqlite")
+    run_ticks(store, 11)
+    report = build_report(store, tmp_path / "out")
+    names = sorted(f.name for f in report.files)
+    assert names == ["energy.png", "gpu_timeline.png", "summary.json", "summary.md",
+                     "utilization.png"]
+    for f in report.files:
+        assert f.stat().st_size > 0
+        if f.suffix == ".png":
+            assert f.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    data = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert {u["user"]: u["jobs"] for u in data["users"]} == {"ann": 1, "bob": 1}
+    assert sum(u["energy_wh"] for u in data["users"]) == pytest.approx(3000 / 3600)
+    assert data["gpus"][0]["energy_wh"] == pytest.approx(3000 / 3600)
+    assert data["gpus"][0]["jobs"] == ["1", "2"]
+    md = (tmp_path / "out" / "summary.md").read_text()
+    assert "| ann | 1 |" in md and "| n:0 | 0.83 |" in md
+    window = build_report(store, tmp_path / "w", since=1005.0)
+    assert sum(j.energy_wh for j in window.jobs) == pytest.approx(6 * 300 / 3600)
+    lines = summary_lines(store.job_summary("1"))
+    assert lines[1].endswith("60%") and "Wh" in lines[3]
+
+
+def test_parse_since():
+    assert parse_since("2h", now=10_000.0) == 10_000.0 - 7200
+    assert parse_since("1.5d", now=200_000.0) == 200_000.0 - 1.5 * 86400
+    assert parse_since("1700000000") == 1.7e9
+    assert parse_since("2026-11-20T08:00:00+00:00") == 1795161600.0
+    with pytest.raises(InputError, match="24h or 7d"):
+        parse_since("yesterday")
+
+
+def test_cli_report(tmp_path):
+    store = MonitorStore(monitor_db_path(tmp_path))
+    run_ticks(store, 3)
+    store.close()
+    runner = CliRunner()
+    result = runner.invoke(app, ["report", "--state-dir", str(tmp_path), "--out",
+                                 str(tmp_path / "r")])
+    assert result.exit_code == 0, result.output
+    assert "2 job(s), 2 user(s), 1 GPU(s)" in result.output
+    assert (tmp_path / "r" / "gpu_timeline.png").exists()
+    missing = runner.invoke(app, ["report", "--state-dir", str(tmp_path / "none")])
+    assert missing.exit_code != 0
+
+
+def test_timeline_segments_and_lanes():
+    from collocate.monitor.report import _lanes, _segments
+
+    rows = [{"t": 0.0, "jobs": ["1"]}, {"t": 1.0, "jobs": ["1", "2"]}, {"t": 2.0, "jobs": ["2"]},
+            {"t": 3.0, "jobs": []}, {"t": 4.0, "jobs": ["3"]}]
+    segments = sorted(_segments(rows))
+    assert segments == [("1", (0.0, 1.0)), ("2", (1.0, 2.0)), ("3", (4.0, 4.0))]
+    lanes = {job: lane for job, _, lane in _lanes(segments)}
+    assert lanes == {"1": 0, "2": 1, "3": 0}  # 1 and 2 overlap at t=1; 3 reuses lane 0

@@ -1,0 +1,98 @@
+"""The dashboard API over a fake source with real emulated GPUs: routes, token, metrics."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("httpx", reason="FastAPI's TestClient needs httpx")
+
+from fastapi.testclient import TestClient  # noqa: E402
+
+from collocate.errors import CollocateError  # noqa: E402
+from collocate.gpus.emulated import EmulatedBackend  # noqa: E402
+from collocate.monitor.sinks.prometheus import PrometheusSink  # noqa: E402
+from collocate.web.app import create_app  # noqa: E402
+from collocate.web.server import is_loopback, serve_in_thread  # noqa: E402
+
+from .fake_source import FakeSource  # noqa: E402
+
+TOKEN = "0123456789abcdef0123"
+
+
+@pytest.fixture
+def source(tmp_path) -> FakeSource:
+    return FakeSource(EmulatedBackend.create(tmp_path / "emu", "2xA100-40GB", node="web"))
+
+
+def test_api_routes(source):
+    source.add_job("resnet", state="running", on=("web:0",))
+    client = TestClient(create_app(source))
+    gpus = client.get("/api/gpus").json()
+    assert [g["id"] for g in gpus] == ["web:0", "web:1"] and gpus[0]["jobs"] == ["1"]
+    assert gpus[0]["total_mib"] == 40_536
+    assert client.get("/api/jobs").json()[0]["name"] == "resnet"
+    assert client.get("/api/jobs/1").json()["summary"]["energy_wh"] == 61.5
+    assert "epoch 1" in client.get("/api/jobs/1/log").json()["text"]
+    assert client.get("/api/jobs/9").status_code == 404
+    assert client.get("/api/jobs/9/log").status_code == 404
+    status = client.get("/api/status").json()
+    assert status["can_submit"] and status["tracking"][0]["degraded"]
+    page = client.get("/")
+    assert page.status_code == 200 and 'id="gpus"' in page.text and "http" not in page.text.split(
+        "<script>")[1].replace("http://www.w3.org/2000/svg", "")  # no CDN, no remote fetch
+    assert client.get("/metrics").status_code == 404  # no registry given
+
+
+def test_submit_passthrough_validates(source):
+    client = TestClient(create_app(source))
+    assert client.post("/api/jobs", json={"argv": ["python", "a.py"], "name": "a"}).json() == {
+        "id": "1"}
+    assert client.post("/api/jobs", json={"argv": []}).status_code == 422
+    refused = client.post("/api/jobs", json={"argv": ["bad"]})
+    assert refused.status_code == 422 and "try another" in refused.json()["detail"]
+
+
+def test_read_only_source_refuses_submit(source):
+    class ReadOnly:
+        gpus, jobs, job = source.gpus, source.jobs, source.job
+        log_tail, status = source.log_tail, source.status
+
+    client = TestClient(create_app(ReadOnly()))
+    assert client.post("/api/jobs", json={"argv": ["x"]}).status_code == 501
+    assert client.get("/api/status").json()["can_submit"] is False
+
+
+def test_token_is_required_when_set(source):
+    client = TestClient(create_app(source, token=TOKEN))
+    assert client.get("/api/gpus").status_code == 401
+    assert client.get("/", params={"token": "wrong-wrong-wrong"}).status_code == 401
+    assert client.get("/api/gpus", params={"token": TOKEN}).status_code == 200
+    assert client.get("/api/jobs", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
+    assert client.get("/api/jobs", headers={"X-Collocate-Token": TOKEN}).status_code == 200
+    with pytest.raises(CollocateError, match="too short"):
+        create_app(source, token="short")
+
+
+def test_metrics_endpoint_serves_the_registry(source):
+    sink = PrometheusSink()
+    client = TestClient(create_app(source, registry=sink.registry))
+    r = client.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    assert "# TYPE collocate_gpu_memory_used_bytes gauge" in r.text
+
+
+def test_serve_in_thread_local_only_without_token_and_stops(source):
+    import httpx
+
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and not is_loopback("0.0.0.0")
+    with pytest.raises(CollocateError, match="without a token"):
+        serve_in_thread(create_app(source), "0.0.0.0", 0)
+    server = serve_in_thread(create_app(source), "127.0.0.1", 0)
+    try:
+        assert httpx.get(server.url + "api/gpus", timeout=10).status_code == 200
+    finally:
+        server.stop()
+    assert not server.thread.is_alive()
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(server.url, timeout=2)

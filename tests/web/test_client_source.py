@@ -1,0 +1,96 @@
+"""`ClientSource` (the dashboard over the daemon's socket API) against a real daemon process."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from collocate.daemon.client import Client
+from collocate.web.client_source import ClientSource
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+        except Exception:  # noqa: BLE001 - not ready yet
+            value = None
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def daemon(tmp_path: Path):
+    state = tmp_path / "state"
+    log = open(tmp_path / "daemon.log", "wb")  # noqa: SIM115 - closed at teardown
+    proc = subprocess.Popen([sys.executable, "-m", "collocate.cli", "serve", "--state-dir",
+                             str(state), "--gpus", "emulated:2xA100-40GB", "--period", "0.2"],
+                            stdout=log, stderr=subprocess.STDOUT)
+    client = Client(state, timeout_s=30)
+    try:
+        wait_for(lambda: client.request("ping"), 60, "the daemon to answer")
+        yield client
+    finally:
+        jobs = []
+        try:
+            jobs = client.request("ls", all=True)
+        except Exception:  # noqa: BLE001 - the daemon may be gone already
+            pass
+        for job in jobs:
+            if job["state"] in ("pending", "running"):
+                try:
+                    client.request("cancel", id=job["id"])
+                except Exception:  # noqa: BLE001
+                    pass
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
+
+
+@pytest.mark.slow
+def test_client_source_shows_the_daemon_gpus_jobs_and_logs(daemon, tmp_path):
+    source = ClientSource(daemon, allow_submit=True, cwd=tmp_path)
+    gpus = source.gpus()
+    assert [g["type"] for g in gpus] == ["A100-40GB", "A100-40GB"]
+    job_id = source.submit([sys.executable, "-m", "collocate.cli", "emulate-job", "--mem",
+                            "2GiB", "--seconds", "30", "--ramp", "0"], name="web", mem="3GiB")
+    running = wait_for(lambda: [j for j in source.jobs()
+                                if j["id"] == job_id and j["state"] == "running"],
+                       60, "the job to run")
+    assert running[0]["name"] == "web"
+    wait_for(lambda: any(job_id in g["jobs"] and (g["used_mib"] or 0) >= 2048
+                         for g in source.gpus()), 60, "the job's memory on a GPU")
+    detail = source.job(job_id)
+    assert detail is not None and detail["argv"][-1] == "0" and source.job("999") is None
+    text = wait_for(lambda: source.log_tail(job_id, 4096), 60, "the job's output")
+    assert "emulated job pid" in text
+    assert source.log_tail(job_id, 10) == text[-10:]
+    assert "daemon" in source.status()
+    assert not hasattr(ClientSource(daemon), "submit")  # read-only unless asked
+
+
+@pytest.mark.slow
+def test_dashboard_command_serves_a_running_daemon(daemon):
+    import httpx
+
+    proc = subprocess.Popen([sys.executable, "-m", "collocate.cli", "dashboard", "--state-dir",
+                             str(daemon.state_dir), "--port", "0"],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stderr.readline()
+        assert line.startswith("dashboard on http://127.0.0.1:"), line
+        url = line.split()[2]
+        gpus = httpx.get(url + "api/gpus", timeout=10).json()
+        assert len(gpus) == 2 and gpus[0]["type"] == "A100-40GB"
+        assert httpx.get(url, timeout=10).text.startswith("<!doctype html>")
+        assert httpx.post(url + "api/jobs", json={"argv": ["true"]}, timeout=10).status_code == 501
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=20) == 0
