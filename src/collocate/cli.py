@@ -8,11 +8,10 @@ Heavy imports (torch, matplotlib) happen inside commands, so ``collocate --help`
 from __future__ import annotations
 
 import importlib
-import sys
 
 import typer
 
-from collocate.errors import CollocateError
+from collocate.cli_errors import run
 
 app = typer.Typer(
     name="collocate",
@@ -45,11 +44,7 @@ for _name in COMMAND_MODULES:
 
 
 def main() -> None:
-    try:
-        app()
-    except CollocateError as exc:
-        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
-        sys.exit(2)
+    run(app)
 
 
 if __name__ == "__main__":

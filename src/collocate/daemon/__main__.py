@@ -6,12 +6,10 @@ The same commands as ``collocate``, without importing every other area's CLI: fa
 
 from __future__ import annotations
 
-import sys
-
 import typer
 
+from collocate.cli_errors import run
 from collocate.daemon.cli import register
-from collocate.errors import CollocateError
 
 app = typer.Typer(name="collocate-daemon", no_args_is_help=True, add_completion=False,
                   pretty_exceptions_enable=False)
@@ -19,11 +17,7 @@ register(app)
 
 
 def main() -> None:
-    try:
-        app()
-    except CollocateError as exc:
-        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
-        sys.exit(2)
+    run(app)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from collocate.errors import UnknownNameError
+from collocate import gputypes
 
 MIB = 1 << 20
 CUBLAS_WS_SM90 = 4096 * 8 * 1024
@@ -35,11 +35,11 @@ CUDNN_WS_CAP = 1 << 30
 
 @dataclass(frozen=True)
 class GpuType:
-    """One GPU model: capacity, compute capability and context size (MiB)."""
+    """One GPU model as the estimator needs it: capacity, compute capability, context size."""
 
     name: str
     total_mib: int
-    sm: int
+    sm: int  # compute capability, e.g. 90 for Hopper
     context_mib: float
     context_uncertainty_mib: float
 
@@ -48,18 +48,14 @@ class GpuType:
         return CUBLAS_WS_SM90 if self.sm >= 90 else CUBLAS_WS_DEFAULT
 
 
-# total_mib: the marketed capacity in MiB (what NVML reports is slightly less).
-GPU_TYPES: dict[str, GpuType] = {
-    g.name: g
-    for g in (
-        GpuType("A100-40GB", 40960, 80, 500.0, 200.0),
-        GpuType("A100-80GB", 81920, 80, 500.0, 200.0),
-        GpuType("H100-80GB", 81920, 90, 600.0, 200.0),
-        GpuType("H200-141GB", 144384, 90, 600.0, 200.0),
-        GpuType("L4-24GB", 24576, 89, 450.0, 200.0),
-        GpuType("V100-32GB", 32768, 70, 450.0, 200.0),
-    )
-}
+def _overheads(t: gputypes.GpuType) -> GpuType:
+    # Placeholder context sizes (see the module docstring): 600 MiB on Hopper, 500 MiB before.
+    context = 600.0 if t.compute_capability >= 90 else 500.0
+    return GpuType(t.name, t.memory_mib, t.compute_capability, context, 200.0)
+
+
+# The GPU types are collocate.gputypes' (one table for the scheduler, simulator and estimator).
+GPU_TYPES: dict[str, GpuType] = {name: _overheads(t) for name, t in gputypes.GPU_TYPES.items()}
 
 DEFAULT_GPU = "A100-80GB"
 
@@ -68,10 +64,7 @@ def gpu_type(name: str | None) -> GpuType:
     """Look a GPU type up by name (case-insensitive); the error lists the known ones."""
     if name is None:
         return GPU_TYPES[DEFAULT_GPU]
-    for key, g in GPU_TYPES.items():
-        if key.lower() == name.lower():
-            return g
-    raise UnknownNameError("GPU type", name, list(GPU_TYPES))
+    return GPU_TYPES[gputypes.gpu_type(name).name]
 
 
 def cudnn_workspace_bytes(largest_conv_bytes: int) -> int:
@@ -81,12 +74,4 @@ def cudnn_workspace_bytes(largest_conv_bytes: int) -> int:
 
 def gpu_type_from_device_name(device_name: str) -> GpuType | None:
     """Map an NVML/CUDA device name ("NVIDIA H100 80GB HBM3") to a known type, or None."""
-    n = device_name.upper().replace("-", " ")
-    for family in ("H200", "H100", "A100", "L4", "V100"):
-        if family in n.split() or f"{family} " in n or n.endswith(family):
-            sizes = [g for g in GPU_TYPES.values() if g.name.startswith(family)]
-            for g in sizes:
-                if g.name.split("-")[1].upper().replace("GB", "") + "GB" in n.replace(" ", ""):
-                    return g
-            return sizes[0] if sizes else None
-    return None
+    return GPU_TYPES.get(gputypes.type_name_from_product(device_name))

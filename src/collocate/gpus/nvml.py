@@ -14,7 +14,6 @@ Every call that may be unsupported is wrapped: unsupported means None in the sam
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ from typing import Any
 from collocate.errors import CollocateError
 from collocate.gpus.base import DeviceInfo, DeviceSample, ProcessUsage
 from collocate.gpus.mig_profiles import profile_from_device_name, profile_from_slices
-from collocate.gputypes import GPU_TYPES
+from collocate.gputypes import GPU_TYPES, type_name_from_product
 from collocate.model import GpuId
 
 _MIB = 1024 * 1024
@@ -38,32 +37,6 @@ class NoGpuError(CollocateError):
 
 
 # -- pure helpers --------------------------------------------------------------------------
-
-_PRODUCTS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
-    (re.compile(p, re.IGNORECASE), name)
-    for p, name in (
-        (r"\bA100\b.*\b80\s?GB\b", "A100-80GB"),
-        (r"\bA100\b.*\b40\s?GB\b", "A100-40GB"),
-        (r"\bH100\b.*\b80\s?GB\b.*\bHBM3\b", "H100-80GB"),  # SXM5; PCIe/NVL parts differ
-        (r"\bH200\b", "H200-141GB"),
-        (r"\bL4\b", "L4-24GB"),
-        (r"\bRTX\s?4090\b", "RTX4090-24GB"),
-    )
-)
-
-
-def type_name_from_product(product: str) -> str:
-    """Our GPU type name for an NVML product name, or the product name itself when unknown.
-
-    "NVIDIA H100 80GB HBM3" → "H100-80GB"; "NVIDIA A100-SXM4-40GB" → "A100-40GB". A MIG device
-    name ("NVIDIA A100-SXM4-40GB MIG 3g.20gb") maps to its parent's type.
-    """
-    base = re.split(r"\s+MIG\s+", product, maxsplit=1)[0]
-    for pattern, name in _PRODUCTS:
-        if pattern.search(base):
-            return name
-    return base.strip()
-
 
 def bytes_to_mib(value: float | None) -> float | None:
     return None if value is None else value / _MIB
