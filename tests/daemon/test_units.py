@@ -80,6 +80,10 @@ def test_launch_plan_is_exact(tmp_path):
     same_user = plan_launch(job, spec, placement, ("GPU-a", "GPU-b"), attempt=2, attempt_dir=tmp_path,
                             sharing=SharingMode.TIME_SLICING, emulated_dir=None, daemon_uid=1000)
     assert same_user.uid is None and "--uid" not in same_user.argv
+    # log_metric() appends to the attempt's metrics file; a job run as another user by a root
+    # daemon gets none (it could not write the state dir), so its log_metric is a no-op.
+    assert same_user.env["COLLOCATE_METRICS_FILE"] == str(tmp_path / "metrics.jsonl")
+    assert "COLLOCATE_METRICS_FILE" not in plan.env
 
 
 def test_launch_plan_mps_limits_from_the_estimate(tmp_path):

@@ -70,7 +70,15 @@ def serve(
     window: Annotated[int, typer.Option("--window", help="Samples in the utilization window.")] = 30,
     group: Annotated[str | None, typer.Option("--group", help="Also serve members of this group.")] = None,
     tcp: Annotated[str | None, typer.Option("--tcp", help="Also listen on HOST:PORT (needs --token-file).")] = None,
-    token_file: Annotated[Path | None, typer.Option("--token-file", help="File holding the TCP token.")] = None,
+    token_file: Annotated[Path | None, typer.Option("--token-file", help="File holding the access "
+                          "token for --tcp and --dashboard.")] = None,
+    dashboard: Annotated[str | None, typer.Option("--dashboard", help="Serve the web dashboard and "
+                         "Prometheus /metrics on [HOST:]PORT (127.0.0.1 unless HOST; 0 = any free "
+                         "port; beyond localhost needs --token-file).")] = None,
+    mlflow: Annotated[bool, typer.Option("--mlflow", help="One MLflow run per job, in a local "
+                      "SQLite store under the state dir (needs the mlflow extra: pip install 'collocate\\[mlflow]').")] = False,
+    mlflow_uri: Annotated[str | None, typer.Option("--mlflow-uri", help="MLflow tracking URI "
+                          "instead of the local store (implies --mlflow).")] = None,
     retry_growth: Annotated[float, typer.Option("--oom-growth", help="OOM: new requirement = peak x this + margin.")] = 1.25,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log every job event.")] = False,
 ) -> None:
@@ -95,17 +103,15 @@ def serve(
             gid = grp.getgrnam(group).gr_gid
         except KeyError:
             raise InputError(f"no group {group!r} on this machine") from None
-    tcp_addr, token = None, None
+    tcp_addr, token = None, _read_token(token_file)
     if tcp is not None:
         host, _, port = tcp.rpartition(":")
         if not host or not port.isdigit():
             raise InputError(f"cannot read --tcp {tcp!r}", hint="write HOST:PORT, e.g. 127.0.0.1:7070")
-        if token_file is None:
+        if token is None:
             raise InputError("--tcp needs --token-file", hint="put a long random token in a file only you can read")
-        token = token_file.read_text().strip()
-        if len(token) < 16:
-            raise InputError("the token is too short", hint="use at least 16 random characters")
         tcp_addr = (host, int(port))
+    tracking = _tracking_config(dashboard, token, mlflow, mlflow_uri)
     stream = logging.StreamHandler()  # the file log in the state dir always gets INFO
     stream.setLevel(logging.INFO if verbose else logging.WARNING)
     stream.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
@@ -113,14 +119,55 @@ def serve(
     config = ServeConfig(
         state_dir=resolve_state_dir(state_dir), gpus=gpus, policy=policy, policy_params=params,
         sharing=SharingMode(sharing), period_s=period, window=window, allow_gid=gid, tcp=tcp_addr,
-        token=token, rules=RecoveryRules(growth=retry_growth),
+        token=token if tcp_addr is not None else None, rules=RecoveryRules(growth=retry_growth),
+        tracking=tracking,
     )
 
     def ready(service) -> None:
         typer.echo(f"collocate daemon: {len(service.monitor.devices)} GPU(s) ({service.backend.name}), "
                    f"policy {policy}, state {service.layout.root}", err=True)
+        server = service.tracking.dashboard_server
+        if server is not None:
+            typer.echo(f"dashboard on {server.url}" + ("?token=..." if tracking.dashboard_token else "")
+                       + f" (Prometheus: {server.url}metrics)", err=True)
 
     run_daemon(config, on_ready=ready)
+
+
+def _read_token(token_file: Path | None) -> str | None:
+    if token_file is None:
+        return None
+    try:
+        token = token_file.read_text().strip()
+    except OSError as exc:
+        raise InputError(f"cannot read --token-file {token_file}: {exc}",
+                         hint="give a file you can read holding one long random token") from exc
+    if len(token) < 16:
+        raise InputError("the token is too short", hint="use at least 16 random characters, "
+                         "e.g. `openssl rand -hex 16 > token`")
+    return token
+
+
+def _tracking_config(dashboard: str | None, token: str | None, mlflow: bool,
+                     mlflow_uri: str | None):
+    """Validate the monitoring options before anything starts (a clear error, not a half-up daemon)."""
+    from collocate.daemon.tracking import (
+        TrackingConfig,
+        check_dashboard,
+        check_mlflow,
+        parse_dashboard,
+    )
+
+    addr = None
+    if dashboard is not None:
+        addr = parse_dashboard(dashboard)
+        check_dashboard(addr, token)
+    uri = None
+    if mlflow or mlflow_uri is not None:
+        check_mlflow()
+        uri = mlflow_uri or ""
+    return TrackingConfig(dashboard=addr, dashboard_token=token if addr is not None else None,
+                          mlflow_uri=uri)
 
 
 def submit(
@@ -246,15 +293,23 @@ def gpus(
     fmt: Annotated[str, typer.Option("--format", help="table or json.")] = "table",
     state_dir: StateDirOpt = None,
 ) -> None:
-    """GPUs as the daemon sees them: memory, SM activity, jobs on each."""
+    """GPUs as the daemon sees them: memory, SM activity, jobs on each; tracking if degraded."""
     from collocate.daemon import render
 
+    if fmt not in ("table", "json"):
+        raise InputError(f"unknown format {fmt!r}", hint="use table or json")
     client = _client(state_dir)
     if fmt == "json":
-        typer.echo(json.dumps(client.request("gpus"), indent=1))
+        ping = client.request("ping")
+        typer.echo(json.dumps({"gpus": client.request("gpus"),
+                               "tracking_degraded": ping.get("tracking_degraded", False),
+                               "tracking": ping.get("tracking", [])}, indent=1))
         return
     if not watch:
         render.console().print(render.gpu_table(client.request("gpus")))
+        degraded = render.tracking_line(client.request("ping"))
+        if degraded is not None:
+            render.console().print(degraded, style="red", markup=False)
         return
     from rich.live import Live
 

@@ -21,6 +21,7 @@ from collocate.daemon.paths import attempt_files
 from collocate.daemon.spec import JobSpec
 from collocate.gpus.mps import MpsDirs, mps_client_env
 from collocate.model import Job, Placement, SharingMode
+from collocate.monitor.job_metrics import metrics_env
 
 ENV_EMULATED_DIR = "COLLOCATE_EMULATED_DIR"  # the emulated backend's contract with its jobs
 
@@ -77,6 +78,8 @@ def plan_launch(
         env.update(mps_env(job, placement, mps_dirs))
     daemon_uid = os.getuid() if daemon_uid is None else daemon_uid
     as_other = daemon_uid == 0 and spec.uid not in (-1, 0)
+    if not as_other:  # where log_metric() appends; a job run as another user cannot write the
+        env.update(metrics_env(attempt_dir))  # state dir, so it gets none (log_metric: no-op)
     as_user = ("--uid", str(spec.uid), "--gid", str(spec.gid)) if as_other else ()
     argv = (sys.executable, "-m", "collocate.daemon.runner", "--dir", str(attempt_dir), *as_user,
             "--", *spec.argv)

@@ -57,6 +57,33 @@ def print_detail(d: dict[str, Any]) -> None:
                       "-" if a["returncode"] is None else str(a["returncode"]),
                       a["outcome"] or "running", (a["reason"] or "")[:70])
     c.print(table)
+    for line in measured_lines(d.get("summary")):
+        c.print(line, markup=False)
+
+
+def measured_lines(summary: dict[str, Any] | None) -> list[str]:
+    """``collocate show``'s "measured" block from the monitoring store's ``JobSummary`` dict."""
+    if not summary:
+        return []
+    from collocate.monitor.report import summary_lines
+    from collocate.monitor.store import JobSummary
+
+    fields = {k: summary[k] for k in JobSummary.__slots__ if k in summary}  # type: ignore[attr-defined]
+    try:
+        s = JobSummary(**{**fields, "gpus": tuple(summary.get("gpus", ()))})
+    except TypeError:  # a daemon of another version: show nothing rather than fail
+        return []
+    return ["measured", *(f"  {line}" for line in summary_lines(s))]
+
+
+def tracking_line(ping: dict[str, Any]) -> str | None:
+    """"tracking degraded: mlflow (reason)" when a monitoring sink is failing, else None."""
+    bad = [t for t in ping.get("tracking", []) if t.get("degraded")]
+    if not bad:
+        return None
+    return "tracking degraded: " + "; ".join(
+        f"{t['sink']} ({t.get('reason') or 'unknown'}; {t.get('pending', 0)} pending, "
+        f"{t.get('dropped', 0)} dropped, retry in {t.get('retry_in_s', 0):.0f} s)" for t in bad)
 
 
 def gpu_table(rows: list[dict[str, Any]]) -> Table:

@@ -38,10 +38,14 @@ from collocate.daemon.runner import read_tail
 from collocate.daemon.server import ApiServer, Peer
 from collocate.daemon.spec import JobSpec, validate_submit
 from collocate.daemon.store import Attempt, Store, with_profile
+from collocate.daemon.tracking import Tracking, TrackingConfig
 from collocate.errors import CollocateError, InputError
 from collocate.gpus.base import GpuBackend
 from collocate.gpus.mps import MpsDirs
 from collocate.model import Job, JobState, Placement, SharingMode
+from collocate.monitor.job_metrics import METRICS_FILE_NAME
+from collocate.monitor.sampler import JobRef
+from collocate.monitor.sinks.base import JobInfo
 from collocate.policies import make_policy
 from collocate.policies.risk import WINDOW_SAMPLES
 from collocate.recovery import ExitReport, Outcome, RecoveryRules
@@ -67,6 +71,7 @@ class ServeConfig:
     token: str | None = None
     cancel_grace_s: float = 10.0
     rules: RecoveryRules = field(default_factory=RecoveryRules)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
 
 @dataclass(slots=True)
@@ -109,6 +114,7 @@ class Service:
             raise CollocateError("the GPU backend reports no devices",
                                  hint="check `nvidia-smi`, or use --gpus emulated:4xA100-40GB")
         self.uuid_of = {d.id: d.uuid for d in self.monitor.devices}
+        self.tracking = Tracking(self.layout.root, self.monitor.devices, self.config.tracking)
         self.emulated_dir = self.layout.emulated if self.backend.name == "emulated" else None
         if self.config.sharing is SharingMode.MPS and self.backend.name != "emulated":
             from collocate.gpus.mps import MpsControl
@@ -123,6 +129,7 @@ class Service:
         self.server = ApiServer(self.layout.socket, self.call, allow_gid=self.config.allow_gid,
                                 tcp=self.config.tcp, token=self.config.token)
         self.server.start()
+        self.tracking.start_dashboard(self.call)
         self.layout.pid_file.write_text(f"{os.getpid()}\n")
         log.info("serving %d GPU(s) with policy %s from %s", len(self.monitor.devices),
                  self.config.policy, self.layout.root)
@@ -142,6 +149,9 @@ class Service:
     def close(self) -> None:
         """Stop serving; running jobs keep running and are re-adopted by the next start."""
         self._stop.set()
+        self._refuse_waiting()
+        if hasattr(self, "tracking"):
+            self.tracking.close()  # the dashboard first: it asks the loop, which is stopping
         if hasattr(self, "server"):
             self.server.stop()
         if self.mps is not None:
@@ -158,6 +168,17 @@ class Service:
 
     def stop(self) -> None:
         self._stop.set()
+
+    def _refuse_waiting(self) -> None:
+        """Answer requests still queued at shutdown now, so no API or dashboard thread waits
+        ``REQUEST_TIMEOUT_S`` for a loop that has stopped."""
+        while True:
+            try:
+                *_, future = self._requests.get_nowait()
+            except queue.Empty:
+                return
+            future.set_exception(CollocateError("the daemon is shutting down",
+                                                hint="start it again with `collocate serve`"))
 
     def serve_forever(self) -> None:
         """Answer requests as they come; run a round whenever one is due (requests never starve it)."""
@@ -195,8 +216,10 @@ class Service:
             future.set_exception(exc)
 
     def op_ping(self, args: dict, peer: Peer) -> dict:
+        status = self.tracking.status()
         return {"pid": os.getpid(), "state_dir": str(self.layout.root), "policy": self.config.policy,
-                "gpus": len(self.monitor.devices), "draining": self.store.get_flag("draining")}
+                "gpus": len(self.monitor.devices), "draining": self.store.get_flag("draining"),
+                "tracking_degraded": status["degraded"], "tracking": status["tracking"]}
 
     def op_submit(self, args: dict, peer: Peer) -> dict:
         req = validate_submit(args, uid=peer.uid, gid=peer.gid, user=peer.user)
@@ -224,7 +247,8 @@ class Service:
         return views.job_rows(self.store, include_done=bool(args.get("all")), running=self.running)
 
     def op_show(self, args: dict, peer: Peer) -> dict:
-        return views.job_detail(self.store, self._job_id(args))
+        job_id = self._job_id(args)
+        return {**views.job_detail(self.store, job_id), "summary": self.tracking.summary(job_id)}
 
     def op_logs(self, args: dict, peer: Peer) -> dict:
         job_id = self._job_id(args)
@@ -244,6 +268,8 @@ class Service:
                 _signal_group(run.attempt.pid, signal.SIGTERM)
             return {"id": job_id, "state": "cancelling"}
         job = self.scheduler.cancel(job_id)
+        if job.attempts:  # requeued after an attempt: its tracking run is still open
+            self.tracking.job_ended(job_id, job.state.value)
         return {"id": job_id, "state": job.state.value}
 
     def op_gpus(self, args: dict, peer: Peer) -> list[dict]:
@@ -278,6 +304,7 @@ class Service:
             if run.proc is None or run.proc.poll() is None:
                 run.tracked.pids = frozenset(process_tree(run.attempt.pid or 0))
         self.monitor.refresh([r.tracked for r in self.running.values()], now)
+        self.tracking.tick(list(self.monitor.last.values()), self._job_refs())
         self._reap(now)
         if self.store.get_flag("draining") or not self.scheduler.queue:
             return
@@ -338,6 +365,8 @@ class Service:
         job = self.scheduler.job_exited(a.job_id, ExitReport(outcome, observed, reason))
         if outcome is Outcome.SUCCEEDED and peak is not None:
             self.store.record_history(spec.signature, peak, t.sm_mean)
+        if job.state.is_terminal:  # a requeued job keeps its tracking run for the next attempt
+            self.tracking.job_ended(a.job_id, job.state.value)
         log.info("job %s attempt %d: %s (%s) -> %s", a.job_id, a.n, outcome.value, reason, job.state.value)
 
     def _launch(self, placement: Placement, now: float) -> None:
@@ -366,6 +395,23 @@ class Service:
         self.store.update_attempt(attempt)
         tracked.pids = frozenset({proc.pid})
         self.running[job.id] = Running(attempt, tracked, proc)
+        self._track_start(job.id)
+
+    def _job_refs(self) -> dict[str, JobRef]:
+        """Running jobs as the sampler sees them: the runner's tree, owner, name, metrics file."""
+        return {job_id: JobRef(run.attempt.pid or 0, self.specs[job_id].user, run.tracked.job.name,
+                               Path(run.attempt.dir) / METRICS_FILE_NAME)
+                for job_id, run in self.running.items() if run.attempt.pid}
+
+    def _track_start(self, job_id: str) -> None:
+        """Tell the sinks a job (re)started, with the jobs already on its GPUs."""
+        run, spec = self.running[job_id], self.specs[job_id]
+        mine = set(run.tracked.uuids)
+        neighbours = sorted((j for j, r in self.running.items()
+                             if j != job_id and mine & set(r.tracked.uuids)), key=_job_key)
+        self.tracking.job_started(JobInfo(
+            job_id, run.tracked.job.name, spec.user, tuple(spec.argv), run.attempt.gpus,
+            self.config.sharing.value, self.config.policy, tuple(neighbours)))
 
     # -- restart -----------------------------------------------------------------------------
     def _restore(self) -> None:
@@ -386,6 +432,7 @@ class Service:
             if process_matches(a.pid, a.pid_started):
                 tracked.pids = frozenset(process_tree(a.pid or 0))
                 self.running[job_id] = run
+                self._track_start(job_id)
                 log.info("re-adopted job %s (runner pid %s)", job_id, a.pid)
             else:
                 self._ended(run, runner_status=None, adopted=True)
@@ -413,6 +460,10 @@ class Service:
         a = replace(a, pid=int(started["pid"]), pid_started=float(started["started"]))
         self.store.update_attempt(a)
         return a
+
+
+def _job_key(job_id: str) -> tuple[int, str]:
+    return (int(job_id), job_id) if job_id.isdigit() else (1 << 62, job_id)
 
 
 def _signal_group(pid: int | None, sig: int) -> None:

@@ -1,0 +1,169 @@
+"""The daemon's monitoring: ``Monitoring`` (sampler, store, sinks) and the optional dashboard.
+
+``Tracking`` is the only place the daemon's loop touches ``collocate.monitor`` and
+``collocate.web``, so ``service.py`` stays about scheduling. Why every call here is wrapped:
+monitoring is bookkeeping, scheduling is the daemon's job. The sinks are already behind
+``GuardedSink`` (a failing store or MLflow degrades tracking, visible in ``status()``), but the
+sampler itself may raise on an unexpected ``/proc`` or a programming error; such an error is
+logged (once per kind of call, then at debug level) and the loop carries on placing jobs.
+
+Threads: everything except the dashboard runs on the loop thread. The dashboard's web threads
+never touch the daemon's SQLite connection: they go through ``LoopRequester``, which hands each
+request to the loop exactly like a socket client does (``Service.call``), and read monitoring
+data from ``MonitorStore``, whose connection is guarded by its own lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from collocate.errors import CollocateError, InputError
+
+log = logging.getLogger("collocate.daemon")
+
+
+@dataclass(frozen=True)
+class TrackingConfig:
+    """What ``collocate serve`` asks of monitoring beyond the always-on sampler and store."""
+
+    dashboard: tuple[str, int] | None = None  # (host, port); port 0 picks a free one
+    dashboard_token: str | None = None
+    mlflow_uri: str | None = None  # "" = the local SQLite store under the state dir
+
+
+def parse_dashboard(text: str) -> tuple[str, int]:
+    """``"8765"`` → ``("127.0.0.1", 8765)``; ``"0.0.0.0:8765"`` → ``("0.0.0.0", 8765)``."""
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        host = "127.0.0.1"
+    host = host.strip("[]") or "127.0.0.1"
+    if not port.isdigit() or int(port) > 65535:
+        raise InputError(f"cannot read --dashboard {text!r}",
+                         hint="write PORT or HOST:PORT, e.g. --dashboard 8765 or 127.0.0.1:8765")
+    return host, int(port)
+
+
+def check_dashboard(addr: tuple[str, int], token: str | None) -> None:
+    """Refuse, before the daemon starts, a dashboard beyond localhost without a token."""
+    from collocate.web.server import is_loopback
+
+    if not is_loopback(addr[0]) and token is None:
+        raise InputError(f"--dashboard on {addr[0]} needs --token-file",
+                         hint="the page shows every user's commands and logs: bind to "
+                         "127.0.0.1 (and use an SSH tunnel), or give a token file")
+
+
+def check_mlflow() -> None:
+    """Fail before the daemon starts when ``--mlflow`` is asked for but MLflow is missing."""
+    import importlib.util
+
+    if importlib.util.find_spec("mlflow") is None:
+        raise CollocateError("--mlflow needs MLflow, which is not installed",
+                             hint="pip install 'collocate[mlflow]' (or run without --mlflow)")
+
+
+class LoopRequester:
+    """Requests from the dashboard's threads, answered by the daemon's loop (``Service.call``)."""
+
+    def __init__(self, call: Callable[[str, dict[str, Any], Any], Any]) -> None:
+        from collocate.daemon.server import Peer
+
+        self._call = call
+        self._peer = Peer(os.getuid(), os.getgid())  # the daemon's own user: reads everything
+
+    def request(self, op: str, **args: Any) -> Any:
+        return self._call(op, args, self._peer)
+
+
+class Tracking:
+    """Monitoring for one daemon; every method is safe to call and never raises into the loop."""
+
+    def __init__(self, state_dir: Path, devices: list, config: TrackingConfig) -> None:
+        from collocate.monitor.service import Monitoring
+        from collocate.monitor.sinks.prometheus import PrometheusSink
+
+        self.config = config
+        self.dashboard_server: Any = None
+        self._failed: set[str] = set()
+        sinks: list[Any] = []
+        self.prometheus = PrometheusSink(status=self._sink_status)
+        sinks.append(self.prometheus)
+        if config.mlflow_uri is not None:
+            from collocate.monitor.sinks.mlflow_sink import (
+                MlflowSink,
+                default_tracking_uri,
+            )
+
+            uri = config.mlflow_uri or default_tracking_uri(state_dir)
+            try:
+                sinks.append(MlflowSink(uri))
+            except CollocateError:
+                raise
+            except Exception as exc:  # MLflow refuses the URI itself (unknown scheme...)
+                raise CollocateError(f"cannot track in MLflow at {uri}: {exc}",
+                                     hint="check --mlflow-uri, or use --mlflow alone for the "
+                                     "local store under the state dir") from exc
+            log.info("tracking jobs in MLflow at %s", uri)
+        self.mon = Monitoring(state_dir, devices, sinks=sinks)
+
+    def _sink_status(self) -> list[dict[str, Any]]:
+        return self.mon.status()["tracking"]
+
+    # -- the loop's calls ---------------------------------------------------------------------
+    def tick(self, samples: list, jobs: Mapping[str, Any]) -> None:
+        """One sampling period, on the samples the scheduler's monitor already read."""
+        self._guard("tick", self.mon.tick, samples, jobs)
+
+    def job_started(self, info: Any) -> None:
+        self._guard("job_started", self.mon.job_started, info)
+
+    def job_ended(self, job_id: str, state: str) -> None:
+        self._guard("job_ended", self.mon.job_ended, job_id, state)
+
+    def summary(self, job_id: str) -> dict[str, Any] | None:
+        """The job's measured usage for ``collocate show`` (None before its first sample)."""
+        s = self._guard("summary", self.mon.store.job_summary, job_id)
+        return None if s is None else s.to_dict()
+
+    def status(self) -> dict[str, Any]:
+        return self.mon.status()
+
+    def _guard(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except Exception:
+            if what not in self._failed:
+                self._failed.add(what)
+                log.exception("monitoring (%s) failed; scheduling goes on without it", what)
+            else:
+                log.debug("monitoring (%s) failed again", what, exc_info=True)
+            return None
+
+    # -- dashboard ----------------------------------------------------------------------------
+    def start_dashboard(self, call: Callable[[str, dict[str, Any], Any], Any]) -> None:
+        """Serve the page, its JSON API and ``/metrics`` from a thread; ``call`` is ``Service.call``."""
+        if self.config.dashboard is None:
+            return
+        from collocate.web.app import create_app
+        from collocate.web.client_source import ClientSource
+        from collocate.web.server import serve_in_thread
+
+        source = ClientSource(LoopRequester(call), store=self.mon.store)
+        app = create_app(source, token=self.config.dashboard_token,
+                         registry=self.prometheus.registry)
+        host, port = self.config.dashboard
+        self.dashboard_server = serve_in_thread(app, host, port)
+        log.info("dashboard on %s (Prometheus metrics at %smetrics)", self.dashboard_server.url,
+                 self.dashboard_server.url)
+
+    def close(self) -> None:
+        """Stop the dashboard, then flush and close every sink (never raises)."""
+        if self.dashboard_server is not None:
+            self._guard("dashboard stop", self.dashboard_server.stop)
+            self.dashboard_server = None
+        self._guard("close", self.mon.close)

@@ -1,0 +1,109 @@
+"""End to end: monitoring wired into a real daemon on emulated GPUs.
+
+A job run under the daemon gets ``COLLOCATE_METRICS_FILE``, its own ``log_metric`` values are
+stored, ``collocate show`` prints its measured summary (energy and GPU-hours above zero), the
+daemon's dashboard serves its GPUs, jobs and Prometheus ``/metrics`` with per-GPU and per-job
+series, and ``--mlflow`` records one MLflow run per job in the local store under the state dir.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+from conftest import HERE, wait_for
+
+from collocate.monitor.store import MonitorStore, monitor_db_path
+
+METRIC_JOB = str(HERE / "metric_job.py")
+
+
+def metric_job(mem_mib: float, seconds: float) -> list[str]:
+    return [sys.executable, METRIC_JOB, str(mem_mib), str(seconds)]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return r.read().decode()
+
+
+def test_dashboard_metrics_summary_and_logged_metrics(daemons):
+    port = free_port()
+    d = daemons("--dashboard", f"127.0.0.1:{port}")
+    base = f"http://127.0.0.1:{port}"
+    job = d.submit(metric_job(1500, 3.0), mem="2GiB", name="logger")
+    d.wait_state(job, "running")
+
+    def scrape() -> str | None:
+        text = get(f"{base}/metrics")
+        mine = [line for line in text.splitlines()
+                if line.startswith("collocate_job_gpu_memory_bytes{") and f'job="{job}"' in line]
+        return text if mine and float(mine[0].split()[-1]) > 0 else None
+
+    text = wait_for(scrape, 20, "the running job's series at /metrics")
+    assert 'collocate_gpu_memory_used_bytes{gpu="' in text  # per GPU
+    assert f'collocate_job_energy_joules_total{{job="{job}"' in text  # per job
+    assert 'collocate_tracking_degraded{sink="store"} 0.0' in text
+    gpus = json.loads(get(f"{base}/api/gpus"))  # the daemon's own GPUs, through its loop
+    assert [g["type"] for g in gpus] == ["A100-40GB", "A100-40GB"]
+    assert any(job in g["jobs"] for g in gpus)
+
+    done = d.wait_state(job, "done", timeout=30)
+    s = done["summary"]
+    assert s is not None and s["energy_wh"] > 0 and s["gpu_hours"] > 0
+    assert 1400 <= s["peak_mib"] <= 1600 and s["mean_sm"] > 0
+    store = MonitorStore(monitor_db_path(d.state_dir))
+    try:
+        logged = [(m["key"], m["step"], m["value"]) for m in store.metrics(job)]
+    finally:
+        store.close()
+    assert logged == [("loss", i, 1.0 / (i + 1)) for i in range(5)]
+    detail = json.loads(get(f"{base}/api/jobs/{job}"))
+    assert detail["summary"]["energy_wh"] > 0 and [m["key"] for m in detail["metrics"]] == ["loss"] * 5
+    assert json.loads(get(f"{base}/api/status"))["tracking"][0]["sink"] == "store"
+
+    env = {**os.environ, "COLLOCATE_STATE_DIR": str(d.state_dir)}
+    cli = [sys.executable, "-m", "collocate.daemon"]
+    shown = subprocess.run([*cli, "show", job], env=env, capture_output=True, text=True,
+                           timeout=60, check=True).stdout
+    assert "measured" in shown and "energy" in shown and "GPU-hours" in shown
+    gpus_json = json.loads(subprocess.run([*cli, "gpus", "--format", "json"], env=env,
+                                          capture_output=True, text=True, timeout=60,
+                                          check=True).stdout)
+    assert gpus_json["tracking_degraded"] is False
+    assert {t["sink"] for t in gpus_json["tracking"]} == {"store", "prometheus"}
+    assert len(gpus_json["gpus"]) == 2
+
+
+def test_mlflow_records_one_run_per_job(daemons):
+    pytest.importorskip("mlflow")
+    from mlflow import MlflowClient
+
+    d = daemons("--mlflow")
+    jobs = [d.submit(metric_job(800, 0.5), mem="1GiB", name=f"m{i}") for i in range(2)]
+    for job in jobs:
+        d.wait_state(job, "done", timeout=30)
+    d.kill(signal.SIGTERM)  # the sink flushes on close
+    client = MlflowClient(tracking_uri=f"sqlite:///{Path(d.state_dir).absolute() / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("collocate")
+    runs = client.search_runs([experiment.experiment_id])
+    by_job = {r.data.tags["collocate.job_id"]: r for r in runs}
+    assert sorted(by_job) == sorted(jobs)  # one run per job, none twice
+    for job, run in by_job.items():
+        assert run.info.status == "FINISHED"
+        assert run.data.params["policy"] == "auto" and run.data.params["gpus"]
+        history = client.get_metric_history(run.info.run_id, "loss")
+        assert [(m.step, m.value) for m in history] == [(i, 1.0 / (i + 1)) for i in range(5)]
