@@ -17,15 +17,14 @@ Tables:
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 from collocate.daemon.spec import JobSpec
-from collocate.errors import CollocateError
 from collocate.model import Job, JobProfile, JobState
+from collocate.sqlite import open_wal
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -91,17 +90,7 @@ class Store:
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        try:
-            self.db = sqlite3.connect(self.path, isolation_level=None, timeout=30.0,
-                                      check_same_thread=False)
-            self.db.execute("PRAGMA journal_mode = WAL")
-            self.db.execute("PRAGMA synchronous = NORMAL")  # durable across process kills
-            self.db.executescript(_SCHEMA)
-        except sqlite3.Error as exc:
-            raise CollocateError(
-                f"cannot open the job store {self.path}: {exc}",
-                hint="check the state dir is writable and on a local file system",
-            ) from exc
+        self.db = open_wal(self.path, _SCHEMA, what="job store")
 
     def close(self) -> None:
         self.db.close()

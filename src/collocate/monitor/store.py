@@ -16,14 +16,13 @@ Two kinds of tables, on purpose:
 from __future__ import annotations
 
 import json
-import sqlite3
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from collocate.errors import CollocateError
 from collocate.monitor.sampler import Tick
+from collocate.sqlite import open_wal
 
 MONITOR_DB_NAME = "monitor.sqlite"
 
@@ -117,17 +116,7 @@ class MonitorStore:
         self.retention = retention or Retention()
         self._lock = threading.Lock()
         self._last_prune = float("-inf")
-        try:
-            self.db = sqlite3.connect(self.path, isolation_level=None, timeout=30.0,
-                                      check_same_thread=False)
-            self.db.execute("PRAGMA journal_mode = WAL")
-            self.db.execute("PRAGMA synchronous = NORMAL")
-            self.db.executescript(_SCHEMA)
-        except sqlite3.Error as exc:
-            raise CollocateError(
-                f"cannot open the monitoring store {self.path}: {exc}",
-                hint="check the directory is writable and on a local file system",
-            ) from exc
+        self.db = open_wal(self.path, _SCHEMA, what="monitoring store")
 
     def close(self) -> None:
         with self._lock:
