@@ -62,7 +62,7 @@ def test_dashboard_live_in_headless_chromium(tmp_path):
                 expect(cards).to_have_count(2)
                 expect(page.locator('.gpu[data-uuid="GPU-emu-web-0"]')).to_contain_text(
                     "12000 / 40536 MiB")
-                expect(page.locator('.gpu[data-uuid="GPU-emu-web-0"]')).to_contain_text("jobs: 1")
+                expect(page.locator('.gpu[data-uuid="GPU-emu-web-0"]')).to_contain_text("jobs: #1")
                 expect(page.locator('#running tr[data-job="1"]')).to_contain_text("resnet")
                 expect(page.locator('#queue tr[data-job="2"]')).to_contain_text("queued-bert")
                 expect(page.locator("#tracking")).to_contain_text("tracking degraded")
@@ -71,7 +71,7 @@ def test_dashboard_live_in_headless_chromium(tmp_path):
                 expect(page.locator(f'#running tr[data-job="{new_id}"]')).to_contain_text(
                     "added-during-test")  # appears by polling, no reload
                 expect(page.locator('.gpu[data-uuid="GPU-emu-web-1"]')).to_contain_text(
-                    f"jobs: {new_id}")
+                    f"jobs: #{new_id}")
 
                 page.fill("#cmd", "python train_gpt.py --lr 3e-4")
                 page.fill("#jobname", "from-the-form")

@@ -96,7 +96,7 @@ function renderGpus(gpus) {
       el("div", {"class": "sub"}, fmt(used) + " / " + fmt(g.total_mib) + " MiB"),
       el("div", {"class": "bar"}, el("div", {"class": frac > 0.9 ? "hot" : "",
                                               style: "width:" + (100 * frac).toFixed(1) + "%"})),
-      el("div", {"class": "sub"}, "util " + pct(g.util) + " | jobs: " + ((g.jobs || []).join(", ") || "none")),
+      el("div", {"class": "sub"}, "util " + pct(g.util) + " | jobs: " + ((g.jobs || []).map(j => "#" + j).join(", ") || "none")),
       spark(g.history || [], 210, 30, 1));
   }));
 }
