@@ -1,0 +1,448 @@
+"""Benchmark: shared data loading on CPU (collocate.share vs independent loaders vs tensorsocket).
+
+A CPU-bound pipeline (JPEG decode + random crop + flip + normalise on generated images) feeds K
+consumers that do almost nothing, so loading is the bottleneck. Side by side, in one run:
+
+  single       one DataLoader with W workers and one consumer: the reference throughput T1
+  independent  K consumers, each with its own DataLoader of W/K workers (same total workers)
+  share        one collocate.share producer (W workers) and K SharedLoader consumers
+  tensorsocket one tensorsocket 0.0.5 TensorProducer (W workers) and K TensorConsumers
+
+and reports aggregate samples/s (sum over consumers). Goal: share >= 0.9 * K * T1 and ahead of
+tensorsocket. A second part measures transport cost per batch against a plain memory copy.
+
+    python benchmarks/share_cpu.py            # full run, writes benchmarks/results/share_cpu-<date>.{json,md}
+    python benchmarks/share_cpu.py --quick    # short smoke run, prints only
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import itertools
+import json
+import math
+import multiprocessing as mp
+import os
+import platform
+import random
+import sys
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader, Dataset
+
+SIZE, CROP = 160, 128
+MEAN = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
+STD = torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
+CTX = mp.get_context("spawn")
+
+
+# ---------------------------------------------------------------- the pipeline
+def _jpeg(seed: int) -> bytes:
+    rng = np.random.default_rng(seed)
+    small = rng.integers(0, 256, size=(SIZE // 8, SIZE // 8, 3), dtype=np.uint8)
+    img = np.asarray(Image.fromarray(small).resize((SIZE, SIZE), Image.BICUBIC))
+    noisy = np.clip(img.astype(np.int16) + rng.integers(-12, 12, size=img.shape), 0, 255).astype(np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(noisy).save(out, format="JPEG", quality=90)
+    return out.getvalue()
+
+
+class JpegDataset(Dataset):
+    """Encoded JPEGs in memory; every access decodes and augments one (the CPU-heavy part)."""
+
+    def __init__(self, images: int, length: int) -> None:
+        self.images = [_jpeg(i) for i in range(images)]
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length  # long epochs, so no system's epoch-boundary cost dominates a short window
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        img = Image.open(io.BytesIO(self.images[i % len(self.images)])).convert("RGB")
+        x0, y0 = random.randint(0, SIZE - CROP), random.randint(0, SIZE - CROP)
+        img = img.crop((x0, y0, x0 + CROP, y0 + CROP))
+        if random.random() < 0.5:
+            img = img.transpose(Image.FLIP_LEFT_RIGHT)
+        x = torch.from_numpy(np.asarray(img, dtype=np.uint8).copy()).permute(2, 0, 1).float().div_(255)
+        return (x - MEAN) / STD, torch.tensor(i)
+
+
+def make_loader(workers: int, batch_size: int = 32, images: int = 128, length: int = 8192) -> DataLoader:
+    return DataLoader(JpegDataset(images, length), batch_size=batch_size, num_workers=workers, shuffle=True,
+                      persistent_workers=workers > 0, drop_last=True)
+
+
+# ---------------------------------------------------------------- process bodies
+def _measure(make_batches: Any, warmup: float, window: float, out: Any) -> None:
+    """Count samples that arrive in a fixed ``window`` starting ``warmup`` s after the first batch.
+
+    Iteration runs on a thread, so a consumer that receives nothing still reports on time (a
+    blocked iterator cannot stretch the window). Every batch is touched, as a training step would.
+    """
+    stamps: list[tuple[float, int]] = []
+
+    def loop() -> None:
+        batches = make_batches()
+        while True:
+            for x, _y in batches:
+                float(x[0, 0, 0, 0])
+                stamps.append((time.perf_counter(), len(x)))
+
+    threading.Thread(target=loop, daemon=True).start()
+    deadline = time.perf_counter() + 180
+    while not stamps and time.perf_counter() < deadline:
+        time.sleep(0.01)
+    if not stamps:
+        out.put((0, window))
+    else:
+        begin = stamps[0][0] + warmup
+        time.sleep(max(0.0, begin + window - time.perf_counter()))
+        out.put((sum(n for t, n in list(stamps) if begin <= t < begin + window), window))
+    out.close()
+    out.join_thread()
+    os._exit(0)
+
+
+def run_independent(workers: int, warmup: float, window: float, out: Any) -> None:
+    torch.set_num_threads(1)
+    _measure(lambda: make_loader(workers), warmup, window, out)
+
+
+def run_share_producer(name: str, workers: int, source: str) -> None:
+    torch.set_num_threads(1)
+    from collocate import share
+
+    share.serve(make_loader(workers) if source == "jpeg" else _memory_source(), name, slots=8)
+
+
+def run_share_consumer(name: str, warmup: float, window: float, out: Any) -> None:
+    torch.set_num_threads(1)
+    from collocate import share
+
+    _measure(lambda: share.SharedLoader(name, 32, connect_timeout=120), warmup, window, out)
+
+
+def run_ts_producer(workers: int, ports: tuple[int, int, int, int], source: str) -> None:
+    torch.set_num_threads(1)
+    from tensorsocket import TensorProducer
+
+    loader = make_loader(workers) if source == "jpeg" else _memory_source()
+    producer = TensorProducer(loader, port=ports[0], ack_port=ports[1], heart_ports=(ports[2], ports[3]),
+                              rubber_band_pct=0.02)
+    while True:
+        for _ in producer:
+            pass
+
+
+def run_ts_consumer(ports: tuple[int, int, int, int], warmup: float, window: float, out: Any) -> None:
+    torch.set_num_threads(1)
+    from tensorsocket import TensorConsumer
+
+    _measure(lambda: TensorConsumer(port=ports[0], ack_port=ports[1], heart_ports=(ports[2], ports[3]),
+                                    batch_size=32), warmup, window, out)
+
+
+class _MemorySource:
+    """Pre-made CIFAR-sized batches (no decode): isolates the transport in the light comparison."""
+
+    def __init__(self) -> None:
+        self.batches = [(torch.randn(32, 3, 32, 32), torch.arange(32)) for _ in range(16)]
+
+    def __len__(self) -> int:
+        return 256
+
+    def __iter__(self) -> Any:
+        return (self.batches[i % 16] for i in range(256))
+
+
+class _Cycle:
+    """``length`` batches per epoch, cycling through a few pre-made ones."""
+
+    def __init__(self, batches: list[Any], length: int) -> None:
+        self.batches, self.length = batches, length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __iter__(self) -> Any:
+        return (self.batches[i % len(self.batches)] for i in range(self.length))
+
+
+def _memory_source() -> _MemorySource:
+    return _MemorySource()
+
+
+def _gather(procs: list[Any], queue: Any, k: int, timeout: float) -> float:
+    import queue as queue_mod
+
+    results: list[tuple[int, float]] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while len(results) < k:
+            try:
+                results.append(queue.get(timeout=1.0))
+            except queue_mod.Empty:
+                dead = [p for p in procs if p.exitcode not in (None, 0)]
+                if dead or time.monotonic() > deadline:
+                    raise RuntimeError(f"benchmark processes failed (exit codes {[p.exitcode for p in procs]})")
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+    return sum(n / t for n, t in results)
+
+
+def bench_mode(mode: str, k: int, workers: int, warmup: float, window: float, seq: int,
+               source: str = "jpeg") -> float:
+    queue = CTX.Queue()
+    procs: list[Any] = []
+    timeout = warmup + window + 120
+    if mode == "single":
+        procs.append(CTX.Process(target=run_independent, args=(workers, warmup, window, queue)))
+        k = 1
+    elif mode == "independent":
+        procs += [CTX.Process(target=run_independent, args=(max(1, workers // k), warmup, window, queue))
+                  for _ in range(k)]
+    elif mode == "share":
+        name = f"bench-{os.getpid()}-{seq}"
+        procs.append(CTX.Process(target=run_share_producer, args=(name, workers, source)))
+        procs += [CTX.Process(target=run_share_consumer, args=(name, warmup, window, queue)) for _ in range(k)]
+    elif mode == "tensorsocket":
+        base = 20000 + (os.getpid() % 1000) * 20 + seq * 4
+        ports = (base, base + 1, base + 2, base + 3)
+        procs.append(CTX.Process(target=run_ts_producer, args=(workers, ports, source)))
+        procs += [CTX.Process(target=run_ts_consumer, args=(ports, warmup, window, queue)) for _ in range(k)]
+    for p in procs:
+        p.start()
+    return _gather(procs, queue, k, timeout)
+
+
+# ---------------------------------------------------------------- transport cost
+def _transport_producer(name: str, shape: tuple[int, ...], n_batches: int) -> None:
+    from collocate import share
+
+    batches = [(torch.randn(*shape), torch.arange(shape[0])) for _ in range(n_batches)]
+    share.serve(_Cycle(batches, 512), name, slots=8)  # long epochs: measure the steady state
+
+
+def _transport_consumer(name: str, batch: int, count: int, out: Any) -> None:
+    from collocate import share
+
+    loader = share.SharedLoader(name, batch, connect_timeout=120)
+    stamps: list[float] = []
+    while len(stamps) < count + 8:
+        for x, _ in loader:
+            float(x[0].flatten()[0])
+            stamps.append(time.perf_counter())
+            if len(stamps) >= count + 8:
+                break
+    gaps = sorted(b - a for a, b in itertools.pairwise(stamps[8:]))  # steady state: skip the first fill
+    out.put(gaps[len(gaps) // 2])
+
+
+def _median_copy_s(srcs: list[torch.Tensor], dsts: list[torch.Tensor], reps: int) -> float:
+    times = []
+    for i in range(reps):
+        t0 = time.perf_counter()
+        dsts[i % len(dsts)].copy_(srcs[i % len(srcs)])
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]
+
+
+def bench_transport(shape: tuple[int, ...], count: int, seq: int) -> dict[str, float]:
+    """Per-batch cost of the share pipeline vs a plain copy of the batch (medians; shared machine).
+
+    Two baselines: the same source into the same destination (cache-hot, the cheapest possible
+    copy), and 16 sources into 8 rotating destinations, which is the memory traffic the ring
+    itself sees (16 distinct source batches, 8 slots).
+    """
+    srcs = [torch.randn(*shape) for _ in range(16)]
+    dsts = [torch.empty(*shape) for _ in range(8)]
+    reps = max(32, min(400, int(4e9 / srcs[0].nbytes)))
+    hot_s = _median_copy_s(srcs[:1], dsts[:1], reps)
+    rotating_s = _median_copy_s(srcs, dsts, reps)
+    del srcs, dsts
+    queue = CTX.Queue()
+    name = f"transport-{os.getpid()}-{seq}"
+    procs = [CTX.Process(target=_transport_producer, args=(name, shape, 16)),
+             CTX.Process(target=_transport_consumer, args=(name, shape[0], count, queue))]
+    for p in procs:
+        p.start()
+    try:
+        per_batch = queue.get(timeout=180)
+    finally:
+        for p in procs:
+            p.terminate()
+            p.join(10)
+    return {"batch_mib": 4 * math.prod(shape) / 2**20, "memcpy_hot_ms": hot_s * 1e3,
+            "memcpy_rotating_ms": rotating_s * 1e3, "share_ms_per_batch": per_batch * 1e3,
+            "ratio_vs_rotating": per_batch / rotating_s, "ratio_vs_hot": per_batch / hot_s}
+
+
+# ---------------------------------------------------------------- report
+def machine() -> dict[str, Any]:
+    model = platform.processor() or "unknown"
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            model = next((ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")), model)
+    except OSError:
+        pass
+    return {"cpu_model": model, "cores": os.cpu_count(), "device": "cpu", "torch": torch.__version__,
+            "python": platform.python_version(), "os": platform.platform(),
+            "load_average_at_start": os.getloadavg()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workers", type=int, default=4, help="total DataLoader workers per configuration")
+    ap.add_argument("--consumers", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--rounds", type=int, default=2, help="interleaved repetitions; medians are reported")
+    ap.add_argument("--warmup", type=float, default=3.0)
+    ap.add_argument("--window", type=float, default=6.0)
+    ap.add_argument("--quick", action="store_true", help="one short round, no result files")
+    ap.add_argument("--skip-tensorsocket", action="store_true")
+    args = ap.parse_args()
+    if args.quick:
+        args.rounds, args.warmup, args.window = 1, 2.0, 3.0
+    info = machine()
+    print(json.dumps(info), flush=True)
+    modes = ["independent", "share"] + ([] if args.skip_tensorsocket else ["tensorsocket"])
+    samples: dict[str, list[float | None]] = {}
+    errors: dict[str, str] = {}
+    seq = 0
+
+    def record(key: str, fn: Any) -> None:
+        nonlocal seq
+        seq += 1
+        try:
+            value: float | None = fn(seq)
+        except Exception as exc:  # noqa: BLE001 - recorded in the results, not hidden
+            value, errors[key] = None, repr(exc)
+        samples.setdefault(key, []).append(value)
+        print(f"{key}: {value}", flush=True)
+
+    for _ in range(args.rounds):  # interleaved so load from other users hits every configuration alike
+        record("single", lambda q: bench_mode("single", 1, args.workers, args.warmup, args.window, q))
+        for k in args.consumers:
+            for mode in modes:
+                record(f"{mode}/K={k}", lambda q, m=mode, k=k: bench_mode(m, k, args.workers, args.warmup,
+                                                                        args.window, q))
+        for mode in modes[1:]:
+            record(f"light-{mode}/K=2", lambda q, m=mode: bench_mode(m, 2, 0, args.warmup, args.window, q, "memory"))
+
+    med = {key: _median(vals) for key, vals in samples.items()}
+    t1 = med["single"]
+    rows = []
+    for k in args.consumers:
+        row: dict[str, Any] = {"K": k, "single_T1": t1, **{m: med.get(f"{m}/K={k}") for m in modes}}
+        row["share_over_K_T1"] = row["share"] / (k * t1) if row["share"] and t1 else None
+        row["independent_over_T1"] = row["independent"] / t1 if row["independent"] and t1 else None
+        row["share_over_tensorsocket"] = (row["share"] / row["tensorsocket"]
+                                          if row.get("tensorsocket") and row["share"] else None)
+        rows.append(row)
+    light = {m: med.get(f"light-{m}/K=2") for m in modes[1:]}
+    ts_pickle = None if args.skip_tensorsocket else tensorsocket_pickle()
+    transport = []
+    for i, shape in enumerate([(32, 3, 32, 32), (32, 3, 128, 128), (64, 3, 224, 224)]):
+        transport.append({"shape": list(shape), **bench_transport(shape, 30 if args.quick else 200, 1000 + i)})
+        print(f"transport {shape}: {transport[-1]}", flush=True)
+    result = {"benchmark": "share_cpu", "date": datetime.now(UTC).isoformat(timespec="seconds"),
+              "machine": info, "settings": vars(args), "throughput": rows, "light_pipeline_K2": light, "tensorsocket_pickle": ts_pickle,
+              "all_measurements": samples, "errors": errors, "transport": transport}
+    if args.quick:
+        print(json.dumps(result, indent=2))
+        return
+    out_dir = Path(__file__).parent / "results"
+    out_dir.mkdir(exist_ok=True)
+    stem = out_dir / f"share_cpu-{datetime.now(UTC):%Y-%m-%d}"
+    stem.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+    stem.with_suffix(".md").write_text(markdown(result))
+    print(f"wrote {stem}.json and .md")
+
+
+def tensorsocket_pickle() -> dict[str, float]:
+    """Bytes tensorsocket's CPU path sends for one consumer batch (it pickles the whole storage)."""
+    import pickle
+    import warnings
+
+    from tensorsocket.payload import TensorPayload
+
+    producer_batch = torch.randn(8 * 32, 3, CROP, CROP)  # producer_batch_size=8 loader batches of 32
+    piece = producer_batch[:32]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        size = len(pickle.dumps(TensorPayload(piece)))
+    return {"slice_mib": piece.nbytes / 2**20, "pickled_mib": size / 2**20}
+
+
+def _median(values: list[float | None]) -> float | None:
+    ok = sorted(v for v in values if v is not None)
+    if not ok:
+        return None
+    mid = len(ok) // 2
+    return ok[mid] if len(ok) % 2 else (ok[mid - 1] + ok[mid]) / 2
+
+
+def markdown(result: dict[str, Any]) -> str:
+    m = result["machine"]
+    singles = [v for v in result["all_measurements"]["single"] if v]
+    t1_max = max(singles) if singles else None
+    lines = [
+        f"# share_cpu — {result['date']}", "",
+        (f"Machine: {m['cpu_model']}, {m['cores']} cores, device {m['device']}, torch {m['torch']}, "
+         f"load average at start {tuple(round(x, 1) for x in m['load_average_at_start'])} (shared machine)."), "",
+        (f"Aggregate samples/s over all consumers (medians of {result['settings']['rounds']} interleaved rounds); "
+         f"{result['settings']['workers']} DataLoader workers in every configuration; batch 32 of 3x128x128 "
+         "float32. T1 is the single-loader median; the conservative ratio uses the best single-loader run."), "",
+        ("| K | single loader T1 | (a) independent | (b) collocate.share | (c) tensorsocket 0.0.5 | (b) / (K·T1) "
+         "| (b) / (K·best T1) | (b) / (a) | (b) / (c) |"),
+        "|---|---|---|---|---|---|---|---|---|"]
+    fmt = lambda v: "failed" if v is None else f"{v:.0f}"
+    for r in result["throughput"]:
+        ratio_c = r.get("share_over_tensorsocket")
+        best = r["share"] / (r["K"] * t1_max) if r.get("share") and t1_max else None
+        vs_a = r["share"] / r["independent"] if r.get("share") and r.get("independent") else None
+        lines.append(f"| {r['K']} | {r['single_T1']:.0f} | {fmt(r.get('independent'))} | {fmt(r.get('share'))} | "
+                     f"{fmt(r.get('tensorsocket'))} | {_ratio(r['share_over_K_T1'])} | {_ratio(best)} | "
+                     f"{_ratio(vs_a)} | {_ratio(ratio_c)} |")
+    raw = "; ".join(f"{k}: {', '.join(fmt(v) for v in vals)}" for k, vals in result["all_measurements"].items())
+    lines += ["", f"All runs (samples/s): {raw}."]
+    amp = result.get("tensorsocket_pickle")
+    if amp:
+        lines += ["", (f"tensorsocket CPU path, measured: one consumer batch of {amp['slice_mib']:.1f} MiB (a slice of "
+                       f"an 8-loader-batch producer batch) pickles to {amp['pickled_mib']:.1f} MiB, because its "
+                       "payload pickles the whole underlying storage; every message then crosses loopback TCP.")]
+    light = result["light_pipeline_K2"]
+    lines += ["", "Light pipeline (pre-made 32x3x32x32 batches in memory, no decode; K = 2; isolates the transport):", "",
+              "| (b) collocate.share | (c) tensorsocket 0.0.5 |", "|---|---|",
+              f"| {fmt(light.get('share'))} | {fmt(light.get('tensorsocket'))} |"]
+    if result["errors"]:
+        lines += ["", "Errors: " + "; ".join(f"{k}: {v}" for k, v in result["errors"].items())]
+    lines += ["", ("Transport cost per batch (producer copy into the ring + control messages + consumer views), "
+                   "one consumer, in-memory source; medians of per-batch intervals and of single copies:"), "",
+              ("| batch | MiB | memcpy, rotating buffers (ms) | memcpy, cache-hot (ms) | collocate.share ms/batch | "
+               "share / rotating memcpy | share / hot memcpy |"), "|---|---|---|---|---|---|---|"]
+    for t in result["transport"]:
+        lines.append(f"| {'x'.join(map(str, t['shape']))} | {t['batch_mib']:.1f} | {t['memcpy_rotating_ms']:.3f} | "
+                     f"{t['memcpy_hot_ms']:.3f} | {t['share_ms_per_batch']:.3f} | {t['ratio_vs_rotating']:.2f} | "
+                     f"{t['ratio_vs_hot']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def _ratio(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
