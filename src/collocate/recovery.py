@@ -7,7 +7,7 @@ are retried only when the user asked for retries of them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from enum import StrEnum
 
 from collocate.model import Job, JobState
@@ -45,26 +45,21 @@ class RecoveryRules:
 def after_exit(job: Job, report: ExitReport, rules: RecoveryRules = RecoveryRules()) -> Job:
     """The job's next state; a job that goes back to PENDING keeps its id and history."""
     if report.outcome is Outcome.SUCCEEDED:
-        return replace(job, state=JobState.DONE)
+        return job.evolve(state=JobState.DONE)
     if report.outcome is Outcome.CANCELLED:
-        return replace(job, state=JobState.CANCELLED)
+        return job.evolve(state=JobState.CANCELLED)
     if report.outcome is Outcome.LOST:  # not an attempt the job used up
-        return replace(
-            job, state=JobState.PENDING, lost_attempts=job.lost_attempts + 1,
+        return job.evolve(state=JobState.PENDING, lost_attempts=job.lost_attempts + 1,
             reason=report.reason or "the attempt was lost; requeued",
         )
     retries_left = job.attempts - job.lost_attempts <= job.max_retries
     if report.outcome is Outcome.OOM:
         if not retries_left:
-            return replace(
-                job,
-                state=JobState.FAILED,
+            return job.evolve(state=JobState.FAILED,
                 oom_crashes=job.oom_crashes + 1,
                 reason=f"out of GPU memory on all {job.attempts - job.lost_attempts} attempts",
             )
-        return replace(
-            job,
-            state=JobState.PENDING,
+        return job.evolve(state=JobState.PENDING,
             oom_crashes=job.oom_crashes + 1,
             mem_mib=raised_requirement(job.mem_mib, report.observed_peak_mib, rules),
             mem_source="oom-raised",
@@ -72,8 +67,8 @@ def after_exit(job: Job, report: ExitReport, rules: RecoveryRules = RecoveryRule
             reason=f"out of GPU memory on attempt {job.attempts}; requeued",
         )
     if (rules.retry_failures or job.retry_failures) and retries_left:
-        return replace(job, state=JobState.PENDING, reason=report.reason)
-    return replace(job, state=JobState.FAILED, reason=report.reason or "exited with an error")
+        return job.evolve(state=JobState.PENDING, reason=report.reason)
+    return job.evolve(state=JobState.FAILED, reason=report.reason or "exited with an error")
 
 
 def raised_requirement(old: float | None, observed: float | None, rules: RecoveryRules) -> float | None:

@@ -97,8 +97,8 @@ class Scheduler:
             raise CollocateError(f"job id {job.id!r} is already known")
         reason = self.capacity.why_not(job)
         if reason is not None:
-            return self._store(replace(job, state=JobState.REJECTED, reason=reason))
-        return self._store(replace(job, state=JobState.PENDING))
+            return self._store(job.evolve(state=JobState.REJECTED, reason=reason))
+        return self._store(job.evolve(state=JobState.PENDING))
 
     def restore(self, jobs: Iterable[Job]) -> None:
         """Load jobs saved by an earlier run (the daemon after a restart), without callbacks."""
@@ -112,15 +112,16 @@ class Scheduler:
         """Run one policy round and mark the placed jobs running."""
         if not self._queue:
             return Plan()
-        cluster = replace(cluster, placements_made=self.placements_made)
+        if cluster.placements_made != self.placements_made:
+            cluster = replace(cluster, placements_made=self.placements_made)
         plan = self.policy(self._queue, cluster)
         self._check(plan, cluster)
         for placement in plan.placements:
             job = self.jobs[placement.job_id]
-            self._store(replace(job, state=JobState.RUNNING, attempts=job.attempts + 1))
+            self._store(job.evolve(state=JobState.RUNNING, attempts=job.attempts + 1))
         for rejection in plan.rejections:
             job = self.jobs[rejection.job_id]
-            self._store(replace(job, state=JobState.REJECTED, reason=rejection.reason))
+            self._store(job.evolve(state=JobState.REJECTED, reason=rejection.reason))
         self.placements_made += len(plan.placements)
         return plan
 
@@ -132,14 +133,14 @@ class Scheduler:
         if job.state is JobState.PENDING and (why := self.capacity.why_not(job)):
             # e.g. an OOM raised its requirement beyond every GPU: waiting would be forever
             cause = report.reason or report.outcome.value
-            job = replace(job, state=JobState.FAILED, reason=f"{cause}; cannot retry: it now {why}")
+            job = job.evolve(state=JobState.FAILED, reason=f"{cause}; cannot retry: it now {why}")
         return self._store(job)
 
     def cancel(self, job_id: str) -> Job:
         job = self.jobs[job_id]
         if job.state.is_terminal:
             return job
-        return self._store(replace(job, state=JobState.CANCELLED, reason="cancelled by the user"))
+        return self._store(job.evolve(state=JobState.CANCELLED, reason="cancelled by the user"))
 
     def update(self, job: Job) -> Job:
         """Replace a job's record (e.g. a new estimate), keeping the queue consistent."""

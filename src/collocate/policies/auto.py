@@ -34,7 +34,12 @@ from typing import ClassVar
 
 import numpy as np
 
-from collocate.interference import InterferenceModel, ModeParams, default_interference, shared_slowdown
+from collocate.interference import (
+    InterferenceModel,
+    ModeParams,
+    default_interference,
+    shared_slowdown,
+)
 from collocate.model import ClusterSnapshot, Job, Plan, SharingMode
 from collocate.policies.base import Ledger, fits_alone, pick_on_one_node
 from collocate.policies.risk import RiskLimits, too_busy
@@ -86,15 +91,15 @@ class Auto:
     ) -> list[int] | None:
         """The busy GPUs where ``job`` adds the most progress, if that is at least ``min_gain``."""
         cluster = ledger.cluster
+        params = self._params(cluster.sharing)
+        # The newcomer alone gains at most 1 / (its slowdown below saturation): drop the GPUs
+        # where even that misses the bar first, then check the rest on the small set left.
+        bound = 1.0 + params.base + params.per_sm * ledger.sm_sum + params.per_dram * ledger.dram_sum
+        candidates = np.flatnonzero((ledger.n_jobs > 0) & (bound * min_gain <= 1.0) & usable)
         need = job.mem_mib * (1.0 + self.uncertainty_margin * job.mem_uncertainty)
-        room = np.minimum(ledger.free_mib, cluster.total_mib - ledger.committed_mib)
-        fits = room - self.reserve_mib - need - self.headroom_mib >= keep
-        candidates = np.flatnonzero(usable & fits & (ledger.n_jobs > 0) & ~ledger.in_flight(self.settle_s))
-        params = self._params(ledger.cluster.sharing)
-        # The newcomer alone gains at most 1 / (its slowdown below saturation): drop GPUs where
-        # even that misses the bar before scoring the rest.
-        bound = 1.0 + params.base + params.per_sm * ledger.sm_sum[candidates] + params.per_dram * ledger.dram_sum[candidates]
-        candidates = candidates[bound * min_gain <= 1.0]
+        room = np.minimum(ledger.free_mib[candidates], cluster.total_mib[candidates] - ledger.committed_mib[candidates])
+        settled = cluster.now - ledger.launch_seen_at[candidates] >= self.settle_s
+        candidates = candidates[(room - self.reserve_mib - need - self.headroom_mib >= keep[candidates]) & settled]
         if candidates.size == 0:
             return None
         gain, ok = self._score(job, ledger, candidates)

@@ -39,14 +39,15 @@ class Ledger:
 
     def place(self, job: Job, gpus: Iterable[int], *, sm_share: float | None = None) -> None:
         idx = list(gpus)
-        mem = commitment(job, self.cluster.total_mib[idx])
-        self.free_mib[idx] -= mem
-        self.committed_mib[idx] += mem
-        self.n_jobs[idx] += 1
-        self.sm_sum[idx] += job.profile.sm_activity
-        self.dram_sum[idx] += job.profile.dram_activity
-        # A job placed now has not been seen on the GPU yet, unless its memory is measured.
-        self.launch_seen_at[idx] = -math.inf if job.mem_known else math.inf
+        seen = -math.inf if job.mem_known else math.inf  # not seen on the GPU yet, unless measured
+        for i in idx:  # scalar updates: a job holds a few GPUs, and fancy indexing costs more
+            mem = commitment(job, self.cluster.total_mib[i])
+            self.free_mib[i] -= mem
+            self.committed_mib[i] += mem
+            self.n_jobs[i] += 1
+            self.sm_sum[i] += job.profile.sm_activity
+            self.dram_sum[i] += job.profile.dram_activity
+            self.launch_seen_at[i] = seen
         ids = self.cluster.ids
         self.placements.append(
             Placement(job.id, tuple(ids[i] for i in idx), job.mem_mib, sm_share)

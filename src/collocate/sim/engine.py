@@ -25,7 +25,14 @@ import numpy as np
 
 from collocate.gputypes import NodeSpec
 from collocate.interference import InterferenceModel, default_interference
-from collocate.model import ClusterSnapshot, GpuId, Job, JobState, RunningJob, SharingMode
+from collocate.model import (
+    ClusterSnapshot,
+    GpuId,
+    Job,
+    JobState,
+    RunningJob,
+    SharingMode,
+)
 from collocate.policies.base import Policy, commitment
 from collocate.recovery import ExitReport, Outcome, RecoveryRules
 from collocate.scheduler import Capacity, Scheduler
@@ -82,7 +89,7 @@ class _Running:
     job: Job
     gpus: list[int]
     peak_mib: float
-    commitment: np.ndarray | float  # what it holds against each of its GPUs' committed memory
+    commitment: float  # what it holds against each of its GPUs' committed memory
     allocated: bool = False
     work_left: float = 0.0  # solo-seconds still to do
     rate: float = 1.0
@@ -216,7 +223,7 @@ class Simulation:
         return True
 
     def _round(self, now: float) -> None:
-        plan = self.scheduler.schedule(self._snapshot(now))
+        plan = self.scheduler.schedule(self._snapshot(now, self.scheduler.placements_made))
         self.decisions += 1
         for placement in plan.placements:
             self._launch(placement.job_id, [self._index[g] for g in placement.gpus], now)
@@ -232,19 +239,20 @@ class Simulation:
         record.last_gpus = ",".join(str(self.ids[i]) for i in gpus)
         record.state = "running"
         self._advance(gpus, now)
-        run_commitment = commitment(job, self.total[gpus])
-        self.committed[gpus] += run_commitment
-        self.n_jobs[gpus] += 1
-        self.sm_sum[gpus] += job.profile.sm_activity
-        self.dram_sum[gpus] += job.profile.dram_activity
-        self.seen_at[gpus] = -math.inf if job.mem_known else now + self.cfg.startup_s
+        seen = -math.inf if job.mem_known else now + self.cfg.startup_s
+        held = commitment(job, self.total[gpus[0]])  # GPUs of one job are on one node, one type
+        for i in gpus:
+            self.committed[i] += held
+            self.n_jobs[i] += 1
+            self.sm_sum[i] += job.profile.sm_activity
+            self.dram_sum[i] += job.profile.dram_activity
+            self.seen_at[i] = seen
+            self.residents[i].add(job_id)
         run = _Running(
-            job, gpus, self.peaks[job_id], run_commitment,
+            job, gpus, self.peaks[job_id], held,
             work_left=self._by_id[job_id].workload.duration_s, since=now,
         )
         self.running[job_id] = run
-        for i in gpus:
-            self.residents[i].add(job_id)
         self._push(now + self.cfg.ramp_s, _RAMP, job_id, job.attempts)
         self._rerate(gpus, now)
 
@@ -285,13 +293,13 @@ class Simulation:
         gpus = run.gpus
         self._advance(gpus, now)
         job = run.job
-        self.committed[gpus] -= run.commitment
-        self.n_jobs[gpus] -= 1
-        self.sm_sum[gpus] -= job.profile.sm_activity
-        self.dram_sum[gpus] -= job.profile.dram_activity
-        if run.allocated:
-            self.used[gpus] -= run.peak_mib
         for i in gpus:
+            self.committed[i] -= run.commitment
+            self.n_jobs[i] -= 1
+            self.sm_sum[i] -= job.profile.sm_activity
+            self.dram_sum[i] -= job.profile.dram_activity
+            if run.allocated:
+                self.used[i] -= run.peak_mib
             self.residents[i].discard(job.id)
             if not self.residents[i]:  # clear float drift
                 self.committed[i] = self.used[i] = self.sm_sum[i] = self.dram_sum[i] = 0.0
@@ -341,7 +349,7 @@ class Simulation:
         record.attempts = job.attempts
         record.oom_crashes = job.oom_crashes
 
-    def _snapshot(self, now: float) -> ClusterSnapshot:
+    def _snapshot(self, now: float, placements_made: int = 0) -> ClusterSnapshot:
         busy = np.minimum(1.0, self.sm_sum)
         return ClusterSnapshot(
             now=now,
@@ -362,6 +370,7 @@ class Simulation:
             speed=self.speed,
             sharing=self.cfg.sharing,
             running=_RunningView(self.running, self.ids),
+            placements_made=placements_made,
         )
 
     def _result(self, now: float) -> SimResult:
