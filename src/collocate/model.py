@@ -160,6 +160,7 @@ class RunningJob:
     gpus: tuple[GpuId, ...]
     profile: JobProfile
     mem_mib: float
+    dataset: str | None = None
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -173,7 +174,9 @@ class ClusterSnapshot:
     Per GPU: ``node`` (node number), ``total_mib``, ``free_mib`` (measured), ``committed_mib``
     (sum of placed jobs' requirements), ``n_jobs``, ``sm_sum``/``dram_sum`` (sum of the solo
     activity profiles of the jobs on it), ``util_sm``/``util_occ``/``util_dram`` (measured
-    window summaries), ``launch_seen_at`` (see ``GpuView``) and ``speed``.
+    window summaries), ``launch_seen_at`` (see ``GpuView``) and ``speed``. ``datasets`` maps a
+    shared dataset's name to the GPU positions whose jobs read it (for placing jobs of one
+    ``collocate share`` producer together).
     """
 
     now: float
@@ -193,6 +196,7 @@ class ClusterSnapshot:
     sharing: SharingMode = SharingMode.TIME_SLICING
     running: Mapping[str, RunningJob] = field(default_factory=dict)
     placements_made: int = 0  # placements so far, for policies that rotate (round-robin)
+    datasets: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -211,12 +215,16 @@ class ClusterSnapshot:
         node_numbers: dict[str, int] = {}
         sm = np.zeros(len(views))
         dram = np.zeros(len(views))
+        datasets: dict[str, list[int]] = {}
         for i, v in enumerate(views):
             node_numbers.setdefault(v.id.node, len(node_numbers))
             for job_id in v.jobs:
-                profile = running[job_id].profile if job_id in running else UNKNOWN_PROFILE
+                job = running.get(job_id)
+                profile = job.profile if job else UNKNOWN_PROFILE
                 sm[i] += profile.sm_activity
                 dram[i] += profile.dram_activity
+                if job and job.dataset:
+                    datasets.setdefault(job.dataset, []).append(i)
 
         def column(values, dtype=float) -> np.ndarray:
             return np.array(list(values), dtype=dtype)
@@ -241,6 +249,7 @@ class ClusterSnapshot:
             sharing=sharing,
             running=running,
             placements_made=placements_made,
+            datasets={name: tuple(sorted(set(gpus))) for name, gpus in datasets.items()},
         )
 
 

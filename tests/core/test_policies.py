@@ -140,3 +140,25 @@ def test_unknown_policy_and_parameter_list_the_valid_ones():
         make_policy("carma-ff", headroom=1)
     assert "headroom_mib" in str(err.value)
     assert set(POLICY_NAMES) >= {"exclusive", "shares", "declared-memory", "round-robin", "auto"}
+
+
+def test_auto_puts_jobs_of_one_shared_dataset_together():
+    light = JobProfile(0.1, 0.05)
+    running = {
+        "a": RunningJob("a", (GpuId("n0", 0),), light, 2 * GIB),
+        "b": RunningJob("b", (GpuId("n1", 0),), light, 2 * GIB, dataset="imagenet"),
+    }
+    views = [
+        gpu(0, node="n0", free=30 * GIB, committed=2 * GIB, jobs=["a"]),
+        gpu(0, node="n1", free=30 * GIB, committed=2 * GIB, jobs=["b"]),
+        gpu(1, node="n0"),
+        gpu(1, node="n1"),
+    ]
+    cluster = ClusterSnapshot.from_views(views, running=running)
+    assert cluster.datasets == {"imagenet": (1,)}
+    reader = job("r", mem=2 * GIB, profile=light, dataset="imagenet")
+    assert placed(make_policy("auto")([reader], cluster)) == {"r": ["n1:0"]}
+    other = job("o", mem=2 * GIB, profile=light)  # same job without the dataset: sharing does
+    assert placed(make_policy("auto")([other], cluster)) == {"o": ["n0:1"]}  # not pay, idle GPU
+    big = job("big", mem=30 * GIB, profile=JobProfile(0.9, 0.4), dataset="imagenet")
+    assert placed(make_policy("auto")([big], cluster)) == {"big": ["n1:1"]}  # idle GPU on its node

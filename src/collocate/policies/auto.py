@@ -24,6 +24,9 @@ placement adds the most total training progress?" and answers with the interfere
   overloaded synthetic trace (reserved GPUs drained half empty).
 * Jobs recovered from an out-of-memory crash come first in the queue and are placed like any
   other job with their raised memory requirement; they never stop the rest of the queue.
+* Jobs that read one shared dataset (``collocate submit --dataset``) are drawn together: a
+  shared GPU hosting such jobs gets a small gain bonus, and idle GPUs on their node come first,
+  since one ``collocate share`` producer serves them through node-local memory.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ class Auto:
     pack_tolerance: float = 0.1  # share a busy GPU instead of taking an idle one if gain >= 1 - this
     backfill_depth: int = 32  # jobs scanned per round beyond a blocked head
     reserve_after_s: float = 1800.0  # a blocked job gets room reserved once it waited this long
+    dataset_affinity: float = 0.05  # gain bonus for sharing a GPU with jobs reading the same dataset
     limits: RiskLimits = field(default_factory=RiskLimits)  # measured saturation still vetoes
     interference: InterferenceModel = field(default_factory=default_interference)
 
@@ -79,6 +83,9 @@ class Auto:
         mem = cluster.total_mib if job.mem_mib is None else job.mem_mib
         leaves_kept = cluster.total_mib - mem >= keep if keep.any() else True
         idle = np.flatnonzero(usable & (ledger.n_jobs == 0) & fits_alone(job, cluster) & leaves_kept)
+        if job.dataset in cluster.datasets:  # its producer's node first: batches are node-local
+            same_node = np.isin(cluster.node[idle], cluster.node[list(cluster.datasets[job.dataset])])
+            idle = np.concatenate([idle[same_node], idle[~same_node]])
         alone = pick_on_one_node(idle, cluster.node, job.gpus)
         if job.mem_mib is None:
             return alone  # unknown memory: only a GPU of its own is safe
@@ -103,6 +110,8 @@ class Auto:
         if candidates.size == 0:
             return None
         gain, ok = self._score(job, ledger, candidates)
+        if job.dataset in cluster.datasets:
+            gain = gain + self.dataset_affinity * np.isin(candidates, cluster.datasets[job.dataset])
         ok &= gain >= min_gain
         candidates, gain = candidates[ok], gain[ok]
         return pick_on_one_node(candidates[np.argsort(-gain, kind="stable")], cluster.node, job.gpus)
