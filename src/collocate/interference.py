@@ -71,7 +71,10 @@ def shared_slowdown(p: ModeParams, sm, dram, other_sm, other_dram):
     """The sharing formula for time-slicing and MPS; works on floats and numpy arrays alike, so
     the ``auto`` policy can score a thousand candidate GPUs in one call."""
     sharing = 1.0 + p.base + p.per_sm * other_sm + p.per_dram * other_dram
-    total = np.maximum(np.maximum(sm + other_sm, dram + other_dram), 1.0)
+    if isinstance(sharing, np.ndarray):
+        total = np.maximum(np.maximum(sm + other_sm, dram + other_dram), 1.0)
+    else:  # the simulator's per-job path: builtins beat numpy on scalars by far
+        total = max(sm + other_sm, dram + other_dram, 1.0)
     return sharing * total**p.saturation_exponent
 
 
