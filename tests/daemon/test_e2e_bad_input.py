@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import job_argv
+from daemon_harness import job_argv
 
 from collocate.daemon.client import Client
 from collocate.errors import CollocateError
@@ -35,6 +35,8 @@ BAD_SUBMITS = [
     (["submit", "--env", "NOEQUALS", "--", "true"], "cannot read --env"),
     (["submit", "--env", "CUDA_VISIBLE_DEVICES=0", "--", "true"], "set by the daemon"),
     (["submit", "--gpus", "0", "--", "true"], "--gpus must be at least 1"),
+    (["submit", "--dataset", "tiny", "--", "true"], "needs a factory"),
+    (["submit", "--dataset-factory", "data:make", "--", "true"], "--dataset-factory needs --dataset"),
 ]
 
 

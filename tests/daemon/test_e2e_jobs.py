@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 
-from conftest import job_argv, wait_for
+from daemon_harness import job_argv, wait_for
 
 
 def test_job_runs_to_done_with_logs_attempt_and_history(daemons):

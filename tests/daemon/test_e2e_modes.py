@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import job_argv
+from daemon_harness import job_argv
 
 from collocate.errors import CollocateError
 

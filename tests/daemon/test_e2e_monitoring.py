@@ -18,7 +18,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import HERE, wait_for
+from daemon_harness import HERE, wait_for
 
 from collocate.monitor.store import MonitorStore, monitor_db_path
 

@@ -7,7 +7,7 @@ import signal
 import sys
 import time
 
-from conftest import job_argv, wait_for
+from daemon_harness import job_argv, wait_for
 
 
 def test_running_jobs_are_readopted_after_sigkill_and_run_once(daemons):

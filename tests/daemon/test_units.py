@@ -191,3 +191,43 @@ def test_protocol_rejects_garbage():
     assert protocol.read_message(io.BytesIO(b"")) is None
     with pytest.raises(InputError, match="valid requests"):
         protocol.check_request({"op": "rm -rf"})
+
+
+def test_dataset_fields_are_checked_and_kept_in_the_spec():
+    base = {"argv": ["python", "t.py"], "cwd": "/"}
+    req = validate_submit({**base, "dataset": "cifar", "dataset_factory": "pkg.data:make"}, uid=1, gid=1, user="u")
+    assert (req.spec.dataset, req.spec.dataset_factory) == ("cifar", "pkg.data:make")
+    assert JobSpec.from_json(req.spec.to_json()) == req.spec
+    assert JobSpec.from_json('{"argv": ["a"], "cwd": "/"}').dataset is None  # rows from before
+    for bad, message in (({"dataset": "bad name/"}, "invalid shared dataset name"),
+                         ({"dataset": "ok", "dataset_factory": "nocolon"}, "not module:factory"),
+                         ({"dataset_factory": "a:b"}, "needs --dataset"),
+                         ({"env": ["COLLOCATE_SHARE_DIR=/x"]}, "set by the daemon")):
+        with pytest.raises(InputError, match=message):
+            validate_submit({**base, **bad}, uid=1, gid=1, user="u")
+
+
+def test_dataset_factory_is_remembered_and_conflicts_refused():
+    from collocate.daemon.datasets import resolve_factory
+
+    def spec(factory=None, dataset="d"):
+        return JobSpec(("a",), "/", dataset=dataset, dataset_factory=factory)
+
+    specs = {"1": spec("m:old"), "2": spec("m:new")}
+    done = [Job("1", state=JobState.DONE), Job("2", state=JobState.FAILED)]
+    assert resolve_factory(spec(), done, specs) == "m:new"  # the most recent job's
+    assert resolve_factory(spec("m:other"), done, specs) == "m:other"  # nothing active: free
+    running = [Job("1", state=JobState.RUNNING), Job("2", state=JobState.DONE)]
+    assert resolve_factory(spec(), running, specs) == "m:old"  # the active job's wins
+    with pytest.raises(InputError, match="already served by m:old"):
+        resolve_factory(spec("m:new"), running, specs)
+    with pytest.raises(InputError, match="needs a factory"):
+        resolve_factory(spec(dataset="fresh"), running, specs)
+
+
+def test_monitor_tells_the_policy_which_gpus_read_which_dataset():
+    mon = Monitor(_Backend([]), window=5)
+    a = Tracked(Job("1", mem_mib=1000, dataset="cifar"), ("GPU-1",), 1)
+    b = Tracked(Job("2", mem_mib=1000), ("GPU-0",), 2)
+    snap = mon.snapshot([a, b], now=1.0, sharing=SharingMode.TIME_SLICING)
+    assert dict(snap.datasets) == {"cifar": (1,)}

@@ -183,6 +183,11 @@ def submit(
     estimate: Annotated[str | None, typer.Option("--estimate", help="Estimate memory statically from "
                         "this entry point (package.module:function), instead of --mem.")] = None,
     batch_size: Annotated[int | None, typer.Option("--batch-size", help="Batch size for --estimate.")] = None,
+    dataset: Annotated[str | None, typer.Option("--dataset", help="Shared dataset name: the daemon "
+                       "runs one producer for all jobs naming it (see docs/daemon.md).")] = None,
+    dataset_factory: Annotated[str | None, typer.Option("--dataset-factory", help="module:factory "
+                               "returning the DataLoader to share (needed by the first job of a "
+                               "--dataset; later ones may omit it).")] = None,
     state_dir: StateDirOpt = None,
 ) -> None:
     """Queue a job and print its id: collocate submit --mem 6GiB -- python train.py --lr 3e-4"""
@@ -200,7 +205,8 @@ def submit(
         extra = _static_estimate(estimate, batch_size, mem, directory)
     result = _client(state_dir).request(
         "submit", argv=list(command), gpus=gpus, name=name, priority=priority,
-        retries=retries, cwd=str(directory), env=list(env), base_env=dict(os.environ), **extra,
+        retries=retries, cwd=str(directory), env=list(env), base_env=dict(os.environ),
+        dataset=dataset, dataset_factory=dataset_factory, **extra,
     )
     typer.echo(result["id"])
 

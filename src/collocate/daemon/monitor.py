@@ -114,7 +114,7 @@ class Monitor:
             ))
         running = {
             t.job.id: RunningJob(t.job.id, tuple(self.by_uuid[u].id for u in t.uuids if u in self.by_uuid),
-                                 t.job.profile, _requirement(t.job, 0.0))
+                                 t.job.profile, _requirement(t.job, 0.0), dataset=t.job.dataset)
             for t in tracked
         }
         return ClusterSnapshot.from_views(views, now=now, sharing=sharing, running=running)

@@ -30,6 +30,12 @@ from pathlib import Path
 from typing import Any
 
 from collocate.daemon import views
+from collocate.daemon.datasets import (
+    Datasets,
+    ProducerStartError,
+    active_factories,
+    resolve_factory,
+)
 from collocate.daemon.failures import classify, describe_status, oom_lower_bound_mib
 from collocate.daemon.launcher import plan_launch, process_matches, process_tree, start
 from collocate.daemon.monitor import Monitor, Tracked
@@ -125,7 +131,9 @@ class Service:
         snapshot = self.monitor.snapshot([], now=time.time(), sharing=self.config.sharing)
         self.scheduler = Scheduler(policy, Capacity.of(snapshot), rules=self.config.rules,
                                    on_change=self.store.save_job)
+        self.datasets = Datasets(self.layout.root)
         self._restore()
+        self.datasets.adopt(s.dataset for s in self.specs.values() if s.dataset)
         self.server = ApiServer(self.layout.socket, self.call, allow_gid=self.config.allow_gid,
                                 tcp=self.config.tcp, token=self.config.token)
         self.server.start()
@@ -159,6 +167,8 @@ class Service:
                 self.mps.stop()
             except CollocateError as exc:
                 log.warning("%s", exc)
+        if hasattr(self, "datasets"):
+            self.datasets.close()
         if hasattr(self, "store"):
             self.store.close()
         if self._backend is not None:
@@ -223,6 +233,9 @@ class Service:
 
     def op_submit(self, args: dict, peer: Peer) -> dict:
         req = validate_submit(args, uid=peer.uid, gid=peer.gid, user=peer.user)
+        if req.spec.dataset is not None:  # remembered per name, so the stored spec is complete
+            factory = resolve_factory(req.spec, self.scheduler.jobs.values(), self.specs)
+            req = replace(req, spec=replace(req.spec, dataset_factory=factory))
         mem, source, uncertainty, sm = req.mem_mib, req.mem_source, req.mem_uncertainty, None
         if mem is None:
             source = "unknown"
@@ -232,7 +245,7 @@ class Service:
         job = Job(id="0", gpus=req.gpus, mem_mib=mem, mem_source=source,
                   mem_uncertainty=uncertainty, submit_time=time.time(), priority=req.priority,
                   name=req.name, max_retries=req.max_retries,
-                  retry_failures=req.spec.retry_failures)
+                  retry_failures=req.spec.retry_failures, dataset=req.spec.dataset)
         why = self.scheduler.capacity.why_not(job)
         if why is not None:
             raise InputError(f"this job can never run here: {why}",
@@ -306,6 +319,8 @@ class Service:
         self.monitor.refresh([r.tracked for r in self.running.values()], now)
         self.tracking.tick(list(self.monitor.last.values()), self._job_refs())
         self._reap(now)
+        if self.datasets.producers:  # stop producers whose last job ended (done, failed, cancelled)
+            self.datasets.reconcile(active_factories(self.scheduler.jobs.values(), self.specs))
         if self.store.get_flag("draining") or not self.scheduler.queue:
             return
         snapshot = self.monitor.snapshot([r.tracked for r in self.running.values()], now=now,
@@ -385,6 +400,16 @@ class Service:
                            mps_dirs=mps_dirs)
         self._placed_seq += 1
         tracked = Tracked(job, uuids, self._placed_seq)
+        if spec.dataset is not None:
+            try:
+                self.datasets.ensure(spec)
+            except Exception as exc:  # a producer must never take the loop down
+                if not isinstance(exc, ProducerStartError):
+                    log.exception("producer of dataset %r", spec.dataset)
+                    exc = ProducerStartError(f"could not start the producer of dataset {spec.dataset!r}: {exc}")
+                self._finish(Running(attempt, tracked), Outcome.FAILED, str(exc), None, "", time.time())
+                return
+            plan = replace(plan, env={**plan.env, **self.datasets.job_env(spec.dataset)})
         try:
             proc, started = start(plan)
         except OSError as exc:

@@ -20,7 +20,9 @@ from collocate.units import parse_mib
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Set by the daemon for every launch; a user's value would be overwritten, so refuse it.
-RESERVED_ENV = ("CUDA_VISIBLE_DEVICES", "COLLOCATE_JOB_ID", "COLLOCATE_ATTEMPT")
+RESERVED_ENV = ("CUDA_VISIBLE_DEVICES", "COLLOCATE_JOB_ID", "COLLOCATE_ATTEMPT", "COLLOCATE_DATASET",
+                "COLLOCATE_SHARE_DIR")
+_FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 MAX_RETRIES = 100
 
 
@@ -35,6 +37,11 @@ class JobSpec:
     gid: int = -1
     user: str = ""
     retry_failures: bool = False  # the user passed --retries: retry non-OOM failures too
+    # A shared dataset (``--dataset``): the daemon runs one producer per name for all its jobs.
+    # The factory is stored on every job (filled in from earlier jobs when omitted), so a
+    # restarted daemon can start the producer again from any one job's spec alone.
+    dataset: str | None = None
+    dataset_factory: str | None = None
 
     @property
     def signature(self) -> str:
@@ -121,8 +128,29 @@ def validate_submit(args: dict[str, Any], *, uid: int, gid: int, user: str) -> S
         raise InputError(f"unknown memory source {source!r}", hint="declared, or static-<method>")
     if not isinstance(uncertainty, int | float) or not 0 <= uncertainty <= 10:
         raise InputError(f"memory uncertainty must be a number in [0, 10], got {uncertainty!r}")
-    spec = JobSpec(tuple(argv), cwd, env, uid, gid, user, retry_failures=retries is not None)
+    dataset, factory = _dataset(args.get("dataset"), args.get("dataset_factory"))
+    spec = JobSpec(tuple(argv), cwd, env, uid, gid, user, retry_failures=retries is not None,
+                   dataset=dataset, dataset_factory=factory)
     return SubmitRequest(spec, gpus, mem_mib, name, priority, max_retries, source, float(uncertainty))
+
+
+def _dataset(name: Any, factory: Any) -> tuple[str | None, str | None]:
+    """Check ``--dataset``/``--dataset-factory`` in form only; whether a factory is needed (the
+    first job of a dataset) or conflicts with a running one is the daemon's call (``datasets``)."""
+    from collocate.share.naming import validate_name
+
+    name = None if name in (None, "") else name
+    factory = None if factory in (None, "") else factory
+    if name is None:
+        if factory is not None:
+            raise InputError("--dataset-factory needs --dataset",
+                             hint="name the shared dataset, e.g. --dataset cifar-train")
+        return None, None
+    validate_name(name)
+    if factory is not None and (not isinstance(factory, str) or not _FACTORY.match(factory)):
+        raise InputError(f"--dataset-factory {factory!r} is not module:factory",
+                         hint="e.g. --dataset-factory my_project.data:make_train_loader")
+    return name, factory
 
 
 def _int(value: Any, option: str, *, low: int | None = None, high: int | None = None) -> int:

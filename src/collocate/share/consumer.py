@@ -39,6 +39,8 @@ from collocate.share.layout import Layout
 from collocate.share.protocol import Batch, Msg, encode
 from collocate.share.ring import RingReader
 
+ENV_SHARE_DIR = "COLLOCATE_SHARE_DIR"  # set by the collocate daemon for --dataset jobs
+
 
 @dataclass
 class _Hold:
@@ -57,6 +59,8 @@ class SharedLoader:
     connect_timeout: how long to wait for the producer to appear.
     batch_timeout: longest wait for one batch while the producer is alive (None: no limit).
     join: "now" (start at the producer's position) or "epoch" (start at its next epoch).
+    state_dir: scopes the name; default $COLLOCATE_SHARE_DIR (what the daemon gives jobs
+        submitted with --dataset), else the per-user default.
     """
 
     def __init__(self, name: str, batch_size: int | None = None, *, drop_last: bool = False, copy: bool = False,
@@ -71,6 +75,8 @@ class SharedLoader:
             raise InputError("timeout must be positive", hint="default is 5 seconds")
         self.name, self.drop_last, self.copy, self.join = name, drop_last, copy, join
         self.batch_timeout = batch_timeout
+        if state_dir is None:  # a job launched by the daemon with --dataset: its share dir
+            state_dir = os.environ.get(ENV_SHARE_DIR) or None
         self._conn = Connection(naming.socket_address(name, state_dir), name, timeout=timeout,
                                 connect_timeout=connect_timeout, label=label)
         welcome = self._conn.welcome

@@ -1,0 +1,24 @@
+"""Producer factories for the shared-dataset tests (``--dataset-factory _dataset_factory:NAME``).
+
+Imported by the producer the daemon starts, from the job's cwd (this directory)."""
+
+from __future__ import annotations
+
+import torch
+
+BATCHES, BATCH = 5, 4  # 20 samples: id i has x == [i, i]
+
+
+def tiny() -> list[dict[str, torch.Tensor]]:
+    """A fixed order every epoch, so one consumer epoch is every id exactly once."""
+    return [{"id": torch.arange(b * BATCH, (b + 1) * BATCH),
+             "x": torch.arange(b * BATCH, (b + 1) * BATCH, dtype=torch.float32).repeat(2, 1).T.contiguous()}
+            for b in range(BATCHES)]
+
+
+def other() -> list[dict[str, torch.Tensor]]:
+    return tiny()
+
+
+def broken() -> list[dict[str, torch.Tensor]]:
+    raise RuntimeError("the test factory refuses to build a loader")

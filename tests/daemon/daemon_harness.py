@@ -1,0 +1,104 @@
+"""The daemon test harness: real daemon processes on emulated GPUs (the ``daemons`` fixture in
+``conftest.py`` starts and cleans them up), and the helpers the tests import.
+
+A module of its own rather than ``conftest``: test modules import these by name, and a module
+named ``conftest`` is ambiguous when pytest runs this directory with another that has one
+(``pytest tests/daemon tests/share``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from collocate.daemon.client import Client
+
+HERE = Path(__file__).parent
+JOB = str(HERE / "job.py")
+START_TIMEOUT_S = 30.0
+
+
+def job_argv(mem_mib: float, seconds: float, peak_mib: float | None = None, sm: float = 0.1) -> list[str]:
+    """An emulated job: holds ``mem_mib`` (then ``peak_mib`` from 30 % progress) for ``seconds``."""
+    return [sys.executable, JOB, str(mem_mib), str(seconds),
+            "-" if peak_mib is None else str(peak_mib), str(sm)]
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {last!r})")
+
+
+class Daemon:
+    def __init__(self, state_dir: Path, args: list[str]) -> None:
+        self.state_dir = state_dir
+        self.args = args
+        self.proc: subprocess.Popen | None = None
+        self.client = Client(state_dir, timeout_s=30)
+
+    def start(self) -> Daemon:
+        cmd = [sys.executable, "-m", "collocate.daemon", "serve", "--state-dir", str(self.state_dir),
+               *self.args]
+        self.log = open(self.state_dir.parent / f"{self.state_dir.name}.log", "ab")  # noqa: SIM115 - lives with the daemon
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        wait_for(self._ready, START_TIMEOUT_S, "the daemon to answer")
+        return self
+
+    def _ready(self) -> bool:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise AssertionError(f"daemon exited with {self.proc.returncode}: {self.read_log()}")
+        try:
+            self.client.request("ping")
+            return True
+        except Exception:  # noqa: BLE001 - not up yet
+            return False
+
+    def read_log(self) -> str:
+        return (self.state_dir.parent / f"{self.state_dir.name}.log").read_text(errors="replace")
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(timeout=15)
+
+    def submit(self, argv: list[str], **opts: Any) -> str:
+        opts.setdefault("cwd", str(self.state_dir.parent))
+        return self.client.request("submit", argv=argv, base_env=dict(os.environ), **opts)["id"]
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        return self.client.request("show", id=job_id)
+
+    def wait_state(self, job_id: str, states: tuple[str, ...] | str, timeout: float = 30.0) -> dict:
+        states = (states,) if isinstance(states, str) else states
+        return wait_for(lambda: (d := self.job(job_id))["state"] in states and d,
+                        timeout, f"job {job_id} to be {states}")
+
+    def producer_pids(self) -> list[int]:
+        """Shared-dataset producers still serving (they outlive a killed daemon, like jobs)."""
+        from collocate.share.lifecycle import probe
+
+        share = self.state_dir / "share"
+        found = (probe(log.stem, share) for log in share.glob("*.log"))
+        return [status.pid for status in found if status is not None]
+
+    def runner_pids(self) -> list[int]:
+        pids = []
+        for record in self.state_dir.glob("jobs/*/attempt-*/runner.json"):
+            try:
+                pids.append(int(json.loads(record.read_text())["pid"]))
+            except (OSError, ValueError, KeyError):
+                pass
+        return pids

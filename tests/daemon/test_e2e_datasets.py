@@ -1,0 +1,88 @@
+"""``submit --dataset``: one producer per dataset, started before its first job, stopped after
+its last; bad or conflicting factories refused at submit; a broken factory fails the job only."""
+
+from __future__ import annotations
+
+import re
+import signal
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+from daemon_harness import wait_for
+
+from collocate.errors import CollocateError
+from collocate.share.lifecycle import probe
+
+HERE = Path(__file__).parent
+JOB = [sys.executable, str(HERE / "dataset_job.py"), "20"]
+FACTORY = "_dataset_factory:tiny"
+
+
+def _gone(pid: int) -> bool:
+    """Exited (a zombie counts: an adopted producer is reaped by init, not by the daemon)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_two_jobs_share_one_producer_started_once_and_stopped_after_the_last(daemons):
+    d = daemons()
+    share_dir = d.state_dir / "share"
+    submit = lambda **kw: d.submit(JOB, mem="1GiB", cwd=str(HERE), **kw)
+    with pytest.raises(CollocateError, match="needs a factory"):
+        submit(dataset="tiny")
+    with pytest.raises(CollocateError, match="not module:factory"):
+        submit(dataset="tiny", dataset_factory="no-colon")
+    with pytest.raises(CollocateError, match="invalid shared dataset name"):
+        submit(dataset="bad name/", dataset_factory=FACTORY)
+    with pytest.raises(CollocateError, match="needs --dataset"):
+        submit(dataset_factory=FACTORY)
+    assert d.client.request("ls", all=True) == []  # nothing stored
+
+    first = submit(dataset="tiny", dataset_factory=FACTORY)
+    second = submit(dataset="tiny")  # the factory is remembered per dataset name
+    with pytest.raises(CollocateError, match="already served by _dataset_factory:tiny"):
+        submit(dataset="tiny", dataset_factory="_dataset_factory:other")
+    for job in (first, second):
+        detail = d.wait_state(job, ("done", "failed"), timeout=40)
+        assert detail["state"] == "done", (detail, d.client.request("logs", id=job, offset=0))
+        assert "consumed 20 samples" in d.client.request("logs", id=job, offset=0)["text"]
+
+    log = (d.state_dir / "daemon.log").read_text()
+    started = re.findall(r"started producer 'tiny' \(pid (\d+)", log)
+    assert len(started) == 1, log  # one producer for both jobs
+    pid = int(started[0])
+    wait_for(lambda: probe("tiny", share_dir) is None and _gone(pid), 15, "the producer to stop")
+    assert "no job of it is left" in (d.state_dir / "daemon.log").read_text()
+
+
+def test_a_broken_factory_fails_the_job_with_its_log_and_the_daemon_goes_on(daemons):
+    d = daemons()
+    job = d.submit(JOB, mem="1GiB", cwd=str(HERE), dataset="broken", dataset_factory="_dataset_factory:broken")
+    detail = d.wait_state(job, ("done", "failed"), timeout=40)
+    assert detail["state"] == "failed"
+    log_path = d.state_dir / "share" / "broken.log"
+    assert "failed to start" in detail["reason"] and str(log_path) in detail["reason"], detail["reason"]
+    assert "refuses to build a loader" in log_path.read_text()
+    assert d.client.request("ping")["pid"]
+    assert probe("broken", d.state_dir / "share") is None
+
+
+def test_a_live_producer_is_readopted_after_a_daemon_restart_and_stopped_after_the_job(daemons):
+    d = daemons()
+    share_dir = d.state_dir / "share"
+    job = d.submit([*JOB, "3"], mem="1GiB", cwd=str(HERE), dataset="tiny", dataset_factory=FACTORY)
+    d.wait_state(job, "running", timeout=40)
+    status = wait_for(lambda: probe("tiny", share_dir), 10, "the producer")
+    d.kill(signal.SIGKILL)
+    assert probe("tiny", share_dir) is not None  # producers outlive the daemon, as jobs do
+    d.start()
+    log = (d.state_dir / "daemon.log").read_text()
+    assert f"re-adopted producer 'tiny' (pid {status.pid})" in log
+    detail = d.wait_state(job, ("done", "failed"), timeout=30)
+    assert detail["state"] == "done", detail
+    wait_for(lambda: probe("tiny", share_dir) is None and _gone(status.pid), 20, "the producer to stop")
+    assert len(re.findall(r"started producer 'tiny'", (d.state_dir / "daemon.log").read_text())) == 1
