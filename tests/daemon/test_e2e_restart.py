@@ -90,3 +90,14 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
+
+
+def test_a_cancel_survives_a_daemon_crash_right_after_it(daemons):
+    d = daemons()
+    job = d.submit(job_argv(1000, 30.0), mem="1GiB")
+    d.wait_state(job, "running")
+    d.client.request("cancel", id=job)
+    d.kill(signal.SIGKILL)  # before the daemon saw the job exit
+    d.start()
+    cancelled = d.wait_state(job, "cancelled", timeout=30)
+    assert cancelled["attempts"][0]["outcome"] == "cancelled"

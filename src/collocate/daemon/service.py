@@ -278,6 +278,9 @@ class Service:
             run = self.running[job_id]
             if run.cancel_at is None:
                 run.cancel_at = time.time()
+                # Remembered in the store first, so a daemon restarted before the job exits
+                # still records the end as a cancel rather than a failure (exit 143).
+                self.store.set_flag(_cancel_key(job_id), True)
                 _signal_group(run.attempt.pid, signal.SIGTERM)
             return {"id": job_id, "state": "cancelling"}
         job = self.scheduler.cancel(job_id)
@@ -375,6 +378,7 @@ class Service:
         a = replace(run.attempt, end=end, returncode=returncode, outcome=outcome.value,
                     reason=reason, peak_mib=peak, sm_activity=t.sm_mean)
         self.store.update_attempt(a)
+        self.store.clear_flag(_cancel_key(a.job_id))
         self.running.pop(a.job_id, None)
         spec = self.specs[a.job_id]
         job = self.scheduler.job_exited(a.job_id, ExitReport(outcome, observed, reason))
@@ -454,6 +458,8 @@ class Service:
             self._placed_seq += 1
             tracked = Tracked(job, a.uuids, self._placed_seq)
             run = Running(a, tracked)
+            if self.store.get_flag(_cancel_key(job_id)):
+                run.cancel_at = time.time()  # asked before the restart; the grace period restarts
             if process_matches(a.pid, a.pid_started):
                 tracked.pids = frozenset(process_tree(a.pid or 0))
                 self.running[job_id] = run
@@ -527,3 +533,7 @@ def run_daemon(config: ServeConfig, *, on_ready: Callable[[Service], None] | Non
         if handler is not None:
             log.removeHandler(handler)
             handler.close()
+
+
+def _cancel_key(job_id: str) -> str:
+    return f"cancel:{job_id}"

@@ -187,6 +187,9 @@ class Store:
             (key, "1" if value else "0"),
         )
 
+    def clear_flag(self, key: str) -> None:
+        self.db.execute("DELETE FROM meta WHERE key = ?", (key,))
+
 
 def _attempt(r: tuple) -> Attempt:
     return Attempt(r[0], r[1], r[2], tuple(json.loads(r[3])), tuple(json.loads(r[4])), r[5],
