@@ -49,7 +49,7 @@ def start_daemon(state_dir: Path, period: float) -> subprocess.Popen:
         try:
             client.request("ping")
             return proc
-        except Exception:  # noqa: BLE001 - not up yet
+        except Exception:
             time.sleep(0.2)
     proc.kill()
     raise SystemExit("daemon did not start")
@@ -82,7 +82,7 @@ def bench_submit(root: Path, n: int, clients: int) -> dict:
                 try:
                     r = c.request("submit", argv=["python", "train.py", f"--seed={i}"], cwd=str(root),
                                   mem="2GiB", name=f"bench-{i}", base_env=env)
-                except Exception as exc:  # noqa: BLE001 - counted and reported
+                except Exception as exc:
                     with lock:
                         errors.append(str(exc))
                     continue

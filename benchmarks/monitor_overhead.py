@@ -35,14 +35,14 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _machine import machine  # noqa: E402
+from _machine import machine
 
-from collocate.gpus.emulated import EmulatedBackend  # noqa: E402
-from collocate.gpus.emulated_state import process_start_time  # noqa: E402
-from collocate.monitor.job_metrics import log_metric  # noqa: E402
-from collocate.monitor.sampler import JobRef, Sampler  # noqa: E402
-from collocate.monitor.sinks.prometheus import PrometheusSink  # noqa: E402
-from collocate.monitor.store import MonitorStore  # noqa: E402
+from collocate.gpus.emulated import EmulatedBackend
+from collocate.gpus.emulated_state import process_start_time
+from collocate.monitor.job_metrics import log_metric
+from collocate.monitor.sampler import JobRef, Sampler
+from collocate.monitor.sinks.prometheus import PrometheusSink
+from collocate.monitor.store import MonitorStore
 
 PARTS = ("backend_sample", "sampler_observe", "store_write", "prometheus_write")
 MLFLOW = "mlflow_write"  # measured apart, with --mlflow: an optional sink, not the sampling

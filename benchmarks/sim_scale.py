@@ -19,13 +19,20 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from _machine import machine  # noqa: E402
+from _machine import machine
 
-from collocate.gputypes import parse_cluster  # noqa: E402
-from collocate.model import ClusterSnapshot, GpuId, GpuView, Job, JobProfile, Utilization  # noqa: E402
-from collocate.policies import make_policy  # noqa: E402
-from collocate.sim.engine import Simulation  # noqa: E402
-from collocate.sim.synth import synthetic_trace  # noqa: E402
+from collocate.gputypes import parse_cluster
+from collocate.model import (
+    ClusterSnapshot,
+    GpuId,
+    GpuView,
+    Job,
+    JobProfile,
+    Utilization,
+)
+from collocate.policies import make_policy
+from collocate.sim.engine import Simulation
+from collocate.sim.synth import synthetic_trace
 
 CLUSTER = "125x(8xA100-80GB)"  # 1,000 GPUs
 

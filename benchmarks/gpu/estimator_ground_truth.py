@@ -141,7 +141,7 @@ def _nvml_used_mib(pid: int | None) -> float | None:
         return None
     try:
         pynvml.nvmlInit()
-    except Exception:  # noqa: BLE001 - no NVML on this machine
+    except Exception:
         return None
     try:
         handle = _nvml_handle(pynvml)
@@ -167,7 +167,7 @@ def _device_info(torch: Any) -> dict[str, str]:
             drv = pynvml.nvmlSystemGetDriverVersion()
             info["driver"] = drv.decode() if isinstance(drv, bytes) else str(drv)
             pynvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001 - NVML missing: leave the driver empty
+        except Exception:
             pass
     return info
 

@@ -5,7 +5,15 @@ import math
 import pytest
 
 from collocate.errors import InputError, UnknownNameError
-from collocate.model import ClusterSnapshot, GpuId, GpuView, Job, JobProfile, RunningJob, Utilization
+from collocate.model import (
+    ClusterSnapshot,
+    GpuId,
+    GpuView,
+    Job,
+    JobProfile,
+    RunningJob,
+    Utilization,
+)
 from collocate.policies import POLICY_NAMES, make_policy
 
 GIB = 1024.0

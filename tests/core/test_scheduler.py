@@ -3,9 +3,24 @@
 import pytest
 
 from collocate.errors import CollocateError
-from collocate.model import ClusterSnapshot, GpuId, GpuView, Job, JobState, Placement, Plan, Rejection
+from collocate.model import (
+    ClusterSnapshot,
+    GpuId,
+    GpuView,
+    Job,
+    JobState,
+    Placement,
+    Plan,
+    Rejection,
+)
 from collocate.policies import make_policy
-from collocate.recovery import ExitReport, Outcome, RecoveryRules, after_exit, raised_requirement
+from collocate.recovery import (
+    ExitReport,
+    Outcome,
+    RecoveryRules,
+    after_exit,
+    raised_requirement,
+)
 from collocate.scheduler import Capacity, PolicyError, Scheduler
 
 GIB = 1024.0

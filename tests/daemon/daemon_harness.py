@@ -52,7 +52,7 @@ class Daemon:
     def start(self) -> Daemon:
         cmd = [sys.executable, "-m", "collocate.daemon", "serve", "--state-dir", str(self.state_dir),
                *self.args]
-        self.log = open(self.state_dir.parent / f"{self.state_dir.name}.log", "ab")  # noqa: SIM115 - lives with the daemon
+        self.log = open(self.state_dir.parent / f"{self.state_dir.name}.log", "ab")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
         wait_for(self._ready, START_TIMEOUT_S, "the daemon to answer")
         return self
@@ -63,7 +63,7 @@ class Daemon:
         try:
             self.client.request("ping")
             return True
-        except Exception:  # noqa: BLE001 - not up yet
+        except Exception:
             return False
 
     def read_log(self) -> str:

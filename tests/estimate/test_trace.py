@@ -107,7 +107,12 @@ def test_live_peak_matches_torch_mem_tracker() -> None:
 
     from collocate.estimate.allocator import replay
     from collocate.estimate.entrypoint import load
-    from collocate.estimate.trace import as_args, default_loss, prefer_foreach, warm_optimizer
+    from collocate.estimate.trace import (
+        as_args,
+        default_loss,
+        prefer_foreach,
+        warm_optimizer,
+    )
 
     with FakeTensorMode():
         w = load("_entries:tiny_transformer", 8, None)

@@ -151,7 +151,7 @@ class FakeNvml:
         raise AssertionError("GPM is not supported on the fake A100")
 
     def c_nvmlGpmMetricsGet_t(self) -> Any:
-        metric = lambda: SimpleNamespace(metricId=0, nvmlReturn=-1, value=0.0)  # noqa: E731
+        metric = lambda: SimpleNamespace(metricId=0, nvmlReturn=-1, value=0.0)
         return SimpleNamespace(version=0, numMetrics=0, sample1=None, sample2=None,
                                metrics=[metric() for _ in range(8)])
 

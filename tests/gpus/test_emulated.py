@@ -18,7 +18,6 @@ from collocate.model import GpuId
 
 from ._gpu_helpers import NODE, holders
 
-
 A100 = GPU_TYPES["A100-40GB"]
 
 

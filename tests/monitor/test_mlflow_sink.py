@@ -7,15 +7,15 @@ import pytest
 pytest.importorskip("mlflow", reason="the MLflow sink is optional: pip install 'collocate[mlflow]'")
 pytest.importorskip("sqlalchemy", reason="MLflow's SQLite store needs sqlalchemy and alembic")
 
-from mlflow.tracking import MlflowClient  # noqa: E402
+from mlflow.tracking import MlflowClient
 
-from collocate.monitor.job_metrics import MetricPoint  # noqa: E402
-from collocate.monitor.sampler import Tick  # noqa: E402
-from collocate.monitor.sinks.base import GuardedSink, JobInfo  # noqa: E402
-from collocate.monitor.sinks.mlflow_sink import MlflowSink, default_tracking_uri  # noqa: E402
-from collocate.monitor.store import MonitorStore  # noqa: E402
+from collocate.monitor.job_metrics import MetricPoint
+from collocate.monitor.sampler import Tick
+from collocate.monitor.sinks.base import GuardedSink, JobInfo
+from collocate.monitor.sinks.mlflow_sink import MlflowSink, default_tracking_uri
+from collocate.monitor.store import MonitorStore
 
-from .test_store import run_ticks  # noqa: E402
+from .test_store import run_ticks
 
 
 @pytest.mark.slow

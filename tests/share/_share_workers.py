@@ -89,5 +89,5 @@ def consume(name: str, state_dir: str, queue: Any, tag: str, batch_size: int | N
                 time.sleep(between_epochs_s)  # evaluation / checkpointing between epochs
         loader.close()
         queue.put((tag, "done", os.getpid(), None))
-    except BaseException as exc:  # noqa: BLE001 - reported to the test, which asserts on type and text
+    except BaseException as exc:
         queue.put((tag, "error", type(exc).__name__, f"{exc}\n{traceback.format_exc()}"))

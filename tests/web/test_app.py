@@ -7,15 +7,15 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("httpx", reason="FastAPI's TestClient needs httpx")
 
-from fastapi.testclient import TestClient  # noqa: E402
+from fastapi.testclient import TestClient
 
-from collocate.errors import CollocateError  # noqa: E402
-from collocate.gpus.emulated import EmulatedBackend  # noqa: E402
-from collocate.monitor.sinks.prometheus import PrometheusSink  # noqa: E402
-from collocate.web.app import create_app  # noqa: E402
-from collocate.web.server import is_loopback, serve_in_thread  # noqa: E402
+from collocate.errors import CollocateError
+from collocate.gpus.emulated import EmulatedBackend
+from collocate.monitor.sinks.prometheus import PrometheusSink
+from collocate.web.app import create_app
+from collocate.web.server import is_loopback, serve_in_thread
 
-from .fake_source import FakeSource  # noqa: E402
+from .fake_source import FakeSource
 
 TOKEN = "0123456789abcdef0123"
 

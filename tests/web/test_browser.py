@@ -28,10 +28,10 @@ if CHROMIUM is None:
 playwright_sync = pytest.importorskip("playwright.sync_api",
                                       reason="pip install playwright (the browser test driver)")
 
-from collocate.web.app import create_app  # noqa: E402
-from collocate.web.server import serve_in_thread  # noqa: E402
+from collocate.web.app import create_app
+from collocate.web.server import serve_in_thread
 
-from .fake_source import FakeSource  # noqa: E402
+from .fake_source import FakeSource
 
 TIMEOUT_MS = 20_000
 TOKEN = "browser-test-token-0123456789"

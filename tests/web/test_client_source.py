@@ -18,7 +18,7 @@ def wait_for(predicate, timeout: float, what: str):
     while time.monotonic() < deadline:
         try:
             value = predicate()
-        except Exception:  # noqa: BLE001 - not ready yet
+        except Exception:
             value = None
         if value:
             return value
@@ -29,7 +29,7 @@ def wait_for(predicate, timeout: float, what: str):
 @pytest.fixture
 def daemon(tmp_path: Path):
     state = tmp_path / "state"
-    log = open(tmp_path / "daemon.log", "wb")  # noqa: SIM115 - closed at teardown
+    log = open(tmp_path / "daemon.log", "wb")
     proc = subprocess.Popen([sys.executable, "-m", "collocate.cli", "serve", "--state-dir",
                              str(state), "--gpus", "emulated:2xA100-40GB", "--period", "0.2"],
                             stdout=log, stderr=subprocess.STDOUT)
@@ -41,13 +41,13 @@ def daemon(tmp_path: Path):
         jobs = []
         try:
             jobs = client.request("ls", all=True)
-        except Exception:  # noqa: BLE001 - the daemon may be gone already
+        except Exception:
             pass
         for job in jobs:
             if job["state"] in ("pending", "running"):
                 try:
                     client.request("cancel", id=job["id"])
-                except Exception:  # noqa: BLE001
+                except Exception:
                     pass
         proc.terminate()
         proc.wait(timeout=30)

@@ -135,7 +135,7 @@ def _run(plan, *, device: str, seconds: float, warmup: float, precision: str, gp
         if device == "cuda":
             from collocate.gpus.mps import MpsControl
 
-            mps_factory = lambda: MpsControl(Path(tempfile.mkdtemp(prefix="cbmps-")))  # noqa: E731
+            mps_factory = lambda: MpsControl(Path(tempfile.mkdtemp(prefix="cbmps-")))
         opts = RunOptions(device=device, seconds=seconds, warmup=warmup, precision=precision,
                           period_s=period)
         records = run_plan(plan, backend=backend, uuid=target.uuid, total_mib=target.total_mib,
@@ -174,7 +174,8 @@ def calibrate(
     seed: Annotated[int, typer.Option(help="Seed of the held-out split.")] = 0,
 ) -> None:
     """Fit the interference and power model to measurements; report held-out error."""
-    from collocate.bench.calibrate import calibrate as fit, report_markdown, write_outputs
+    from collocate.bench.calibrate import calibrate as fit
+    from collocate.bench.calibrate import report_markdown, write_outputs
     from collocate.bench.runner import read_results
 
     if not 0 <= holdout < 1:
@@ -198,11 +199,9 @@ def minitrace_build(
                                                 "large 35-70 s).")] = 1.0,
 ) -> None:
     """Make the mini-trace from measured solo runs: simulator trace + daemon submissions."""
-    from collocate.bench.minitrace import build_files
-    from collocate.bench.runner import read_results
-
-    from collocate.bench.minitrace import CPU_TRACE_NOTE
+    from collocate.bench.minitrace import CPU_TRACE_NOTE, build_files
     from collocate.bench.report import env_of
+    from collocate.bench.runner import read_results
 
     file = _results_file(results)
     records = read_results(file)

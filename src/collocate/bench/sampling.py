@@ -46,7 +46,7 @@ class Sampler:
                 for s in self.backend.sample():
                     if s.uuid == self.uuid:
                         self.samples.append(s)
-            except Exception as exc:  # noqa: BLE001 - keep sampling; report at the end
+            except Exception as exc:
                 if len(self.errors) < 20:
                     self.errors.append(f"{type(exc).__name__}: {exc}")
             self._stop.wait(self.period_s)

@@ -40,7 +40,7 @@ def _process_start() -> float:
         import psutil
 
         return float(psutil.Process().create_time())
-    except Exception:  # noqa: BLE001 - fall back to now
+    except Exception:
         return time.time()
 
 
@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         _write_json(args.out, {**base, "status": "error", "error": str(exc)})
         return EXIT_USAGE
-    except Exception as exc:  # noqa: BLE001 - reported in the JSON and on stderr
+    except Exception as exc:
         oom = _is_oom(exc)
         detail = traceback.format_exc()
         print(detail, file=sys.stderr)

@@ -64,7 +64,7 @@ def serve(
     state_dir: StateDirOpt = None,
     gpus: Annotated[str, typer.Option("--gpus", help="nvml, auto, or emulated:4xA100-40GB.")] = "auto",
     policy: Annotated[str, typer.Option("--policy", help="Placement policy (see `collocate simulate`).")] = "auto",
-    param: Annotated[list[str], typer.Option("--param", help="Policy parameter NAME=VALUE (repeatable).")] = [],  # noqa: B006
+    param: Annotated[list[str], typer.Option("--param", help="Policy parameter NAME=VALUE (repeatable).")] = [],
     sharing: Annotated[str, typer.Option("--sharing", help="time-slicing or mps.")] = "time-slicing",
     period: Annotated[float, typer.Option("--period", help="Sampling/scheduling period, seconds.")] = 1.0,
     window: Annotated[int, typer.Option("--window", help="Samples in the utilization window.")] = 30,
@@ -179,7 +179,7 @@ def submit(
     retries: Annotated[int | None, typer.Option("--retries", help="Retries (OOM: default 3; "
                         "giving it also retries other failures).")] = None,
     cwd: Annotated[Path | None, typer.Option("--cwd", help="Working directory (default: here).")] = None,
-    env: Annotated[list[str], typer.Option("--env", help="NAME=VALUE for the job (repeatable).")] = [],  # noqa: B006
+    env: Annotated[list[str], typer.Option("--env", help="NAME=VALUE for the job (repeatable).")] = [],
     estimate: Annotated[str | None, typer.Option("--estimate", help="Estimate memory statically from "
                         "this entry point (package.module:function), instead of --mem.")] = None,
     batch_size: Annotated[int | None, typer.Option("--batch-size", help="Batch size for --estimate.")] = None,

@@ -201,7 +201,7 @@ class Datasets:
         if p.handle is not None:
             try:
                 p.handle.process.wait(2.0)  # type: ignore[attr-defined]
-            except Exception:  # noqa: BLE001 - unkillable: nothing more to do here
+            except Exception:
                 log.warning("producer %r (pid %d) did not die", p.name, p.pid)
 
     @staticmethod

@@ -95,7 +95,7 @@ class DemoRun:
             params = ["--param", f"settle_s={max(1.0, 3.0 * scale):.1f}"]
         cmd = [sys.executable, "-m", "collocate.daemon", "serve", "--state-dir", str(self.state_dir),
                "--gpus", GPUS, "--policy", policy, "--period", str(PERIOD_S), *params]
-        self.log = open(root / f"{policy}.log", "wb")  # noqa: SIM115 - closed in stop()
+        self.log = open(root / f"{policy}.log", "wb")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
         self.client = Client(self.state_dir, timeout_s=60)
         self.rows: list[dict[str, Any]] = []

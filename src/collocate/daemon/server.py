@@ -107,7 +107,7 @@ class _Connection(socketserver.StreamRequestHandler):
                 reply = protocol.ok(api.handler(op, args, peer))
             except CollocateError as exc:
                 reply = protocol.error(exc)
-            except Exception as exc:  # noqa: BLE001 - a bug must reach the client, not kill the thread
+            except Exception as exc:
                 reply = protocol.error(CollocateError(f"internal error: {type(exc).__name__}: {exc}",
                                                       hint="see the daemon's log"))
             if not self._reply(reply):

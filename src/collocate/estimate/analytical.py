@@ -85,7 +85,7 @@ def estimate_analytical(
         act1 = leaf_output_bytes(work.model, work.inputs, precision)
     except CollocateError:
         raise
-    except Exception as exc:  # noqa: BLE001 - the user's model failing on CPU
+    except Exception as exc:
         raise TraceFailed(
             f"analytical: a batch-1 forward pass on CPU failed: {type(exc).__name__}: {exc}",
             hint="make the model run on CPU, or pass --mem",

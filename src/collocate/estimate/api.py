@@ -12,7 +12,12 @@ from typing import Any
 
 from collocate.errors import CollocateError, InputError, UnknownNameError
 from collocate.estimate.base import Estimate
-from collocate.estimate.entrypoint import OPTIMIZERS, PRECISIONS, check_batch_size, check_choice
+from collocate.estimate.entrypoint import (
+    OPTIMIZERS,
+    PRECISIONS,
+    check_batch_size,
+    check_choice,
+)
 from collocate.estimate.gpu_overheads import gpu_type
 
 FALLBACKS = ("cpu-run", "analytical")

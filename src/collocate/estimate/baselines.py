@@ -58,7 +58,7 @@ def estimate_horus(entry: str | Callable[..., Any], batch_size: int) -> Estimate
         acts = _leaf_output_elements(work.model, work.inputs)
     except CollocateError:
         raise
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise TraceFailed(f"horus: batch-1 forward failed: {exc}", hint="pass --mem") from exc
     params = sum(p.numel() for p in work.model.parameters())
     mib = horus_mib(acts, params, batch_size)

@@ -39,7 +39,7 @@ def trace_real(
             training_step(work, precision, tracker)
     except CollocateError:
         raise
-    except Exception as exc:  # noqa: BLE001 - the user's model failing on CPU
+    except Exception as exc:
         raise TraceFailed(
             f"a real CPU training step at batch {batch_size} failed: {type(exc).__name__}: "
             f"{str(exc)[:300]}",

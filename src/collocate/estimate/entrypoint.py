@@ -83,7 +83,7 @@ def resolve(entry: str | Callable[..., Any]) -> Callable[..., Any]:
             hint="check the spelling, run from the project directory or add it to PYTHONPATH, "
             "and install the module's dependencies",
         ) from exc
-    except Exception as exc:  # noqa: BLE001 - user code raising at import time
+    except Exception as exc:
         raise CollocateError(
             f"importing {mod_name!r} raised {type(exc).__name__}: {exc}",
             hint="fix the error in that module; it must import without side effects",
@@ -115,7 +115,7 @@ def call(func: Callable[..., Any], batch_size: int) -> tuple[Any, ...]:
         result = func(batch_size=batch_size)
     except CollocateError:
         raise
-    except Exception as exc:  # noqa: BLE001 - user code
+    except Exception as exc:
         where = traceback.extract_tb(exc.__traceback__)[-1]
         raise CollocateError(
             f"entry point {name}(batch_size={batch_size}) raised {type(exc).__name__}: {exc} "

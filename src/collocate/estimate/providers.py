@@ -195,12 +195,12 @@ class ChainProvider:
         for p in self.providers:
             try:
                 est = p.estimate(request)
-            except (Exception, SystemExit) as exc:  # noqa: BLE001 - the daemon must survive
+            except (Exception, SystemExit) as exc:
                 failures.append(f"{p.name}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
                 if self.on_error is not None:
                     try:
                         self.on_error(p.name, exc)
-                    except Exception:  # noqa: BLE001, S110 - a logging hook must not kill us
+                    except Exception:
                         pass
                 continue
             if est is not None:

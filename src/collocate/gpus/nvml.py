@@ -346,19 +346,19 @@ def driver_versions(index: int = 0, nvml: Any = None) -> dict[str, Any]:
         if nvml is None:
             import pynvml as nvml
         nvml.nvmlInit()
-    except Exception:  # noqa: BLE001 - no driver: versions stay unknown
+    except Exception:
         return out
     try:
         out["driver"] = _text(nvml.nvmlSystemGetDriverVersion())
         version = int(nvml.nvmlSystemGetCudaDriverVersion())
         out["cuda_driver"] = f"{version // 1000}.{(version % 1000) // 10}"
         out["device_name"] = _text(nvml.nvmlDeviceGetName(nvml.nvmlDeviceGetHandleByIndex(index)))
-    except Exception:  # noqa: BLE001 - partial answers are still worth keeping
+    except Exception:
         pass
     finally:
         try:
             nvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass
     return out
 

@@ -46,7 +46,13 @@ def simulate(
     the jobs' measured peaks.
     """
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
 
     from collocate.gputypes import parse_cluster
     from collocate.model import SharingMode

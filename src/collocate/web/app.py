@@ -76,7 +76,7 @@ def create_app(source: DashboardSource, *, token: str | None = None,
         return {**source.status(), "can_submit": can_submit(source)}
 
     @app.post("/api/jobs")
-    def submit(body: dict[str, Any] = Body(...)) -> dict[str, Any]:  # noqa: B008
+    def submit(body: dict[str, Any] = Body(...)) -> dict[str, Any]:
         if not can_submit(source):
             raise HTTPException(501, "this dashboard is read-only; use `collocate submit`")
         argv = body.get("argv")

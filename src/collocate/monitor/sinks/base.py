@@ -113,7 +113,7 @@ class GuardedSink:
             return
         try:
             self.sink.close()
-        except Exception as exc:  # noqa: BLE001 - closing must not fail the daemon's shutdown
+        except Exception as exc:
             log.warning("tracking sink %s did not close cleanly: %s", self.name, exc)
 
     def status(self) -> dict[str, Any]:
@@ -155,7 +155,7 @@ class GuardedSink:
                 method, args = self._pending[0]
             try:
                 getattr(self.sink, method)(*args)
-            except Exception as exc:  # noqa: BLE001 - any sink failure degrades, never raises
+            except Exception as exc:
                 self._failed(exc)
                 return
             with self._lock:
