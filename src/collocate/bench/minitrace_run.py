@@ -15,9 +15,7 @@ without a GPU, and the numbers are those of the emulation, labelled so.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -28,10 +26,10 @@ from typing import Any
 
 from collocate.bench.minitrace import MiniJob
 from collocate.bench.sampling import Sampler, sample_dict
+from collocate.daemon.child import DaemonProcess
 from collocate.errors import CollocateError, InputError
 
 TERMINAL = ("done", "failed", "cancelled", "rejected")
-START_TIMEOUT_S = 60.0
 
 
 def job_argv(job: MiniJob, *, python: str, out: Path, emulate: bool, time_scale: float,
@@ -47,46 +45,6 @@ def job_argv(job: MiniJob, *, python: str, out: Path, emulate: bool, time_scale:
 
 def _cli(python: str) -> list[str]:
     return [python, "-m", "collocate.cli"]
-
-
-class _Daemon:
-    """``collocate serve`` as a child process in its own state directory."""
-
-    def __init__(self, python: str, state: Path, args: list[str], log: Path) -> None:
-        self.state, self.log_path = state, log
-        self.handle = open(log, "ab")
-        self.proc = subprocess.Popen([*_cli(python), "serve", "--state-dir", str(state), *args],
-                                     stdout=self.handle, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
-        from collocate.daemon.client import Client
-
-        self.client = Client(state, timeout_s=30)
-
-    def wait_ready(self) -> None:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise CollocateError(
-                    f"the daemon exited with status {self.proc.returncode} before answering",
-                    hint=f"see {self.log_path}")
-            try:
-                self.client.request("ping")
-                return
-            except CollocateError:
-                time.sleep(0.2)
-        raise CollocateError(f"the daemon did not answer within {START_TIMEOUT_S:g} s",
-                             hint=f"see {self.log_path}")
-
-    def stop(self) -> int | None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
-        self.handle.close()
-        return self.proc.returncode
 
 
 def _sampling_backend(gpus: str, state: Path) -> Any:
@@ -128,7 +86,7 @@ def run_minitrace(
                   "--period", f"{period_s:g}"]
     for p in params:
         serve_args += ["--param", p]
-    daemon = _Daemon(python, state, serve_args, out_dir / "daemon.log")
+    daemon = DaemonProcess(state, serve_args, out_dir / "daemon.log", python=python, client_timeout_s=30)
     submits: list[tuple[MiniJob, subprocess.Popen]] = []
     ids: dict[str, str] = {}
     try:
@@ -177,7 +135,7 @@ def run_minitrace(
     return summary
 
 
-def _wait_terminal(daemon: _Daemon, ids: set[str], deadline: float,
+def _wait_terminal(daemon: DaemonProcess, ids: set[str], deadline: float,
                    log: Callable[[str], None]) -> tuple[list[dict[str, Any]], bool]:
     last = -1
     while True:

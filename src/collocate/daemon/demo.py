@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -23,7 +22,8 @@ from typing import Annotated, Any
 
 import typer
 
-from collocate.errors import CollocateError, InputError
+from collocate.daemon.child import DaemonProcess
+from collocate.errors import InputError
 
 GPUS = "emulated:4xA100-40GB"
 PERIOD_S = 0.25
@@ -83,7 +83,6 @@ class DemoRun:
     """One policy's daemon and its jobs."""
 
     def __init__(self, policy: str, root: Path, scale: float) -> None:
-        from collocate.daemon.client import Client
         from collocate.policies import policy_parameters
 
         self.policy, self.scale = policy, scale
@@ -93,25 +92,14 @@ class DemoRun:
         if "settle_s" in policy_parameters(policy):
             # Emulated jobs reach their first memory within the 2 s ramp: a short settle is honest.
             params = ["--param", f"settle_s={max(1.0, 3.0 * scale):.1f}"]
-        cmd = [sys.executable, "-m", "collocate.daemon", "serve", "--state-dir", str(self.state_dir),
-               "--gpus", GPUS, "--policy", policy, "--period", str(PERIOD_S), *params]
-        self.log = open(root / f"{policy}.log", "wb")
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
-        self.client = Client(self.state_dir, timeout_s=60)
+        self.daemon = DaemonProcess(
+            self.state_dir, ["--gpus", GPUS, "--policy", policy, "--period", str(PERIOD_S), *params],
+            root / f"{policy}.log", name=f"the {policy} daemon")
+        self.client = self.daemon.client
         self.rows: list[dict[str, Any]] = []
 
     def wait_ready(self) -> None:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise CollocateError(f"the {self.policy} daemon exited ({self.proc.returncode})",
-                                     hint=f"see {self.log.name}")
-            try:
-                self.client.request("ping")
-                return
-            except CollocateError:
-                time.sleep(0.2)
-        raise CollocateError(f"the {self.policy} daemon did not start in {START_TIMEOUT_S:.0f} s")
+        self.daemon.wait_ready(START_TIMEOUT_S)
 
     def submit_all(self, cwd: Path) -> None:
         for job in TRACE:
@@ -147,13 +135,7 @@ class DemoRun:
         }
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        self.daemon.stop(timeout_s=10)
         for record in self.state_dir.glob("jobs/*/attempt-*/runner.json"):
             try:
                 import json
@@ -161,7 +143,6 @@ class DemoRun:
                 os.killpg(int(json.loads(record.read_text())["pid"]), signal.SIGKILL)
             except (OSError, ValueError, KeyError):
                 pass
-        self.log.close()
 
 
 def demo(
