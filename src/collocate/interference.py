@@ -72,9 +72,12 @@ def shared_slowdown(p: ModeParams, sm, dram, other_sm, other_dram):
     the ``auto`` policy can score a thousand candidate GPUs in one call."""
     sharing = 1.0 + p.base + p.per_sm * other_sm + p.per_dram * other_dram
     if isinstance(sharing, np.ndarray):
-        total = np.maximum(np.maximum(sm + other_sm, dram + other_dram), 1.0)
+        total = np.maximum(sm + other_sm, dram + other_dram)
+        np.maximum(total, 1.0, out=total)
     else:  # the simulator's per-job path: builtins beat numpy on scalars by far
         total = max(sm + other_sm, dram + other_dram, 1.0)
+    if p.saturation_exponent == 1.0:  # the default; a power per element costs more than the rest
+        return sharing * total
     return sharing * total**p.saturation_exponent
 
 

@@ -80,9 +80,13 @@ class Auto:
 
     def _choose(self, job: Job, ledger: Ledger, usable: np.ndarray, keep: np.ndarray) -> list[int] | None:
         cluster = ledger.cluster
-        mem = cluster.total_mib if job.mem_mib is None else job.mem_mib
-        leaves_kept = cluster.total_mib - mem >= keep if keep.any() else True
-        idle = np.flatnonzero(usable & (ledger.n_jobs == 0) & fits_alone(job, cluster) & leaves_kept)
+        mask = usable & (ledger.n_jobs == 0)
+        if job.mem_mib is not None:
+            mask &= fits_alone(job, cluster)
+        if keep.any():
+            mem = cluster.total_mib if job.mem_mib is None else job.mem_mib
+            mask &= cluster.total_mib - mem >= keep
+        idle = np.flatnonzero(mask)
         if job.dataset in cluster.datasets:  # its producer's node first: batches are node-local
             same_node = np.isin(cluster.node[idle], cluster.node[list(cluster.datasets[job.dataset])])
             idle = np.concatenate([idle[same_node], idle[~same_node]])
@@ -101,12 +105,23 @@ class Auto:
         params = self._params(cluster.sharing)
         # The newcomer alone gains at most 1 / (its slowdown below saturation): drop the GPUs
         # where even that misses the bar first, then check the rest on the small set left.
-        bound = 1.0 + params.base + params.per_sm * ledger.sm_sum + params.per_dram * ledger.dram_sum
-        candidates = np.flatnonzero((ledger.n_jobs > 0) & (bound * min_gain <= 1.0) & usable)
+        # (This runs once per job and GPU; each array pass here costs the simulator seconds.)
+        mask = usable & (ledger.n_jobs > 0)
+        if min_gain > 0.0:
+            slack = 1.0 / min_gain - 1.0 - params.base
+            pressure = params.per_sm * ledger.sm_sum
+            if params.per_dram:
+                pressure += params.per_dram * ledger.dram_sum
+            mask &= pressure <= slack
+        candidates = np.flatnonzero(mask)
+        if candidates.size == 0:
+            return None
         need = job.mem_mib * (1.0 + self.uncertainty_margin * job.mem_uncertainty)
         room = np.minimum(ledger.free_mib[candidates], cluster.total_mib[candidates] - ledger.committed_mib[candidates])
-        settled = cluster.now - ledger.launch_seen_at[candidates] >= self.settle_s
-        candidates = candidates[(room - self.reserve_mib - need - self.headroom_mib >= keep[candidates]) & settled]
+        room -= self.reserve_mib + need + self.headroom_mib
+        fits = room >= keep[candidates]
+        fits &= ledger.launch_seen_at[candidates] <= cluster.now - self.settle_s  # settled
+        candidates = candidates[fits]
         if candidates.size == 0:
             return None
         gain, ok = self._score(job, ledger, candidates)
@@ -114,19 +129,22 @@ class Auto:
             gain = gain + self.dataset_affinity * np.isin(candidates, cluster.datasets[job.dataset])
         ok &= gain >= min_gain
         candidates, gain = candidates[ok], gain[ok]
+        if job.gpus == 1:
+            return [int(candidates[np.argmax(gain)])] if candidates.size else None
         return pick_on_one_node(candidates[np.argsort(-gain, kind="stable")], cluster.node, job.gpus)
 
     def _score(self, job: Job, ledger: Ledger, gpus: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Progress-rate gain of adding ``job`` to each GPU, and whether the placement is allowed.
+        """Progress-rate gain of adding ``job`` to each of these busy GPUs, and whether the
+        placement is allowed.
 
         Residents are represented by their mean profile, which keeps the score one vector
         expression per GPU set.
         """
         params = self._params(ledger.cluster.sharing)
         a, d = job.profile.sm_activity, job.profile.dram_activity
-        n = ledger.n_jobs[gpus].astype(float)
+        n = ledger.n_jobs[gpus].astype(float)  # >= 1: only busy GPUs are scored
         sm, dram = ledger.sm_sum[gpus], ledger.dram_sum[gpus]
-        mean_sm, mean_dram = sm / np.maximum(n, 1.0), dram / np.maximum(n, 1.0)
+        mean_sm, mean_dram = sm / n, dram / n
         newcomer = shared_slowdown(params, a, d, sm, dram)
         resident_after = shared_slowdown(params, mean_sm, mean_dram, sm - mean_sm + a, dram - mean_dram + d)
         resident_before = np.where(
