@@ -98,6 +98,7 @@ class Job:
     oom_crashes: int = 0
     state: JobState = JobState.PENDING
     dataset: str | None = None
+    after: tuple[str, ...] = ()  # ids of jobs that must end done before this one may start
     reason: str = ""  # why it was rejected, failed or last requeued
 
     def evolve(self, **changes: object) -> Job:

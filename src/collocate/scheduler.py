@@ -1,7 +1,9 @@
 """The scheduling core that the simulator and the daemon both run.
 
 It owns the queue and the jobs' states, asks the policy for a plan each round, checks the plan,
-and applies the recovery rules when a job's process ends. It does no I/O and reads no clock:
+and applies the recovery rules when a job's process ends. A job that depends on others
+(``Job.after``) stays pending outside the policy's queue until they are done, and is cancelled
+if one of them ends any other way. It does no I/O and reads no clock:
 the caller passes the cluster snapshot and the time, and persists every changed job through the
 ``on_change`` hook (the daemon writes it to SQLite; the simulator keeps it in memory).
 """
@@ -81,6 +83,7 @@ class Scheduler:
         self.rules = rules
         self.jobs: dict[str, Job] = {}
         self._queue = SortedKeyList(key=queue_key)
+        self._dependents: dict[str, set[str]] = {}  # job id -> pending jobs waiting for it
         self._on_change = on_change or (lambda job: None)
         self.placements_made = 0
         self._known_gpus: tuple[tuple, frozenset] = ((), frozenset())
@@ -92,20 +95,48 @@ class Scheduler:
         return self._queue
 
     def submit(self, job: Job) -> Job:
-        """Queue a job, or reject it with a reason when no node could ever run it."""
+        """Queue a job, or reject it with a reason when no node could ever run it or a job it
+        depends on is unknown or has already ended without success."""
         if job.id in self.jobs:
             raise CollocateError(f"job id {job.id!r} is already known")
-        reason = self.capacity.why_not(job)
+        reason = self.capacity.why_not(job) or self.why_not_after(job)
         if reason is not None:
             return self._store(job.evolve(state=JobState.REJECTED, reason=reason))
+        waiting = self._unfinished(job)
+        if waiting:
+            for dep in waiting:
+                self._dependents.setdefault(dep, set()).add(job.id)
+            return self._store(job.evolve(state=JobState.PENDING, reason=_waits_for(waiting)))
         return self._store(job.evolve(state=JobState.PENDING))
 
+    def why_not_after(self, job: Job) -> str | None:
+        """Why ``job``'s dependencies can never be met, or None."""
+        for dep in job.after:
+            other = self.jobs.get(dep)
+            if other is None:
+                return f"depends on job {dep}, which does not exist"
+            if other.state.is_terminal and other.state is not JobState.DONE:
+                return f"depends on job {dep}, which ended {other.state.value}"
+        return None
+
     def restore(self, jobs: Iterable[Job]) -> None:
-        """Load jobs saved by an earlier run (the daemon after a restart), without callbacks."""
+        """Load jobs saved by an earlier run (the daemon after a restart), without callbacks
+        except for jobs whose dependencies ended badly while the daemon was down (cancelled)."""
         for job in jobs:
             self.jobs[job.id] = job
-            if job.state is JobState.PENDING:
+        doomed = []
+        for job in self.jobs.values():
+            if job.state is not JobState.PENDING:
+                continue
+            if self.why_not_after(job):
+                doomed.append(job)
+            elif waiting := self._unfinished(job):
+                for dep in waiting:
+                    self._dependents.setdefault(dep, set()).add(job.id)
+            else:
                 self._queue.add(job)
+        for job in doomed:
+            self._store(job.evolve(state=JobState.CANCELLED, reason=self.why_not_after(job)))
 
     # -- rounds -----------------------------------------------------------------------------
     def schedule(self, cluster: ClusterSnapshot) -> Plan:
@@ -150,12 +181,33 @@ class Scheduler:
     def _store(self, job: Job) -> Job:
         old = self.jobs.get(job.id)
         if old is not None and old.state is JobState.PENDING:
-            self._queue.remove(old)
+            self._queue.discard(old)  # absent while it waited for its dependencies
         self.jobs[job.id] = job
-        if job.state is JobState.PENDING:
+        if job.state is JobState.PENDING and not (job.after and self._unfinished(job)):
             self._queue.add(job)
         self._on_change(job)
+        if job.state.is_terminal and job.id in self._dependents:
+            self._release_dependents(job)
         return job
+
+    def _unfinished(self, job: Job) -> list[str]:
+        return [dep for dep in job.after if self.jobs[dep].state is not JobState.DONE]
+
+    def _release_dependents(self, job: Job) -> None:
+        """Queue the jobs that waited only for ``job``, or cancel them all if it did not succeed
+        (which cancels their own dependents in turn)."""
+        for dep_id in sorted(self._dependents.pop(job.id), key=lambda i: self.jobs[i].submit_time):
+            waiter = self.jobs[dep_id]
+            if waiter.state is not JobState.PENDING:
+                continue
+            if job.state is not JobState.DONE:
+                self._store(waiter.evolve(
+                    state=JobState.CANCELLED, reason=f"job {job.id} it depends on ended {job.state.value}"
+                ))
+            elif not (waiting := self._unfinished(waiter)):
+                self._store(waiter.evolve(reason=""))
+            else:
+                self._store(waiter.evolve(reason=_waits_for(waiting)))
 
     def _check(self, plan: Plan, cluster: ClusterSnapshot) -> None:
         if self._known_gpus[0] is not cluster.ids:
@@ -175,3 +227,7 @@ class Scheduler:
             job = self.jobs.get(r.job_id) if isinstance(r, Rejection) else None
             if job is None or job.state is not JobState.PENDING or r.job_id in seen:
                 raise PolicyError(f"policy {self.policy.name} rejected {r}, which is not a pending job")
+
+
+def _waits_for(job_ids: Sequence[str]) -> str:
+    return f"waits for job{'s' if len(job_ids) > 1 else ''} {', '.join(job_ids)}"
