@@ -58,6 +58,28 @@ class InterferenceModel:
             )
         )
 
+    def instance_slowdown(
+        self,
+        job: JobProfile,
+        others: Sequence[JobProfile],
+        fraction: float,
+        inner: SharingMode = SharingMode.TIME_SLICING,
+    ) -> float:
+        """Factor by which ``job`` on a MIG instance with ``fraction`` of the GPU's SMs runs
+        slower than alone on the whole GPU, while ``others`` share that instance by ``inner``.
+
+        Inside an instance, activities count relative to it (``a / fraction``, at most 1): a job
+        that keeps 30% of a whole GPU busy saturates a 1g slice of an A100.
+        """
+        solo = self.slowdown(SharingMode.MIG, job, speed=fraction)
+        if not others:
+            return solo
+
+        def relative(p: JobProfile) -> JobProfile:
+            return JobProfile(min(1.0, p.sm_activity / fraction), min(1.0, p.dram_activity / fraction))
+
+        return solo * self.slowdown(inner, relative(job), [relative(o) for o in others])
+
     def busy_fraction(self, profiles: Sequence[JobProfile]) -> float:
         """Fraction of the GPU's SMs kept busy by these jobs together (for power and SM util)."""
         return min(1.0, sum(p.sm_activity for p in profiles))

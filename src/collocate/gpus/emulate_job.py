@@ -167,16 +167,8 @@ def job_slowdown(
         if mode is SharingMode.MIG:  # not partitioned: co-runners take turns
             mode = SharingMode.TIME_SLICING
         return model.slowdown(mode, own, others)
-    f = device.sm_fraction
-    solo = model.slowdown(SharingMode.MIG, own, speed=f)
-    if not others:
-        return solo
     inner = SharingMode.TIME_SLICING if mode is SharingMode.MIG else mode
-
-    def scaled(p: JobProfile) -> JobProfile:
-        return JobProfile(min(1.0, p.sm_activity / f), min(1.0, p.dram_activity / f))
-
-    return solo * model.slowdown(inner, scaled(own), [scaled(o) for o in others])
+    return model.instance_slowdown(own, others, device.sm_fraction, inner)
 
 
 class EmulatedJob:

@@ -34,7 +34,23 @@ def simulate(
     estimator: Annotated[
         str, typer.Option(help="Memory estimate the policies see: peak, horus, faketensor or gpumemnet.")
     ] = "peak",
-    sharing: Annotated[str, typer.Option(help="How jobs share a GPU: time-slicing or mps.")] = "time-slicing",
+    sharing: Annotated[
+        str,
+        typer.Option(
+            help="How jobs share a GPU: time-slicing, mps, or mig (every GPU split into the MIG "
+            "instances of --mig-layout, each scheduled as a GPU; jobs on one instance time-slice it)."
+        ),
+    ] = "time-slicing",
+    mig_layout: Annotated[
+        str | None,
+        typer.Option(
+            help="With --sharing mig: the instances every GPU is split into, MIG profile names "
+            "joined by +, e.g. 3g.20gb+4g.20gb (A100-40GB) or 1g.10gb+1g.10gb+2g.20gb+3g.40gb "
+            "(H100-80GB); for mixed clusters one per type, A100-40GB=...,H100-80GB=.... "
+            "Default: the 3g+4g half/half split of each type, which uses the whole GPU in the "
+            "fewest instances and leaves each half the memory, so larger jobs still fit.",
+        ),
+    ] = None,
     seed: Annotated[int, typer.Option(help="Seed for synthetic traces.")] = 0,
     out: Annotated[Path | None, typer.Option(help="Folder for per-job CSV and PNG plots.")] = None,
     format: Annotated[OutputFormat, typer.Option("--format", help="table or json.")] = OutputFormat.table,
@@ -59,6 +75,7 @@ def simulate(
     from collocate.policies import make_policy
     from collocate.sim.engine import SimConfig, Simulation
     from collocate.sim.metrics import summarize
+    from collocate.sim.mig import layout_text, resolve_layout
     from collocate.sim.report import table, write_jobs_csv, write_plots
     from collocate.sim.synth import synthetic_trace
     from collocate.sim.trace import ESTIMATORS, load_catalogue, load_trace
@@ -69,9 +86,15 @@ def simulate(
     try:
         mode = SharingMode(sharing)
     except ValueError:
-        raise InputError(f"unknown sharing mode {sharing!r}", hint="valid: time-slicing, mps") from None
+        raise InputError(f"unknown sharing mode {sharing!r}", hint="valid: time-slicing, mps, mig") from None
+    layout = None
     if mode is SharingMode.MIG:
-        raise InputError("the simulator does not model MIG partitions yet", hint="use time-slicing or mps")
+        layout = layout_text(resolve_layout(mig_layout, nodes))  # validated before any run
+    elif mig_layout is not None:
+        raise InputError(
+            f"--mig-layout only applies with --sharing mig (got --sharing {mode.value})",
+            hint=f"add --sharing mig, or drop --mig-layout {mig_layout}",
+        )
     policies = [make_policy(name.strip()) for name in policy.split(",") if name.strip()]
     if not policies:
         raise InputError("no policy given", hint="e.g. --policy exclusive,carma-magm,auto")
@@ -99,7 +122,7 @@ def simulate(
         )
 
     console = Console(stderr=True)
-    config = SimConfig(sharing=mode, estimator=estimator)
+    config = SimConfig(sharing=mode, estimator=estimator, mig_layout=mig_layout)
     results = []
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -107,7 +130,7 @@ def simulate(
     ) as progress:
         for p in policies:
             task = progress.add_task(f"{p.name:>16}", total=len(jobs))
-            sim = Simulation(nodes, jobs, p, config, progress=lambda done, total: progress.update(task, completed=done))
+            sim = Simulation(nodes, jobs, p, config, progress=lambda done, total, task=task: progress.update(task, completed=done))
             results.append(sim.run())
     summaries = [summarize(r) for r in results]
 
@@ -123,12 +146,16 @@ def simulate(
             "cluster": cluster,
             "estimator": estimator,
             "sharing": mode.value,
+            **({"mig_layout": layout} if layout else {}),
             "policies": [s.as_dict() for s in summaries],
             "files": [str(p) for p in written],
         }
         typer.echo(json.dumps(doc, indent=2))
     else:
         terminal = Console()
-        Console(width=max(terminal.width, 120)).print(table(summaries, f"{source} on {cluster} ({mode.value}, estimator: {estimator})"))
+        sharing_text = mode.value
+        if layout:
+            sharing_text += " " + ", ".join(layout.values() if len(layout) == 1 else (f"{t}={v}" for t, v in layout.items()))
+        Console(width=max(terminal.width, 120)).print(table(summaries, f"{source} on {cluster} ({sharing_text}, estimator: {estimator})"))
         for path in written:
             typer.echo(f"wrote {path}")

@@ -10,6 +10,11 @@ What is simulated (everything else is the production code path):
   crashes out of memory (the job that allocates last is the one that fails, as on a real GPU)
   and goes through the recovery rules, restarting from scratch.
 
+Under ``SharingMode.MIG`` the GPUs are split into MIG instances that are scheduled as GPUs of
+their own; ``Simulation(...)`` then builds a ``collocate.sim.mig.MigSimulation``, which overrides
+the hooks below (devices, meters, admission) and four methods that stay hook-free here because
+they are the hot path of every other mode (``_rerate``, ``_advance``, ``_mark``, ``_snapshot``).
+
 Policies see estimates (``Job.mem_mib``, from the chosen estimator) while crashes follow the
 actual peaks, so the cost of a poor estimator shows up as out-of-memory crashes.
 """
@@ -23,6 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from collocate.errors import InputError
 from collocate.gputypes import NodeSpec
 from collocate.interference import InterferenceModel, default_interference
 from collocate.model import (
@@ -65,6 +71,10 @@ class SimConfig:
     rules: RecoveryRules = field(default_factory=RecoveryRules)
     interference: InterferenceModel = field(default_factory=default_interference)
     timeline_gpus: int = 16  # record memory/SM timelines of the first N GPUs (for plots)
+    # MIG only: the instances every physical GPU is split into, e.g. "3g.20gb+4g.20gb", or per
+    # GPU type "A100-40GB=3g.20gb+4g.20gb,H100-80GB=..."; None: the default of each type
+    # (collocate.sim.mig.default_layout).
+    mig_layout: str | None = None
 
 
 @dataclass
@@ -103,14 +113,29 @@ class SimResult:
     records: list[JobRecord]
     makespan_s: float
     energy_j: float
-    sm_util: float  # time-averaged busy fraction over all GPUs
-    mem_util: float  # time-averaged allocated fraction over all GPUs
-    gpu_count: int
+    sm_util: float  # time-averaged busy fraction over all (physical) GPUs
+    mem_util: float  # time-averaged allocated fraction over all (physical) GPUs
+    gpu_count: int  # physical GPUs (under MIG the schedulable instances are more)
     decisions: int
     timelines: dict[str, list[tuple[float, float, float]]]  # gpu -> (t, used MiB, busy)
 
 
 class Simulation:
+    """One simulated run of ``trace`` under ``policy``.
+
+    Under ``SharingMode.MIG`` constructing a ``Simulation`` gives a ``MigSimulation`` (see
+    ``collocate.sim.mig``), so every caller has one entry point for every sharing mode.
+    """
+
+    capacity_type: type[Capacity] = Capacity  # admission rules (MIG admits 1-GPU jobs only)
+
+    def __new__(cls, nodes, trace, policy, config: SimConfig = SimConfig(), **_):
+        if cls is Simulation and config.sharing is SharingMode.MIG:
+            from collocate.sim.mig import MigSimulation
+
+            return super().__new__(MigSimulation)
+        return super().__new__(cls)
+
     def __init__(
         self,
         nodes: Sequence[NodeSpec],
@@ -120,26 +145,22 @@ class Simulation:
         *,
         progress: Callable[[int, int], None] | None = None,
     ) -> None:
+        if config.mig_layout is not None and config.sharing is not SharingMode.MIG:
+            raise InputError(
+                f"a MIG layout was given but the sharing mode is {config.sharing.value}",
+                hint="use sharing mode mig with a MIG layout, or drop the layout",
+            )
         self.cfg = config
         self.trace = trace
         self.policy = policy
         self.progress = progress
-        ids, node_no, totals, idle_w, max_w = [], [], [], [], []
-        for number, spec in enumerate(nodes):
-            for index in range(spec.count):
-                ids.append(GpuId(spec.name, index))
-                node_no.append(number)
-                totals.append(float(spec.gpu_type.memory_mib))
-                idle_w.append(spec.gpu_type.idle_watts)
-                max_w.append(spec.gpu_type.max_watts)
+        ids, node_no, totals, speed = self._devices(nodes)
         n = len(ids)
         self.ids = tuple(ids)
         self._index = {g: i for i, g in enumerate(self.ids)}
         self.node = np.array(node_no, dtype=np.int64)
         self.total = np.array(totals)
-        self.idle_w = np.array(idle_w)
-        self.max_w = np.array(max_w)
-        self.speed = np.ones(n)
+        self.speed = np.array(speed)
         self.used = np.zeros(n)  # actually allocated memory
         self.committed = np.zeros(n)  # requirements of resident jobs
         self.n_jobs = np.zeros(n, dtype=np.int64)
@@ -147,17 +168,13 @@ class Simulation:
         self.dram_sum = np.zeros(n)
         self.seen_at = np.full(n, -math.inf)
         self.residents: list[set[str]] = [set() for _ in range(n)]
-        # Integrals since t=0, brought up to date lazily per GPU.
-        self.last_t = np.zeros(n)
-        self.energy = np.zeros(n)
-        self.busy_int = np.zeros(n)
-        self.mem_int = np.zeros(n)
+        self._meters(nodes)
         self.timelines: dict[str, list[tuple[float, float, float]]] = {
             str(ids[i]): [(0.0, 0.0, 0.0)] for i in range(min(n, config.timeline_gpus))
         }
 
         self.running: dict[str, _Running] = {}
-        self.scheduler = Scheduler(policy, Capacity.of(self._snapshot(0.0)), rules=config.rules)
+        self.scheduler = Scheduler(policy, self.capacity_type.of(self._snapshot(0.0)), rules=config.rules)
         self.records: dict[str, JobRecord] = {}
         self.peaks: dict[str, float] = {}
         self.events: list[tuple[float, int, int, str, int]] = []
@@ -167,6 +184,28 @@ class Simulation:
         for tj in trace:
             self._push(tj.arrival_s, _ARRIVE, tj.id)
         self._by_id = {tj.id: tj for tj in trace}
+
+    # -- hardware hooks (overridden by MigSimulation) -----------------------------------------
+    def _devices(self, nodes: Sequence[NodeSpec]) -> tuple[list[GpuId], list[int], list[float], list[float]]:
+        """The schedulable GPUs: ids, node numbers, memory (MiB) and relative speed."""
+        ids, node_no, totals = [], [], []
+        for number, spec in enumerate(nodes):
+            for index in range(spec.count):
+                ids.append(GpuId(spec.name, index))
+                node_no.append(number)
+                totals.append(float(spec.gpu_type.memory_mib))
+        return ids, node_no, totals, [1.0] * len(ids)
+
+    def _meters(self, nodes: Sequence[NodeSpec]) -> None:
+        """Power parameters and the integrals since t=0 (energy, busy time, memory) of each
+        physical GPU, brought up to date lazily by ``_advance``."""
+        self.idle_w = np.array([s.gpu_type.idle_watts for s in nodes for _ in range(s.count)])
+        self.max_w = np.array([s.gpu_type.max_watts for s in nodes for _ in range(s.count)])
+        n = len(self.idle_w)
+        self.last_t = np.zeros(n)
+        self.energy = np.zeros(n)
+        self.busy_int = np.zeros(n)
+        self.mem_int = np.zeros(n)
 
     # -- event plumbing -----------------------------------------------------------------------
     def _push(self, t: float, kind: int, job_id: str, version: int = 0) -> None:
@@ -315,7 +354,7 @@ class Simulation:
             run.work_left -= (now - run.since) * run.rate
             run.since = now
             slowdown = 1.0
-            for i in run.gpus:
+            for i in run.gpus:  # inline, not a hook: this loop is the simulator's hot path
                 others = [self.running[o].job.profile for o in self.residents[i] if o != job_id]
                 slowdown = max(slowdown, model.slowdown(mode, run.job.profile, others))
             run.rate = 1.0 / slowdown
@@ -379,7 +418,7 @@ class Simulation:
         end = max(ends, default=now)
         self._advance(range(len(self.ids)), end)
         span = max(end - first, 1e-9)
-        g = len(self.ids)
+        g = len(self.energy)  # physical GPUs
         return SimResult(
             policy=self.policy.name,
             records=list(self.records.values()),
