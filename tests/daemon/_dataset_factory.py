@@ -4,6 +4,9 @@ Imported by the producer the daemon starts, from the job's cwd (this directory).
 
 from __future__ import annotations
 
+import os
+import time
+
 import torch
 
 BATCHES, BATCH = 5, 4  # 20 samples: id i has x == [i, i]
@@ -17,6 +20,12 @@ def tiny() -> list[dict[str, torch.Tensor]]:
 
 
 def other() -> list[dict[str, torch.Tensor]]:
+    return tiny()
+
+
+def slow() -> list[dict[str, torch.Tensor]]:
+    """``tiny`` after ``SLOW_FACTORY_S`` seconds (from the job's env): a loader slow to build."""
+    time.sleep(float(os.environ.get("SLOW_FACTORY_S", "5")))
     return tiny()
 
 

@@ -87,12 +87,22 @@ class Daemon:
                         timeout, f"job {job_id} to be {states}")
 
     def producer_pids(self) -> list[int]:
-        """Shared-dataset producers still serving (they outlive a killed daemon, like jobs)."""
+        """Shared-dataset producers still serving or starting (they outlive a killed daemon, like
+        jobs): those that answer a probe, and those the daemon's pid records name."""
+        from collocate.daemon.launcher import process_matches
         from collocate.share.lifecycle import probe
 
         share = self.state_dir / "share"
         found = (probe(log.stem, share) for log in share.glob("*.log"))
-        return [status.pid for status in found if status is not None]
+        pids = {status.pid for status in found if status is not None}
+        for record in share.glob("*.pid"):
+            try:
+                r = json.loads(record.read_text())
+            except (OSError, ValueError):
+                continue
+            if process_matches(r.get("pid"), r.get("started")):
+                pids.add(int(r["pid"]))
+        return sorted(pids)
 
     def runner_pids(self) -> list[int]:
         pids = []

@@ -1,16 +1,19 @@
 """``submit --dataset``: one producer per dataset, started before its first job, stopped after
-its last; bad or conflicting factories refused at submit; a broken factory fails the job only."""
+its last; bad or conflicting factories refused at submit; a broken factory fails the job only;
+a producer slow to start holds up only its own jobs (the daemon answers, places and cancels
+meanwhile), and one still starting when the daemon is killed is re-adopted by the next."""
 
 from __future__ import annotations
 
 import re
 import signal
 import sys
+import time
 from pathlib import Path
 
 import psutil
 import pytest
-from daemon_harness import wait_for
+from daemon_harness import job_argv, wait_for
 
 from collocate.errors import CollocateError
 from collocate.share.lifecycle import probe
@@ -18,6 +21,8 @@ from collocate.share.lifecycle import probe
 HERE = Path(__file__).parent
 JOB = [sys.executable, str(HERE / "dataset_job.py"), "20"]
 FACTORY = "_dataset_factory:tiny"
+SLOW = "_dataset_factory:slow"
+WAITING = "waiting for dataset producer slow"
 
 
 def _gone(pid: int) -> bool:
@@ -86,3 +91,61 @@ def test_a_live_producer_is_readopted_after_a_daemon_restart_and_stopped_after_t
     assert detail["state"] == "done", detail
     wait_for(lambda: probe("tiny", share_dir) is None and _gone(status.pid), 20, "the producer to stop")
     assert len(re.findall(r"started producer 'tiny'", (d.state_dir / "daemon.log").read_text())) == 1
+
+
+def _waiting(d, job: str) -> bool:
+    return any(r["id"] == job and r["reason"] == WAITING for r in d.client.request("ls"))
+
+
+def _producer_pid(d, name: str) -> int:
+    found = re.findall(rf"started producer '{name}' \(pid (\d+)", (d.state_dir / "daemon.log").read_text())
+    assert len(found) == 1, found
+    return int(found[0])
+
+
+def test_a_slow_producer_start_holds_up_only_its_own_job(daemons):
+    d = daemons()
+    slow = d.submit(JOB, mem="1GiB", cwd=str(HERE), dataset="slow", dataset_factory=SLOW,
+                    env=["SLOW_FACTORY_S=8"])
+    wait_for(lambda: _waiting(d, slow), 20, "the job to wait for its producer")
+    t0 = time.monotonic()
+    assert d.client.request("ping")["pid"]
+    assert [r["state"] for r in d.client.request("ls") if r["id"] == slow] == ["running"]
+    assert time.monotonic() - t0 < 1.0  # the loop answers while the factory sleeps
+    other = d.submit(job_argv(500, 0.5), mem="1GiB")
+    assert d.wait_state(other, ("done", "failed"), timeout=20)["state"] == "done"
+    assert d.job(slow)["reason"] == WAITING  # the plain job did not wait for the producer
+    detail = d.wait_state(slow, ("done", "failed"), timeout=60)
+    assert detail["state"] == "done", detail
+    assert "consumed 20 samples" in d.client.request("logs", id=slow, offset=0)["text"]
+
+
+def test_a_job_waiting_for_its_producer_is_cancelled_at_once_and_the_producer_stopped(daemons):
+    d = daemons()
+    job = d.submit(JOB, mem="1GiB", cwd=str(HERE), dataset="slow", dataset_factory=SLOW,
+                   env=["SLOW_FACTORY_S=60"])
+    wait_for(lambda: _waiting(d, job), 20, "the job to wait for its producer")
+    assert d.client.request("cancel", id=job)["state"] == "cancelled"
+    detail = d.job(job)
+    assert detail["state"] == "cancelled" and detail["attempts"][0]["outcome"] == "cancelled"
+    assert WAITING in detail["attempts"][0]["reason"]
+    pid = _producer_pid(d, "slow")
+    wait_for(lambda: _gone(pid), 15, "the producer to stop")
+
+
+def test_a_producer_still_starting_is_readopted_after_a_daemon_restart(daemons):
+    d = daemons()
+    job = d.submit(JOB, mem="1GiB", cwd=str(HERE), dataset="slow", dataset_factory=SLOW,
+                   env=["SLOW_FACTORY_S=6"])
+    wait_for(lambda: _waiting(d, job), 20, "the job to wait for its producer")
+    pid = _producer_pid(d, "slow")
+    d.kill(signal.SIGKILL)
+    d.start()
+    assert f"re-adopted producer 'slow' (pid {pid}), still starting" in (d.state_dir / "daemon.log").read_text()
+    detail = d.wait_state(job, ("done", "failed"), timeout=60)
+    assert detail["state"] == "done", detail
+    first, second = detail["attempts"]
+    assert first["outcome"] == "lost" and "before it launched the job" in first["reason"]
+    assert second["outcome"] == "succeeded"
+    assert _producer_pid(d, "slow") == pid  # started once, not twice
+    wait_for(lambda: _gone(pid), 20, "the producer to stop")

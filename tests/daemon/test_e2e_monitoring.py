@@ -3,7 +3,9 @@
 A job run under the daemon gets ``COLLOCATE_METRICS_FILE``, its own ``log_metric`` values are
 stored, ``collocate show`` prints its measured summary (energy and GPU-hours above zero), the
 daemon's dashboard serves its GPUs, jobs and Prometheus ``/metrics`` with per-GPU and per-job
-series, and ``--mlflow`` records one MLflow run per job in the local store under the state dir.
+series (behind the random token the daemon makes, which ``collocate dashboard-url`` prints for
+the owner, or with none at all after ``--no-dashboard-token``), and ``--mlflow`` records one
+MLflow run per job in the local store under the state dir.
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ import json
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -35,20 +39,36 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def get(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=10) as r:
+def get(url: str, token: str | None = None) -> str:
+    headers = {} if token is None else {"Authorization": f"Bearer {token}"}
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as r:
         return r.read().decode()
+
+
+def status_of(url: str, token: str | None = None) -> int:
+    try:
+        get(url, token)
+        return 200
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def cli(d, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "COLLOCATE_STATE_DIR": str(d.state_dir)}
+    return subprocess.run([sys.executable, "-m", "collocate.daemon", *args], env=env,
+                          capture_output=True, text=True, timeout=60, check=False)
 
 
 def test_dashboard_metrics_summary_and_logged_metrics(daemons):
     port = free_port()
     d = daemons("--dashboard", f"127.0.0.1:{port}")
     base = f"http://127.0.0.1:{port}"
+    token = (d.state_dir / "dashboard.token").read_text().strip()
     job = d.submit(metric_job(1500, 3.0), mem="2GiB", name="logger")
     d.wait_state(job, "running")
 
     def scrape() -> str | None:
-        text = get(f"{base}/metrics")
+        text = get(f"{base}/metrics", token)
         mine = [line for line in text.splitlines()
                 if line.startswith("collocate_job_gpu_memory_bytes{") and f'job="{job}"' in line]
         return text if mine and float(mine[0].split()[-1]) > 0 else None
@@ -57,7 +77,7 @@ def test_dashboard_metrics_summary_and_logged_metrics(daemons):
     assert 'collocate_gpu_memory_used_bytes{gpu="' in text  # per GPU
     assert f'collocate_job_energy_joules_total{{job="{job}"' in text  # per job
     assert 'collocate_tracking_degraded{sink="store"} 0.0' in text
-    gpus = json.loads(get(f"{base}/api/gpus"))  # the daemon's own GPUs, through its loop
+    gpus = json.loads(get(f"{base}/api/gpus", token))  # the daemon's own GPUs, through its loop
     assert [g["type"] for g in gpus] == ["A100-40GB", "A100-40GB"]
     assert any(job in g["jobs"] for g in gpus)
 
@@ -71,9 +91,9 @@ def test_dashboard_metrics_summary_and_logged_metrics(daemons):
     finally:
         store.close()
     assert logged == [("loss", i, 1.0 / (i + 1)) for i in range(5)]
-    detail = json.loads(get(f"{base}/api/jobs/{job}"))
+    detail = json.loads(get(f"{base}/api/jobs/{job}", token))
     assert detail["summary"]["energy_wh"] > 0 and [m["key"] for m in detail["metrics"]] == ["loss"] * 5
-    assert json.loads(get(f"{base}/api/status"))["tracking"][0]["sink"] == "store"
+    assert json.loads(get(f"{base}/api/status", token))["tracking"][0]["sink"] == "store"
 
     env = {**os.environ, "COLLOCATE_STATE_DIR": str(d.state_dir)}
     cli = [sys.executable, "-m", "collocate.daemon"]
@@ -107,3 +127,42 @@ def test_mlflow_records_one_run_per_job(daemons):
         assert run.data.params["policy"] == "auto" and run.data.params["gpus"]
         history = client.get_metric_history(run.info.run_id, "loss")
         assert [(m.step, m.value) for m in history] == [(i, 1.0 / (i + 1)) for i in range(5)]
+
+
+def test_dashboard_gets_a_random_token_only_the_owner_can_read(daemons):
+    port = free_port()
+    d = daemons("--dashboard", f"127.0.0.1:{port}")
+    base = f"http://127.0.0.1:{port}/"
+    token_file = d.state_dir / "dashboard.token"
+    assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+    token = token_file.read_text().strip()
+    assert len(token) >= 32
+    url = cli(d, "dashboard-url")
+    assert url.returncode == 0, url.stderr
+    assert url.stdout.strip() == f"{base}?token={token}"
+    assert f"dashboard on {base}?token={token}" in d.read_log()  # printed once at start
+    assert token not in (d.state_dir / "daemon.log").read_text()  # never logged
+    for path in ("", "api/jobs", "api/gpus", "metrics"):
+        assert status_of(base + path) == 401, path
+        assert status_of(base + path, "not-the-token-0123456789") == 401, path
+        assert status_of(base + path, token) == 200, path
+    assert status_of(f"{base}api/jobs?token={token}") == 200
+    d.kill(signal.SIGTERM)
+    assert not token_file.exists()  # a stopped daemon leaves no token behind
+
+    d.start()  # a new token each start: the old one no longer opens the page
+    fresh = token_file.read_text().strip()
+    assert fresh != token
+    assert status_of(base + "api/jobs", token) == 401 and status_of(base + "api/jobs", fresh) == 200
+
+
+def test_no_dashboard_token_is_an_explicit_opt_out(daemons):
+    port = free_port()
+    d = daemons("--dashboard", f"127.0.0.1:{port}", "--no-dashboard-token")
+    base = f"http://127.0.0.1:{port}/"
+    assert status_of(base + "api/jobs") == 200
+    assert not (d.state_dir / "dashboard.token").exists()
+    assert cli(d, "dashboard-url").stdout.strip() == base
+    plain = daemons(name="plain")
+    no_dashboard = cli(plain, "dashboard-url")
+    assert no_dashboard.returncode == 2 and "serves no dashboard" in no_dashboard.stderr

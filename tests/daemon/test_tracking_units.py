@@ -23,12 +23,15 @@ def test_dashboard_address_defaults_to_loopback():
         parse_dashboard("localhost:http")
 
 
-def test_dashboard_beyond_localhost_needs_a_token():
-    with pytest.raises(InputError, match="--token-file"):
-        _tracking_config("0.0.0.0:8765", None, False, None)
+def test_dashboard_always_has_a_token_unless_opted_out_and_then_only_on_loopback():
+    config = _tracking_config("0.0.0.0:8765", None, False, None)  # a random token at start
+    assert config.dashboard == ("0.0.0.0", 8765) and config.dashboard_auth
+    assert config.dashboard_token is None
+    with pytest.raises(InputError, match="cannot go without a token"):
+        _tracking_config("0.0.0.0:8765", None, False, None, dashboard_auth=False)
     config = _tracking_config("0.0.0.0:8765", "t" * 16, False, None)
-    assert config.dashboard == ("0.0.0.0", 8765) and config.dashboard_token == "t" * 16
-    assert _tracking_config("8765", None, False, None).dashboard_token is None
+    assert config.dashboard_token == "t" * 16
+    assert not _tracking_config("8765", None, False, None, dashboard_auth=False).dashboard_auth
 
 
 def test_mlflow_flag_without_mlflow_says_what_to_install(monkeypatch):

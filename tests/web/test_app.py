@@ -12,12 +12,17 @@ from fastapi.testclient import TestClient
 from collocate.errors import CollocateError
 from collocate.gpus.emulated import EmulatedBackend
 from collocate.monitor.sinks.prometheus import PrometheusSink
-from collocate.web.app import create_app
+from collocate.web.app import cookie_name, create_app
 from collocate.web.server import is_loopback, serve_in_thread
 
 from .fake_source import FakeSource
 
 TOKEN = "0123456789abcdef0123"
+LOCAL = "http://127.0.0.1:8765"  # a token-less dashboard answers loopback Host names only
+
+
+def local(app) -> TestClient:
+    return TestClient(app, base_url=LOCAL)
 
 
 @pytest.fixture
@@ -27,7 +32,7 @@ def source(tmp_path) -> FakeSource:
 
 def test_api_routes(source):
     source.add_job("resnet", state="running", on=("web:0",))
-    client = TestClient(create_app(source))
+    client = local(create_app(source))
     gpus = client.get("/api/gpus").json()
     assert [g["id"] for g in gpus] == ["web:0", "web:1"] and gpus[0]["jobs"] == ["1"]
     assert gpus[0]["total_mib"] == 40_536
@@ -45,7 +50,7 @@ def test_api_routes(source):
 
 
 def test_submit_passthrough_validates(source):
-    client = TestClient(create_app(source))
+    client = local(create_app(source))
     assert client.post("/api/jobs", json={"argv": ["python", "a.py"], "name": "a"}).json() == {
         "id": "1"}
     assert client.post("/api/jobs", json={"argv": []}).status_code == 422
@@ -58,7 +63,7 @@ def test_read_only_source_refuses_submit(source):
         gpus, jobs, job = source.gpus, source.jobs, source.job
         log_tail, status = source.log_tail, source.status
 
-    client = TestClient(create_app(ReadOnly()))
+    client = local(create_app(ReadOnly()))
     assert client.post("/api/jobs", json={"argv": ["x"]}).status_code == 501
     assert client.get("/api/status").json()["can_submit"] is False
 
@@ -66,17 +71,44 @@ def test_read_only_source_refuses_submit(source):
 def test_token_is_required_when_set(source):
     client = TestClient(create_app(source, token=TOKEN))
     assert client.get("/api/gpus").status_code == 401
+    assert client.get("/").status_code == 401
+    assert client.get("/metrics").status_code == 401
     assert client.get("/", params={"token": "wrong-wrong-wrong"}).status_code == 401
-    assert client.get("/api/gpus", params={"token": TOKEN}).status_code == 200
+    assert client.get("/api/jobs", headers={"Authorization": "Bearer wrong-wrong-wrong"}).status_code == 401
+    assert client.get("/api/jobs", headers={"X-Collocate-Token": TOKEN[:-1]}).status_code == 401
     assert client.get("/api/jobs", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
     assert client.get("/api/jobs", headers={"X-Collocate-Token": TOKEN}).status_code == 200
+    assert not client.cookies  # headers authenticate one request; only the URL token sets a cookie
     with pytest.raises(CollocateError, match="too short"):
         create_app(source, token="short")
 
 
+def test_the_url_token_once_then_a_cookie(source):
+    client = TestClient(create_app(source, token=TOKEN))
+    first = client.get("/", params={"token": TOKEN})
+    assert first.status_code == 200
+    set_cookie = first.headers["set-cookie"]
+    assert set_cookie.startswith(cookie_name(TOKEN) + "=")
+    assert "httponly" in set_cookie.lower() and "samesite=strict" in set_cookie.lower()
+    assert client.get("/api/gpus").status_code == 200  # the cookie carries it now
+    client.cookies.set(cookie_name(TOKEN), "wrong-wrong-wrong")
+    assert client.get("/api/gpus").status_code == 401
+    other = create_app(source, token=TOKEN[::-1])  # another daemon's dashboard on the same host
+    assert cookie_name(TOKEN) != cookie_name(TOKEN[::-1])
+    assert TestClient(other, cookies={cookie_name(TOKEN): TOKEN}).get("/api/gpus").status_code == 401
+
+
+def test_without_a_token_only_loopback_host_names_are_answered(source):
+    app = create_app(source)
+    for base in (LOCAL, "http://localhost:8765", "http://[::1]:8765"):
+        assert TestClient(app, base_url=base).get("/api/gpus").status_code == 200, base
+    for base in ("http://evil.example:8765", "http://testserver", "http://10.0.0.5:8765"):
+        assert TestClient(app, base_url=base).get("/api/gpus").status_code == 403, base  # rebinding
+
+
 def test_metrics_endpoint_serves_the_registry(source):
     sink = PrometheusSink()
-    client = TestClient(create_app(source, registry=sink.registry))
+    client = local(create_app(source, registry=sink.registry))
     r = client.get("/metrics")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
     assert "# TYPE collocate_gpu_memory_used_bytes gauge" in r.text

@@ -4,7 +4,8 @@ The dashboard is served over localhost by ``serve_in_thread`` from a fake source
 real emulated GPUs (one of them holding memory for a real process). The test checks that the
 page shows the GPUs and jobs, that a job added while the page is open appears without a reload,
 that one submitted through the page's form appears, that user text is never run as HTML, and
-that with a token the page works through ``?token=`` and is refused without it.
+the token flow the daemon uses by default: the URL's ``?token=`` once (then dropped from the
+address bar), a cookie after that, and a browser without either (or with a wrong one) refused.
 Playwright never downloads a browser here: it launches the system chromium by path.
 """
 
@@ -48,7 +49,7 @@ def test_dashboard_live_in_headless_chromium(tmp_path):
         source = FakeSource(backend)
         source.add_job("resnet", state="running", on=("web:0",))
         source.add_job("queued-bert")
-        server = serve_in_thread(create_app(source), "127.0.0.1", 0)
+        server = serve_in_thread(create_app(source, token=TOKEN), "127.0.0.1", 0)
         with playwright_sync.sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, headless=True,
                                         args=["--no-sandbox", "--disable-gpu",
@@ -56,10 +57,11 @@ def test_dashboard_live_in_headless_chromium(tmp_path):
             try:
                 page = browser.new_page()
                 page.set_default_timeout(TIMEOUT_MS)
-                page.goto(server.url)
+                assert page.goto(server.url + "?token=" + TOKEN).status == 200
                 expect = playwright_sync.expect
                 cards = page.locator("#gpus .gpu")
                 expect(cards).to_have_count(2)
+                assert "token" not in page.url  # the cookie carries it from here on
                 expect(page.locator('.gpu[data-uuid="GPU-emu-web-0"]')).to_contain_text(
                     "12000 / 40536 MiB")
                 expect(page.locator('.gpu[data-uuid="GPU-emu-web-0"]')).to_contain_text("jobs: #1")
@@ -86,13 +88,15 @@ def test_dashboard_live_in_headless_chromium(tmp_path):
                 expect(page.locator("#detail pre")).to_contain_text("<b>not html</b>")
                 assert page.locator("#detail b").count() == 0
 
-                guarded = serve_in_thread(create_app(source, token=TOKEN), "127.0.0.1", 0)
-                try:  # with a token, the page passes its own ?token= on to every API call
-                    page.goto(guarded.url + "?token=" + TOKEN)
-                    expect(page.locator("#gpus .gpu")).to_have_count(2)
-                    assert page.goto(guarded.url).status == 401
+                page.reload()  # no token in the URL any more: the cookie is enough
+                expect(page.locator('#running tr[data-job="1"]')).to_contain_text("resnet")
+
+                stranger = browser.new_context()  # no cookie: refused, also with a wrong token
+                try:
+                    assert stranger.new_page().goto(server.url).status == 401
+                    assert stranger.new_page().goto(server.url + "?token=wrong" + TOKEN).status == 401
                 finally:
-                    guarded.stop()
+                    stranger.close()
             finally:
                 browser.close()
     finally:

@@ -1,5 +1,6 @@
 """Commands of the daemon and its clients: serve, submit, ls, show, logs, cancel, gpus, drain,
-resume, demo. Parsing and rendering only; the work happens in the daemon (``service``)."""
+resume, dashboard-url, demo. Parsing and rendering only; the work happens in the daemon
+(``service``), and ``logs`` polls it from ``follow``."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ def register(app: typer.Typer) -> None:
     app.command("gpus")(gpus)
     app.command("drain")(drain)
     app.command("resume")(resume)
+    app.command("dashboard-url")(dashboard_url)
     from collocate.daemon.demo import demo
 
     app.command("demo")(demo)
@@ -74,7 +76,12 @@ def serve(
                           "token for --tcp and --dashboard.")] = None,
     dashboard: Annotated[str | None, typer.Option("--dashboard", help="Serve the web dashboard and "
                          "Prometheus /metrics on [HOST:]PORT (127.0.0.1 unless HOST; 0 = any free "
-                         "port; beyond localhost needs --token-file).")] = None,
+                         "port). It needs a token: --token-file's, else a random one (see "
+                         "`collocate dashboard-url`).")] = None,
+    dashboard_token: Annotated[bool, typer.Option("--dashboard-token/--no-dashboard-token",
+                               help="--no-dashboard-token: serve the dashboard with no token "
+                               "(loopback only; every local user can then read every job's "
+                               "command line and logs).")] = True,
     mlflow: Annotated[bool, typer.Option("--mlflow", help="One MLflow run per job, in a local "
                       "SQLite store under the state dir (needs the mlflow extra: pip install 'collocate\\[mlflow]').")] = False,
     mlflow_uri: Annotated[str | None, typer.Option("--mlflow-uri", help="MLflow tracking URI "
@@ -86,7 +93,8 @@ def serve(
     import grp
 
     from collocate.daemon.paths import resolve_state_dir
-    from collocate.daemon.service import ServeConfig, run_daemon
+    from collocate.daemon.run import run_daemon
+    from collocate.daemon.service import ServeConfig
     from collocate.model import SharingMode
     from collocate.policies import make_policy
     from collocate.recovery import RecoveryRules
@@ -111,7 +119,7 @@ def serve(
         if token is None:
             raise InputError("--tcp needs --token-file", hint="put a long random token in a file only you can read")
         tcp_addr = (host, int(port))
-    tracking = _tracking_config(dashboard, token, mlflow, mlflow_uri)
+    tracking = _tracking_config(dashboard, token, mlflow, mlflow_uri, dashboard_auth=dashboard_token)
     stream = logging.StreamHandler()  # the file log in the state dir always gets INFO
     stream.setLevel(logging.INFO if verbose else logging.WARNING)
     stream.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
@@ -126,10 +134,11 @@ def serve(
     def ready(service) -> None:
         typer.echo(f"collocate daemon: {len(service.monitor.devices)} GPU(s) ({service.backend.name}), "
                    f"policy {policy}, state {service.layout.root}", err=True)
-        server = service.tracking.dashboard_server
-        if server is not None:
-            typer.echo(f"dashboard on {server.url}" + ("?token=..." if tracking.dashboard_token else "")
-                       + f" (Prometheus: {server.url}metrics)", err=True)
+        server, secret = service.tracking.dashboard_server, service.tracking.dashboard_token
+        if server is not None:  # a generated token is printed once, like Jupyter's
+            shown = "" if secret is None else "?token=" + ("..." if tracking.dashboard_token else secret)
+            typer.echo(f"dashboard on {server.url}{shown} (Prometheus: {server.url}metrics; "
+                       "`collocate dashboard-url` prints the URL again)", err=True)
 
     run_daemon(config, on_ready=ready)
 
@@ -149,7 +158,7 @@ def _read_token(token_file: Path | None) -> str | None:
 
 
 def _tracking_config(dashboard: str | None, token: str | None, mlflow: bool,
-                     mlflow_uri: str | None):
+                     mlflow_uri: str | None, *, dashboard_auth: bool = True):
     """Validate the monitoring options before anything starts (a clear error, not a half-up daemon)."""
     from collocate.daemon.tracking import (
         TrackingConfig,
@@ -161,13 +170,13 @@ def _tracking_config(dashboard: str | None, token: str | None, mlflow: bool,
     addr = None
     if dashboard is not None:
         addr = parse_dashboard(dashboard)
-        check_dashboard(addr, token)
+        check_dashboard(addr, dashboard_auth)
     uri = None
     if mlflow or mlflow_uri is not None:
         check_mlflow()
         uri = mlflow_uri or ""
     return TrackingConfig(dashboard=addr, dashboard_token=token if addr is not None else None,
-                          mlflow_uri=uri)
+                          dashboard_auth=dashboard_auth, mlflow_uri=uri)
 
 
 def submit(
@@ -263,27 +272,25 @@ def show(job_id: Annotated[str, typer.Argument()], state_dir: StateDirOpt = None
 
 def logs(
     job_id: Annotated[str, typer.Argument()],
-    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the job ends.")] = False,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing, through every later "
+                      "attempt (OOM requeues, retries), until the job ends.")] = False,
     stderr: Annotated[bool, typer.Option("--stderr", help="Show stderr instead of stdout.")] = False,
-    attempt: Annotated[int | None, typer.Option("--attempt", help="Attempt number (default: last).")] = None,
+    attempt: Annotated[int | None, typer.Option("--attempt", help="Attempt number (default: the "
+                       "latest); with -f, follow only that attempt.")] = None,
     state_dir: StateDirOpt = None,
 ) -> None:
-    """Print a job's output (its last attempt unless --attempt)."""
+    """Print a job's output (its latest attempt unless --attempt; -f follows it to the end)."""
+    from collocate.daemon.follow import print_logs
+
     client = _client(state_dir)
-    offset, chosen = 0, attempt
-    while True:
-        chunk = client.request("logs", id=job_id, offset=offset, attempt=chosen,
-                               stream="stderr" if stderr else "stdout")
-        if chunk["attempt"] is not None and chosen is None and follow:
-            chosen = chunk["attempt"]
-        sys.stdout.write(chunk["text"])
-        sys.stdout.flush()
-        offset = chunk["offset"]
-        if chunk["text"]:
-            continue
-        if not follow or chunk.get("ended") or chunk["state"] in ("done", "failed", "cancelled", "rejected"):
-            return
-        time.sleep(0.5)
+    try:
+        print_logs(client.request, job_id, stream="stderr" if stderr else "stdout",
+                   attempt=attempt, follow=follow, out=sys.stdout, err=sys.stderr)
+    except KeyboardInterrupt:  # Ctrl-C is how a follow ends: no traceback, no "Aborted!"
+        raise typer.Exit(130) from None
+    except BrokenPipeError:  # `collocate logs 3 | head`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise typer.Exit(0) from None
 
 
 def cancel(job_ids: Annotated[list[str], typer.Argument(help="Job id(s).")], state_dir: StateDirOpt = None) -> None:
@@ -338,3 +345,24 @@ def resume(state_dir: StateDirOpt = None) -> None:
     """Place jobs again after `collocate drain`."""
     _client(state_dir).request("resume")
     typer.echo("placing jobs again")
+
+
+def dashboard_url(state_dir: StateDirOpt = None) -> None:
+    """Print the daemon's dashboard URL with its token (readable by the daemon's owner only)."""
+    from collocate.daemon.paths import StateLayout
+    from collocate.errors import CollocateError
+
+    client = _client(state_dir)
+    url = client.request("ping").get("dashboard")
+    if url is None:
+        raise InputError("this daemon serves no dashboard",
+                         hint="start it with `collocate serve --dashboard 8765`")
+    path = StateLayout(client.state_dir).dashboard_token
+    try:
+        token = path.read_text().strip()
+    except FileNotFoundError:
+        token = ""  # started with --no-dashboard-token
+    except OSError as exc:
+        raise CollocateError(f"cannot read the dashboard token {path}: {exc.strerror}",
+                             hint="only the daemon's owner can read it; ask them for the URL") from None
+    typer.echo(f"{url}?token={token}" if token else url)

@@ -55,6 +55,11 @@ class StateLayout:
     def daemon_log(self) -> Path:
         return self.root / "daemon.log"
 
+    @property
+    def dashboard_token(self) -> Path:
+        """The dashboard's token (0600), for ``collocate dashboard-url``."""
+        return self.root / "dashboard.token"
+
     def attempt_dir(self, job_id: str, attempt: int) -> Path:
         return self.root / "jobs" / job_id / f"attempt-{attempt}"
 

@@ -5,6 +5,10 @@ jobs). API threads hand requests to it through a queue and wait for the reply, s
 locks around the core and every write comes from one place. Each period (1 s by default) the
 loop samples the GPUs, updates the utilization windows, reaps jobs that ended, asks the same
 ``Scheduler`` the simulator uses for a plan, and launches it. A request wakes the loop at once.
+Nothing in a round waits on a child process: a job whose ``--dataset`` producer is still
+starting keeps its GPUs in ``running`` with ``waiting`` set, and a later round launches it once
+the producer is ready (or fails it with the producer's error), so one slow loader never holds
+up the requests, the other jobs or a cancel.
 
 Restart safety: at start the loop reloads every job, then looks at each attempt that has no end:
 a live runner with the recorded pid *and* process start time is re-adopted; a runner that ended
@@ -23,7 +27,6 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -37,7 +40,13 @@ from collocate.daemon.datasets import (
     resolve_factory,
 )
 from collocate.daemon.failures import classify, describe_status, oom_lower_bound_mib
-from collocate.daemon.launcher import plan_launch, process_matches, process_tree, start
+from collocate.daemon.launcher import (
+    LaunchPlan,
+    plan_launch,
+    process_matches,
+    process_tree,
+    start,
+)
 from collocate.daemon.monitor import Monitor, Tracked
 from collocate.daemon.paths import StateLayout, attempt_files
 from collocate.daemon.runner import read_tail
@@ -82,12 +91,19 @@ class ServeConfig:
 
 @dataclass(slots=True)
 class Running:
-    """A launched attempt the loop watches until it ends."""
+    """A placed attempt the loop watches until it ends: launched, or still waiting for its
+    dataset's producer (``waiting``; it holds its GPUs meanwhile, and has no process yet)."""
 
     attempt: Attempt
     tracked: Tracked
     proc: Any = None  # subprocess.Popen when this daemon started it; None when re-adopted
     cancel_at: float | None = None  # when the user asked to cancel it
+    plan: LaunchPlan | None = None  # what to start once its producer is ready
+    waiting: str | None = None  # the dataset whose producer it waits for
+
+    @property
+    def why_waiting(self) -> str | None:
+        return None if self.waiting is None else f"waiting for dataset producer {self.waiting}"
 
 
 class Service:
@@ -229,7 +245,8 @@ class Service:
         status = self.tracking.status()
         return {"pid": os.getpid(), "state_dir": str(self.layout.root), "policy": self.config.policy,
                 "gpus": len(self.monitor.devices), "draining": self.store.get_flag("draining"),
-                "tracking_degraded": status["degraded"], "tracking": status["tracking"]}
+                "tracking_degraded": status["degraded"], "tracking": status["tracking"],
+                "dashboard": self.tracking.dashboard_url}
 
     def op_submit(self, args: dict, peer: Peer) -> dict:
         req = validate_submit(args, uid=peer.uid, gid=peer.gid, user=peer.user)
@@ -261,7 +278,8 @@ class Service:
 
     def op_show(self, args: dict, peer: Peer) -> dict:
         job_id = self._job_id(args)
-        return {**views.job_detail(self.store, job_id), "summary": self.tracking.summary(job_id)}
+        return {**views.job_detail(self.store, job_id, running=self.running),
+                "summary": self.tracking.summary(job_id)}
 
     def op_logs(self, args: dict, peer: Peer) -> dict:
         job_id = self._job_id(args)
@@ -276,6 +294,10 @@ class Service:
             raise InputError(f"job {job_id} is not known to this daemon")
         if job.state is JobState.RUNNING and job_id in self.running:
             run = self.running[job_id]
+            if run.waiting is not None:  # no process yet: nothing to signal
+                self._finish(run, Outcome.CANCELLED, f"cancelled by the user while {run.why_waiting}",
+                             None, "", time.time())
+                return {"id": job_id, "state": self.scheduler.jobs[job_id].state.value}
             if run.cancel_at is None:
                 run.cancel_at = time.time()
                 # Remembered in the store first, so a daemon restarted before the job exits
@@ -317,11 +339,12 @@ class Service:
     def tick(self) -> None:
         now = time.time()
         for run in self.running.values():
-            if run.proc is None or run.proc.poll() is None:
-                run.tracked.pids = frozenset(process_tree(run.attempt.pid or 0))
+            if run.attempt.pid and (run.proc is None or run.proc.poll() is None):
+                run.tracked.pids = frozenset(process_tree(run.attempt.pid))
         self.monitor.refresh([r.tracked for r in self.running.values()], now)
         self.tracking.tick(list(self.monitor.last.values()), self._job_refs())
         self._reap(now)
+        self._start_waiting()
         if self.datasets.producers:  # stop producers whose last job ended (done, failed, cancelled)
             self.datasets.reconcile(active_factories(self.scheduler.jobs.values(), self.specs))
         if self.store.get_flag("draining") or not self.scheduler.queue:
@@ -334,6 +357,8 @@ class Service:
 
     def _reap(self, now: float) -> None:
         for job_id, run in list(self.running.items()):
+            if run.waiting is not None:
+                continue
             if run.proc is not None:
                 status = run.proc.poll()
                 alive = status is None
@@ -358,6 +383,8 @@ class Service:
             returncode, tail, end = None, read_tail(attempt_files(Path(a.dir))["stderr"]), time.time()
             if run.cancel_at is not None:
                 outcome, reason = Outcome.CANCELLED, "cancelled by the user"
+            elif adopted and a.pid is None:  # e.g. it was waiting for its dataset's producer
+                outcome, reason = Outcome.LOST, "the daemon stopped before it launched the job; requeued"
             elif adopted:
                 outcome, reason = Outcome.LOST, "the job vanished while the daemon was down; requeued"
             else:
@@ -403,28 +430,56 @@ class Service:
                            sharing=self.config.sharing, emulated_dir=self.emulated_dir,
                            mps_dirs=mps_dirs)
         self._placed_seq += 1
-        tracked = Tracked(job, uuids, self._placed_seq)
-        if spec.dataset is not None:
-            try:
-                self.datasets.ensure(spec)
-            except Exception as exc:  # a producer must never take the loop down
-                if not isinstance(exc, ProducerStartError):
-                    log.exception("producer of dataset %r", spec.dataset)
-                    exc = ProducerStartError(f"could not start the producer of dataset {spec.dataset!r}: {exc}")
-                self._finish(Running(attempt, tracked), Outcome.FAILED, str(exc), None, "", time.time())
-                return
-            plan = replace(plan, env={**plan.env, **self.datasets.job_env(spec.dataset)})
+        run = Running(attempt, Tracked(job, uuids, self._placed_seq), plan=plan)
+        if spec.dataset is None:
+            self._start(run)
+        else:  # it holds its GPUs (in ``running``) while its producer starts
+            self.running[job.id] = run
+            self._ensure_dataset(spec.dataset, [run])
+
+    def _start_waiting(self) -> None:
+        """Start the jobs whose producer is now ready; fail those whose producer failed."""
+        waiting: dict[str, list[Running]] = {}
+        for run in self.running.values():
+            if run.waiting is not None:
+                waiting.setdefault(run.waiting, []).append(run)
+        for name, runs in waiting.items():
+            self._ensure_dataset(name, runs)
+
+    def _ensure_dataset(self, name: str, runs: list[Running]) -> None:
+        """Ask (never wait) whether dataset ``name``'s producer serves; start, fail or park ``runs``."""
+        try:
+            ready = self.datasets.ensure(self.specs[runs[0].attempt.job_id])
+        except Exception as exc:  # a producer must never take the loop down
+            if not isinstance(exc, ProducerStartError):
+                log.exception("producer of dataset %r", name)
+                exc = ProducerStartError(f"could not start the producer of dataset {name!r}: {exc}")
+            for run in runs:
+                self._finish(run, Outcome.FAILED, str(exc), None, "", time.time())
+            return
+        for run in runs:
+            if ready:
+                run.waiting = None
+                self._start(run, extra_env=self.datasets.job_env(name))
+            elif run.waiting is None:
+                run.waiting = name
+                log.info("job %s: %s", run.attempt.job_id, run.why_waiting)
+
+    def _start(self, run: Running, extra_env: dict[str, str] | None = None) -> None:
+        """Start a placed attempt's runner; it joins ``running`` (or fails if it cannot start)."""
+        assert run.plan is not None
+        plan = replace(run.plan, env={**run.plan.env, **extra_env}) if extra_env else run.plan
         try:
             proc, started = start(plan)
         except OSError as exc:
-            run = Running(attempt, tracked)
             self._finish(run, Outcome.FAILED, f"could not start the job: {exc}", None, "", time.time())
             return
-        attempt = replace(attempt, pid=proc.pid, pid_started=started)
+        job_id = run.attempt.job_id
+        attempt = replace(run.attempt, pid=proc.pid, pid_started=started)
         self.store.update_attempt(attempt)
-        tracked.pids = frozenset({proc.pid})
-        self.running[job.id] = Running(attempt, tracked, proc)
-        self._track_start(job.id)
+        run.tracked.pids = frozenset({proc.pid})
+        self.running[job_id] = Running(attempt, run.tracked, proc)
+        self._track_start(job_id)
 
     def _job_refs(self) -> dict[str, JobRef]:
         """Running jobs as the sampler sees them: the runner's tree, owner, name, metrics file."""
@@ -505,34 +560,6 @@ def _signal_group(pid: int | None, sig: int) -> None:
         os.killpg(pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-def run_daemon(config: ServeConfig, *, on_ready: Callable[[Service], None] | None = None) -> None:
-    """Open, serve until SIGTERM/SIGINT, close. Jobs keep running across a daemon stop."""
-    service = Service(config)
-    handler: logging.Handler | None = None
-    try:
-        service.layout.create(allow_gid=config.allow_gid)
-        handler = logging.FileHandler(service.layout.daemon_log)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-        handler.setLevel(logging.INFO)
-        log.addHandler(handler)
-        if log.getEffectiveLevel() > logging.INFO:
-            log.setLevel(logging.INFO)
-        service.open()
-        previous = {s: signal.signal(s, lambda *_: service.stop()) for s in (signal.SIGTERM, signal.SIGINT)}
-        if on_ready is not None:
-            on_ready(service)
-        try:
-            service.serve_forever()
-        finally:
-            for s, h in previous.items():
-                signal.signal(s, h)
-    finally:
-        service.close()
-        if handler is not None:
-            log.removeHandler(handler)
-            handler.close()
 
 
 def _cancel_key(job_id: str) -> str:

@@ -82,6 +82,8 @@ def job_from_json(text: str) -> Job:
     d = json.loads(text)
     d["profile"] = JobProfile(**d["profile"])
     d["state"] = JobState(d["state"])
+    if "after" in d:  # JSON has no tuples
+        d["after"] = tuple(d["after"])
     return Job(**d)
 
 

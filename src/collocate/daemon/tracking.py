@@ -11,17 +11,24 @@ Threads: everything except the dashboard runs on the loop thread. The dashboard'
 never touch the daemon's SQLite connection: they go through ``LoopRequester``, which hands each
 request to the loop exactly like a socket client does (``Service.call``), and read monitoring
 data from ``MonitorStore``, whose connection is guarded by its own lock.
+
+Dashboard access: the page shows every job's command line and logs, so it is never open by
+default. Without ``--token-file`` the daemon makes a random token at start, prints the URL with
+it once, and keeps it in ``<state>/dashboard.token`` (0600) for ``collocate dashboard-url``; only
+``--no-dashboard-token`` serves it without one (and then only on a loopback address).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from collocate.daemon.paths import StateLayout
 from collocate.errors import CollocateError, InputError
 
 log = logging.getLogger("collocate.daemon")
@@ -32,7 +39,8 @@ class TrackingConfig:
     """What ``collocate serve`` asks of monitoring beyond the always-on sampler and store."""
 
     dashboard: tuple[str, int] | None = None  # (host, port); port 0 picks a free one
-    dashboard_token: str | None = None
+    dashboard_token: str | None = None  # from --token-file; None: a random one (or none, below)
+    dashboard_auth: bool = True  # False: --no-dashboard-token, no token at all (loopback only)
     mlflow_uri: str | None = None  # "" = the local SQLite store under the state dir
 
 
@@ -48,14 +56,14 @@ def parse_dashboard(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def check_dashboard(addr: tuple[str, int], token: str | None) -> None:
+def check_dashboard(addr: tuple[str, int], auth: bool) -> None:
     """Refuse, before the daemon starts, a dashboard beyond localhost without a token."""
     from collocate.web.server import is_loopback
 
-    if not is_loopback(addr[0]) and token is None:
-        raise InputError(f"--dashboard on {addr[0]} needs --token-file",
-                         hint="the page shows every user's commands and logs: bind to "
-                         "127.0.0.1 (and use an SSH tunnel), or give a token file")
+    if not is_loopback(addr[0]) and not auth:
+        raise InputError(f"--dashboard on {addr[0]} cannot go without a token",
+                         hint="the page shows every user's commands and logs: drop "
+                         "--no-dashboard-token, or bind to 127.0.0.1 (and use an SSH tunnel)")
 
 
 def check_mlflow() -> None:
@@ -89,6 +97,8 @@ class Tracking:
 
         self.config = config
         self.dashboard_server: Any = None
+        self.dashboard_token: str | None = None  # the token in force (given or generated)
+        self.token_file = StateLayout(Path(state_dir)).dashboard_token  # 0600: the owner's CLI reads it
         self._failed: set[str] = set()
         sinks: list[Any] = []
         self.prometheus = PrometheusSink(status=self._sink_status)
@@ -147,23 +157,49 @@ class Tracking:
     # -- dashboard ----------------------------------------------------------------------------
     def start_dashboard(self, call: Callable[[str, dict[str, Any], Any], Any]) -> None:
         """Serve the page, its JSON API and ``/metrics`` from a thread; ``call`` is ``Service.call``."""
+        self.token_file.unlink(missing_ok=True)  # a previous daemon's, killed before it cleaned up
         if self.config.dashboard is None:
             return
         from collocate.web.app import create_app
         from collocate.web.client_source import ClientSource
         from collocate.web.server import serve_in_thread
 
+        token = None
+        if self.config.dashboard_auth:
+            token = self.config.dashboard_token or secrets.token_urlsafe(32)
         source = ClientSource(LoopRequester(call), store=self.mon.store)
-        app = create_app(source, token=self.config.dashboard_token,
-                         registry=self.prometheus.registry)
+        app = create_app(source, token=token, registry=self.prometheus.registry)
         host, port = self.config.dashboard
         self.dashboard_server = serve_in_thread(app, host, port)
-        log.info("dashboard on %s (Prometheus metrics at %smetrics)", self.dashboard_server.url,
+        self.dashboard_token = token
+        if token is not None:
+            write_private(self.token_file, token + "\n")
+        log.info("dashboard on %s (%s; Prometheus metrics at %smetrics)", self.dashboard_server.url,
+                 "with a token: `collocate dashboard-url` prints the URL" if token else "no token",
                  self.dashboard_server.url)
+
+    @property
+    def dashboard_url(self) -> str | None:
+        """The dashboard's address, without the token (safe to give any client)."""
+        return None if self.dashboard_server is None else self.dashboard_server.url
 
     def close(self) -> None:
         """Stop the dashboard, then flush and close every sink (never raises)."""
         if self.dashboard_server is not None:
             self._guard("dashboard stop", self.dashboard_server.stop)
             self.dashboard_server = None
+            self._guard("dashboard token", self.token_file.unlink, True)
         self._guard("close", self.mon.close)
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` readable by its owner only (0600 from creation, then renamed
+    into place, so no reader ever sees a partial or wider-open file)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)

@@ -51,18 +51,27 @@ def job_rows(store: Store, *, include_done: bool, running: Mapping[str, Any]) ->
             "gpus": job.gpus, "mem_mib": job.mem_mib, "mem_source": job.mem_source,
             "priority": job.priority, "attempts": job.attempts, "oom_crashes": job.oom_crashes,
             "submit_time": job.submit_time, "start_time": starts.get(job.id), "end_time": ended,
-            "on": last_gpus.get(job.id, []) if job.id in running else [], "reason": job.reason,
+            "on": last_gpus.get(job.id, []) if job.id in running else [],
+            "reason": _reason(job.id, job.reason, running),
         })
     return rows
 
 
-def job_detail(store: Store, job_id: str) -> dict[str, Any]:
+def _reason(job_id: str, stored: str, running: Mapping[str, Any]) -> str:
+    """The stored reason, or why a placed job has not launched yet (not stored: it lasts seconds,
+    and a restarted daemon places the job again anyway)."""
+    run = running.get(job_id)
+    return getattr(run, "why_waiting", None) or stored
+
+
+def job_detail(store: Store, job_id: str, *, running: Mapping[str, Any] | None = None) -> dict[str, Any]:
     found = store.job(job_id)
     if found is None:
         raise InputError(f"no job {job_id!r}")
     job, spec, ended = found
     return {
-        "id": job.id, "name": job.name, "state": job.state.value, "reason": job.reason,
+        "id": job.id, "name": job.name, "state": job.state.value,
+        "reason": _reason(job.id, job.reason, running or {}),
         "user": spec.user, "argv": list(spec.argv), "cwd": spec.cwd, "gpus": job.gpus,
         "mem_mib": job.mem_mib, "mem_source": job.mem_source, "priority": job.priority,
         "max_retries": job.max_retries, "attempts_used": job.attempts,
@@ -72,12 +81,19 @@ def job_detail(store: Store, job_id: str) -> dict[str, Any]:
 
 
 def logs(store: Store, job_id: str, args: Mapping[str, Any]) -> dict[str, Any]:
-    """A chunk of one attempt's stdout or stderr from ``offset``; the client follows with it."""
+    """A chunk of one attempt's stdout or stderr from ``offset``; the client follows with it.
+
+    ``attempts`` summarises every attempt (number, outcome, reason, memory it was placed with,
+    ended or not), so a follower can move on to the next attempt and say why it started."""
     attempts = store.attempts(job_id)
     found = store.job(job_id)
     state = found[0].state.value if found else "unknown"
+    reason = found[0].reason if found else ""
+    summary = [{"n": a.n, "outcome": a.outcome, "reason": a.reason, "mem_mib": a.mem_mib,
+                "ended": a.end is not None} for a in attempts]
     if not attempts:
-        return {"text": "", "offset": 0, "attempt": None, "state": state, "path": None}
+        return {"text": "", "offset": 0, "attempt": None, "state": state, "reason": reason,
+                "path": None, "ended": False, "attempts": []}
     n = args.get("attempt")
     chosen = attempts[-1] if n is None else next((a for a in attempts if a.n == int(n)), None)
     if chosen is None:
@@ -85,15 +101,15 @@ def logs(store: Store, job_id: str, args: Mapping[str, Any]) -> dict[str, Any]:
     stream = "stderr" if args.get("stream") == "stderr" else "stdout"
     path = attempt_files(Path(chosen.dir))[stream]
     offset = max(0, int(args.get("offset", 0)))
-    try:
+    try:  # read after the attempt rows: an attempt seen ended has all its output in the file
         with open(path, "rb") as f:
             f.seek(offset)
             data = f.read(LOG_CHUNK_BYTES)
     except OSError:
         data = b""
     return {"text": data.decode(errors="replace"), "offset": offset + len(data),
-            "attempt": chosen.n, "state": state, "path": os.fspath(path),
-            "ended": chosen.end is not None}
+            "attempt": chosen.n, "state": state, "reason": reason, "path": os.fspath(path),
+            "ended": chosen.end is not None, "attempts": summary}
 
 
 def gpu_rows(monitor: Monitor, running: Mapping[str, Any]) -> list[dict[str, Any]]:

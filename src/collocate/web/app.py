@@ -8,13 +8,19 @@
 * ``GET /metrics``: the Prometheus registry given (``PrometheusSink.registry``), 404 without one.
 
 Access: with ``token`` set, every route needs it, as ``Authorization: Bearer <token>``, header
-``X-Collocate-Token`` or query ``?token=`` (the page passes its own query token on to the API).
-Without a token the app must only be served on localhost (``server.serve_in_thread`` refuses
-anything else), because the page shows every user's commands and logs.
+``X-Collocate-Token``, query ``?token=`` or the cookie a request with the right query token gets
+back (so a browser needs the token in the URL once, as with Jupyter; the page then drops it from
+the address bar). The cookie is ``HttpOnly`` and ``SameSite=Strict``, and its name is derived
+from the token, so dashboards of several daemons on one host (cookies ignore ports) do not
+overwrite each other's. Without a token the app must only be served on localhost
+(``server.serve_in_thread`` refuses anything else), because the page shows every user's commands
+and logs; it then also refuses requests whose ``Host`` is not a loopback name, so a web page
+that rebinds its own domain to 127.0.0.1 (DNS rebinding) cannot read it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 from typing import Any
 
@@ -36,14 +42,26 @@ def create_app(source: DashboardSource, *, token: str | None = None,
                              hint="use at least 16 random characters, e.g. `openssl rand -hex 16`")
     app = FastAPI(title="collocate", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.token = token
+    cookie = None if token is None else cookie_name(token)
 
     @app.middleware("http")
     async def check_token(request: Request, call_next: Any) -> Response:
-        if token is not None and not _token_ok(request, token):
+        if token is None:
+            if not _loopback_host(request):
+                return JSONResponse({"detail": "this dashboard has no token, so it answers only "
+                                     "requests to a loopback address (127.0.0.1, localhost, ::1)"},
+                                    status_code=403)
+            return await call_next(request)
+        via_query = _given(request.query_params.get("token"), token)
+        if not (via_query or _given(request.cookies.get(cookie), token) or _header_ok(request, token)):
             return JSONResponse({"detail": "missing or wrong token",
-                                 "hint": "pass ?token=... or an 'Authorization: Bearer' header"},
+                                 "hint": "open the URL with ?token=... that `collocate "
+                                         "dashboard-url` prints, or send 'Authorization: Bearer'"},
                                 status_code=401)
-        return await call_next(request)
+        response = await call_next(request)
+        if via_query:  # once in the URL, then the browser carries it
+            response.set_cookie(cookie, token, httponly=True, samesite="strict", path="/")
+        return response
 
     @app.get("/", response_class=HTMLResponse)
     def page() -> str:
@@ -100,9 +118,25 @@ def create_app(source: DashboardSource, *, token: str | None = None,
     return app
 
 
-def _token_ok(request: Request, token: str) -> bool:
-    given = request.query_params.get("token") or request.headers.get("x-collocate-token") or ""
+def cookie_name(token: str) -> str:
+    """A per-token cookie name: ports do not scope cookies, several daemons may share a host."""
+    return "collocate-" + hashlib.sha256(token.encode()).hexdigest()[:12]
+
+
+def _given(value: str | None, token: str) -> bool:
+    return value is not None and hmac.compare_digest(value.encode(), token.encode())
+
+
+def _header_ok(request: Request, token: str) -> bool:
     auth = request.headers.get("authorization", "")
-    if auth.lower().startswith("bearer "):
-        given = auth[7:].strip()
-    return hmac.compare_digest(given.encode(), token.encode())
+    if auth.lower().startswith("bearer ") and _given(auth[7:].strip(), token):
+        return True
+    return _given(request.headers.get("x-collocate-token"), token)
+
+
+def _loopback_host(request: Request) -> bool:
+    from collocate.web.server import is_loopback
+
+    host = request.headers.get("host", "")
+    name = host[1:host.index("]")] if host.startswith("[") and "]" in host else host.rsplit(":", 1)[0]
+    return is_loopback(name)

@@ -53,6 +53,7 @@ form{display:flex;gap:6px;flex-wrap:wrap}form input{padding:3px 6px}
 "use strict";
 const POLL_MS = __POLL_MS__;
 const token = new URLSearchParams(location.search).get("token");
+if (token) history.replaceState(null, "", location.pathname);  // the cookie carries it now
 let selected = null;
 
 async function api(path, init) {
@@ -117,7 +118,7 @@ function renderJobs(jobs) {
   const q = jobs.filter(j => j.state === "pending"), r = jobs.filter(j => j.state === "running");
   const f = jobs.filter(j => j.state !== "pending" && j.state !== "running").reverse().slice(0, 50);
   renderTable("queue", q, ["id", "name", "user", "mem MiB", "submitted"], [C.id, C.name, C.user, C.mem, C.submitted]);
-  renderTable("running", r, ["id", "name", "user", "on", "mem MiB", "started"], [C.id, C.name, C.user, C.on, C.mem, C.started]);
+  renderTable("running", r, ["id", "name", "user", "on", "mem MiB", "started", "note"], [C.id, C.name, C.user, C.on, C.mem, C.started, C.reason]);
   renderTable("finished", f, ["id", "name", "user", "state", "ended", "reason"], [C.id, C.name, C.user, C.state, C.ended, C.reason]);
 }
 function ownCharts(metrics) {

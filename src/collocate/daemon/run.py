@@ -1,0 +1,41 @@
+"""Run one daemon in this process: its log file, its signals, open → serve → close.
+
+Kept apart from ``service`` (the loop and its requests) because it is about the process, not
+scheduling: ``collocate serve`` calls it; tests and the demo start ``collocate serve`` as a child.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from collections.abc import Callable
+
+from collocate.daemon.service import ServeConfig, Service, log
+
+
+def run_daemon(config: ServeConfig, *, on_ready: Callable[[Service], None] | None = None) -> None:
+    """Open, serve until SIGTERM/SIGINT, close. Jobs keep running across a daemon stop."""
+    service = Service(config)
+    handler: logging.Handler | None = None
+    try:
+        service.layout.create(allow_gid=config.allow_gid)
+        handler = logging.FileHandler(service.layout.daemon_log)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        handler.setLevel(logging.INFO)
+        log.addHandler(handler)
+        if log.getEffectiveLevel() > logging.INFO:
+            log.setLevel(logging.INFO)
+        service.open()
+        previous = {s: signal.signal(s, lambda *_: service.stop()) for s in (signal.SIGTERM, signal.SIGINT)}
+        if on_ready is not None:
+            on_ready(service)
+        try:
+            service.serve_forever()
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h)
+    finally:
+        service.close()
+        if handler is not None:
+            log.removeHandler(handler)
+            handler.close()
