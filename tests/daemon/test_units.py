@@ -12,7 +12,7 @@ import pytest
 from collocate.daemon.launcher import plan_launch
 from collocate.daemon.monitor import Monitor, Tracked
 from collocate.daemon.paths import ENV_STATE_DIR, resolve_state_dir
-from collocate.daemon.spec import JobSpec, parse_env, validate_submit
+from collocate.daemon.spec import JobSpec, default_name, parse_env, validate_submit
 from collocate.daemon.store import Attempt, Store, job_from_json, job_to_json
 from collocate.errors import InputError
 from collocate.gpus.base import DeviceInfo, DeviceSample, ProcessUsage
@@ -231,3 +231,20 @@ def test_monitor_tells_the_policy_which_gpus_read_which_dataset():
     b = Tracked(Job("2", mem_mib=1000), ("GPU-0",), 2)
     snap = mon.snapshot([a, b], now=1.0, sharing=SharingMode.TIME_SLICING)
     assert dict(snap.datasets) == {"cifar": (1,)}
+
+
+@pytest.mark.parametrize(
+    ("argv", "name"),
+    [
+        (["python", "train.py", "--lr", "3"], "train.py"),
+        (["/usr/bin/python3.11", "-u", "src/train.py"], "train.py"),
+        (["python", "-m", "mypkg.train", "--epochs", "3"], "mypkg.train"),
+        (["torchrun", "--nproc_per_node", "2", "train.py"], "train.py"),
+        (["uv", "run", "finetune"], "finetune"),
+        (["bash", "-c", "echo hi"], "echo hi"),
+        (["./train.sh", "x"], "train.sh"),
+        (["python"], "python"),
+    ],
+)
+def test_default_job_names_show_what_a_launcher_runs(argv, name):
+    assert default_name(argv) == name

@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
-from collocate.errors import InputError
+from collocate.errors import CollocateError, InputError
 
 StateDirOpt = Annotated[
     Path | None,
@@ -30,6 +30,7 @@ def register(app: typer.Typer) -> None:
     app.command("show")(show)
     app.command("logs")(logs)
     app.command("cancel")(cancel)
+    app.command("wait")(wait)
     app.command("gpus")(gpus)
     app.command("drain")(drain)
     app.command("resume")(resume)
@@ -197,27 +198,48 @@ def submit(
     dataset_factory: Annotated[str | None, typer.Option("--dataset-factory", help="module:factory "
                                "returning the DataLoader to share (needed by the first job of a "
                                "--dataset; later ones may omit it).")] = None,
+    after: Annotated[list[str], typer.Option("--after", help="Start only once this job has ended "
+                     "done (repeatable); if it fails or is cancelled, this one is cancelled.")] = [],
+    sweep: Annotated[list[str], typer.Option("--sweep", help="NAME=V1,V2,... or NAME=FIRST..LAST: "
+                     "one job per combination, {NAME} in the command replaced (repeatable).")] = [],
     state_dir: StateDirOpt = None,
 ) -> None:
-    """Queue a job and print its id: collocate submit --mem 6GiB -- python train.py --lr 3e-4"""
-    from collocate.daemon.spec import parse_env
+    """Queue a job and print its id: collocate submit --mem 6GiB -- python train.py --lr 3e-4
+
+    A sweep queues one job per combination and prints their ids, one per line:
+    collocate submit --mem 6GiB --sweep lr=1e-3,3e-4 --sweep seed=0..2 -- python train.py --lr {lr} --seed {seed}
+    """
+    from collocate.daemon.spec import default_name, parse_env
+    from collocate.daemon.sweep import expand, parse_axis
 
     if not command:
         raise InputError("empty command", hint="put the command after --, e.g. "
                          "collocate submit --mem 6GiB -- python train.py")
     parse_env(env)  # a clear error before contacting the daemon
+    points = expand(command, [parse_axis(a) for a in sweep]) if sweep else None
     directory = (cwd or Path.cwd()).expanduser().absolute()
     if not directory.is_dir():
         raise InputError(f"working directory {directory} does not exist", hint="pass an existing --cwd")
     extra: dict[str, Any] = {"mem": mem}
-    if estimate is not None:
+    if estimate is not None:  # once for a whole sweep: its jobs share the entry point
         extra = _static_estimate(estimate, batch_size, mem, directory)
-    result = _client(state_dir).request(
-        "submit", argv=list(command), gpus=gpus, name=name, priority=priority,
-        retries=retries, cwd=str(directory), env=list(env), base_env=dict(os.environ),
-        dataset=dataset, dataset_factory=dataset_factory, **extra,
-    )
-    typer.echo(result["id"])
+    client = _client(state_dir)
+    fields = dict(gpus=gpus, priority=priority, retries=retries, cwd=str(directory), env=list(env),
+                  base_env=dict(os.environ), dataset=dataset, dataset_factory=dataset_factory,
+                  after=list(after), **extra)
+    if points is None:
+        typer.echo(client.request("submit", argv=list(command), name=name, **fields)["id"])
+        return
+    base = name or default_name(command)
+    for done, point in enumerate(points):
+        try:
+            result = client.request("submit", argv=list(point.command), name=f"{base}[{point.label()}]", **fields)
+        except CollocateError as exc:
+            if not done:
+                raise
+            raise CollocateError(f"{exc.args[0]} ({done} of {len(points)} sweep jobs were queued "
+                                 "before it; their ids are printed above)", hint=exc.hint) from exc
+        typer.echo(result["id"])
 
 
 def _static_estimate(entry_point: str, batch_size: int | None, mem: str | None, cwd: Path) -> dict[str, Any]:
@@ -301,6 +323,46 @@ def cancel(job_ids: Annotated[list[str], typer.Argument(help="Job id(s).")], sta
         typer.echo(f"{result['id']}: {result['state']}")
 
 
+def wait(
+    job_ids: Annotated[list[str], typer.Argument(help="Job id(s).")],
+    timeout: Annotated[float | None, typer.Option("--timeout", help="Give up after this many "
+                       "seconds (exit status 124).")] = None,
+    state_dir: StateDirOpt = None,
+) -> None:
+    """Wait until jobs end, printing each as it does; exit 0 if all ended done, else 1.
+
+    For scripts: collocate wait $(collocate submit -- python train.py) && python evaluate.py
+    """
+    client = _client(state_dir)
+    left = list(dict.fromkeys(job_ids))
+    known = {row["id"] for row in client.request("ls", all=True)}
+    missing = [j for j in left if j not in known]
+    if missing:
+        raise InputError(f"no job {missing[0]!r}", hint="`collocate ls --all` lists the jobs")
+    deadline = None if timeout is None else time.monotonic() + timeout
+    all_done = True
+    try:
+        while left:
+            rows = {row["id"]: row for row in client.request("ls", all=True)}
+            for job_id in list(left):
+                row = rows[job_id]
+                if row["state"] in ("pending", "running"):
+                    continue
+                left.remove(job_id)
+                all_done &= row["state"] == "done"
+                why = f": {row['reason']}" if row["reason"] and row["state"] != "done" else ""
+                typer.echo(f"{job_id} {row['state']}{why}")
+            if left and deadline is not None and time.monotonic() >= deadline:
+                typer.echo(f"still not ended after {timeout:g} s: {', '.join(left)}", err=True)
+                raise typer.Exit(124)
+            if left:
+                time.sleep(0.5)
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+    if not all_done:
+        raise typer.Exit(1)
+
+
 def gpus(
     watch: Annotated[bool, typer.Option("--watch", "-w", help="Refresh every second until Ctrl-C.")] = False,
     fmt: Annotated[str, typer.Option("--format", help="table or json.")] = "table",
@@ -350,7 +412,6 @@ def resume(state_dir: StateDirOpt = None) -> None:
 def dashboard_url(state_dir: StateDirOpt = None) -> None:
     """Print the daemon's dashboard URL with its token (readable by the daemon's owner only)."""
     from collocate.daemon.paths import StateLayout
-    from collocate.errors import CollocateError
 
     client = _client(state_dir)
     url = client.request("ping").get("dashboard")

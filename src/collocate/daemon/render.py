@@ -47,6 +47,8 @@ def print_detail(d: dict[str, Any]) -> None:
     c.print(f"  gpus      {d['gpus']}   memory {_mib(d['mem_mib'])} ({d['mem_source']})")
     c.print(f"  retries   {d['attempts_used']} attempt(s) of {d['max_retries'] + 1} allowed, "
             f"{d['oom_crashes']} out-of-memory crash(es)")
+    if d.get("after"):
+        c.print(f"  after     job(s) {', '.join(d['after'])} (must end done first)")
     c.print(f"  submitted {_when(d['submit_time'])}   ended {_when(d['end_time'])}")
     table = Table(box=None, header_style="bold", title="attempts", title_justify="left")
     for col in ("#", "START", "END", "GPU", "MEM", "PEAK", "EXIT", "OUTCOME", "REASON"):

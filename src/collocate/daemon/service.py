@@ -262,11 +262,15 @@ class Service:
         job = Job(id="0", gpus=req.gpus, mem_mib=mem, mem_source=source,
                   mem_uncertainty=uncertainty, submit_time=time.time(), priority=req.priority,
                   name=req.name, max_retries=req.max_retries,
-                  retry_failures=req.spec.retry_failures, dataset=req.spec.dataset)
+                  retry_failures=req.spec.retry_failures, dataset=req.spec.dataset, after=req.after)
         why = self.scheduler.capacity.why_not(job)
         if why is not None:
             raise InputError(f"this job can never run here: {why}",
                              hint="ask for fewer GPUs or less memory (`collocate gpus` lists them)")
+        why = self.scheduler.why_not_after(job)
+        if why is not None:
+            raise InputError(f"this job could never start: it {why}",
+                             hint="check the ids with `collocate ls --all`")
         job = with_profile(replace(job, id=self.store.next_id()), sm)
         self.store.add_job(job, req.spec)
         self.specs[job.id] = req.spec

@@ -73,6 +73,26 @@ class SubmitRequest:
     max_retries: int
     mem_source: str = "declared"
     mem_uncertainty: float = 0.0
+    after: tuple[str, ...] = ()  # job ids that must end done first
+
+
+_LAUNCHERS = re.compile(r"^(python[0-9.]*|pypy[0-9.]*|bash|sh|zsh|torchrun|accelerate|deepspeed|uv|nohup|env)$")
+
+
+def default_name(argv: list[str] | tuple[str, ...]) -> str:
+    """A job's name when none is given: the script or module a launcher runs, so ``collocate
+    ls`` shows ``train.py`` rather than a column of ``python``."""
+    program = os.path.basename(argv[0])
+    if not _LAUNCHERS.match(program):
+        return program
+    rest = list(argv[1:])
+    for i, arg in enumerate(rest):
+        if arg == "-m" and i + 1 < len(rest):
+            return rest[i + 1]
+        if arg.endswith((".py", ".sh")):
+            return os.path.basename(arg)
+    plain = [a for a in rest if not a.startswith("-") and "=" not in a and a not in ("run", "launch")]
+    return os.path.basename(plain[0]) if plain else program
 
 
 def parse_env(items: list[str] | tuple[str, ...]) -> dict[str, str]:
@@ -121,7 +141,7 @@ def validate_submit(args: dict[str, Any], *, uid: int, gid: int, user: str) -> S
             raise InputError(f"--env {reserved} is set by the daemon for each launch", hint="drop it")
     env = {str(k): str(v) for k, v in base_env.items() if k not in RESERVED_ENV}
     env.update(user_env)
-    name = str(args.get("name") or os.path.basename(argv[0]))[:200]
+    name = str(args.get("name") or default_name(argv))[:200]
     priority = _int(args.get("priority", 0), "--priority")
     source, uncertainty = str(args.get("mem_source") or "declared"), args.get("mem_uncertainty", 0.0)
     if source != "declared" and not source.startswith("static-"):
@@ -131,7 +151,17 @@ def validate_submit(args: dict[str, Any], *, uid: int, gid: int, user: str) -> S
     dataset, factory = _dataset(args.get("dataset"), args.get("dataset_factory"))
     spec = JobSpec(tuple(argv), cwd, env, uid, gid, user, retry_failures=retries is not None,
                    dataset=dataset, dataset_factory=factory)
-    return SubmitRequest(spec, gpus, mem_mib, name, priority, max_retries, source, float(uncertainty))
+    return SubmitRequest(spec, gpus, mem_mib, name, priority, max_retries, source, float(uncertainty),
+                         _after(args.get("after")))
+
+
+def _after(value: Any) -> tuple[str, ...]:
+    """``--after`` ids in form only; whether they exist and can still succeed is the scheduler's call."""
+    if value in (None, []):
+        return ()
+    if not isinstance(value, list) or not all(isinstance(v, str) and v.strip().isdigit() for v in value):
+        raise InputError(f"--after takes job ids, got {value!r}", hint="e.g. --after 12 (repeatable)")
+    return tuple(dict.fromkeys(v.strip() for v in value))
 
 
 def _dataset(name: Any, factory: Any) -> tuple[str | None, str | None]:

@@ -76,7 +76,8 @@ def job_detail(store: Store, job_id: str, *, running: Mapping[str, Any] | None =
         "mem_mib": job.mem_mib, "mem_source": job.mem_source, "priority": job.priority,
         "max_retries": job.max_retries, "attempts_used": job.attempts,
         "oom_crashes": job.oom_crashes, "submit_time": job.submit_time, "end_time": ended,
-        "signature": spec.signature, "attempts": [a.to_dict() for a in store.attempts(job_id)],
+        "signature": spec.signature, "after": list(job.after),
+        "attempts": [a.to_dict() for a in store.attempts(job_id)],
     }
 
 
