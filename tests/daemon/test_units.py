@@ -248,3 +248,11 @@ def test_monitor_tells_the_policy_which_gpus_read_which_dataset():
 )
 def test_default_job_names_show_what_a_launcher_runs(argv, name):
     assert default_name(argv) == name
+
+
+def test_policies_see_a_mig_instance_at_its_share_of_the_gpu(tmp_path):
+    from collocate.gpus.emulated import EmulatedBackend
+
+    backend = EmulatedBackend.create(tmp_path, "2xA100-40GB:mig1=3g.20gb,4g.20gb", node="n0")
+    snap = Monitor(backend, window=5).snapshot([], now=1.0, sharing=SharingMode.MIG)
+    assert [round(s, 3) for s in snap.speed] == [1.0, round(42 / 98, 3), round(56 / 98, 3)]

@@ -118,6 +118,7 @@ def test_mig_instances_replace_their_parent(state_dir: Path) -> None:
     assert (three.total_mib, three.sm_count) == (19.5 * 1024, 42)
     assert (four.total_mib, four.sm_count) == (19.5 * 1024, 56)
     assert three.id.index == four.id.index == 1 and three.id.mig != four.id.mig
+    assert (devices[0].sm_fraction, three.sm_fraction, four.sm_fraction) == (1.0, 42 / 98, 56 / 98)
     samples = backend.sample()
     assert samples[1].power_watts is None and samples[1].energy_joules is None  # NVML: per GPU only
 

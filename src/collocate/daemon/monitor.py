@@ -110,7 +110,7 @@ class Monitor:
                 util=self.util(d.uuid),
                 jobs=tuple(t.job.id for t in here),
                 launch_seen_at=_launch_seen_at(here),
-                speed=1.0,
+                speed=d.sm_fraction,
             ))
         running = {
             t.job.id: RunningJob(t.job.id, tuple(self.by_uuid[u].id for u in t.uuids if u in self.by_uuid),
