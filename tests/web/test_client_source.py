@@ -77,20 +77,37 @@ def test_client_source_shows_the_daemon_gpus_jobs_and_logs(daemon, tmp_path):
 
 
 @pytest.mark.slow
-def test_dashboard_command_serves_a_running_daemon(daemon):
+def test_dashboard_command_serves_a_running_daemon_behind_a_fresh_token(daemon):
     import httpx
 
-    proc = subprocess.Popen([sys.executable, "-m", "collocate.cli", "dashboard", "--state-dir",
-                             str(daemon.state_dir), "--port", "0"],
-                            stderr=subprocess.PIPE, text=True)
-    try:
+    def start(*extra):
+        proc = subprocess.Popen([sys.executable, "-m", "collocate.cli", "dashboard", "--state-dir",
+                                 str(daemon.state_dir), "--port", "0", *extra],
+                                stderr=subprocess.PIPE, text=True)
         line = proc.stderr.readline()
         assert line.startswith("dashboard on http://127.0.0.1:"), line
-        url = line.split()[2]
-        gpus = httpx.get(url + "api/gpus", timeout=10).json()
+        return proc, line.split()[2]
+
+    proc, link = start()
+    try:
+        url, token = link.split("?token=")
+        assert len(token) >= 32
+        assert httpx.get(url + "api/gpus", timeout=10).status_code == 401
+        auth = {"Authorization": f"Bearer {token}"}
+        gpus = httpx.get(url + "api/gpus", headers=auth, timeout=10).json()
         assert len(gpus) == 2 and gpus[0]["type"] == "A100-40GB"
-        assert httpx.get(url, timeout=10).text.startswith("<!doctype html>")
-        assert httpx.post(url + "api/jobs", json={"argv": ["true"]}, timeout=10).status_code == 501
+        assert httpx.get(link, timeout=10).text.startswith("<!doctype html>")
+        assert httpx.post(url + "api/jobs", json={"argv": ["true"]}, headers=auth, timeout=10).status_code == 501
     finally:
         proc.terminate()
         assert proc.wait(timeout=20) == 0
+    proc, url = start("--no-token")
+    try:
+        assert httpx.get(url + "api/gpus", timeout=10).status_code == 200
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=20) == 0
+    refused = subprocess.run([sys.executable, "-m", "collocate.cli", "dashboard", "--state-dir",
+                              str(daemon.state_dir), "--host", "0.0.0.0", "--no-token"],
+                             capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "cannot go without a token" in refused.stderr

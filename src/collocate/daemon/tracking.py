@@ -61,9 +61,9 @@ def check_dashboard(addr: tuple[str, int], auth: bool) -> None:
     from collocate.web.server import is_loopback
 
     if not is_loopback(addr[0]) and not auth:
-        raise InputError(f"--dashboard on {addr[0]} cannot go without a token",
-                         hint="the page shows every user's commands and logs: drop "
-                         "--no-dashboard-token, or bind to 127.0.0.1 (and use an SSH tunnel)")
+        raise InputError(f"a dashboard on {addr[0]} cannot go without a token",
+                         hint="the page shows every user's commands and logs: keep the token "
+                         "(drop the no-token option), or bind to 127.0.0.1 and use an SSH tunnel")
 
 
 def check_mlflow() -> None:

@@ -57,26 +57,39 @@ def dashboard(
     host: Annotated[str, typer.Option("--host", help="Address to serve on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="Port (0 picks a free one).")] = 8765,
     token_file: Annotated[Path | None, typer.Option(
-        "--token-file", help="File holding the access token (needed beyond localhost).")] = None,
+        "--token-file", help="File holding the access token (default: a new random one, printed "
+        "in the URL).")] = None,
+    no_token: Annotated[bool, typer.Option(
+        "--no-token", help="Serve without a token (localhost only): any local user can then read "
+        "every job's command and logs.")] = False,
     allow_submit: Annotated[bool, typer.Option(
-        "--allow-submit", help="Let the page queue jobs (as you; needs --token-file).")] = False,
+        "--allow-submit", help="Let the page queue jobs (as you; needs a token).")] = False,
 ) -> None:
-    """Serve the web dashboard of a running daemon until Ctrl-C (local only without a token)."""
+    """Serve the web dashboard of a running daemon until Ctrl-C; open the URL it prints."""
+    import secrets
     import signal
     import threading
 
     from collocate.daemon.client import Client
     from collocate.daemon.paths import resolve_state_dir
+    from collocate.daemon.tracking import check_dashboard
     from collocate.errors import InputError
     from collocate.monitor.store import MonitorStore, monitor_db_path
     from collocate.web.app import create_app
     from collocate.web.client_source import ClientSource
     from collocate.web.server import serve_in_thread
 
-    token = token_file.read_text().strip() if token_file is not None else None
-    if allow_submit and token is None:
-        raise InputError("--allow-submit needs --token-file",
+    if no_token and token_file is not None:
+        raise InputError("give either --token-file or --no-token, not both")
+    check_dashboard((host, port), not no_token)
+    if allow_submit and no_token:
+        raise InputError("--allow-submit needs a token",
                          hint="anyone who can open the page could queue jobs as you otherwise")
+    token = None
+    if token_file is not None:
+        token = token_file.read_text().strip()
+    elif not no_token:
+        token = secrets.token_urlsafe(32)
     root = resolve_state_dir(state_dir)
     client = Client(root)
     client.request("ping")  # a clear error now if no daemon runs there
@@ -85,7 +98,12 @@ def dashboard(
     server = serve_in_thread(create_app(ClientSource(client, store=store,
                                                      allow_submit=allow_submit), token=token),
                              host, port)
-    typer.echo(f"dashboard on {server.url}" + ("?token=..." if token else ""), err=True)
+    if token is None:
+        typer.echo(f"dashboard on {server.url} (no token)", err=True)
+    elif token_file is None:
+        typer.echo(f"dashboard on {server.url}?token={token}", err=True)
+    else:
+        typer.echo(f"dashboard on {server.url}?token=<the token in {token_file}>", err=True)
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
