@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from collocate.daemon.launcher import plan_launch
 from collocate.daemon.monitor import Monitor, Tracked
@@ -256,3 +258,16 @@ def test_policies_see_a_mig_instance_at_its_share_of_the_gpu(tmp_path):
     backend = EmulatedBackend.create(tmp_path, "2xA100-40GB:mig1=3g.20gb,4g.20gb", node="n0")
     snap = Monitor(backend, window=5).snapshot([], now=1.0, sharing=SharingMode.MIG)
     assert [round(s, 3) for s in snap.speed] == [1.0, round(42 / 98, 3), round(56 / 98, 3)]
+
+
+@given(st.text(), st.integers(1, 64))
+def test_log_chunks_never_split_a_character(text, chunk):
+    """Read in chunks the way `logs -f` does: the pieces decode to the text, with no replacement marks."""
+    from collocate.daemon.views import complete_utf8
+
+    data, offset, out = text.encode(), 0, []
+    while offset < len(data):
+        piece = complete_utf8(data[offset:offset + max(chunk, 4)])
+        out.append(piece.decode())
+        offset += len(piece)
+    assert "".join(out) == text

@@ -108,9 +108,23 @@ def logs(store: Store, job_id: str, args: Mapping[str, Any]) -> dict[str, Any]:
             data = f.read(LOG_CHUNK_BYTES)
     except OSError:
         data = b""
+    if not (chosen.end is not None and len(data) < LOG_CHUNK_BYTES):  # more may follow
+        data = complete_utf8(data)
     return {"text": data.decode(errors="replace"), "offset": offset + len(data),
             "attempt": chosen.n, "state": state, "reason": reason, "path": os.fspath(path),
             "ended": chosen.end is not None, "attempts": summary}
+
+
+def complete_utf8(data: bytes) -> bytes:
+    """``data`` without a multi-byte UTF-8 character cut off at its end: those bytes start the
+    next chunk, so a character split across two reads is not shown as two replacement marks."""
+    for back in range(1, min(4, len(data)) + 1):
+        lead = data[-back]
+        if lead & 0xC0 == 0x80:
+            continue  # a continuation byte: the character starts further back
+        size = 2 if lead >> 5 == 0b110 else 3 if lead >> 4 == 0b1110 else 4 if lead >> 3 == 0b11110 else 1
+        return data if back >= size else data[:-back]
+    return data
 
 
 def gpu_rows(monitor: Monitor, running: Mapping[str, Any]) -> list[dict[str, Any]]:
