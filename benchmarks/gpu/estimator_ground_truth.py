@@ -16,6 +16,15 @@ Writes ``benchmarks/results/estimator_ground_truth-<date>.csv`` (device, driver,
 versions and the date are columns of every row). A dry run measures nothing and writes no CSV
 unless ``--out`` is given, in which case memory columns stay empty and status is "dry-run"; it
 runs in fp32 (mixed precision is only exercised on the GPU).
+
+The CSV is rewritten after every configuration, so a run stopped part-way keeps what it measured.
+``--budget SECONDS`` starts no configuration that would likely end past the budget (the estimate
+is the slowest configuration so far, at least 15 s) and prints what is left; ``--resume CSV``
+keeps that file's finished rows (ok, oom) and runs only the others, writing old and new rows to
+``--out`` (which may be the same file):
+
+    python benchmarks/gpu/estimator_ground_truth.py --out gt.csv --budget 450
+    python benchmarks/gpu/estimator_ground_truth.py --out gt.csv --budget 450 --resume gt.csv
 """
 
 from __future__ import annotations
@@ -28,12 +37,15 @@ import json
 import os
 import subprocess
 import sys
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 ITERATIONS = 3
 CHILD_TIMEOUT_S = 600
+MIN_CONFIG_S = 15.0  # the budget's first guess for one configuration (fresh process, CUDA init)
+FINISHED = ("ok", "oom")  # statuses --resume keeps; the others are tried again
 
 FIELDS = [
     "config", "family", "entry_point", "batch_size", "optimizer", "precision", "status",
@@ -244,7 +256,7 @@ def run_child(cfg: Config, dry_run: bool) -> dict[str, Any]:
 # ------------------------------------------------------------------ parent side
 
 
-def measure(cfg: Config, dry_run: bool) -> dict[str, Any]:
+def measure(cfg: Config, dry_run: bool, timeout_s: float = CHILD_TIMEOUT_S) -> dict[str, Any]:
     """Run one configuration in a fresh subprocess and return its CSV row."""
     base = {k: v for k, v in asdict(cfg).items() if k != "requires"}
     base["config"] = base.pop("name")
@@ -252,10 +264,10 @@ def measure(cfg: Config, dry_run: bool) -> dict[str, Any]:
     if dry_run:
         argv.append("--dry-run")
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S,
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s,
                               check=False)
     except subprocess.TimeoutExpired:
-        return {**base, "status": "timeout", "error": f"over {CHILD_TIMEOUT_S} s"}
+        return {**base, "status": "timeout", "error": f"over {timeout_s:g} s"}
     lines = proc.stdout.strip().splitlines()
     if proc.returncode == 0 and lines:
         return {**base, **json.loads(lines[-1])}
@@ -264,12 +276,33 @@ def measure(cfg: Config, dry_run: bool) -> dict[str, Any]:
     return {**base, "status": status, "error": err[:300]}
 
 
+def read_csv(path: Path) -> list[dict[str, Any]]:
+    """Rows of an earlier CSV of this script (empty when the file does not exist)."""
+    if not path.exists():
+        return []
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    """All rows so far, written to a temporary file and moved in place (never half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    os.replace(tmp, path)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Measure GPU memory ground truth for the estimator.")
     ap.add_argument("--dry-run", action="store_true", help="CPU only: build and step each model")
     ap.add_argument("--only", nargs="*", help="config names to run (default: all)")
     ap.add_argument("--list", action="store_true", help="print the configurations and exit")
     ap.add_argument("--out", type=Path, help="CSV path (default: benchmarks/results/...)")
+    ap.add_argument("--budget", type=float, help="start no configuration past this many seconds")
+    ap.add_argument("--resume", type=Path, help="keep this CSV's finished rows, run the rest")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
@@ -294,26 +327,42 @@ def main(argv: list[str] | None = None) -> int:
 
         if not torch.cuda.is_available():
             raise SystemExit("no CUDA GPU visible: run on the GPU machine, or use --dry-run")
+    begin = time.monotonic()
     date = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-    rows = []
-    for cfg in chosen:
-        if not available(cfg):
-            print(f"skip {cfg.name}: {cfg.requires} not installed")
-            continue
-        row = measure(cfg, args.dry_run)
-        row["date_utc"] = date
-        rows.append(row)
-        print(f"{cfg.name:45s} {row['status']:8s} nvml={row.get('nvml_peak_mib', '')} "
-              f"reserved={row.get('max_reserved_mib', '')} {row.get('error', '')}")
     out = args.out
     if out is None and not args.dry_run:
         out = Path(__file__).parents[1] / "results" / f"estimator_ground_truth-{date[:10]}.csv"
+    finished = FINISHED + (("dry-run",) if args.dry_run else ())
+    rows = [r for r in read_csv(args.resume) if r.get("status") in finished] if args.resume else []
+    done = {r["config"] for r in rows}
+    if done:
+        print(f"resume: {len(done)} finished configuration(s) kept from {args.resume}")
+    todo = [c for c in chosen if c.name not in done]
+    slowest = MIN_CONFIG_S
+    for k, cfg in enumerate(todo):
+        if not available(cfg):
+            print(f"skip {cfg.name}: {cfg.requires} not installed")
+            continue
+        elapsed = time.monotonic() - begin
+        if args.budget is not None and elapsed + slowest > args.budget:
+            left = [c.name for c in todo[k:] if available(c)]
+            print(f"budget of {args.budget:g} s reached: {len(left)} configuration(s) left; "
+                  f"run again with --resume: {' '.join(left)}")
+            break
+        timeout = CHILD_TIMEOUT_S if args.budget is None else max(
+            30.0, min(CHILD_TIMEOUT_S, args.budget - elapsed + 60.0))
+        t0 = time.monotonic()
+        row = measure(cfg, args.dry_run, timeout)
+        slowest = max(slowest, time.monotonic() - t0)
+        row["date_utc"] = date
+        rows.append(row)
+        print(f"{cfg.name:45s} {row['status']:8s} nvml={row.get('nvml_peak_mib', '')} "
+              f"reserved={row.get('max_reserved_mib', '')} [{time.monotonic() - t0:.1f} s] "
+              f"{row.get('error', '')}", flush=True)
+        if out is not None:
+            write_csv(out, rows)
     if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with out.open("w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
-            w.writeheader()
-            w.writerows(rows)
+        write_csv(out, rows)
         print(f"wrote {len(rows)} rows to {out}")
     bad = [r for r in rows if r["status"] not in ("ok", "dry-run", "oom")]
     return 1 if bad else 0

@@ -13,6 +13,12 @@ session with one validates and measures it:
 
     python benchmarks/gpu/share_gpu.py             # on a GPU machine; writes benchmarks/results/share_gpu-<date>.json
     python benchmarks/gpu/share_gpu.py --dry-run   # anywhere: same plumbing on CPU, tiny sizes, no results file
+
+``--out PATH`` names the JSON file (also in a dry run); it is rewritten after the correctness check
+and after every throughput run, so a run stopped part-way keeps what it measured.
+``--budget SECONDS`` starts no throughput run that would likely end past the budget (the estimate
+is the slowest run so far, at least warm-up + window + 15 s); the skipped ones are recorded as
+``"skipped: budget"``.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import json
 import multiprocessing as mp
 import os
 import sys
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -165,39 +172,76 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=5.0)
     ap.add_argument("--window", type=float, default=15.0)
     ap.add_argument("--skip-tensorsocket", action="store_true")
+    ap.add_argument("--out", type=Path, help="JSON result file (default: benchmarks/results/"
+                    "share_gpu-<date>.json on a GPU, none in a dry run)")
+    ap.add_argument("--budget", type=float, help="start no throughput run past this many seconds")
     args = ap.parse_args()
+    begin = time.monotonic()
     if args.dry_run:
         args.device, args.workers, args.consumers, args.warmup, args.window = "cpu", 2, [2], 1.0, 2.0
     elif not torch.cuda.is_available():
         sys.exit("no CUDA device: run with --dry-run here, or on a GPU machine")
+    out = args.out
+    if out is None and not args.dry_run:
+        out = Path(__file__).resolve().parent.parent / "results" / f"share_gpu-{datetime.now(UTC):%Y-%m-%d}.json"
     info = share_cpu.machine()
     info["device"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() and not args.dry_run else "cpu"
     print(json.dumps(info), flush=True)
+    result: dict[str, Any] = {"benchmark": "share_gpu", "date": datetime.now(UTC).isoformat(timespec="seconds"),
+                              "machine": info, "dry_run": args.dry_run,
+                              "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+                              "correctness": None, "throughput": []}
+
+    def save() -> None:
+        if out is not None:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            tmp = out.with_name(out.name + ".tmp")
+            tmp.write_text(json.dumps(result, indent=2) + "\n")
+            os.replace(tmp, out)
+
     checks = correctness(args.device, 200 if args.dry_run else 5000, 8 if args.dry_run else 3 * 64 * 64,
                          2 if args.dry_run else 5)
+    result["correctness"] = checks
+    save()
     print("correctness:", checks, flush=True)
     modes = ["independent", "share-cuda", "share-cpu-ring"] + ([] if args.skip_tensorsocket else ["tensorsocket"])
     if args.dry_run:
         modes = [m for m in modes if m not in ("share-cuda", "tensorsocket")]  # CUDA-only paths
-    t1 = throughput("independent", 1, args.workers, args.device, args.warmup, args.window, 0)
-    rows, seq = [], 1
+    slowest = args.warmup + args.window + 15.0
+
+    def timed(mode: str, k: int, seq: int) -> float:
+        nonlocal slowest
+        t0 = time.monotonic()
+        try:
+            return throughput(mode, k, args.workers, args.device, args.warmup, args.window, seq)
+        finally:
+            slowest = max(slowest, time.monotonic() - t0)
+
+    def over_budget() -> bool:
+        return args.budget is not None and time.monotonic() - begin + slowest > args.budget
+
+    t1 = timed("independent", 1, 0)
+    rows, seq = result["throughput"], 1
     for k in args.consumers:
         row: dict[str, Any] = {"K": k, "single_T1": t1}
+        rows.append(row)
         for mode in modes:
             seq += 1
+            if over_budget():
+                row[mode] = None
+                row[f"{mode}_error"] = "skipped: budget"
+                print(f"K={k} {mode}: skipped (budget of {args.budget:g} s)", flush=True)
+                continue
             try:
-                row[mode] = throughput(mode, k, args.workers, args.device, args.warmup, args.window, seq)
+                row[mode] = timed(mode, k, seq)
             except Exception as exc:
                 row[mode], row[f"{mode}_error"] = None, repr(exc)
             print(f"K={k} {mode}: {row[mode]}", flush=True)
-        rows.append(row)
-    result = {"benchmark": "share_gpu", "date": datetime.now(UTC).isoformat(timespec="seconds"),
-              "machine": info, "dry_run": args.dry_run, "settings": vars(args), "correctness": checks,
-              "throughput": rows}
+            save()
+    result["seconds"] = round(time.monotonic() - begin, 1)
     print(json.dumps(result, indent=2))
-    if not args.dry_run:
-        out = Path(__file__).resolve().parent.parent / "results" / f"share_gpu-{datetime.now(UTC):%Y-%m-%d}.json"
-        out.write_text(json.dumps(result, indent=2) + "\n")
+    save()
+    if out is not None:
         print(f"wrote {out}")
     if any(status != "ok" for status, _ in checks):
         sys.exit(1)

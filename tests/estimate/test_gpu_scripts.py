@@ -76,3 +76,27 @@ def test_report_from_fixture(tmp_path: pathlib.Path) -> None:
     assert "| ours | 3 | 0 |" in text  # the oom row is not a case
     assert "item_model-b8-sgd-fp32" in text and "cpu-run" in text
     assert "faketensor" in text and "Goal" in text
+
+
+def test_budget_and_resume_write_the_csv_as_they_go(tmp_path: pathlib.Path, monkeypatch,
+                                                    capsys) -> None:
+    measured: list[str] = []
+
+    def fake_measure(cfg, dry_run, timeout_s=gt.CHILD_TIMEOUT_S):
+        measured.append(cfg.name)
+        return {"config": cfg.name, "status": "ok", "nvml_peak_mib": 100.0}
+
+    monkeypatch.setattr(gt, "measure", fake_measure)
+    names = ["mlp-b256-sgd-fp32", "mlp-b4096-sgd-fp32", "dlrm-b2048-adam-fp32"]
+    out = tmp_path / "gt.csv"
+    # a budget too small for any configuration: nothing runs, what is left is named
+    assert gt.main(["--dry-run", "--only", *names, "--out", str(out), "--budget", "0"]) == 0
+    assert measured == [] and "3 configuration(s) left" in capsys.readouterr().out
+    assert gt.main(["--dry-run", "--only", names[0], "--out", str(out)]) == 0
+    assert [r["config"] for r in csv.DictReader(out.open())] == [names[0]]
+    # resume keeps the finished row and measures only the others, into the same file
+    assert gt.main(["--dry-run", "--only", *names, "--out", str(out), "--resume", str(out)]) == 0
+    assert measured == [names[0], names[1], names[2]]
+    rows = list(csv.DictReader(out.open()))
+    assert [r["config"] for r in rows] == names and {r["status"] for r in rows} == {"ok"}
+    assert not out.with_name(out.name + ".tmp").exists()

@@ -89,6 +89,7 @@ def run_minitrace(
     daemon = DaemonProcess(state, serve_args, out_dir / "daemon.log", python=python, client_timeout_s=30)
     submits: list[tuple[MiniJob, subprocess.Popen]] = []
     ids: dict[str, str] = {}
+    interrupted = False
     try:
         daemon.wait_ready()
         backend = _sampling_backend(gpus, state)
@@ -117,8 +118,23 @@ def run_minitrace(
             rows, timed_out = _wait_terminal(daemon, set(ids), t0 + limit, log)
         rows = _ls_cli(python, state) or rows
         backend.close()
+    except BaseException:
+        # Interrupted (Ctrl-C, a caller's time limit) or failed: the daemon's jobs run in their
+        # own sessions and outlive a daemon stop, so cancel them first, or they would keep
+        # training on the GPU after this run has ended. Submissions still in flight end first,
+        # so the daemon knows every job it was given.
+        for _, proc in submits:
+            try:
+                proc.communicate(timeout=30)
+            except Exception:  # noqa: BLE001 - best effort on the way out
+                proc.kill()
+        cancel_all(daemon, log)
+        interrupted = True
+        raise
     finally:
         code = daemon.stop()
+        if interrupted:  # daemon.log in out_dir says what happened; the state is of no more use
+            shutil.rmtree(state, ignore_errors=True)
     (out_dir / "ls.json").write_text(json.dumps(rows, indent=1) + "\n")
     with open(out_dir / "samples.jsonl", "w") as handle:
         for s in sampler.samples:
@@ -133,6 +149,30 @@ def run_minitrace(
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     shutil.rmtree(state, ignore_errors=True)
     return summary
+
+
+def cancel_all(daemon: DaemonProcess, log: Callable[[str], None], wait_s: float = 15.0) -> int:
+    """Cancel every job of this (private) daemon that has not ended; wait until they have.
+
+    Best effort: returns how many were cancelled, and never raises (it runs while another
+    exception is on its way out). The daemon sends SIGTERM, then SIGKILL after 10 s."""
+    try:
+        rows = daemon.client.request("ls", all=True)
+        live = [r["id"] for r in rows if r["state"] not in TERMINAL]
+        for job_id in live:
+            daemon.client.request("cancel", id=job_id)
+        if live:
+            log(f"cancelling {len(live)} job(s) that had not ended")
+        end = time.monotonic() + wait_s
+        while live and time.monotonic() < end:
+            rows = daemon.client.request("ls", all=True)
+            if all(r["state"] in TERMINAL for r in rows if r["id"] in live):
+                break
+            time.sleep(0.5)
+        return len(live)
+    except Exception as exc:  # noqa: BLE001 - best effort on the way out
+        log(f"warning: could not cancel the daemon's jobs: {exc}")
+        return 0
 
 
 def _wait_terminal(daemon: DaemonProcess, ids: set[str], deadline: float,
@@ -221,11 +261,11 @@ def compare(real: Sequence[dict[str, Any]], sims: Sequence[dict[str, Any]],
            f"{env.get('date_utc')}", ""]
     if any(r.get("source") == "emulated" for r in real):
         out += ["**Emulated run (CPU dry run): not GPU measurements.**", ""]
+    if any(r.get("time_scale", 1.0) != 1.0 for r in real):  # before the table, not inside it
+        out += ["Runs with a time scale: the simulator's times and energy are scaled by it.", ""]
     out += ["| policy | sharing | " + " | ".join(f"{label} real | sim" for _, label in COMPARE_FIELDS)
             + " | makespan error |",
             "|---|---|" + "---:|---:|" * len(COMPARE_FIELDS) + "---:|"]
-    if any(r.get("time_scale", 1.0) != 1.0 for r in real):
-        out += ["Runs with a time scale: the simulator's times and energy are scaled by it.", ""]
     for r in real:
         scale = float(r.get("time_scale", 1.0))
         sim = {k: (v * scale if k in SCALED and isinstance(v, float) else v)

@@ -282,13 +282,17 @@ def run_plan(
     resume: bool = False,
     work_root: Path | None = None,
     log: Callable[[str], None] = print,
+    clock: Callable[[], float] = time.monotonic,
 ) -> list[dict[str, Any]]:
     """Run the plan, appending one JSON line per scenario to ``out_dir/results.jsonl``.
 
     ``resume`` skips scenarios already recorded there; ``budget_s`` stops before a scenario that
-    would end past the budget (run again with ``resume`` to go on). Returns every record in the
-    file. MPS is started around each block of consecutive MPS scenarios. Workers' scratch files
-    go to ``work_root`` (default: a temporary folder, removed at the end).
+    would end past the budget (run again with ``resume`` to go on). A scenario's expected time is
+    the static estimate or, when longer, the longest scenario of at most as many processes seen
+    so far (in this run or, on resume, in the file): seven processes start up and warm up slower
+    than one. Returns every record in the file. MPS is started around each block of consecutive
+    MPS scenarios. Workers' scratch files go to ``work_root`` (default: a temporary folder,
+    removed at the end).
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="collocate-bench-")) if work_root is None else work_root
@@ -300,7 +304,12 @@ def run_plan(
     if resume and results_path.exists():  # failed scenarios are tried again
         results_path.write_text("".join(json.dumps(r) + "\n" for r in kept))
     done = {r["scenario"] for r in kept}
-    begin = time.monotonic()
+    took: dict[int, float] = {}  # copies -> longest wall time of a scenario that ran
+    for r in kept:
+        if r.get("status") in ("ok", "oom") and r.get("started") and r.get("ended"):
+            n = int(r.get("copies") or 1)
+            took[n] = max(took.get(n, 0.0), float(r["ended"]) - float(r["started"]))
+    begin = clock()
     if "idle" not in done:
         _append(results_path, [{**idle_record(backend, uuid), "env": dict(env_info)}])
     need = solo_memory(read_results(results_path))
@@ -310,7 +319,9 @@ def run_plan(
     mps_error = ""
     try:
         for k, scenario in enumerate(todo):
-            if budget_s is not None and time.monotonic() - begin + per > budget_s:
+            n = len(scenario.jobs)
+            expected = max([per, *(t for c, t in took.items() if c <= n)])
+            if budget_s is not None and clock() - begin + expected > budget_s:
                 log(f"budget of {budget_s:g} s reached: {len(todo) - k} scenario(s) left; "
                     "run again with --resume to go on")
                 break
@@ -335,9 +346,11 @@ def run_plan(
                     record["status"] = "failed"
             else:
                 log(f"[{k + 1}/{len(todo)}] {scenario.id}")
+                t0 = clock()
                 record, raw = run_scenario(scenario, backend=backend, uuid=uuid,
                                            work_dir=scratch / f"s{k}", opts=opts,
                                            mps=mps if scenario.sharing == "mps" else None)
+                took[n] = max(took.get(n, 0.0), clock() - t0)
             record["env"] = dict(env_info)
             _append(results_path, [record])
             _append(samples_path, raw)

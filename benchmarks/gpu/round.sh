@@ -1,0 +1,338 @@
+#!/usr/bin/env bash
+# One device call of the GPU runbook (benchmarks/gpu/RUNBOOK.md), so the `run` command is short:
+#
+#   bash benchmarks/gpu/round.sh A1                      probe + benchmark (until the budget)
+#   bash benchmarks/gpu/round.sh A2 <B>                  resume the benchmark of folder <B>
+#   bash benchmarks/gpu/round.sh A3 <B>                  the same, once more
+#   bash benchmarks/gpu/round.sh B1 <M> <policy>         mini-trace: exclusive + <policy>, time-slicing
+#   bash benchmarks/gpu/round.sh B2 <M> <policy>         mini-trace: auto time-slicing + <policy> mps
+#   bash benchmarks/gpu/round.sh B3 <M>                  mini-trace: auto mps + exclusive mps
+#   bash benchmarks/gpu/round.sh C1 [<csv>]              estimator ground truth (resume from <csv>)
+#   bash benchmarks/gpu/round.sh C2                      shared loading on the GPU (share_gpu.py)
+#   bash benchmarks/gpu/round.sh CHECK                   versions and imports only
+#
+#   bash benchmarks/gpu/round.sh --rehearse <CALL> ...   (or DRY=1) the same plumbing on a CPU
+#
+# Every call: prints versions (python, torch, CUDA, driver, GPU) and checks the imports it needs
+# (envcheck.py) before spending time; installs the carried wheels (.whl, named in `carry`) into
+# /tmp/site; runs its steps under a time budget (ROUND_BUDGET, default 540 s from the start, for a
+# `run` with timeout_s 600), each step stopped by SIGINT at its limit so the harness cleans up;
+# then kills whatever its steps left running (found by a per-call tag in their environment, MPS
+# daemons asked to quit), and packs $OUT/w into $OUT/<CALL>.tgz beside $OUT/<CALL>.md (summary)
+# and $OUT/<CALL>.log (everything printed): three files, well inside the 8 that come back.
+# Unpack them here with benchmarks/gpu/unpack.sh.
+#
+# It never changes MIG settings or the compute mode and never resets the GPU; MPS is started only
+# by the harness, in private temporary directories, and stopped again.
+#
+# --rehearse runs on a machine without a GPU: tiny CPU workloads, fake NVML, emulated GPUs, the
+# scripts' dry runs, and a virtual environment that sees only the packages of the device image
+# (device_packages.txt) plus those the wheels carry, so a missing import shows here first. OUT
+# defaults to a new temporary folder; ROUND_BUDGET defaults to 150 s (240 s for B calls).
+set -euo pipefail
+
+REHEARSE=${DRY:-0}
+if [[ "${1:-}" == "--rehearse" ]]; then REHEARSE=1; shift; fi
+CALL=${1:-}
+shift || true
+ARGS=("$@")
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$ROOT"
+GPU=benchmarks/gpu
+# Paths are relative to the repo root; an absolute path of another checkout (this session's, say)
+# is cut to its part from benchmarks/ on, which is where the copy on the device has it.
+for i in "${!ARGS[@]}"; do
+  a=${ARGS[$i]}
+  if [[ "$a" == /* && ! -e "$a" && "$a" == */benchmarks/* ]]; then ARGS[$i]=benchmarks/${a#*/benchmarks/}; fi
+done
+
+usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+case "$CALL" in
+  A1|C2|CHECK) [[ ${#ARGS[@]} -eq 0 ]] || usage ;;
+  A2|A3) [[ ${#ARGS[@]} -eq 1 && -f "${ARGS[0]}/results.jsonl" ]] || { echo "$CALL needs a bench folder with results.jsonl" >&2; usage; } ;;
+  B1|B2) [[ ${#ARGS[@]} -eq 2 && -f "${ARGS[0]}/jobs.json" ]] || { echo "$CALL needs <M> (with jobs.json) and a policy" >&2; usage; } ;;
+  B3) [[ ${#ARGS[@]} -eq 1 && -f "${ARGS[0]}/jobs.json" ]] || { echo "B3 needs <M> (with jobs.json)" >&2; usage; } ;;
+  C1) [[ ${#ARGS[@]} -le 1 ]] || usage; [[ ${#ARGS[@]} -eq 0 || -f "${ARGS[0]}" ]] || { echo "C1: no file ${ARGS[0]}" >&2; usage; } ;;
+  *) usage ;;
+esac
+
+T0=$(date +%s)
+if [[ $REHEARSE == 1 ]]; then
+  BUDGET=${ROUND_BUDGET:-150}
+  [[ $CALL != B* ]] || BUDGET=${ROUND_BUDGET:-240}  # two emulated replays of 12 jobs
+  OUT=${OUT:-$(mktemp -d /tmp/round-rehearsal-XXXXXX)}
+else
+  BUDGET=${ROUND_BUDGET:-555}
+  [[ -n "${OUT:-}" ]] || { echo "OUT is not set (on a CPU machine use --rehearse)" >&2; exit 2; }
+  command -v nvidia-smi >/dev/null || { echo "no nvidia-smi: not a GPU machine (use --rehearse)" >&2; exit 2; }
+fi
+mkdir -p "$OUT"
+W=$OUT/w
+LOG=$OUT/$CALL.log
+TAG=round-$CALL-$$-$T0
+export PYTHONUNBUFFERED=1 MPLBACKEND=Agg
+SCRATCH=$(mktemp -d /tmp/round-scratch-XXXXXX)
+STEPS=()
+NOTES=()
+
+left() { echo $((T0 + BUDGET - $(date +%s))); }
+note() { echo "NOTE: $*"; NOTES+=("$*"); }
+
+# ---------------------------------------------------------------- clean-up of what steps left
+# Every step runs with COLLOCATE_ROUND_TAG=$TAG in its environment, which its children inherit
+# (the daemon's jobs too: `collocate submit` passes the submitter's environment). Only processes
+# carrying this call's tag are touched, by pid.
+tagged() {  # pids of live processes with this call's tag
+  local p
+  for p in /proc/[0-9]*; do
+    grep -qzxF "COLLOCATE_ROUND_TAG=$TAG" "$p/environ" 2>/dev/null && echo "${p#/proc/}"
+  done
+  return 0
+}
+
+sweep() {
+  local pid cmd pipe n=0 mps=() pids
+  pids=$(tagged)
+  [[ -n "$pids" ]] || return 0
+  sleep 3  # helpers such as multiprocessing's resource tracker end on their own, just after
+  for pid in $(tagged); do
+    cmd=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null || true)
+    if [[ "$cmd" == *nvidia-cuda-mps* ]]; then mps+=("$pid"); continue; fi
+    echo "leftover process $pid: ${cmd:0:160}"
+    kill -KILL "$pid" 2>/dev/null && n=$((n + 1)) || true
+  done
+  for pid in "${mps[@]}"; do
+    pipe=$(grep -az '^CUDA_MPS_PIPE_DIRECTORY=' "/proc/$pid/environ" 2>/dev/null | tr -d '\0' | sed 's/^CUDA_MPS_PIPE_DIRECTORY=//' || true)
+    echo "leftover MPS daemon $pid (pipe ${pipe:-?}): asking it to quit"
+    if [[ -n "$pipe" ]]; then echo quit | CUDA_MPS_PIPE_DIRECTORY=$pipe timeout 20 nvidia-cuda-mps-control || true; fi
+    sleep 2
+    kill -KILL "$pid" 2>/dev/null || true
+    n=$((n + 1))
+  done
+  if ((n)); then note "step ${1:-?} left $n process(es) running; killed"; fi
+}
+
+# step NAME SECONDS CMD...: run CMD with SIGINT at SECONDS (SIGKILL 30 s later); never fails.
+step() {
+  local name=$1 secs=$2 t rc=0
+  shift 2
+  if ((secs < 5)); then
+    note "step $name not started: only ${secs} s left"
+    STEPS+=("| $name | not started | 0 s | ${secs} s |")
+    return 0
+  fi
+  t=$(date +%s)
+  echo "=== step $name (limit ${secs} s, $(left) s left in the call): $*"
+  COLLOCATE_ROUND_TAG=$TAG timeout -s INT -k 30 "$secs" "$@" || rc=$?
+  echo "=== step $name: exit $rc after $(($(date +%s) - t)) s"
+  ((rc == 124)) && note "step $name reached its limit of ${secs} s and was interrupted"
+  ((rc == 0)) || FAILED=1
+  STEPS+=("| $name | $rc | $(($(date +%s) - t)) s | ${secs} s |")
+  sweep "$name"
+  return 0
+}
+
+FAILED=0
+
+# ---------------------------------------------------------------- environment
+prepare() {
+  echo "=== round $CALL ${ARGS[*]:-} (rehearsal=$REHEARSE, budget ${BUDGET} s, OUT=$OUT) $(date -u +%FT%TZ)"
+  mkdir -p "$W"
+  if [[ $REHEARSE == 1 ]]; then
+    if compgen -G ".whl/*.whl" >/dev/null; then
+      python3 "$GPU/envcheck.py" wheels .whl || note "the wheel check failed"
+      # The device's install, for CPython 3.12 (the device's python3), into a scratch target.
+      if ! python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SCRATCH/site312" \
+        --python-version 3.12 --implementation cp --only-binary=:all: --platform manylinux_2_28_x86_64 \
+        --platform manylinux_2_26_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux1_x86_64 \
+        .whl/*.whl >"$SCRATCH/pip.log" 2>&1; then
+        cat "$SCRATCH/pip.log"
+        note "the carried wheels do not install for CPython 3.12"
+      fi
+      local py312 cand
+      py312=""
+      for cand in python3.12 /usr/bin/python3.12 /root/.pyenv/versions/3.12*/bin/python3.12; do
+        if "$cand" -c 'import sys' >/dev/null 2>&1; then py312=$cand; break; fi
+      done
+      if [[ -n "$py312" ]]; then  # the compiled wheels (pyzmq, tornado) really load under 3.12
+        PYTHONPATH=$SCRATCH/site312 "$py312" -c "import sys, zmq, tornado; print('carried wheels import under Python', sys.version.split()[0], ': zmq', zmq.__version__, 'tornado', tornado.version)" \
+          || note "the carried wheels do not import under $py312"
+      fi
+    fi
+    python3 "$GPU/envcheck.py" venv "$SCRATCH/venv" .whl
+    export PATH=$SCRATCH/venv/bin:$PATH
+    export PYTHONPATH=$ROOT/src
+  else
+    export PYTHONPATH=$ROOT/src
+    if compgen -G ".whl/*.whl" >/dev/null; then
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+      export PYTHONPATH=/tmp/site:$ROOT/src
+      echo "installed the carried wheels into /tmp/site: $(cd .whl && ls *.whl | tr '\n' ' ')"
+    fi
+    nvidia-smi --query-gpu=name,driver_version,memory.total,compute_mode,mig.mode.current --format=csv || true
+    local apps
+    apps=$(nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader 2>/dev/null || true)
+    [[ -z "$apps" ]] || note "the GPU already runs processes before this call: $apps"
+  fi
+  local gpu=--gpu
+  [[ $REHEARSE == 0 ]] || gpu=""
+  python3 "$GPU/envcheck.py" imports "$CALL" $gpu --meta "$W/meta.env" "${ARGS[*]:-}" "$REHEARSE" \
+    || { note "imports missing (or no GPU visible): the call cannot run"; return 1; }
+  # The command line parses its options with this machine's typer (not the version pinned here).
+  python3 -m collocate.cli bench run --list --workloads dlrm --copies 1,2 --no-mixes >/dev/null \
+    || { note "collocate's command line fails here (typer/click version?)"; return 1; }
+}
+
+# ---------------------------------------------------------------- the calls
+call_A1() {
+  if [[ $REHEARSE == 1 ]]; then
+    step probe 60 python3 "$GPU/sigrun.py" "$GPU/nvml_probe.py" --dry-run --out "$W/probe"
+  else
+    step probe 150 python3 "$GPU/sigrun.py" "$GPU/nvml_probe.py" --out "$W/probe"
+  fi
+  bench_run
+}
+
+call_A2() {
+  mkdir -p "$W/bench"
+  cp "${ARGS[0]}/results.jsonl" "$W/bench/"
+  [[ ! -f "${ARGS[0]}/samples.jsonl" ]] || cp "${ARGS[0]}/samples.jsonl" "$W/bench/"
+  echo "resuming from ${ARGS[0]}: $(wc -l <"$W/bench/results.jsonl") records"
+  bench_run --resume
+}
+call_A3() { call_A2; }
+
+bench_run() {
+  # The bench stops starting scenarios at its --budget; the step's limit is the hard stop.
+  local budget=$(($(left) - 60)) limit=$(($(left) - 15))
+  if [[ $REHEARSE == 1 ]]; then
+    # A1 stops early on purpose, so that A2 rehearses the resume
+    [[ $CALL != A1 ]] || budget=$((budget < 45 ? budget : 45))
+    step bench "$limit" python3 "$GPU/sigrun.py" -m collocate.cli bench run --device cpu --seconds 1 --warmup 0.3 \
+      --workloads resnet18-cifar,dlrm --copies 1,2 --no-mixes --out "$W/bench" --budget "$budget" "$@"
+  else
+    step bench "$limit" python3 "$GPU/sigrun.py" -m collocate.cli bench run --seconds 8 --warmup 4 --out "$W/bench" \
+      --budget "$budget" "$@"
+  fi
+}
+
+# mini_runs POLICY:SHARING...: one `minitrace run` each. Every run's --timeout is sized from the
+# trace (1.2 x the sum of its jobs' solo durations + 20 s: the exclusive makespan with a margin;
+# collocated runs end sooner), cut where needed so the later runs keep theirs.
+mini_runs() {
+  local m=${ARGS[0]} specs=("$@") n=$# i t p s spec sum nominal per=50
+  [[ $REHEARSE == 0 ]] || per=30
+  sum=$(python3 -c 'import json,sys; print(int(sum(j["duration_s"] for j in json.load(open(sys.argv[1]))["jobs"])))' "$m/jobs.json")
+  if [[ $REHEARSE == 1 ]]; then
+    nominal=$((sum * 12 / 10 / 20 + 4 * $(python3 -c 'import json,sys; print(len(json.load(open(sys.argv[1]))["jobs"]))' "$m/jobs.json") + 15))
+  else
+    nominal=$((sum * 12 / 10 + 20))
+  fi
+  echo "trace $m: solo durations add up to ${sum} s; nominal --timeout ${nominal} s per run"
+  if [[ $REHEARSE == 0 ]] && ((n * (nominal + per) + 20 > $(left))); then
+    note "the trace is long for $n runs in one call (solo durations add up to ${sum} s; up to about $(((($(left) - 20) / n - per - 20) * 10 / 12)) s fit): the runs get shorter timeouts and may not finish"
+  fi
+  for ((i = 0; i < n; i++)); do
+    spec=${specs[$i]}
+    p=${spec%%:*}
+    s=${spec##*:}
+    t=$(($(left) - 20 - per * (n - i) - nominal * (n - i - 1)))  # what is left after the later runs
+    ((t >= nominal)) || t=$((($(left) - 20 - per * (n - i)) / (n - i)))  # else an equal share
+    ((t < nominal)) || t=$nominal
+    ((t >= nominal)) || note "run $p-$s gets --timeout $t s (nominal ${nominal} s)"
+    if [[ $REHEARSE == 1 ]]; then
+      step "$p-$s" $((t + per)) python3 "$GPU/sigrun.py" -m collocate.cli bench minitrace run "$m/jobs.json" --policy "$p" \
+        --sharing "$s" --gpus emulated:1xH100-80GB --emulate --time-scale 0.05 --out "$W/$p-$s" --timeout "$t"
+    else
+      step "$p-$s" $((t + per)) python3 "$GPU/sigrun.py" -m collocate.cli bench minitrace run "$m/jobs.json" --policy "$p" \
+        --sharing "$s" --gpus nvml --out "$W/$p-$s" --timeout "$t"
+    fi
+  done
+}
+
+call_B1() { mini_runs exclusive:time-slicing "${ARGS[1]}:time-slicing"; }
+call_B2() { mini_runs auto:time-slicing "${ARGS[1]}:mps"; }
+call_B3() { mini_runs auto:mps exclusive:mps; }
+
+call_C1() {
+  local resume=() dry=()
+  [[ ${#ARGS[@]} -eq 0 ]] || resume=(--resume "${ARGS[0]}")
+  [[ $REHEARSE == 0 ]] || dry=(--dry-run)
+  step estimator $(($(left) - 10)) python3 "$GPU/sigrun.py" "$GPU/estimator_ground_truth.py" "${dry[@]}" \
+    --out "$W/estimator_ground_truth.csv" --budget $(($(left) - 30)) "${resume[@]}"
+}
+
+call_C2() {
+  local dry=()
+  [[ $REHEARSE == 0 ]] || dry=(--dry-run)
+  step share $(($(left) - 10)) python3 "$GPU/sigrun.py" "$GPU/share_gpu.py" "${dry[@]}" --out "$W/share_gpu.json" \
+    --budget $(($(left) - 60))
+}
+
+call_CHECK() { :; }
+
+# ---------------------------------------------------------------- summary and packing
+summary() {
+  echo "# round $CALL ${ARGS[*]:-}$([[ $REHEARSE == 1 ]] && echo ' (REHEARSAL on a CPU: not GPU measurements)')"
+  echo
+  [[ ! -f "$W/meta.env" ]] || sed 's/^/    /' "$W/meta.env"
+  echo
+  echo "| step | exit | took | limit |"
+  echo "|---|---|---|---|"
+  ((${#STEPS[@]} == 0)) || printf '%s\n' "${STEPS[@]}"
+  echo
+  echo "call: $(($(date +%s) - T0)) s of a ${BUDGET} s budget"
+  local n
+  for n in "${NOTES[@]}"; do echo "- $n"; done
+  echo
+  case "$CALL" in
+    A*)
+      [[ ! -f "$W/bench/table.md" ]] || { echo "## bench"; echo; cat "$W/bench/table.md"; echo; }
+      grep -h "budget of\|scenario(s) left" "$LOG" 2>/dev/null | tail -2 || true
+      if compgen -G "$W/probe/*.md" >/dev/null; then echo "## probe"; echo; cat "$W"/probe/*.md; fi
+      ;;
+    B*)
+      local d
+      for d in "$W"/*/; do
+        [[ -f "$d/summary.json" ]] || continue
+        echo "- $(basename "$d"): $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print({k: d.get(k) for k in ("done","jobs","failed","timed_out","makespan_min","mean_jct_min","sm_util","oom_crashes")})' "$d/summary.json")"
+      done
+      ;;
+    C1)
+      if [[ -f "$W/estimator_ground_truth.csv" ]]; then
+        python3 -c 'import csv,sys,collections; r=list(csv.DictReader(open(sys.argv[1]))); print(len(r), "rows:", dict(collections.Counter(x["status"] for x in r)))' "$W/estimator_ground_truth.csv"
+      fi
+      grep -h "budget of" "$LOG" 2>/dev/null | tail -1 || true
+      ;;
+    C2)
+      [[ ! -f "$W/share_gpu.json" ]] || python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("correctness:", d["correctness"]); [print("-", r) for r in d["throughput"]]' "$W/share_gpu.json"
+      ;;
+  esac
+  if [[ $REHEARSE == 0 ]]; then
+    echo
+    echo "GPU processes at the end: $(nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader 2>/dev/null | tr '\n' ';')"
+  fi
+}
+
+finish() {
+  local rc=$?
+  set +e
+  trap - EXIT
+  sweep end
+  summary >"$OUT/$CALL.md" 2>&1
+  cp "$OUT/$CALL.md" "$W/summary.md" 2>/dev/null
+  tar -czf "$OUT/$CALL.tgz" -C "$W" . && rm -rf "$W"
+  rm -rf "$SCRATCH"
+  echo "=== packed $OUT/$CALL.tgz ($(du -h "$OUT/$CALL.tgz" | cut -f1)); summary $OUT/$CALL.md; call took $(($(date +%s) - T0)) s, exit $rc"
+  exit "$rc"
+}
+
+main() {
+  trap finish EXIT
+  prepare
+  "call_$CALL"
+  return "$FAILED"
+}
+
+main 2>&1 | tee -a "$LOG"
+exit "${PIPESTATUS[0]}"

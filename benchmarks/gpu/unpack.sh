@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Put what a device call of round.sh sent back into the repo (run here, on the CPU machine):
+#
+#   bash benchmarks/gpu/unpack.sh A1 <files_at>          -> prints B=benchmarks/results/bench-<device>-<date>
+#   bash benchmarks/gpu/unpack.sh A2 <files_at> <B>      (A3 the same)
+#   bash benchmarks/gpu/unpack.sh B1 <files_at> <M>      (B2, B3 the same) -> <M>/runs/<policy>-<sharing>/
+#   bash benchmarks/gpu/unpack.sh C1 <files_at> [<csv>]  -> benchmarks/results/estimator_ground_truth-<device>-<date>.csv
+#                                                          (or <csv>, the file C1 resumed from)
+#   bash benchmarks/gpu/unpack.sh C2 <files_at>          -> benchmarks/results/share_gpu-<device>-<date>.json
+#
+# <files_at> is the folder the `run` tool's reply names. The device and date come from the call's
+# meta.env. Every call's summary and log go to benchmarks/results/gpu-rounds/<date>-<device>-<CALL>.{md,log}.
+# RESULTS=<dir> writes elsewhere than benchmarks/results; a rehearsal's files are refused there.
+set -euo pipefail
+
+CALL=${1:?CALL}
+FILES=${2:?files_at}
+DEST=${3:-}
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+RESULTS=${RESULTS:-$ROOT/benchmarks/results}
+TMP=$(mktemp -d /tmp/unpack-XXXXXX)
+trap 'rm -rf "$TMP"' EXIT
+
+if [[ -f "$FILES/$CALL.tgz" ]]; then
+  tar -xzf "$FILES/$CALL.tgz" -C "$TMP"
+elif [[ -d "$FILES/w" ]]; then  # the call was stopped before it packed: take what came back
+  echo "warning: no $CALL.tgz; using the unpacked $FILES/w (the call did not finish)" >&2
+  cp -r "$FILES/w/." "$TMP/"
+else
+  echo "no $FILES/$CALL.tgz and no $FILES/w" >&2
+  exit 1
+fi
+[[ -f "$TMP/meta.env" ]] || { echo "no meta.env in what came back" >&2; exit 1; }
+# shellcheck disable=SC1091
+source "$TMP/meta.env"
+if [[ "$REHEARSAL" == 1 && "$(cd "$RESULTS" 2>/dev/null && pwd)" == "$ROOT/benchmarks/results" ]]; then
+  echo "a rehearsal's results do not go into benchmarks/results: set RESULTS" >&2
+  exit 1
+fi
+mkdir -p "$RESULTS/gpu-rounds"
+STEM=$RESULTS/gpu-rounds/$DATE-$DEVICE_SLUG-$CALL
+for ext in md log; do
+  if [[ -f "$FILES/$CALL.$ext" ]]; then cp "$FILES/$CALL.$ext" "$STEM.$ext"; fi
+done
+
+case "$CALL" in
+  A1)
+    B=$RESULTS/bench-$DEVICE_SLUG-$DATE
+    mkdir -p "$B"
+    [[ ! -d "$TMP/bench" ]] || cp "$TMP"/bench/* "$B/"
+    if compgen -G "$TMP/probe/*" >/dev/null; then cp "$TMP"/probe/* "$RESULTS/"; fi
+    echo "B=${B#"$ROOT"/}"
+    ;;
+  A2 | A3)
+    B=${DEST:?"$CALL needs <B>"}
+    old=$(wc -l <"$B/results.jsonl")
+    new=$(wc -l <"$TMP/bench/results.jsonl")
+    if ((new < old)); then
+      echo "the returned results.jsonl has $new lines, fewer than the $old of $B: not copied" >&2
+      exit 1
+    fi
+    cp "$TMP"/bench/* "$B/"
+    echo "B=$B: $old -> $new records"
+    ;;
+  B1 | B2 | B3)
+    M=${DEST:?"$CALL needs <M>"}
+    mkdir -p "$M/runs"
+    for d in "$TMP"/*/; do
+      [[ -f "$d/summary.json" || -f "$d/daemon.log" ]] || continue
+      rm -rf "$M/runs/$(basename "$d")"
+      cp -r "$d" "$M/runs/$(basename "$d")"
+      echo "run $(basename "$d") -> $M/runs/$(basename "$d")"
+    done
+    ;;
+  C1)
+    CSV=${DEST:-$RESULTS/estimator_ground_truth-$DEVICE_SLUG-$DATE.csv}
+    cp "$TMP/estimator_ground_truth.csv" "$CSV"
+    echo "CSV=$CSV ($(($(wc -l <"$CSV") - 1)) rows)"
+    ;;
+  C2)
+    J=$RESULTS/share_gpu-$DEVICE_SLUG-$DATE.json
+    cp "$TMP/share_gpu.json" "$J"
+    echo "JSON=$J"
+    ;;
+  CHECK) ;;
+  *) echo "unknown call $CALL" >&2; exit 2 ;;
+esac
+echo "summary: $STEM.md"
