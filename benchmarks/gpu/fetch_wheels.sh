@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Download the wheels the device calls carry (`carry: [".whl"]`) into .whl/ at the repo root, as
-# /work/.library/device/README.md describes, and check them (envcheck.py wheels). .whl/ is
+# the device tool's README (workspace tool library) describes, and check them (envcheck.py wheels). .whl/ is
 # git-ignored (.git/info/exclude), so a fresh clone runs this once before a GPU session.
 #
 #   bash benchmarks/gpu/fetch_wheels.sh

@@ -151,7 +151,7 @@ prepare() {
       fi
       local py312 cand
       py312=""
-      for cand in python3.12 /usr/bin/python3.12 /root/.pyenv/versions/3.12*/bin/python3.12; do
+      for cand in python3.12 /usr/bin/python3.12 "$HOME"/.pyenv/versions/3.12*/bin/python3.12; do
         if "$cand" -c 'import sys' >/dev/null 2>&1; then py312=$cand; break; fi
       done
       if [[ -n "$py312" ]]; then  # the compiled wheels (pyzmq, tornado) really load under 3.12
