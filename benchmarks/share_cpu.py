@@ -18,6 +18,7 @@ tensorsocket. A second part measures transport cost per batch against a plain me
 from __future__ import annotations
 
 import argparse
+import ctypes
 import io
 import itertools
 import json
@@ -26,6 +27,7 @@ import multiprocessing as mp
 import os
 import platform
 import random
+import socket
 import sys
 import threading
 import time
@@ -260,18 +262,33 @@ def _median_copy_s(srcs: list[torch.Tensor], dsts: list[torch.Tensor], reps: int
     return sorted(times)[len(times) // 2]
 
 
+def _median_memmove_s(srcs: list[torch.Tensor], dsts: list[torch.Tensor], reps: int) -> float:
+    """Like ``_median_copy_s`` with one thread's ``memmove`` (what the producer does per field)."""
+    times = []
+    for i in range(reps):
+        src, dst = srcs[i % len(srcs)], dsts[i % len(dsts)]
+        t0 = time.perf_counter()
+        ctypes.memmove(dst.data_ptr(), src.data_ptr(), src.nbytes)
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]
+
+
 def bench_transport(shape: tuple[int, ...], count: int, seq: int) -> dict[str, float]:
     """Per-batch cost of the share pipeline vs a plain copy of the batch (medians; shared machine).
 
     Two baselines: the same source into the same destination (cache-hot, the cheapest possible
     copy), and 16 sources into 8 rotating destinations, which is the memory traffic the ring
-    itself sees (16 distinct source batches, 8 slots).
+    itself sees (16 distinct source batches, 8 slots). Both use ``Tensor.copy_``, which runs on
+    torch's OpenMP team (all cores, workers spinning between back-to-back copies). For reference
+    only, the rotating copy is also timed with one thread's ``memmove``, which is how the
+    producer copies (see docs/shared-loading.md, "Transport cost").
     """
     srcs = [torch.randn(*shape) for _ in range(16)]
     dsts = [torch.empty(*shape) for _ in range(8)]
     reps = max(32, min(400, int(4e9 / srcs[0].nbytes)))
     hot_s = _median_copy_s(srcs[:1], dsts[:1], reps)
     rotating_s = _median_copy_s(srcs, dsts, reps)
+    memmove_s = _median_memmove_s(srcs, dsts, reps)
     del srcs, dsts
     queue = CTX.Queue()
     name = f"transport-{os.getpid()}-{seq}"
@@ -287,7 +304,45 @@ def bench_transport(shape: tuple[int, ...], count: int, seq: int) -> dict[str, f
             p.join(10)
     return {"batch_mib": 4 * math.prod(shape) / 2**20, "memcpy_hot_ms": hot_s * 1e3,
             "memcpy_rotating_ms": rotating_s * 1e3, "share_ms_per_batch": per_batch * 1e3,
-            "ratio_vs_rotating": per_batch / rotating_s, "ratio_vs_hot": per_batch / hot_s}
+            "ratio_vs_rotating": per_batch / rotating_s, "ratio_vs_hot": per_batch / hot_s,
+            "memmove_1thread_rotating_ms": memmove_s * 1e3, "ratio_vs_memmove_1thread": per_batch / memmove_s}
+
+
+def _echo(address: str) -> None:
+    """Answer every datagram on ``address`` with itself until the peer closes."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    sock.connect(address)
+    while data := sock.recv(64):
+        sock.send(data)
+
+
+def socket_round_trip_us(n: int = 5000) -> dict[str, float]:
+    """The floor under any per-batch message: Python to Python over AF_UNIX SOCK_SEQPACKET, one
+    8-byte datagram there and back, blocking reads (median, p10 and p90 of ``n``)."""
+    address = f"\0collocate-bench-rtt-{os.getpid()}"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(address)
+    listener.listen(1)
+    proc = CTX.Process(target=_echo, args=(address,))
+    proc.start()
+    try:
+        listener.settimeout(120)
+        conn, _ = listener.accept()
+        conn.settimeout(None)
+        times = []
+        for i in range(n + 200):
+            t0 = time.perf_counter()
+            conn.send(i.to_bytes(8, "little"))
+            conn.recv(64)
+            times.append(time.perf_counter() - t0)
+        conn.close()
+    finally:
+        listener.close()
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
+    times = sorted(times[200:])
+    return {f"p{q}": times[len(times) * q // 100] * 1e6 for q in (10, 50, 90)}
 
 
 # ---------------------------------------------------------------- report
@@ -357,9 +412,11 @@ def main() -> None:
     for i, shape in enumerate([(32, 3, 32, 32), (32, 3, 128, 128), (64, 3, 224, 224)]):
         transport.append({"shape": list(shape), **bench_transport(shape, 30 if args.quick else 200, 1000 + i)})
         print(f"transport {shape}: {transport[-1]}", flush=True)
+    rtt = socket_round_trip_us(1000 if args.quick else 5000)
+    print(f"socket round trip (us): {rtt}", flush=True)
     result = {"benchmark": "share_cpu", "date": datetime.now(UTC).isoformat(timespec="seconds"),
               "machine": info, "settings": vars(args), "throughput": rows, "light_pipeline_K2": light, "tensorsocket_pickle": ts_pickle,
-              "all_measurements": samples, "errors": errors, "transport": transport}
+              "all_measurements": samples, "errors": errors, "transport": transport, "socket_round_trip_us": rtt}
     if args.quick:
         print(json.dumps(result, indent=2))
         return
@@ -430,13 +487,22 @@ def markdown(result: dict[str, Any]) -> str:
     if result["errors"]:
         lines += ["", "Errors: " + "; ".join(f"{k}: {v}" for k, v in result["errors"].items())]
     lines += ["", ("Transport cost per batch (producer copy into the ring + control messages + consumer views), "
-                   "one consumer, in-memory source; medians of per-batch intervals and of single copies:"), "",
+                   "one consumer, in-memory source; medians of per-batch intervals and of single copies. The memcpy "
+                   "columns are `Tensor.copy_` (torch's OpenMP team, all cores); the last two columns are a reference "
+                   "only: one thread's `memmove` over the same buffers, which is how the producer copies:"), "",
               ("| batch | MiB | memcpy, rotating buffers (ms) | memcpy, cache-hot (ms) | collocate.share ms/batch | "
-               "share / rotating memcpy | share / hot memcpy |"), "|---|---|---|---|---|---|---|"]
+               "share / rotating memcpy | share / hot memcpy | 1-thread memmove, rotating (ms) | share / 1-thread memmove |"),
+              "|---|---|---|---|---|---|---|---|---|"]
     for t in result["transport"]:
+        mm = t.get("memmove_1thread_rotating_ms")
         lines.append(f"| {'x'.join(map(str, t['shape']))} | {t['batch_mib']:.1f} | {t['memcpy_rotating_ms']:.3f} | "
                      f"{t['memcpy_hot_ms']:.3f} | {t['share_ms_per_batch']:.3f} | {t['ratio_vs_rotating']:.2f} | "
-                     f"{t['ratio_vs_hot']:.2f} |")
+                     f"{t['ratio_vs_hot']:.2f} | {'n/a' if mm is None else f'{mm:.3f}'} | "
+                     f"{_ratio(t.get('ratio_vs_memmove_1thread'))} |")
+    rtt = result.get("socket_round_trip_us")
+    if rtt:
+        lines += ["", (f"One AF_UNIX SOCK_SEQPACKET round trip between two Python processes (8-byte datagram, blocking "
+                       f"reads): median {rtt['p50']:.1f} us (p10 {rtt['p10']:.1f}, p90 {rtt['p90']:.1f}).")]
     return "\n".join(lines) + "\n"
 
 

@@ -11,6 +11,18 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 
+class Sender:
+    """The write end of one worker's own pipe. A shared mp.Queue would not do: a worker killed
+    while its feeder thread holds the queue's lock blocks every other writer for ever. Defined
+    here, not in conftest: pickled into children, it must be importable by an unambiguous name."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+
+    def put(self, obj: Any) -> None:
+        self.conn.send(obj)
+
+
 class IdDataset(Dataset):
     """Sample i is {"x": [i, i, i, i] (float), "id": i}: content and identity can be cross-checked."""
 

@@ -22,16 +22,7 @@ if not sys.platform.startswith("linux"):
 CTX = mp.get_context("forkserver")
 CTX.set_forkserver_preload(["torch", "_share_workers", "collocate.share.consumer", "collocate.share.producer"])
 
-
-class Sender:
-    """The write end of one worker's own pipe. A shared mp.Queue would not do: a worker killed
-    while its feeder thread holds the queue's lock blocks every other writer for ever."""
-
-    def __init__(self, conn: Any) -> None:
-        self.conn = conn
-
-    def put(self, obj: Any) -> None:
-        self.conn.send(obj)
+from _share_workers import Sender  # noqa: E402 (a module children can import by name, unlike conftest)
 
 
 class Procs:

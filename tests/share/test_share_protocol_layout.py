@@ -9,7 +9,14 @@ import torch
 
 from collocate.share.errors import LayoutError, ProtocolError
 from collocate.share.layout import Layout, layout_for
-from collocate.share.protocol import Batch, Msg, decode, encode
+from collocate.share.protocol import (
+    MAX_RELEASE,
+    Batch,
+    Msg,
+    decode,
+    encode,
+    encode_release,
+)
 
 
 def test_struct_messages_round_trip() -> None:
@@ -18,6 +25,16 @@ def test_struct_messages_round_trip() -> None:
     assert decode(encode(Msg.RELEASE, 11)) == (Msg.RELEASE, (11,))
     assert decode(encode(Msg.ATTACH, -1)) == (Msg.ATTACH, (-1,))
     assert decode(encode(Msg.HEARTBEAT)) == (Msg.HEARTBEAT, None)
+
+
+def test_release_carries_one_or_many_sequence_numbers() -> None:
+    assert decode(encode_release([3, 4, 2**63])) == (Msg.RELEASE, (3, 4, 2**63))
+    assert decode(encode_release(list(range(MAX_RELEASE))))[1] == tuple(range(MAX_RELEASE))
+    with pytest.raises(ValueError):
+        encode_release([])
+    for body in (b"", b"\x00" * 12, b"\x00" * 8 * (MAX_RELEASE + 1)):
+        with pytest.raises(ProtocolError, match="RELEASE body"):
+            decode(bytes([Msg.RELEASE]) + body)
 
 
 def test_json_messages_round_trip_and_require_keys() -> None:
@@ -31,6 +48,7 @@ def test_json_messages_round_trip_and_require_keys() -> None:
     (b"", "empty"),
     (bytes([200]), "unknown message type"),
     (bytes([Msg.BATCH]) + b"\x00" * 5, "expected"),
+    (bytes([Msg.BATCH]) + b"\x00" * 33, "expected"),
     (bytes([Msg.HEARTBEAT]) + b"x", "empty body"),
     (bytes([Msg.HELLO]) + b"{not json", "not valid JSON"),
     (bytes([Msg.HELLO]) + b"[1, 2]", "JSON object"),

@@ -16,6 +16,12 @@ just holds the ring, and eventually gets this consumer detached with an error sa
 
 Between epochs the loader pauses (releases everything), so evaluation or checkpointing never
 stalls the other consumers; the next ``iter()`` re-attaches at the producer's current position.
+
+Releases are batched: finished slots collect in ``_pending`` and go out as one RELEASE once
+``slots // 4`` have collected, every ``TICK_S`` (housekeeping), before ATTACH/PAUSE, and before
+the loader blocks for a batch whenever the producer might be waiting for one of them. So a fast
+consumer sends one datagram per few batches and the producer is never kept waiting on a release
+that sits in a list.
 """
 
 from __future__ import annotations
@@ -26,27 +32,27 @@ import os
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any, Self
-
-import torch
 
 from collocate.errors import InputError
 from collocate.share import naming
 from collocate.share.connection import Connection
 from collocate.share.errors import RingCorruptionError, ShareError
 from collocate.share.layout import Layout
-from collocate.share.protocol import Batch, Msg, encode
+from collocate.share.protocol import MAX_RELEASE, Batch, Msg, encode, encode_release
 from collocate.share.ring import RingReader
 
 ENV_SHARE_DIR = "COLLOCATE_SHARE_DIR"  # set by the collocate daemon for --dataset jobs
 
 
-@dataclass
 class _Hold:
-    batch: Batch
-    consumed: bool = False
-    refs: list[Any] = field(default_factory=list)  # weak refs / fences that must expire first
+    """A delivered batch this consumer still owns (a plain slotted class: one per batch)."""
+
+    __slots__ = ("batch", "consumed", "refs")
+
+    def __init__(self, batch: Batch, consumed: bool = False, refs: list[Any] | None = None) -> None:
+        self.batch, self.consumed = batch, consumed
+        self.refs: list[Any] = [] if refs is None else refs  # fences that must expire first
 
 
 class SharedLoader:
@@ -90,14 +96,19 @@ class SharedLoader:
             self._ring = CudaRingReader(welcome["handles"], self.layout, int(welcome["slots"]))
         self.batch_size = batch_size or self.layout.capacity
         self._samples_per_epoch: int | None = welcome.get("samples_per_epoch")
+        self._slots = int(welcome["slots"])
+        self._release_every = max(1, self._slots // 4)
         self._lock = threading.RLock()
         self._holds: dict[int, _Hold] = {}
+        self._pending: list[int] = []  # released here, not yet told to the producer
+        self._newest = -1  # highest sequence number delivered
         self._attached = self._attaching = self._iterating = False
         self._resume_hint = -1
         self._cur: Batch | None = None
         self._pos = 0
         self.epoch = 0
         self._conn.tick = self._tick
+        self._conn.on_wait = self._before_wait
 
     # ------------------------------------------------------------------ DataLoader surface
     def __len__(self) -> int:
@@ -123,7 +134,7 @@ class SharedLoader:
             if self._attached:
                 return
             self._drain_paused()
-            self._release_expired()  # sent before ATTACH: the producer sees them first
+            self._release_expired(flush=True)  # sent before ATTACH: the producer sees them first
             self._attaching = True
             self._conn.send(encode(Msg.ATTACH, self._resume_hint))
         stale: list[int] = []  # batches sent before our PAUSE reached the producer
@@ -137,9 +148,11 @@ class SharedLoader:
                 if kind is Msg.BATCH:
                     stale.append(body.seq)
             with self._lock:
-                for seq in stale:
-                    if seq < start:  # not part of the backlog the producer re-sends after START
-                        self._conn.send(encode(Msg.RELEASE, seq))
+                self._pending += [seq for seq in stale if seq < start]  # not in the backlog re-sent after START
+                for seq, hold in self._holds.items():
+                    if seq >= start:  # re-sent after START: ours again until read again, even if its views died
+                        hold.consumed = False
+                self._flush()
         finally:
             with self._lock:
                 self._attaching = False
@@ -156,7 +169,7 @@ class SharedLoader:
             for hold in self._holds.values():
                 hold.consumed = True
             self._drain_paused()
-            self._release_expired()
+            self._release_expired(flush=True)
 
     def close(self) -> None:
         """Detach and disconnect; batches already handed out stay readable."""
@@ -252,13 +265,12 @@ class SharedLoader:
             ring.check(batch.slot, batch.seq)
             tensors = ring.views(batch.slot, lo, hi)
             with self._lock:
-                self._holds[batch.seq].refs.extend(ring.fences(tensors))
+                refs = self._holds[batch.seq].refs
+                refs += [f for f in ring.fences(batch.slot, tensors) if f not in refs]
             return self.layout.unflatten(tensors)
         for batch, _, _ in pieces:
             ring.check(batch.slot, batch.seq)
-        parts = [ring.views(b.slot, lo, hi) for b, lo, hi in pieces]
-        tensors = [torch.cat([p[i] for p in parts]) for i in range(len(self.layout.fields))]
-        del parts
+        tensors = ring.copy([(b.slot, lo, hi) for b, lo, hi in pieces])
         for batch, _, _ in pieces:  # a copy must not straddle a rewrite either
             ring.check(batch.slot, batch.seq)
         return self.layout.unflatten(tensors)
@@ -281,19 +293,46 @@ class SharedLoader:
             if hold is not None:
                 hold.consumed = True
 
-    def _release_expired(self) -> None:
-        """Release finished slots; sent under the lock so no RELEASE can overtake a later ATTACH."""
+    def _release_expired(self, flush: bool = False) -> None:
+        """Collect finished slots and tell the producer once enough have collected (or ``flush``).
+        Sent under the lock, so no RELEASE can overtake a later ATTACH or PAUSE."""
         with self._lock:
-            done = [seq for seq, h in self._holds.items() if h.consumed and all(r.expired() for r in h.refs)]
+            if self._attaching:  # until START says what the producer re-sends, release nothing
+                return
+            holds, done = self._holds, []
+            for seq, hold in holds.items():
+                if hold.consumed:
+                    for ref in hold.refs:
+                        if not ref.expired():
+                            break
+                    else:
+                        done.append(seq)
             for seq in done:
-                del self._holds[seq]
-                self._conn.send(encode(Msg.RELEASE, seq))
+                del holds[seq]
+            self._pending += done
+            if flush or len(self._pending) >= self._release_every:
+                self._flush()
+
+    def _flush(self) -> None:
+        pending = self._pending
+        for i in range(0, len(pending), MAX_RELEASE):
+            self._conn.send(encode_release(pending[i:i + MAX_RELEASE]))
+        pending.clear()
+
+    def _before_wait(self) -> None:
+        """About to block for a message: flush if the producer may be waiting for a pending slot.
+        Its next batch, ``_newest + 1``, needs batch ``_newest + 1 - slots`` released; one of slack."""
+        with self._lock:
+            self._release_expired()
+            if self._pending and min(self._pending) + self._slots <= self._newest + 2:
+                self._flush()
 
     def _hold(self, batch: Batch) -> None:
         """Track a delivered batch; a slot still pinned by old views keeps those views' refs."""
         with self._lock:
             old = self._holds.get(batch.seq)
             self._holds[batch.seq] = _Hold(batch, refs=old.refs if old else [])
+            self._newest = max(self._newest, batch.seq)
 
     def _drain_paused(self) -> None:
         """While paused, batches still in flight are released at once (never read)."""
@@ -303,11 +342,11 @@ class SharedLoader:
                 self._holds[body.seq] = _Hold(body, consumed=True, refs=old.refs if old else [])
 
     def _tick(self) -> None:
-        """Reader-thread housekeeping: free slots whose views died, refuse batches while paused."""
+        """Housekeeping (every TICK_S): free slots whose views died, refuse batches while paused."""
         with self._lock:
             if not self._attached and not self._attaching:
                 self._drain_paused()
-        self._release_expired()
+            self._release_expired(flush=True)
 
 
 def _limit(batch: Batch, end: tuple[int, int]) -> int:

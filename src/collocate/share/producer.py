@@ -36,11 +36,20 @@ from collocate.share import naming
 from collocate.share.errors import ProducerExistsError, ProtocolError, ShareError
 from collocate.share.layout import Layout, layout_for
 from collocate.share.peers import Peer, PeerState
-from collocate.share.protocol import VERSION, Batch, Msg, decode, encode, recv, send
+from collocate.share.protocol import (
+    VERSION,
+    Batch,
+    Msg,
+    decode,
+    encode,
+    recv,
+    send_within,
+)
 from collocate.share.ring import RingWriter
 
 log = logging.getLogger("collocate.share")
 _CRED = struct.Struct("3i")
+SEND_TIMEOUT_S = 2.0  # a consumer that reads nothing for this long while its queue is full is dropped
 
 
 @dataclass(frozen=True)
@@ -297,7 +306,7 @@ class Producer:
             log.warning("refused a connection from uid %d (pid %d): only the owner may attach", uid, pid)
             conn.close()
             return
-        conn.settimeout(2.0)  # a consumer whose socket buffer is full is treated as dead
+        conn.setblocking(False)  # sends wait at most SEND_TIMEOUT_S (send_within); reads follow epoll
         peer = Peer(conn, pid)
         with self._cond:
             self._peers[conn.fileno()] = peer
@@ -315,6 +324,8 @@ class Producer:
         except ProtocolError as exc:
             with self._cond:
                 self._detach(peer, "protocol", str(exc))
+            return
+        except BlockingIOError:  # a spurious wake-up: nothing to read after all
             return
         except OSError as exc:
             self._forget(selector, peer, f"socket error: {exc}")
@@ -350,7 +361,7 @@ class Producer:
         elif kind is Msg.ATTACH and peer.state in (PeerState.WELCOMED, PeerState.PAUSED):
             self._attach(peer, int(body[0]))
         elif kind is Msg.RELEASE and peer.state in (PeerState.ACTIVE, PeerState.PAUSED):
-            peer.held.discard(int(body[0]))
+            peer.held.difference_update(body)
             self._cond.notify_all()
         elif kind is Msg.PAUSE and peer.state is PeerState.ACTIVE:
             peer.state = PeerState.PAUSED
@@ -418,8 +429,8 @@ class Producer:
         if peer not in self._peers.values():
             return
         try:
-            send(peer.sock, message, fds)
-        except OSError as exc:
+            send_within(peer.sock, message, SEND_TIMEOUT_S, fds)
+        except OSError as exc:  # including TimeoutError: a consumer whose queue stays full is treated as dead
             self._drop(peer, f"unreachable: {exc}")
 
     def _detach(self, peer: Peer, code: str, reason: str) -> None:
