@@ -22,7 +22,7 @@ if not sys.platform.startswith("linux"):
 CTX = mp.get_context("forkserver")
 CTX.set_forkserver_preload(["torch", "_share_workers", "collocate.share.consumer", "collocate.share.producer"])
 
-from _share_workers import Sender  # noqa: E402 (a module children can import by name, unlike conftest)
+from _share_workers import Sender  # a module children can import by name, unlike conftest
 
 
 class Procs:
