@@ -128,15 +128,15 @@ class Scheduler:
         for job in self.jobs.values():
             if job.state is not JobState.PENDING:
                 continue
-            if self.why_not_after(job):
-                doomed.append(job)
+            if why := self.why_not_after(job):
+                doomed.append(job.evolve(state=JobState.CANCELLED, reason=why))
             elif waiting := self._unfinished(job):
                 for dep in waiting:
                     self._dependents.setdefault(dep, set()).add(job.id)
             else:
                 self._queue.add(job)
         for job in doomed:
-            self._store(job.evolve(state=JobState.CANCELLED, reason=self.why_not_after(job)))
+            self._store(job)
 
     # -- rounds -----------------------------------------------------------------------------
     def schedule(self, cluster: ClusterSnapshot) -> Plan:

@@ -335,23 +335,19 @@ def wait(
     """
     client = _client(state_dir)
     left = list(dict.fromkeys(job_ids))
-    known = {row["id"] for row in client.request("ls", all=True)}
-    missing = [j for j in left if j not in known]
-    if missing:
-        raise InputError(f"no job {missing[0]!r}", hint="`collocate ls --all` lists the jobs")
+    for job_id in left:  # an unknown id fails here, before any waiting
+        client.request("show", id=job_id)
     deadline = None if timeout is None else time.monotonic() + timeout
     all_done = True
     try:
         while left:
-            rows = {row["id"]: row for row in client.request("ls", all=True)}
-            for job_id in list(left):
-                row = rows[job_id]
-                if row["state"] in ("pending", "running"):
-                    continue
+            active = {row["id"] for row in client.request("ls")}  # pending and running only
+            for job_id in [j for j in left if j not in active]:
+                job = client.request("show", id=job_id)  # once per job, when it has ended
                 left.remove(job_id)
-                all_done &= row["state"] == "done"
-                why = f": {row['reason']}" if row["reason"] and row["state"] != "done" else ""
-                typer.echo(f"{job_id} {row['state']}{why}")
+                all_done &= job["state"] == "done"
+                why = f": {job['reason']}" if job["reason"] and job["state"] != "done" else ""
+                typer.echo(f"{job_id} {job['state']}{why}")
             if left and deadline is not None and time.monotonic() >= deadline:
                 typer.echo(f"still not ended after {timeout:g} s: {', '.join(left)}", err=True)
                 raise typer.Exit(124)
