@@ -85,14 +85,18 @@ def test_private_copies_join_pieces_of_slots_and_stay_inside_the_ring(pair) -> N
     for slot, batch in enumerate(batches):
         tensors, count = writer.layout.flatten(batch, slot)
         writer.write(slot, slot, tensors, count)
-    got = reader.copy([(0, 5, 8), (1, 0, 2)])
+    got = writer.layout.empty(6)
+    reader.copy([(0, 5, 8), (1, 0, 2)], got, at=1)  # row 0 stays as it was
+    got = [t[1:] for t in got]
     for i, key in enumerate(batches[0]):
         want = torch.cat([batches[0][key][5:8], batches[1][key][:2]]).resolve_conj()
         assert torch.equal(got[i], want) and got[i].is_contiguous()
     got[0].add_(1)  # private and writable
     for bad in ([(3, 0, 1)], [(0, 2, 9)], [(0, 3, 2)]):
         with pytest.raises(ProtocolError, match="outside the ring"):
-            reader.copy(bad)
+            reader.copy(bad, writer.layout.empty(8))
+    with pytest.raises(ValueError, match="do not fit"):
+        reader.copy([(0, 0, 8)], writer.layout.empty(8), at=1)
 
 
 def test_a_large_batch_is_copied_in_pieces_by_several_threads_exactly() -> None:

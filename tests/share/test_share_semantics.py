@@ -92,3 +92,20 @@ def test_len_set_epoch_and_stop_iteration_like_a_dataloader(procs, state_dir) ->
         assert sizes == [6, 6, 6] and loader.epoch == 6
         assert [len(b["id"]) for b in loader] == [6, 6, 6]
     assert _share_workers.make_loader(20, 4).batch_size == 4
+
+
+def test_a_batch_bigger_than_the_whole_ring_is_served_not_stalled(procs, state_dir) -> None:
+    # 2 slots of 8 samples hold 16; these batches need 5-6 and 13-14 producer batches each
+    procs.start(produce, "big", state_dir, N, 8, slots=2, stall_timeout_s=2.0)
+    sizes = {"big": 40, "whole": 100, "small": 5}
+    for tag, bs in sizes.items():
+        procs.start(consume, "big", state_dir, procs.queue, tag, bs, 2)
+    results = procs.collect(list(sizes), timeout=60)
+    for tag in sizes:
+        msgs = results[tag]
+        assert msgs[-1][0] == "done", msgs[-1]
+        epochs = [m for m in msgs if m[0] == "epoch"]
+        assert len(epochs) == 2
+        for _, ids, content_ok in epochs:
+            _assert_window(ids)
+            assert content_ok, "a sample's tensor did not match its id"

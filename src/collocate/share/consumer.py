@@ -10,9 +10,11 @@ the next producer epoch instead, which gives exact coverage with any sampler.
 
 Batches are read-only views into the ring when a consumer batch lies inside one slot; batches
 that span slots, the last batch of each epoch, and all batches with ``copy=True`` are private
-copies. A slot is released only when every view into it is gone (tracked with storage weak
-references), so keeping a batch longer than a step never lets the producer overwrite it; it
-just holds the ring, and eventually gets this consumer detached with an error saying so.
+copies. A batch that spans slots is copied slot by slot as it is read, and each slot is released
+before the next one is awaited, so a batch may be larger than the whole ring. A slot is released
+only when every view into it is gone (tracked with storage weak references), so keeping a batch
+longer than a step never lets the producer overwrite it; it just holds the ring, and eventually
+gets this consumer detached with an error saying so.
 
 Between epochs the loader pauses (releases everything), so evaluation or checkpointing never
 stalls the other consumers; the next ``iter()`` re-attaches at the producer's current position.
@@ -204,11 +206,18 @@ class SharedLoader:
             end: tuple[int, int] | None = None
             over = False
             while not over:
-                pieces: list[tuple[Batch, int, int]] = []
+                pieces: list[tuple[Batch, int, int]] = []  # read, not yet copied
                 used: list[Batch] = []  # fully read; released only after views are registered
-                need = self.batch_size
+                out: list[Any] | None = None  # a batch that spans slots, copied as it is read
+                filled, need = 0, self.batch_size
                 while need and not over:
                     if self._cur is None:
+                        if used:  # copy and free what is read before waiting: the batch may outsize the ring
+                            out = out or self.layout.empty(self.batch_size, self._ring.device)
+                            filled = self._copy(pieces, out, filled)
+                            for done in used:
+                                self._finish(done)
+                            pieces, used = [], []
                         kind, body = self._get(self._deadline())
                         if kind is Msg.EPOCH_END:
                             self._samples_per_epoch = self._samples_per_epoch or int(body[1])
@@ -237,11 +246,8 @@ class SharedLoader:
                         over = cur.epoch == end[0] and cur.offset + cur.count >= end[1]
                     elif self._pos >= limit:
                         over = True
-                if pieces and (not self.drop_last or need == 0):
-                    try:
-                        batch = self._assemble(pieces, final=over)
-                    except RingCorruptionError as exc:  # after a detach the reason is the better error
-                        raise (self._conn.wait_error(1.0) or exc) from None
+                if (pieces or filled) and (not self.drop_last or need == 0):
+                    batch = self._assemble(pieces, out, filled, final=over)
                     for done in used:
                         self._finish(done)
                     yield batch
@@ -258,22 +264,36 @@ class SharedLoader:
                     self._resume_hint = self._cur.seq
                 self.detach()
 
-    def _assemble(self, pieces: list[tuple[Batch, int, int]], final: bool) -> Any:
+    def _assemble(self, pieces: list[tuple[Batch, int, int]], out: list[Any] | None, filled: int,
+                  final: bool) -> Any:
+        """The batch: a view of one slot, or ``out`` (rows ``filled``... still to copy) completed."""
         ring = self._ring
-        if len(pieces) == 1 and not self.copy and not final:
+        if out is None and len(pieces) == 1 and not self.copy and not final:
             batch, lo, hi = pieces[0]
-            ring.check(batch.slot, batch.seq)
+            self._check(pieces)
             tensors = ring.views(batch.slot, lo, hi)
             with self._lock:
                 refs = self._holds[batch.seq].refs
                 refs += [f for f in ring.fences(batch.slot, tensors) if f not in refs]
             return self.layout.unflatten(tensors)
-        for batch, _, _ in pieces:
-            ring.check(batch.slot, batch.seq)
-        tensors = ring.copy([(b.slot, lo, hi) for b, lo, hi in pieces])
-        for batch, _, _ in pieces:  # a copy must not straddle a rewrite either
-            ring.check(batch.slot, batch.seq)
-        return self.layout.unflatten(tensors)
+        if out is None:
+            out = self.layout.empty(sum(hi - lo for _, lo, hi in pieces), ring.device)
+        n = self._copy(pieces, out, filled)
+        return self.layout.unflatten([t[:n] for t in out] if n < len(out[0]) else out)
+
+    def _copy(self, pieces: list[tuple[Batch, int, int]], out: list[Any], at: int) -> int:
+        """Copy ``pieces`` into rows ``at``... of ``out``; return the next free row."""
+        self._check(pieces)
+        self._ring.copy([(b.slot, lo, hi) for b, lo, hi in pieces], out, at)
+        self._check(pieces)  # a copy must not straddle a rewrite either
+        return at + sum(hi - lo for _, lo, hi in pieces)
+
+    def _check(self, pieces: list[tuple[Batch, int, int]]) -> None:
+        try:
+            for batch, _, _ in pieces:
+                self._ring.check(batch.slot, batch.seq)
+        except RingCorruptionError as exc:  # after a detach the reason is the better error
+            raise (self._conn.wait_error(1.0) or exc) from None
 
     # ------------------------------------------------------------------ slot bookkeeping
     def _deadline(self) -> float | None:

@@ -105,10 +105,12 @@ class CudaRingReader:
         alias = torch.from_dlpack(self._buffers[slot])  # a new storage per batch, for release tracking
         return [_field_view(alias, f, self.layout.capacity)[lo:hi] for f in self.layout.fields]
 
-    def copy(self, pieces: list[tuple[int, int, int]]) -> list[torch.Tensor]:
-        """Private tensors: samples [lo, hi) of each (slot, lo, hi) in turn, per field."""
-        parts = [self.views(slot, lo, hi) for slot, lo, hi in pieces]
-        return [torch.cat([p[i] for p in parts]) for i in range(len(self.layout.fields))]
+    def copy(self, pieces: list[tuple[int, int, int]], out: list[torch.Tensor], at: int = 0) -> None:
+        """Copy samples [lo, hi) of each (slot, lo, hi) in turn into rows ``at``... of ``out``."""
+        for slot, lo, hi in pieces:
+            for dst, src in zip(out, self.views(slot, lo, hi)):
+                dst[at:at + hi - lo].copy_(src)
+            at += hi - lo
 
     def fences(self, slot: int, tensors: list[torch.Tensor]) -> list[Any]:
         refs = [StorageWeakRef(t.untyped_storage()) for t in tensors]

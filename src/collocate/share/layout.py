@@ -116,6 +116,10 @@ class Layout:
                 )
         return tensors, count
 
+    def empty(self, rows: int, device: torch.device | str = "cpu") -> list[torch.Tensor]:
+        """Uninitialised private tensors for ``rows`` samples, one per field: where copies go."""
+        return [torch.empty((rows, *f.shape), dtype=f.torch_dtype, device=device) for f in self.fields]
+
     def unflatten(self, tensors: list[torch.Tensor]) -> Any:
         """Rebuild the producer's batch structure from per-field tensors."""
         if self.kind == "tensor":

@@ -202,6 +202,8 @@ class _SlotFence:
 class RingReader:
     """Consumer side: a read-only mapping; hands out read-only views or copies of slot rows."""
 
+    device = torch.device("cpu")
+
     def __init__(self, fd: int, layout: Layout, slots: int, size: int) -> None:
         if size != segment_bytes(layout, slots):
             raise ShareError(f"ring size {size} does not match its layout", hint="restart the producer")
@@ -240,24 +242,23 @@ class RingReader:
         base = slot * self.layout.slot_bytes
         return [_tensor(self._view, base, f, self.layout.capacity)[lo:hi] for f in self.layout.fields]
 
-    def copy(self, pieces: list[tuple[int, int, int]]) -> list[torch.Tensor]:
-        """Private tensors: samples [lo, hi) of each (slot, lo, hi) in turn, per field. One
-        ``memmove`` per piece and field (GIL released), so no OpenMP team wakes up and spins."""
+    def copy(self, pieces: list[tuple[int, int, int]], out: list[torch.Tensor], at: int = 0) -> None:
+        """Copy samples [lo, hi) of each (slot, lo, hi) in turn into rows ``at``... of ``out``
+        (private tensors from ``layout.empty``). One ``memmove`` per piece and field (GIL
+        released), so no OpenMP team wakes up and spins."""
         for slot, lo, hi in pieces:
             if not (0 <= slot < self.slots and 0 <= lo <= hi <= self.layout.capacity):
                 raise ProtocolError(f"samples [{lo}, {hi}) of slot {slot} lie outside the ring")
         n = sum(hi - lo for _, lo, hi in pieces)
-        out = []
-        for f in self.layout.fields:
-            t = torch.empty((n, *f.shape), dtype=f.torch_dtype)
-            dst = t.data_ptr()
+        if at < 0 or any(not t.is_contiguous() or len(t) < at + n for t in out):
+            raise ValueError(f"rows [{at}, {at + n}) do not fit the output tensors")
+        for f, t in zip(self.layout.fields, out):
+            dst = t.data_ptr() + at * f.sample_bytes
             for slot, lo, hi in pieces:
                 nbytes = (hi - lo) * f.sample_bytes
                 if nbytes:
                     _memmove(dst, self._addr + slot * self.layout.slot_bytes + f.offset + lo * f.sample_bytes, nbytes)
                     dst += nbytes
-            out.append(t)
-        return out
 
     def fences(self, slot: int, tensors: list[torch.Tensor]) -> list[Any]:
         """What must expire before ``slot`` (which ``tensors`` view) may be released."""
