@@ -98,9 +98,9 @@ def shared_slowdown(p: ModeParams, sm, dram, other_sm, other_dram):
         np.maximum(total, 1.0, out=total)
     else:  # the simulator's per-job path: builtins beat numpy on scalars by far
         total = max(sm + other_sm, dram + other_dram, 1.0)
-    if p.saturation_exponent == 1.0:  # the default; a power per element costs more than the rest
-        return sharing * total
-    return sharing * total**p.saturation_exponent
+    slowdown = sharing * total if p.saturation_exponent == 1.0 else sharing * total**p.saturation_exponent
+    # Sharing never speeds a job up, whatever a fitted (negative) base says for light co-runners.
+    return np.maximum(slowdown, 1.0) if isinstance(slowdown, np.ndarray) else max(slowdown, 1.0)
 
 
 def load_interference(path: Path | None = None) -> InterferenceModel:

@@ -166,7 +166,8 @@ def test_auto_puts_jobs_of_one_shared_dataset_together():
     assert cluster.datasets == {"imagenet": (1,)}
     reader = job("r", mem=2 * GIB, profile=light, dataset="imagenet")
     assert placed(make_policy("auto")([reader], cluster)) == {"r": ["n1:0"]}
-    other = job("o", mem=2 * GIB, profile=light)  # same job without the dataset: sharing does
-    assert placed(make_policy("auto")([other], cluster)) == {"o": ["n0:1"]}  # not pay, idle GPU
+    # A job without the dataset that would slow the residents down gets no pull to their GPU
+    other = job("o", mem=2 * GIB, profile=JobProfile(0.6, 0.3))
+    assert placed(make_policy("auto")([other], cluster)) == {"o": ["n0:1"]}  # an idle GPU
     big = job("big", mem=30 * GIB, profile=JobProfile(0.9, 0.4), dataset="imagenet")
     assert placed(make_policy("auto")([big], cluster)) == {"big": ["n1:1"]}  # idle GPU on its node

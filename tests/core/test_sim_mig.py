@@ -152,9 +152,12 @@ def test_a_physical_gpu_draws_idle_power_once_and_utilization_is_per_physical_gp
     duration = 3600.0
     result = mig([job("a", sm=0.3, duration=duration)], cluster="2xA100-40GB", layout="1g.5gb+1g.5gb+2g.10gb+3g.20gb")
     assert records(result)["a"].last_gpus == "node0:0/1.0"  # a 1g instance: 1/7 of the SMs
-    busy = 1 / 7  # the job saturates its instance: min(1/7, 0.3) of the whole GPU
-    makespan = duration * MODEL.slowdown(SharingMode.MIG, JobProfile(0.3, 0.2), speed=1 / 7)
-    expected = (A100.idle_watts + (A100.max_watts - A100.idle_watts) * busy) * makespan + A100.idle_watts * makespan
+    slowdown = MODEL.slowdown(SharingMode.MIG, JobProfile(0.3, 0.2), speed=1 / 7)
+    busy = 1 / 7  # the job saturates its instance: min(1/7, 0.3 / slowdown) of the whole GPU
+    assert 0.3 / slowdown > busy
+    makespan = duration * slowdown
+    draw = A100.idle_watts + (A100.max_watts - A100.idle_watts) * busy**MODEL.power_exponent
+    expected = draw * makespan + A100.idle_watts * makespan
     assert result.makespan_s == pytest.approx(makespan, rel=1e-9)
     assert result.energy_j == pytest.approx(expected, rel=1e-9)  # 2 GPUs: 2 idles, not 8
     assert result.gpu_count == 2

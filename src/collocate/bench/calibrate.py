@@ -3,14 +3,19 @@
 Inputs are the records of ``collocate bench run`` (``results.jsonl``): the solo runs give each
 workload's SM and DRAM activity (GPM, over the measurement window) and its solo samples/s; every
 collocated job gives one observation ``slowdown = solo samples/s / collocated samples/s``. Each
-sharing mode is fitted on its own (``fit.fit_mode``). Mixes are split into a training and a
-held-out set; the report gives the held-out error of per-job slowdown, and the parameters written
-are then refitted on all mixes (the usual practice: the split estimates the error, all the data
-sets the parameters).
+sharing mode is fitted on its own (``fit.fit_mode``). The held-out error is leave-one-mix-out
+cross-validation (``fit.cross_validate``): every mix is predicted by the model fitted on all the
+other mixes, and the report gives the relative and absolute errors of these out-of-fold per-job
+predictions. The parameters written are fitted on all mixes (cross-validation estimates the
+error, all the data set the parameters).
 
-Power: board power over each scenario's window against ``busy = min(1, sum of the solo SM
-activities of its jobs)`` — the same quantity the simulator and the emulated GPUs feed into the
-power model — plus the idle reading, per GPU type.
+Power: board power over each scenario's window against ``busy`` = the GPU's *measured* SM
+activity over that window (GPM, clipped to [0, 1]); the idle reading has busy 0. The activity
+a mix realizes is not ``min(1, sum of solo activities)``: on the H100 bench data it matches
+``min(1, sum_i a_i / s_i)`` (solo activity over slowdown) to 0.03 on average, while the sum of
+solo activities misses by 0.14 on average and up to 0.51 (time-slicing 7 x dlrm reads 0.49,
+not 1). The simulator feeds the power model that realized activity, so the fit uses the
+measured one.
 
 The output TOML has the format of ``collocate/data/interference.toml`` and loads with
 ``collocate.interference.load_interference``; modes without measurements (MIG is never changed by
@@ -30,16 +35,16 @@ from collocate.bench.fit import (
     ModeFit,
     Observation,
     PowerFit,
+    cross_validate,
     errors,
     fit_mode,
     fit_power,
-    split_groups,
+    predict,
 )
 from collocate.bench.plan import ALONE, SHARING_MODES
 from collocate.bench.report import env_of, solo_rates
 from collocate.bench.workloads import WORKLOADS
 from collocate.errors import InputError
-from collocate.interference import ModeParams
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +63,7 @@ class Calibration:
     fits: dict[str, ModeFit] = field(default_factory=dict)
     stats: dict[str, dict[str, Any]] = field(default_factory=dict)
     power: dict[str, PowerFit] = field(default_factory=dict)
+    idle_reading_watts: float | None = None  # the idle record's measured power
     notes: list[str] = field(default_factory=list)
 
 
@@ -103,8 +109,50 @@ def _gpu_type(env: dict[str, Any]) -> str:
     return type_name_from_product(str(env.get("device_name") or "unknown"))
 
 
-def calibrate(records: Sequence[dict[str, Any]], *, source: str, holdout: float = 0.3,
-              seed: int = 0) -> Calibration:
+def power_points(records: Sequence[dict[str, Any]]) -> tuple[list[float], list[float]]:
+    """(busy, watts) per scenario with a power reading: busy is the measured SM activity, clipped
+    to [0, 1], and 0 for the idle reading; scenarios without an SM activity reading are left out."""
+    busy, watts = [], []
+    for r in records:
+        gpu = r.get("gpu", {})
+        if r.get("status") != "ok" or gpu.get("power_watts") is None:
+            continue
+        if r.get("kind") == "idle":
+            busy.append(0.0)
+        elif gpu.get("sm_activity") is not None:
+            busy.append(min(1.0, max(0.0, float(gpu["sm_activity"]))))
+        else:
+            continue
+        watts.append(float(gpu["power_watts"]))
+    return busy, watts
+
+
+def _idle_reading(records: Sequence[dict[str, Any]]) -> float | None:
+    for r in records:
+        if r.get("kind") == "idle" and r.get("status") == "ok":
+            power = r.get("gpu", {}).get("power_watts")
+            if power is not None:
+                return float(power)
+    return None
+
+
+def _fit_one_mode(cal: Calibration, mode: str, obs: list[Observation]) -> None:
+    measured = [o.slowdown for o in obs]
+    stats: dict[str, Any] = {"observations": len(obs), "mixes": len({o.group for o in obs})}
+    try:
+        stats["cv"] = errors(cross_validate(obs), measured)
+    except ValueError as exc:
+        stats["cv"] = None
+        cal.notes.append(f"{mode}: no leave-one-mix-out error ({exc})")
+    full = fit_mode(obs)
+    stats["all"] = errors(predict(full.params, obs), measured)
+    if not full.exponent_identified:
+        cal.notes.append(f"{mode}: no over-subscribed scenario (sum of activities <= 1), so "
+                         "saturation_exponent keeps its prior 1.0")
+    cal.fits[mode], cal.stats[mode] = full, stats
+
+
+def calibrate(records: Sequence[dict[str, Any]], *, source: str) -> Calibration:
     """Fit every sharing mode that has data, and the power model; see the module docstring."""
     if env_of(records).get("measured_on") == "cpu":
         raise InputError(
@@ -118,44 +166,15 @@ def calibrate(records: Sequence[dict[str, Any]], *, source: str, holdout: float 
             hint="the alone scenarios must have run on a GPU whose NVML has GPM (Hopper or "
             "newer); see `python benchmarks/gpu/nvml_probe.py` for what works",
         )
-    cal = Calibration(env_of(records), source, profiles)
+    cal = Calibration(env_of(records), source, profiles, idle_reading_watts=_idle_reading(records))
     for mode in SHARING_MODES:
         obs = observations(records, profiles, mode)
         if len(obs) < 3:
             cal.notes.append(f"{mode}: {len(obs)} observation(s), not enough to fit; "
                              "the packaged parameters are kept")
             continue
-        groups = [o.group for o in obs]
-        train_groups, held = split_groups(groups, holdout=holdout, seed=seed)
-        train = [o for o in obs if o.group in train_groups]
-        test = [o for o in obs if o.group in held]
-        stats: dict[str, Any] = {"observations": len(obs), "mixes": len(set(groups)),
-                                 "holdout_mixes": sorted(held)}
-        if held and len(train) >= 3:
-            split_fit = fit_mode(train)
-            stats["train"] = errors(split_fit.params, train)
-            stats["holdout"] = errors(split_fit.params, test)
-        else:
-            stats["holdout"] = errors(ModeParams(0.0), [])
-            cal.notes.append(f"{mode}: fewer than 3 mixes, so no held-out error")
-        full = fit_mode(obs)
-        stats["all"] = errors(full.params, obs)
-        if not full.exponent_identified:
-            cal.notes.append(f"{mode}: no over-subscribed scenario (sum of activities <= 1), so "
-                             "saturation_exponent keeps its prior 1.0")
-        cal.fits[mode], cal.stats[mode] = full, stats
-    busy, watts = [], []
-    for r in records:
-        power = r.get("gpu", {}).get("power_watts")
-        if r.get("status") != "ok" or power is None:
-            continue
-        if r.get("kind") == "idle":
-            busy.append(0.0)
-        elif all(w in profiles for w in r["workloads"]):
-            busy.append(min(1.0, sum(profiles[w].sm for w in r["workloads"])))
-        else:
-            continue
-        watts.append(float(power))
+        _fit_one_mode(cal, mode, obs)
+    busy, watts = power_points(records)
     try:
         cal.power[_gpu_type(cal.env)] = fit_power(busy, watts)
     except ValueError as exc:
@@ -178,9 +197,23 @@ def _str(v: Any) -> str:
     return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+_ERROR_KEYS = ("median_rel_error", "p90_rel_error", "max_rel_error", "median_abs_error",
+               "max_abs_error", "mean_abs_error")
+
+
 def _err(stats: dict[str, Any], part: str, key: str) -> str:
-    v = stats.get(part, {}).get(key)
-    return "n/a" if v is None else f"{v:.3f}"
+    """An error for text: relative ones as percentages, absolute ones in slowdown units."""
+    v = (stats.get(part) or {}).get(key)
+    if v is None:
+        return "n/a"
+    return f"{100 * v:.1f}%" if key.endswith("_rel_error") else f"{v:.3f}"
+
+
+def _error_summary(stats: dict[str, Any], part: str) -> str:
+    return (f"relative error median/p90/max {_err(stats, part, 'median_rel_error')}/"
+            f"{_err(stats, part, 'p90_rel_error')}/{_err(stats, part, 'max_rel_error')}, "
+            f"absolute median/max {_err(stats, part, 'median_abs_error')}/"
+            f"{_err(stats, part, 'max_abs_error')}")
 
 
 def interference_toml(cal: Calibration) -> str:
@@ -204,15 +237,16 @@ def interference_toml(cal: Calibration) -> str:
         f"measured_on = {_str(env.get('measured_on'))}",
         f"source = {_str(cal.source)}",
         'method = "per-mode least squares on per-job slowdown (variable projection over '
-        'saturation_exponent); mixes split train/held-out, parameters refitted on all"',
+        'saturation_exponent), fitted on all mixes; cv_* errors: leave-one-mix-out '
+        'cross-validation (each mix predicted by the fit on all other mixes); all_* errors: '
+        'in-sample; relative error = |predicted / measured - 1|"',
     ]
     for mode, stats in cal.stats.items():
         lines += ["", f"[calibration.modes.{mode}]",
-                  f"observations = {stats['observations']}", f"mixes = {stats['mixes']}",
-                  "holdout_mixes = [" + ", ".join(_str(m) for m in stats["holdout_mixes"]) + "]"]
-        for part in ("train", "holdout", "all"):
-            for key in ("median_abs_error", "max_abs_error"):
-                v = stats.get(part, {}).get(key)
+                  f"observations = {stats['observations']}", f"mixes = {stats['mixes']}"]
+        for part in ("cv", "all"):
+            for key in _ERROR_KEYS:
+                v = (stats.get(part) or {}).get(key)
                 if v is not None:
                     lines.append(f"{part}_{key} = {_num(v)}")
     for mode in SHARING_MODES:
@@ -231,9 +265,8 @@ def interference_toml(cal: Calibration) -> str:
         exp_note = "" if fit.exponent_identified else "; saturation_exponent not identifiable, prior"
         lines.append("provenance = " + _str(
             f"fitted by collocate bench calibrate to {stats['observations']} jobs in "
-            f"{stats['mixes']} mixes of {cal.source} ({where}); held-out median/max abs error "
-            f"{_err(stats, 'holdout', 'median_abs_error')}/"
-            f"{_err(stats, 'holdout', 'max_abs_error')}{exp_note}"))
+            f"{stats['mixes']} mixes of {cal.source} ({where}); leave-one-mix-out "
+            f"{_error_summary(stats, 'cv')}{exp_note}"))
     mig = packaged["modes"]["mig"]
     lines += ["", "[modes.mig]",
               *[f"{k} = {_num(float(v))}" for k, v in mig.items() if k != "provenance"],
@@ -244,12 +277,15 @@ def interference_toml(cal: Calibration) -> str:
         (type_name, pw), *_ = cal.power.items()
         lines += [f"exponent = {_num(pw.exponent)}",
                   "provenance = " + _str(f"fitted to {pw.n} power readings on {type_name} "
-                                         f"({where}); rmse {pw.rmse:.1f} W")]
+                                         f"({where}) against measured SM activity; "
+                                         f"rmse {pw.rmse:.1f} W")]
         for type_name, pw in cal.power.items():
             lines += ["", f'[power.gpus."{type_name}"]', f"idle_watts = {_num(pw.idle_watts)}",
                       f"max_watts = {_num(pw.max_watts)}", f"exponent = {_num(pw.exponent)}",
                       f"observations = {pw.n}", f"rmse_watts = {_num(pw.rmse)}",
                       f"exponent_identified = {str(pw.exponent_identified).lower()}"]
+            if cal.idle_reading_watts is not None:
+                lines.append(f"idle_watts_measured = {_num(cal.idle_reading_watts)}")
     else:
         old = packaged.get("power", {})
         lines += [f"exponent = {_num(float(old.get('exponent', 1.0)))}",
@@ -279,19 +315,30 @@ def report_markdown(cal: Calibration) -> str:
            f"- device: {env.get('device_name')} (measured on {env.get('measured_on')}), driver "
            f"{env.get('driver')}, CUDA {env.get('cuda')}, torch {env.get('torch')}, "
            f"{env.get('date_utc')}", f"- source: `{cal.source}`", "",
-           "| mode | base | per_sm | per_dram | sat. exp. | jobs | mixes | held-out mixes "
-           "| held-out median abs err | max | all-data median | max |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "Errors of per-job slowdown. Leave-one-mix-out (LOMO): each mix in turn is predicted "
+           "by the model fitted on all the other mixes; the errors are over all these "
+           "out-of-fold predictions. Relative error is |predicted / measured − 1|; absolute "
+           "error is in slowdown units (largest for the 7-copy scenarios). In-sample: the "
+           "parameters shown (fitted on all mixes) on the same data.", "",
+           "| mode | base | per_sm | per_dram | sat. exp. | jobs | mixes "
+           "| LOMO rel. err. median | p90 | max | LOMO abs. err. median | max "
+           "| in-sample rel. median | max |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for mode, fit in cal.fits.items():
         p, s = fit.params, cal.stats[mode]
-        out.append(f"| {mode} | {p.base:.3f} | {p.per_sm:.3f} | {p.per_dram:.3f} | "
-                   f"{p.saturation_exponent:.2f} | {s['observations']} | {s['mixes']} | "
-                   f"{len(s['holdout_mixes'])} | {_err(s, 'holdout', 'median_abs_error')} | "
-                   f"{_err(s, 'holdout', 'max_abs_error')} | {_err(s, 'all', 'median_abs_error')}"
-                   f" | {_err(s, 'all', 'max_abs_error')} |")
+        cells = [mode, f"{p.base:.3f}", f"{p.per_sm:.3f}", f"{p.per_dram:.3f}",
+                 f"{p.saturation_exponent:.2f}", str(s["observations"]), str(s["mixes"]),
+                 *(_err(s, "cv", k) for k in ("median_rel_error", "p90_rel_error",
+                                              "max_rel_error", "median_abs_error",
+                                              "max_abs_error")),
+                 _err(s, "all", "median_rel_error"), _err(s, "all", "max_rel_error")]
+        out.append("| " + " | ".join(cells) + " |")
+    idle = ("" if cal.idle_reading_watts is None
+            else f" (measured idle reading {cal.idle_reading_watts:.0f} W)")
     for type_name, pw in cal.power.items():
-        out += ["", f"Power ({type_name}): idle {pw.idle_watts:.0f} W, max {pw.max_watts:.0f} W, "
-                    f"exponent {pw.exponent:.2f} ({pw.n} readings, rmse {pw.rmse:.1f} W)"]
+        out += ["", f"Power ({type_name}), against the measured SM activity: idle "
+                    f"{pw.idle_watts:.0f} W{idle}, max {pw.max_watts:.0f} W, exponent "
+                    f"{pw.exponent:.2f} ({pw.n} readings, rmse {pw.rmse:.1f} W)"]
     out += ["", "Solo profiles:", "", "| workload | SM activity | DRAM activity |", "|---|---:|---:|"]
     out += [f"| {n} | {p.sm:.3f} | {p.dram:.3f} |" for n, p in sorted(cal.profiles.items())]
     if cal.notes:

@@ -170,18 +170,14 @@ def calibrate(
     out: Annotated[Path, typer.Option(help="Fitted model (TOML, packaged format).")] = Path("interference.toml"),
     profiles_out: Annotated[Optional[Path], typer.Option(help="Measured solo profiles (TOML).")] = None,
     report_out: Annotated[Optional[Path], typer.Option("--report", help="Markdown report.")] = None,
-    holdout: Annotated[float, typer.Option(help="Fraction of mixes held out.")] = 0.3,
-    seed: Annotated[int, typer.Option(help="Seed of the held-out split.")] = 0,
 ) -> None:
-    """Fit the interference and power model to measurements; report held-out error."""
+    """Fit the interference and power model to measurements; report leave-one-mix-out error."""
     from collocate.bench.calibrate import calibrate as fit
     from collocate.bench.calibrate import report_markdown, write_outputs
     from collocate.bench.runner import read_results
 
-    if not 0 <= holdout < 1:
-        raise InputError(f"--holdout must be in [0, 1), got {holdout}")
     file = _results_file(results)
-    cal = fit(read_results(file), source=file.name, holdout=holdout, seed=seed)
+    cal = fit(read_results(file), source=f"{file.resolve().parent.name}/{file.name}")  # names the run
     typer.echo(report_markdown(cal))
     for path in write_outputs(cal, out, profiles_out, report_out):
         typer.echo(f"wrote {path}")

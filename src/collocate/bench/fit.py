@@ -6,18 +6,27 @@ Interference (``collocate.interference.shared_slowdown``), per sharing mode::
 
 For a fixed exponent ``e`` this is *linear* in (base, per_sm, per_dram): with
 ``g = max(1, A, D) ** e`` the residual is ``slowdown - g - g*base - g*S_o*per_sm - g*D_o*per_dram``.
-So the fit is variable projection: a 1-D search over ``e`` (grid, then golden-section refinement)
-with an exact linear least-squares solve inside, in slowdown units (the error we report).
-``per_sm`` and ``per_dram`` are kept >= 0 by solving every active set of the two (an exact
-non-negative solve for two variables); ``base`` is free. When no observation over-subscribes the
-GPU (all ``max(1, A, D) == 1``) the exponent cannot be identified and keeps its prior.
+So the fit is variable projection: a 1-D search over ``e`` (a grid, then finer nested grids)
+with an exact linear least-squares solve inside, in slowdown units. ``per_sm`` and ``per_dram``
+are kept >= 0 by solving every active set of the two (an exact non-negative solve for two
+variables); ``base`` is free. When no observation over-subscribes the GPU (all
+``max(1, A, D) == 1``) the exponent cannot be identified and keeps its prior.
 
-Power: ``watts = idle + (max - idle) * busy ** e``, linear in (idle, max - idle) for fixed ``e``.
+``shared_slowdown`` clamps its result at 1 (sharing never speeds a job up); the solve above fits
+the unclamped formula, a least-squares surrogate that is exact whenever every fitted prediction
+is >= 1. Every error reported here (``ModeFit.rmse``, ``errors``, ``cross_validate``) is of
+``predict``, i.e. of the clamped predictions the simulator uses.
+
+Held-out error is leave-one-mix-out (``cross_validate``): each mix in turn is left out, the model
+fitted on the others predicts its jobs. Relative error ``|predicted / measured - 1|`` is the
+headline; absolute error grows with the slowdown itself (7 copies slow down up to ~7x).
+
+Power: ``watts = idle + (max - idle) * busy ** e``, linear in (idle, max - idle) for fixed ``e``;
+``busy`` is the GPU's measured SM activity (see ``collocate.bench.calibrate``).
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -39,7 +48,7 @@ class Observation:
     other_sm: float
     other_dram: float
     slowdown: float
-    group: str  # the mix it belongs to (held-out splits keep a mix together)
+    group: str  # the mix it belongs to (cross-validation leaves a mix out whole)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,48 +80,43 @@ def predict(params: ModeParams, obs: Sequence[Observation]) -> np.ndarray:
     return np.asarray(shared_slowdown(params, sm, dram, osm, odram), dtype=float)
 
 
+_ACTIVE_SETS = ((0, 1, 2), (0, 1), (0, 2), (0,))  # free coefficients of (base, per_sm, per_dram)
+
+
 def _solve_linear(g: np.ndarray, osm: np.ndarray, odram: np.ndarray,
-                  y: np.ndarray) -> tuple[np.ndarray, float]:
-    """min ||y - g*(1 + b + s*osm + d*odram)|| with s, d >= 0: coefficients (b, s, d), SSE."""
-    target = y - g
-    columns = [g * osm, g * odram]
-    best: tuple[np.ndarray, float] | None = None
-    for free in itertools.chain.from_iterable(itertools.combinations((0, 1), k) for k in range(3)):
-        x = np.column_stack([g, *(columns[i] for i in free)])
-        coef, *_ = np.linalg.lstsq(x, target, rcond=None)
-        if any(c < 0 for c in coef[1:]):
-            continue
-        sse = float(np.sum((target - x @ coef) ** 2))
-        full = np.zeros(3)
-        full[0] = coef[0]
-        for k, i in enumerate(free):
-            full[1 + i] = coef[1 + k]
-        if best is None or sse < best[1] - 1e-15:
-            best = (full, sse)
-    assert best is not None  # the empty active set is always feasible
-    return best
+                  y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For each row ``g[k]`` of a (K, n) array: min ||y - g*(1 + b + s*osm + d*odram)|| with
+    s, d >= 0. Returns the coefficients (b, s, d), shape (K, 3), and the SSE, shape (K,).
+
+    Every active set is solved (a pseudo-inverse, batched over K) and the best feasible one kept;
+    the problem is convex, so that is the constrained optimum.
+    """
+    x = g[:, :, None] * np.column_stack([np.ones_like(osm), osm, odram])[None]
+    target = (y - g)[:, :, None]
+    best_coef = np.zeros((len(g), 3))
+    best_sse = np.full(len(g), np.inf)
+    for free in _ACTIVE_SETS:
+        xf = x[:, :, free]
+        coef = np.linalg.pinv(xf) @ target
+        sse = np.sum((target - xf @ coef) ** 2, axis=(1, 2))
+        better = np.all(coef[:, 1:, 0] >= 0, axis=1) & (sse < best_sse - 1e-15)
+        best_coef[better] = 0.0
+        best_coef[np.ix_(better, free)] = coef[better, :, 0]
+        best_sse[better] = sse[better]
+    return best_coef, best_sse
 
 
-def _search(sse_of: Callable[[float], float], lo: float, hi: float, steps: int = 301) -> float:
-    """Minimise a 1-D function: a grid, then golden-section between the best point's neighbours."""
+def _search(sse_of: Callable[[np.ndarray], np.ndarray], lo: float, hi: float,
+            steps: int = 301, refine: int = 7) -> float:
+    """Minimise a 1-D function, vectorised (an array of points in, their values out): a grid,
+    then ``refine`` finer grids of 21 points between the best point's neighbours, each one a
+    tenth as wide (so the last bracket is 2 (hi - lo) / (steps - 1) / 10**refine wide)."""
     grid = np.linspace(lo, hi, steps)
-    values = [sse_of(float(x)) for x in grid]
-    i = int(np.argmin(values))
-    a, b = float(grid[max(0, i - 1)]), float(grid[min(steps - 1, i + 1)])
-    ratio = (math.sqrt(5) - 1) / 2
-    c, d = b - ratio * (b - a), a + ratio * (b - a)
-    fc, fd = sse_of(c), sse_of(d)
-    for _ in range(40):
-        if fc < fd:
-            b, d, fd = d, c, fc
-            c = b - ratio * (b - a)
-            fc = sse_of(c)
-        else:
-            a, c, fc = c, d, fd
-            d = a + ratio * (b - a)
-            fd = sse_of(d)
-    x = (a + b) / 2
-    return x if sse_of(x) <= values[i] else float(grid[i])
+    i = int(np.argmin(sse_of(grid)))
+    for _ in range(refine):  # each finer grid contains the best point so far
+        grid = np.linspace(grid[max(0, i - 1)], grid[min(len(grid) - 1, i + 1)], 21)
+        i = int(np.argmin(sse_of(grid)))
+    return float(grid[i])
 
 
 def fit_mode(obs: Sequence[Observation], *, prior_exponent: float = 1.0,
@@ -124,14 +128,15 @@ def fit_mode(obs: Sequence[Observation], *, prior_exponent: float = 1.0,
     over = np.maximum(np.maximum(sm + osm, dram + odram), 1.0)
     identified = bool(np.any(over > 1.0 + 1e-9))
 
-    def sse_of(e: float) -> float:
-        return _solve_linear(over**e, osm, odram, y)[1]
+    def sse_of(exponents: np.ndarray) -> np.ndarray:
+        return _solve_linear(over[None, :] ** exponents[:, None], osm, odram, y)[1]
 
     e = _search(sse_of, *bounds) if identified else prior_exponent
-    coef, sse = _solve_linear(over**e, osm, odram, y)
+    coef = _solve_linear(over[None, :] ** e, osm, odram, y)[0][0]
     params = ModeParams(base=float(coef[0]), per_sm=float(coef[1]), per_dram=float(coef[2]),
                         saturation_exponent=float(e))
-    return ModeFit(params, len(obs), math.sqrt(sse / len(obs)), identified)
+    rmse = math.sqrt(float(np.mean((predict(params, obs) - y) ** 2)))
+    return ModeFit(params, len(obs), rmse, identified)
 
 
 def fit_power(busy: Sequence[float], watts: Sequence[float], *,
@@ -149,27 +154,47 @@ def fit_power(busy: Sequence[float], watts: Sequence[float], *,
         coef, *_ = np.linalg.lstsq(x, w, rcond=None)
         return coef, float(np.sum((w - x @ coef) ** 2))
 
-    e = _search(lambda v: solve(v)[1], *POWER_EXPONENT_RANGE) if identified else prior_exponent
+    def sse_of(exponents: np.ndarray) -> np.ndarray:
+        return np.array([solve(float(v))[1] for v in exponents])
+
+    e = _search(sse_of, *POWER_EXPONENT_RANGE) if identified else prior_exponent
     coef, sse = solve(e)
     return PowerFit(float(coef[0]), float(coef[0] + coef[1]), float(e), len(b),
                     math.sqrt(sse / len(b)), identified)
 
 
-def split_groups(groups: Sequence[str], *, holdout: float, seed: int) -> tuple[set[str], set[str]]:
-    """(train, held-out) sets of mixes; none held out when fewer than 3 mixes exist."""
-    unique = sorted(set(groups))
-    if holdout <= 0 or len(unique) < 3:
-        return set(unique), set()
-    rng = np.random.default_rng(seed)
-    order = [unique[i] for i in rng.permutation(len(unique))]
-    k = min(len(unique) - 2, max(1, round(holdout * len(unique))))
-    return set(order[k:]), set(order[:k])
+def cross_validate(obs: Sequence[Observation]) -> np.ndarray:
+    """Leave-one-mix-out predictions: for each mix, the model fitted on all other mixes predicts
+    that mix's jobs. Returns one out-of-fold prediction per observation, in order."""
+    groups = np.array([o.group for o in obs])
+    unique = sorted(set(groups.tolist()))
+    if len(unique) < 3:
+        raise ValueError(f"need at least 3 mixes to leave one out, got {len(unique)}")
+    out = np.empty(len(obs))
+    for group in unique:
+        held = groups == group
+        train = [o for o, h in zip(obs, held, strict=True) if not h]
+        test = [o for o, h in zip(obs, held, strict=True) if h]
+        if len(train) < 3:
+            raise ValueError(f"leaving out mix {group} leaves {len(train)} observations, "
+                             "fewer than 3")
+        out[held] = predict(fit_mode(train).params, test)
+    return out
 
 
-def errors(params: ModeParams, obs: Sequence[Observation]) -> dict[str, float | int | None]:
-    """Absolute error of predicted per-job slowdown: median, max, mean; and the count."""
-    if not obs:
-        return {"n": 0, "median_abs_error": None, "max_abs_error": None, "mean_abs_error": None}
-    err = np.abs(predict(params, obs) - np.array([o.slowdown for o in obs]))
-    return {"n": len(obs), "median_abs_error": float(np.median(err)),
-            "max_abs_error": float(err.max()), "mean_abs_error": float(err.mean())}
+def errors(predicted: Sequence[float] | np.ndarray,
+           measured: Sequence[float] | np.ndarray) -> dict[str, float | int]:
+    """Error of predicted per-job slowdown against the measured one.
+
+    Absolute ``|p - m|``: median, max, mean. Relative ``|p / m - 1|``: median, 90th percentile
+    (linear interpolation between order statistics), max.
+    """
+    p, m = np.asarray(predicted, dtype=float), np.asarray(measured, dtype=float)
+    if p.shape != m.shape or p.size == 0:
+        raise ValueError(f"need equally many predictions and measurements, got {p.size} and "
+                         f"{m.size}")
+    err, rel = np.abs(p - m), np.abs(p / m - 1.0)
+    return {"n": int(p.size), "median_abs_error": float(np.median(err)),
+            "max_abs_error": float(err.max()), "mean_abs_error": float(err.mean()),
+            "median_rel_error": float(np.median(rel)),
+            "p90_rel_error": float(np.percentile(rel, 90)), "max_rel_error": float(rel.max())}

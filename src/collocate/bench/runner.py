@@ -255,8 +255,8 @@ def fits(scenario: Scenario, need: Mapping[str, float], total_mib: float) -> str
         return None
     total = sum(need[w] for w in scenario.jobs)
     if total > MEM_MARGIN * total_mib:
-        return (f"needs about {total:.0f} MiB ({len(scenario.jobs)} processes) but the GPU has "
-                f"{total_mib:.0f} MiB")
+        return (f"needs about {total:.0f} MiB ({len(scenario.jobs)} processes at their solo peak), "
+                f"more than {MEM_MARGIN:.0%} of the GPU's {total_mib:.0f} MiB")
     return None
 
 

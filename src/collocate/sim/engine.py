@@ -164,8 +164,13 @@ class Simulation:
         self.used = np.zeros(n)  # actually allocated memory
         self.committed = np.zeros(n)  # requirements of resident jobs
         self.n_jobs = np.zeros(n, dtype=np.int64)
-        self.sm_sum = np.zeros(n)
+        self.sm_sum = np.zeros(n)  # solo activities of the residents: what they ask for
         self.dram_sum = np.zeros(n)
+        # Realized activity, Σ a·rate over the residents: what the GPU's counters read. Measured
+        # on an H100 it matches GPM SM activity within 0.03 on average, where Σ a misses by 0.14
+        # (time-slicing 7 copies of a job of activity 0.3 read 0.49, not 1).
+        self.sm_live = np.zeros(n)
+        self.dram_live = np.zeros(n)
         self.seen_at = np.full(n, -math.inf)
         self.residents: list[set[str]] = [set() for _ in range(n)]
         self._meters(nodes)
@@ -349,6 +354,9 @@ class Simulation:
         """Recompute the progress rate of every job sharing any of these GPUs."""
         affected = {job_id for i in gpus for job_id in self.residents[i]}
         model, mode = self.cfg.interference, self.cfg.sharing
+        # A multi-GPU job's new rate changes what its other GPUs draw: meter them up to now first.
+        touched = sorted({i for job_id in affected for i in self.running[job_id].gpus}.union(gpus))
+        self._advance(touched, now)
         for job_id in affected:
             run = self.running[job_id]
             run.work_left -= (now - run.since) * run.rate
@@ -360,14 +368,25 @@ class Simulation:
             run.rate = 1.0 / slowdown
             run.version += 1
             self._push(now + max(run.work_left, 0.0) / run.rate, _FINISH, job_id, run.version)
+        self._realize(touched)
         self._mark(gpus, now)
+
+    def _realize(self, gpus) -> None:
+        """Bring the realized activity of these GPUs in line with their residents' rates."""
+        for i in gpus:
+            sm = dram = 0.0
+            for job_id in self.residents[i]:
+                run = self.running[job_id]
+                sm += run.job.profile.sm_activity * run.rate
+                dram += run.job.profile.dram_activity * run.rate
+            self.sm_live[i], self.dram_live[i] = sm, dram
 
     def _advance(self, gpus: list[int], now: float) -> None:
         """Integrate energy, busy time and memory of these GPUs up to ``now``."""
         exponent = self.cfg.interference.power_exponent
         for i in gpus:  # scalar loop: jobs hold few GPUs, and fancy indexing costs more
             dt = now - self.last_t[i]
-            busy = min(1.0, self.sm_sum[i])
+            busy = min(1.0, self.sm_live[i])
             self.energy[i] += (self.idle_w[i] + (self.max_w[i] - self.idle_w[i]) * busy**exponent) * dt
             self.busy_int[i] += busy * dt
             self.mem_int[i] += self.used[i] / self.total[i] * dt
@@ -377,7 +396,7 @@ class Simulation:
         for i in gpus:
             key = str(self.ids[i])
             if key in self.timelines:
-                self.timelines[key].append((now, float(self.used[i]), float(min(1.0, self.sm_sum[i]))))
+                self.timelines[key].append((now, float(self.used[i]), float(min(1.0, self.sm_live[i]))))
 
     def _close(self, job: Job, now: float) -> None:
         record = self.records[job.id]
@@ -389,7 +408,7 @@ class Simulation:
         record.oom_crashes = job.oom_crashes
 
     def _snapshot(self, now: float, placements_made: int = 0) -> ClusterSnapshot:
-        busy = np.minimum(1.0, self.sm_sum)
+        busy = np.minimum(1.0, self.sm_live)
         return ClusterSnapshot(
             now=now,
             ids=self.ids,
@@ -404,7 +423,7 @@ class Simulation:
             # in-flight guard (30 s) releases a GPU, so the current level stands in for it.
             util_sm=busy,
             util_occ=busy * OCCUPANCY_PER_SM,
-            util_dram=np.minimum(1.0, self.dram_sum),
+            util_dram=np.minimum(1.0, self.dram_live),
             launch_seen_at=_frozen(self.seen_at),
             speed=self.speed,
             sharing=self.cfg.sharing,

@@ -17,8 +17,9 @@ The model, also what ``collocate emulate-job`` does on an emulated MIG instance:
   instance's busy;
 * instances never slow each other down (separate SMs, L2 slices and memory controllers);
 * a physical GPU draws its idle power once: ``idle + (max - idle) · min(1, Σ_instances
-  f · busy)^exponent`` with ``busy = min(1, Σ a / f)`` per instance; SM and memory utilization
-  are likewise per physical GPU (memory: allocated MiB over the whole GPU's MiB);
+  f · busy)^exponent`` with ``busy = min(1, Σ a·rate / f)`` per instance (the realized activity,
+  as in ``engine.py``); SM and memory utilization are likewise per physical GPU (memory:
+  allocated MiB over the whole GPU's MiB);
 * a job needing more than one GPU is rejected at admission: a CUDA process sees one MIG device
   and NCCL does not run across MIG instances.
 """
@@ -212,16 +213,16 @@ class MigSimulation(Simulation):
     def _snapshot(self, now: float, placements_made: int = 0) -> ClusterSnapshot:
         """A monitor reads a MIG device's activity relative to the instance's own SMs."""
         snap = super()._snapshot(now, placements_made)
-        busy = np.minimum(1.0, self.sm_sum / self.speed)
+        busy = np.minimum(1.0, self.sm_live / self.speed)
         return replace(
-            snap, util_sm=busy, util_occ=busy * OCCUPANCY_PER_SM, util_dram=np.minimum(1.0, self.dram_sum / self.speed)
+            snap, util_sm=busy, util_occ=busy * OCCUPANCY_PER_SM, util_dram=np.minimum(1.0, self.dram_live / self.speed)
         )
 
     def _mark(self, gpus, now: float) -> None:
         for i in gpus:  # timelines show memory and activity relative to each instance
             key = str(self.ids[i])
             if key in self.timelines:
-                busy = min(1.0, self.sm_sum[i] / self._fraction[i])
+                busy = min(1.0, self.sm_live[i] / self._fraction[i])
                 self.timelines[key].append((now, float(self.used[i]), float(busy)))
 
     def _rerate(self, gpus, now: float) -> None:
@@ -239,6 +240,7 @@ class MigSimulation(Simulation):
             run.rate = 1.0 / slowdown
             run.version += 1
             self._push(now + max(run.work_left, 0.0) / run.rate, _FINISH, job_id, run.version)
+        self._realize(gpus)  # one instance per job: its boards were metered by the caller
         self._mark(gpus, now)
 
     def _advance(self, gpus, now: float) -> None:
@@ -251,7 +253,7 @@ class MigSimulation(Simulation):
                 continue
             busy = used = 0.0
             for k in self.members[b]:
-                busy += min(self._fraction[k], self.sm_sum[k])  # f · min(1, Σa / f)
+                busy += min(self._fraction[k], self.sm_live[k])  # f · min(1, Σa·rate / f)
                 used += self.used[k]
             busy = min(1.0, busy)
             self.energy[b] += (self.idle_w[b] + (self.max_w[b] - self.idle_w[b]) * busy**exponent) * dt
