@@ -147,12 +147,18 @@ def _load(python: str, seconds: float, env: dict[str, str] | None = None) -> sub
 def _loaded_phase(backend: NvmlBackend, uuid: str, seconds: float, period: float,
                   env: dict[str, str] | None) -> tuple[dict[str, Any], dict[str, Any]]:
     proc = _load(sys.executable, seconds, env)
-    samples = _sample_for(backend, uuid, seconds + 12.0, period)  # start-up + warm-up + run
-    try:
-        _, err = proc.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
+    # Sample until the worker exits and keep its last ``seconds``: its measured steps. A fixed
+    # window from its start saw mostly the cold start (import, CUDA context, cuDNN autotuning;
+    # 10+ s on the first H100 run) and read SM activity 0.005 for a job that keeps 0.8 busy.
+    samples: list[DeviceSample] = []
+    give_up = time.monotonic() + seconds + 120.0
+    while proc.poll() is None and time.monotonic() < give_up:
+        samples += _sample_for(backend, uuid, period, period)
+    if proc.poll() is None:
         proc.kill()
-        _, err = proc.communicate()
+    _, err = proc.communicate()
+    if samples:
+        samples = [x for x in samples if x.time >= samples[-1].time - seconds]
     status = {"exit_code": proc.returncode, "stderr_tail": (err or "")[-1500:]}
     return _phase(samples), status
 

@@ -49,7 +49,7 @@ for c in "${CALLS[@]}"; do
             --format json --policy "exclusive,$POLICY,auto" >"$M/sim-$s.json"
         done
       fi
-      if [[ "$c" == B3 ]]; then call B3 "$M"; else call "$c" "$M" "$POLICY"; fi
+      if [[ "$c" == B1 ]]; then call B1 "$M"; else call "$c" "$M" "$POLICY"; fi
       ;;
     C1)
       if [[ -z "$CSV" ]]; then

@@ -4,9 +4,9 @@
 #   bash benchmarks/gpu/round.sh A1                      probe + benchmark (until the budget)
 #   bash benchmarks/gpu/round.sh A2 <B>                  resume the benchmark of folder <B>
 #   bash benchmarks/gpu/round.sh A3 <B>                  the same, once more
-#   bash benchmarks/gpu/round.sh B1 <M> <policy>         mini-trace: exclusive + <policy>, time-slicing
-#   bash benchmarks/gpu/round.sh B2 <M> <policy>         mini-trace: auto time-slicing + <policy> mps
-#   bash benchmarks/gpu/round.sh B3 <M>                  mini-trace: auto mps + exclusive mps
+#   bash benchmarks/gpu/round.sh B1 <M>                  mini-trace: exclusive (one job per GPU)
+#   bash benchmarks/gpu/round.sh B2 <M> <policy>         mini-trace: <policy> + auto, time-slicing
+#   bash benchmarks/gpu/round.sh B3 <M> <policy>         mini-trace: <policy> + auto, MPS
 #   bash benchmarks/gpu/round.sh C1 [<csv>]              estimator ground truth (resume from <csv>)
 #   bash benchmarks/gpu/round.sh C2                      shared loading on the GPU (share_gpu.py)
 #   bash benchmarks/gpu/round.sh CHECK                   versions and imports only
@@ -50,8 +50,8 @@ usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 case "$CALL" in
   A1|C2|CHECK) [[ ${#ARGS[@]} -eq 0 ]] || usage ;;
   A2|A3) [[ ${#ARGS[@]} -eq 1 && -f "${ARGS[0]}/results.jsonl" ]] || { echo "$CALL needs a bench folder with results.jsonl" >&2; usage; } ;;
-  B1|B2) [[ ${#ARGS[@]} -eq 2 && -f "${ARGS[0]}/jobs.json" ]] || { echo "$CALL needs <M> (with jobs.json) and a policy" >&2; usage; } ;;
-  B3) [[ ${#ARGS[@]} -eq 1 && -f "${ARGS[0]}/jobs.json" ]] || { echo "B3 needs <M> (with jobs.json)" >&2; usage; } ;;
+  B2|B3) [[ ${#ARGS[@]} -eq 2 && -f "${ARGS[0]}/jobs.json" ]] || { echo "$CALL needs <M> (with jobs.json) and a policy" >&2; usage; } ;;
+  B1) [[ ${#ARGS[@]} -eq 1 && -f "${ARGS[0]}/jobs.json" ]] || { echo "B1 needs <M> (with jobs.json)" >&2; usage; } ;;
   C1) [[ ${#ARGS[@]} -le 1 ]] || usage; [[ ${#ARGS[@]} -eq 0 || -f "${ARGS[0]}" ]] || { echo "C1: no file ${ARGS[0]}" >&2; usage; } ;;
   *) usage ;;
 esac
@@ -240,19 +240,26 @@ mini_runs() {
     ((t >= nominal)) || t=$((($(left) - 20 - per * (n - i)) / (n - i)))  # else an equal share
     ((t < nominal)) || t=$nominal
     ((t >= nominal)) || note "run $p-$s gets --timeout $t s (nominal ${nominal} s)"
+    # The mini-trace's jobs last 15-25 s: the default 30 s in-flight guard would be most of a job,
+    # so the collocating policies get SETTLE_S (5 s), as the simulator's predictions in <M> did.
+    local extra=()
+    [[ $p == exclusive ]] || extra=(--param "settle_s=${SETTLE_S:-5}")
     if [[ $REHEARSE == 1 ]]; then
       step "$p-$s" $((t + per)) python3 "$GPU/sigrun.py" -m collocate.cli bench minitrace run "$m/jobs.json" --policy "$p" \
-        --sharing "$s" --gpus emulated:1xH100-80GB --emulate --time-scale 0.05 --out "$W/$p-$s" --timeout "$t"
+        --sharing "$s" --gpus emulated:1xH100-80GB --emulate --time-scale 0.05 --out "$W/$p-$s" --timeout "$t" "${extra[@]}"
     else
       step "$p-$s" $((t + per)) python3 "$GPU/sigrun.py" -m collocate.cli bench minitrace run "$m/jobs.json" --policy "$p" \
-        --sharing "$s" --gpus nvml --out "$W/$p-$s" --timeout "$t"
+        --sharing "$s" --gpus nvml --out "$W/$p-$s" --timeout "$t" "${extra[@]}"
     fi
   done
 }
 
-call_B1() { mini_runs exclusive:time-slicing "${ARGS[1]}:time-slicing"; }
-call_B2() { mini_runs auto:time-slicing "${ARGS[1]}:mps"; }
-call_B3() { mini_runs auto:mps exclusive:mps; }
+# Exclusive runs alone: it takes about the sum of the solo durations (each job also pays ~11 s of
+# start-up on an H100), the collocated runs much less. Exclusive under MPS is not run: with one
+# job per GPU, MPS changes nothing the mini-trace measures.
+call_B1() { mini_runs exclusive:time-slicing; }
+call_B2() { mini_runs "${ARGS[1]}:time-slicing" auto:time-slicing; }
+call_B3() { mini_runs "${ARGS[1]}:mps" auto:mps; }
 
 call_C1() {
   local resume=() dry=()

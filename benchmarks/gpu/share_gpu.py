@@ -9,7 +9,9 @@ session with one validates and measures it:
   2. throughput: the JPEG pipeline of share_cpu.py feeding K GPU consumers that run a small
      convolution per batch, for (a) K independent DataLoaders + H2D copies, (b) collocate.share
      with the CUDA IPC ring, (b') collocate.share with the CPU ring + H2D copies in consumers,
-     (c) tensorsocket 0.0.5 (its CUDA IPC path).
+     (c) tensorsocket 0.0.5 (its CUDA IPC path); first, the reference T1: one consumer with one
+     DataLoader of all the workers. Each measurement counts every consumer's samples over one
+     common window (``--window`` s, starting ``--warmup`` s after the last consumer's first batch).
 
     python benchmarks/gpu/share_gpu.py             # on a GPU machine; writes benchmarks/results/share_gpu-<date>.json
     python benchmarks/gpu/share_gpu.py --dry-run   # anywhere: same plumbing on CPU, tiny sizes, no results file
@@ -18,7 +20,10 @@ session with one validates and measures it:
 and after every throughput run, so a run stopped part-way keeps what it measured.
 ``--budget SECONDS`` starts no throughput run that would likely end past the budget (the estimate
 is the slowest run so far, at least warm-up + window + 15 s); the skipped ones are recorded as
-``"skipped: budget"``.
+``"skipped: budget"``. A measurement in which a consumer raised, a DataLoader worker died or the
+producer exited gets ``null`` and ``<mode>_error`` instead of a number. Each prints one line with
+its duration split (start-up to the first batch, warm-up + window, teardown), also kept as
+``<mode>_seconds``.
 """
 
 from __future__ import annotations
@@ -27,7 +32,9 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import queue
 import sys
+import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -99,68 +106,188 @@ def correctness(device: str, n: int, width: int, epochs: int) -> list[tuple[str,
 
 
 # ---------------------------------------------------------------- throughput
+FIRST_BATCH_TIMEOUT_S = 60.0  # a consumer's start-up: imports, connection, loader workers, first batch
+
+
+def _child_setup() -> None:
+    """Every benchmark child: one torch thread, and DataLoader workers started by fork.
+
+    A spawned child inherits "spawn" as its default start method, so each DataLoader worker would be
+    a fresh interpreter that imports torch and this script and reads the pickled dataset (1.4 MiB)
+    before the next one starts: 2+ s per worker, in sequence, and a child stopped meanwhile leaves a
+    worker dying with "pickle data was truncated". Fork is what a training script run on Linux uses.
+    """
+    torch.set_num_threads(1)
+    mp.set_start_method("fork", force=True)
+
+
 def _step(x: torch.Tensor, conv: torch.nn.Module) -> None:
     conv(x).sum().item()  # a small training-step stand-in that reads the whole batch on the device
 
 
-def _gpu_consumer(kind: str, arg: Any, device: str, warmup: float, window: float, out: Any) -> None:
-    torch.set_num_threads(1)
-    conv = torch.nn.Conv2d(3, 8, 3).to(device)
+def _source(kind: str, arg: Any) -> Any:
+    if kind == "independent":
+        return share_cpu.make_loader(arg[0], length=arg[1])  # persistent workers: started once, reused every epoch
+    if kind == "share":
+        from collocate import share
 
-    def batches() -> Any:
-        if kind == "independent":
-            source: Any = share_cpu.make_loader(arg)
-        elif kind == "share":
-            from collocate import share
+        return share.SharedLoader(arg, 32, connect_timeout=FIRST_BATCH_TIMEOUT_S)
+    from tensorsocket import TensorConsumer
 
-            source = share.SharedLoader(arg, 32, connect_timeout=120)
-        else:
-            from tensorsocket import TensorConsumer
-
-            source = TensorConsumer(port=arg[0], ack_port=arg[1], heart_ports=(arg[2], arg[3]), batch_size=32)
-        for x, y in source:
-            x = x.to(device, non_blocking=True)
-            _step(x, conv)
-            yield x, y
-
-    class _Wrapped:
-        def __iter__(self) -> Any:
-            return batches()
-
-    share_cpu._measure(lambda: _Wrapped(), warmup, window, out)
+    return TensorConsumer(port=arg[0], ack_port=arg[1], heart_ports=(arg[2], arg[3]), batch_size=32)
 
 
-def _producer(kind: str, name_or_ports: Any, workers: int, device: str) -> None:
-    torch.set_num_threads(1)
+def _gpu_consumer(kind: str, arg: Any, device: str, index: int, window: float, out: Any, go: Any) -> None:
+    _child_setup()
+
+    def batch_sizes() -> Any:
+        source = _source(kind, arg)  # one source for the whole run, iterated epoch after epoch
+        batches = iter(source)  # a DataLoader forks its workers here, before CUDA is initialised
+        conv = torch.nn.Conv2d(3, 8, 3).to(device)
+        while True:
+            for x, _y in batches:
+                _step(x.to(device, non_blocking=True), conv)
+                yield len(x)
+            batches = iter(source)
+
+    _measure(batch_sizes, index, window, out, go)
+
+
+def _measure(batch_sizes: Any, index: int, window: float, out: Any, go: Any) -> None:
+    """Count the samples that arrive in the window the parent sends on ``go``; then exit.
+
+    Messages on ``out``: ("first", index, time of the first batch), then ("ok", index, samples) or
+    ("error", index, why). Iteration runs on a thread, so a consumer whose source blocks still
+    reports on time; an exception in it, or a dead DataLoader worker, is an error, not a lower count.
+    Times are ``time.monotonic()``, one clock for all processes on Linux.
+    """
+    stamps: list[tuple[float, int]] = []
+    failed: list[str] = []
+
+    def loop() -> None:
+        try:
+            for n in batch_sizes():
+                stamps.append((time.monotonic(), n))
+        except BaseException as exc:
+            failed.append(repr(exc))
+
+    threading.Thread(target=loop, daemon=True).start()
+    deadline = time.monotonic() + FIRST_BATCH_TIMEOUT_S
+    while not stamps and not failed and time.monotonic() < deadline:
+        time.sleep(0.01)
+    counted = 0
+    if stamps:
+        out.put(("first", index, stamps[0][0]))
+        workers = mp.active_children()  # this consumer's DataLoader workers, if it has any
+        begin = go.get(timeout=FIRST_BATCH_TIMEOUT_S + 30)
+        time.sleep(max(0.0, begin + window - time.monotonic()))
+        counted = sum(n for t, n in list(stamps) if begin <= t < begin + window)
+        failed += [f"DataLoader worker {p.pid} exited with code {p.exitcode}" for p in workers
+                   if p.exitcode is not None]
+    elif not failed:
+        failed.append(f"no batch within {FIRST_BATCH_TIMEOUT_S:g} s")
+    out.put(("error", index, "; ".join(failed)) if failed else ("ok", index, counted))
+    for p in mp.active_children():  # stop the workers before exiting, so none runs on into the next measurement
+        p.terminate()
+        p.join(5)
+    out.close()
+    out.join_thread()
+    os._exit(0)  # the source may be blocked on a producer that is about to go: do not wait for it
+
+
+def _producer(kind: str, name_or_ports: Any, workers: int, device: str, epoch: int) -> None:
+    _child_setup()
     if kind == "tensorsocket":
         share_cpu.run_ts_producer(workers, name_or_ports, "jpeg")
         return
     from collocate import share
 
-    share.serve(share_cpu.make_loader(workers), name_or_ports, slots=8, device=device)
+    share.serve(share_cpu.make_loader(workers, length=epoch), name_or_ports, slots=8, device=device)
 
 
-def throughput(mode: str, k: int, workers: int, device: str, warmup: float, window: float, seq: int) -> float:
-    queue = CTX.Queue()
+def _collect(tag: str, procs: list[Any], consumers: int, results: Any, timeout: float) -> dict[int, Any]:
+    """One ``tag`` message from each consumer; RuntimeError on an error message, a dead process or
+    the timeout. Consumers exit 0 once they reported; any other process (the producer) must live."""
+    got: dict[int, Any] = {}
+    deadline = time.monotonic() + timeout
+    while len(got) < consumers:
+        try:
+            kind, index, value = results.get(timeout=1.0)
+        except queue.Empty:
+            codes = [p.exitcode for p in procs]
+            if any(c not in (None, 0) for c in codes) or any(c is not None for c in codes[:len(procs) - consumers]):
+                raise RuntimeError(f"a benchmark process exited while waiting for {tag!r} (exit codes {codes}, "
+                                   f"producer first if any); its output, if any, is in the log above") from None
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no {tag!r} from consumers {sorted(set(range(consumers)) - set(got))} "
+                                   f"within {timeout:g} s") from None
+            continue
+        if kind == "error":
+            raise RuntimeError(f"consumer {index}: {value}")
+        got[index] = value
+    return got
+
+
+def _stop(procs: list[Any], consumers: list[Any]) -> None:
+    """Shutdown order: ``consumers`` that reported exit by themselves (after stopping their loader
+    workers); then SIGTERM to the rest (the producer stops gracefully), SIGKILL after 10 s."""
+    deadline = time.monotonic() + 10
+    for p in consumers:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.exitcode is None:
+            p.terminate()
+    for p in procs:
+        p.join(10)
+        if p.is_alive():
+            p.kill()
+            p.join(5)
+        p.close()
+
+
+def throughput(mode: str, k: int, workers: int, device: str, warmup: float, window: float, seq: int,
+               epoch: int = 8192) -> tuple[float, dict[str, float]]:
+    """Aggregate samples/s of ``k`` consumers over one common window, and where the time went (s).
+
+    ``epoch`` is the samples per epoch of the loaders (tensorsocket's producer keeps its default).
+
+    The window starts ``warmup`` s after the last consumer's first batch, so every consumer is
+    measured over the same interval and no one's start-up counts against the others.
+    """
+    t0 = time.monotonic()
+    results, go = CTX.Queue(), CTX.Queue()
     procs: list[Any] = []
     if mode == "independent":
-        procs += [CTX.Process(target=_gpu_consumer, args=("independent", max(1, workers // k), device, warmup,
-                                                          window, queue)) for _ in range(k)]
+        kind, arg = "independent", (max(1, workers // k), epoch)
     elif mode in ("share-cuda", "share-cpu-ring"):
-        name = f"gpu-bench-{os.getpid()}-{seq}"
-        ring_device = device if mode == "share-cuda" else "cpu"
-        procs.append(CTX.Process(target=_producer, args=("share", name, workers, ring_device)))
-        procs += [CTX.Process(target=_gpu_consumer, args=("share", name, device, warmup, window, queue))
-                  for _ in range(k)]
+        kind, arg = "share", f"gpu-bench-{os.getpid()}-{seq}"
+        procs.append(CTX.Process(target=_producer, args=("share", arg, workers,
+                                                         device if mode == "share-cuda" else "cpu", epoch)))
     else:
         base = 24000 + (os.getpid() % 500) * 20 + seq * 4
-        ports = (base, base + 1, base + 2, base + 3)
-        procs.append(CTX.Process(target=_producer, args=("tensorsocket", ports, workers, device)))
-        procs += [CTX.Process(target=_gpu_consumer, args=("tensorsocket", ports, device, warmup, window, queue))
-                  for _ in range(k)]
-    for p in procs:
-        p.start()
-    return share_cpu._gather(procs, queue, k, warmup + window + 240)
+        kind, arg = "tensorsocket", (base, base + 1, base + 2, base + 3)
+        procs.append(CTX.Process(target=_producer, args=("tensorsocket", arg, workers, device, epoch)))
+    procs += [CTX.Process(target=_gpu_consumer, args=(kind, arg, device, i, window, results, go)) for i in range(k)]
+    started: list[Any] = []
+    samples: dict[int, int] = {}
+    try:
+        for p in procs:
+            p.start()
+            started.append(p)
+        first = max(_collect("first", procs, k, results, FIRST_BATCH_TIMEOUT_S + 60).values())
+        begin = first + warmup
+        for _ in range(k):
+            go.put(begin)
+        samples = _collect("ok", procs, k, results, begin + window + 30 - time.monotonic())
+        t_results = time.monotonic()
+    finally:
+        _stop(started, consumers=procs[len(procs) - k:] if samples else [])
+        for q in (results, go):
+            q.close()
+            q.join_thread()
+    timing = {"start_to_first_batch": first - t0, "warmup_and_window": t_results - first,
+              "teardown": time.monotonic() - t_results}
+    return sum(samples.values()) / window, {key: round(v, 1) for key, v in timing.items()}
 
 
 def main() -> None:
@@ -190,7 +317,7 @@ def main() -> None:
     result: dict[str, Any] = {"benchmark": "share_gpu", "date": datetime.now(UTC).isoformat(timespec="seconds"),
                               "machine": info, "dry_run": args.dry_run,
                               "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-                              "correctness": None, "throughput": []}
+                              "correctness": None, "single": None, "throughput": []}
 
     def save() -> None:
         if out is not None:
@@ -199,45 +326,48 @@ def main() -> None:
             tmp.write_text(json.dumps(result, indent=2) + "\n")
             os.replace(tmp, out)
 
+    t0 = time.monotonic()
     checks = correctness(args.device, 200 if args.dry_run else 5000, 8 if args.dry_run else 3 * 64 * 64,
                          2 if args.dry_run else 5)
     result["correctness"] = checks
     save()
-    print("correctness:", checks, flush=True)
+    print(f"correctness: {checks} [{time.monotonic() - t0:.1f} s]", flush=True)
     modes = ["independent", "share-cuda", "share-cpu-ring"] + ([] if args.skip_tensorsocket else ["tensorsocket"])
     if args.dry_run:
         modes = [m for m in modes if m not in ("share-cuda", "tensorsocket")]  # CUDA-only paths
     slowest = args.warmup + args.window + 15.0
 
-    def timed(mode: str, k: int, seq: int) -> float:
+    def measure(row: dict[str, Any], key: str, mode: str, k: int, seq: int) -> None:
+        """Run one configuration into ``row[key]`` (``row[key + "_error"]`` if it failed) and print it."""
         nonlocal slowest
+        if args.budget is not None and time.monotonic() - begin + slowest > args.budget:
+            row[key], row[f"{key}_error"] = None, "skipped: budget"
+            print(f"K={k} {mode}: skipped (budget of {args.budget:g} s)", flush=True)
+            return
         t0 = time.monotonic()
         try:
-            return throughput(mode, k, args.workers, args.device, args.warmup, args.window, seq)
-        finally:
-            slowest = max(slowest, time.monotonic() - t0)
+            row[key], split = throughput(mode, k, args.workers, args.device, args.warmup, args.window, seq,
+                                         epoch=640 if args.dry_run else 8192)  # dry: several epochs a window
+            row[f"{key}_seconds"] = split
+            shown = f"{row[key]:.0f} samples/s ({', '.join(f'{n} {v:g} s' for n, v in split.items())})"
+        except Exception as exc:
+            row[key], row[f"{key}_error"] = None, repr(exc)
+            shown = f"failed: {exc!r}"
+        took = time.monotonic() - t0
+        slowest = max(slowest, took)
+        label = f"K={k} {mode}" + ("" if key == mode else f" ({key})")
+        print(f"{label}: {shown} [took {took:.1f} s; {time.monotonic() - begin:.0f} s since start]", flush=True)
+        save()
 
-    def over_budget() -> bool:
-        return args.budget is not None and time.monotonic() - begin + slowest > args.budget
-
-    t1 = timed("independent", 1, 0)
+    single = result["single"] = {}  # the reference T1: one consumer with one DataLoader of all the workers
+    measure(single, "T1", "independent", 1, 0)
     rows, seq = result["throughput"], 1
     for k in args.consumers:
-        row: dict[str, Any] = {"K": k, "single_T1": t1}
+        row: dict[str, Any] = {"K": k, "single_T1": single["T1"]}
         rows.append(row)
         for mode in modes:
             seq += 1
-            if over_budget():
-                row[mode] = None
-                row[f"{mode}_error"] = "skipped: budget"
-                print(f"K={k} {mode}: skipped (budget of {args.budget:g} s)", flush=True)
-                continue
-            try:
-                row[mode] = timed(mode, k, seq)
-            except Exception as exc:
-                row[mode], row[f"{mode}_error"] = None, repr(exc)
-            print(f"K={k} {mode}: {row[mode]}", flush=True)
-            save()
+            measure(row, mode, mode, k, seq)
     result["seconds"] = round(time.monotonic() - begin, 1)
     print(json.dumps(result, indent=2))
     save()

@@ -1,10 +1,12 @@
-"""The GPU measurement script's dry run and the accuracy report generator (on a fixture)."""
+"""The GPU measurement script's dry run, the accuracy report generator (on a fixture), and
+share_gpu.py's measurement plumbing on the CPU."""
 
 from __future__ import annotations
 
 import csv
 import importlib.util
 import pathlib
+import queue
 import sys
 from types import ModuleType
 
@@ -28,6 +30,7 @@ def _load(name: str) -> ModuleType:
 
 gt = _load("estimator_ground_truth")
 report = _load("estimator_report")
+share_gpu = _load("share_gpu")
 
 
 def test_config_list_is_large_varied_and_resolvable() -> None:
@@ -100,3 +103,42 @@ def test_budget_and_resume_write_the_csv_as_they_go(tmp_path: pathlib.Path, monk
     rows = list(csv.DictReader(out.open()))
     assert [r["config"] for r in rows] == names and {r["status"] for r in rows} == {"ok"}
     assert not out.with_name(out.name + ".tmp").exists()
+
+
+class _FakeProc:
+    def __init__(self, exitcode: int | None) -> None:
+        self.exitcode = exitcode
+
+
+class _FakeQueue:
+    def __init__(self, *messages: tuple) -> None:
+        self.messages = list(messages)
+
+    def get(self, timeout: float) -> tuple:
+        if not self.messages:
+            raise queue.Empty
+        return self.messages.pop(0)
+
+
+def test_share_gpu_collect_turns_failures_into_errors() -> None:
+    live = [_FakeProc(None), _FakeProc(None), _FakeProc(None)]  # producer, two consumers
+    ok = _FakeQueue(("ok", 1, 64), ("ok", 0, 32))
+    assert share_gpu._collect("ok", live, 2, ok, 5) == {0: 32, 1: 64}
+    with pytest.raises(RuntimeError, match="consumer 1: DataLoader worker 7 exited"):
+        share_gpu._collect("ok", live, 2, _FakeQueue(("ok", 0, 32), ("error", 1, "DataLoader worker 7 exited")), 5)
+    # a consumer that reported exits 0; a producer that exits at all, or a consumer that dies, is an error
+    with pytest.raises(RuntimeError, match=r"exit codes \[0, None, None\]"):
+        share_gpu._collect("ok", [_FakeProc(0), _FakeProc(None), _FakeProc(None)], 2, _FakeQueue(), 5)
+    with pytest.raises(RuntimeError, match=r"exit codes \[None, 0, 1\]"):
+        share_gpu._collect("ok", [_FakeProc(None), _FakeProc(0), _FakeProc(1)], 2, _FakeQueue(("ok", 0, 32)), 5)
+    with pytest.raises(RuntimeError, match=r"no 'first' from consumers \[1\]"):
+        share_gpu._collect("first", live, 2, _FakeQueue(("first", 0, 1.0)), 0)
+
+
+@pytest.mark.slow
+def test_share_gpu_single_loader_measures_on_cpu(monkeypatch) -> None:
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks" / "gpu"))  # the spawned consumer imports share_gpu
+    samples_per_s, split = share_gpu.throughput("independent", 1, 1, "cpu", 0.5, 1.0, 0)
+    assert samples_per_s > 0
+    assert set(split) == {"start_to_first_batch", "warmup_and_window", "teardown"}
+    assert split["warmup_and_window"] >= 1.5 and split["teardown"] < 5

@@ -46,23 +46,6 @@ def _client(state_dir: Path | None):
     return Client(state_dir)
 
 
-def parse_params(items: list[str]) -> dict[str, Any]:
-    """``["settle_s=5", ...]`` → ``{"settle_s": 5.0}`` (numbers become floats or ints)."""
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise InputError(f"cannot read --param {item!r}", hint="write --param NAME=VALUE, e.g. settle_s=5")
-        try:
-            out[key] = int(value)
-        except ValueError:
-            try:
-                out[key] = float(value)
-            except ValueError:
-                out[key] = value
-    return out
-
-
 def serve(
     state_dir: StateDirOpt = None,
     gpus: Annotated[str, typer.Option("--gpus", help="nvml, auto, or emulated:4xA100-40GB.")] = "auto",
@@ -97,7 +80,7 @@ def serve(
     from collocate.daemon.run import run_daemon
     from collocate.daemon.service import ServeConfig
     from collocate.model import SharingMode
-    from collocate.policies import make_policy
+    from collocate.policies import make_policy, parse_params
     from collocate.recovery import RecoveryRules
 
     if sharing not in ("time-slicing", "mps"):

@@ -53,4 +53,21 @@ def _lookup(name: str) -> tuple[type, dict[str, object]]:
         raise UnknownNameError("policy", name, POLICY_NAMES) from None
 
 
-__all__ = ["POLICY_NAMES", "Policy", "make_policy", "policy_parameters"]
+__all__ = ["POLICY_NAMES", "Policy", "make_policy", "parse_params", "policy_parameters"]
+
+
+def parse_params(items: list[str]) -> dict[str, object]:
+    """``["settle_s=5", ...]`` → ``{"settle_s": 5.0}`` (numbers become floats or ints)."""
+    out: dict[str, object] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise InputError(f"cannot read --param {item!r}", hint="write --param NAME=VALUE, e.g. settle_s=5")
+        try:
+            out[key] = int(value)
+        except ValueError:
+            try:
+                out[key] = float(value)
+            except ValueError:
+                out[key] = value
+    return out

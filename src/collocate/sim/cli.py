@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
@@ -51,6 +52,15 @@ def simulate(
             "fewest instances and leaves each half the memory, so larger jobs still fit.",
         ),
     ] = None,
+    param: Annotated[
+        list[str],
+        typer.Option(
+            "--param",
+            help="Policy parameter NAME=VALUE (repeatable), given to every compared policy that has "
+            "it, as `serve --param` does; settle_s also sets how soon the simulated scheduler looks "
+            "again after a launch.",
+        ),
+    ] = [],
     seed: Annotated[int, typer.Option(help="Seed for synthetic traces.")] = 0,
     out: Annotated[Path | None, typer.Option(help="Folder for per-job CSV and PNG plots.")] = None,
     format: Annotated[OutputFormat, typer.Option("--format", help="table or json.")] = OutputFormat.table,
@@ -72,7 +82,7 @@ def simulate(
 
     from collocate.gputypes import parse_cluster
     from collocate.model import SharingMode
-    from collocate.policies import make_policy
+    from collocate.policies import make_policy, parse_params, policy_parameters
     from collocate.sim.engine import SimConfig, Simulation
     from collocate.sim.metrics import summarize
     from collocate.sim.mig import layout_text, resolve_layout
@@ -95,9 +105,20 @@ def simulate(
             f"--mig-layout only applies with --sharing mig (got --sharing {mode.value})",
             hint=f"add --sharing mig, or drop --mig-layout {mig_layout}",
         )
-    policies = [make_policy(name.strip()) for name in policy.split(",") if name.strip()]
-    if not policies:
+    names = [name.strip() for name in policy.split(",") if name.strip()]
+    if not names:
         raise InputError("no policy given", hint="e.g. --policy exclusive,carma-magm,auto")
+    params = parse_params(param)
+    unused = set(params) - {p for name in names for p in policy_parameters(name)}
+    if unused:
+        raise InputError(
+            f"no compared policy has parameter {', '.join(sorted(unused))}",
+            hint="; ".join(f"{n}: {', '.join(policy_parameters(n)) or 'none'}" for n in names),
+        )
+    policies = [
+        make_policy(name, **{k: v for k, v in params.items() if k in policy_parameters(name)})
+        for name in names
+    ]
 
     if synthetic and trace:
         raise InputError("give either --trace or --synthetic, not both")
@@ -123,6 +144,8 @@ def simulate(
 
     console = Console(stderr=True)
     config = SimConfig(sharing=mode, estimator=estimator, mig_layout=mig_layout)
+    if "settle_s" in params:  # the scheduler wakes when the in-flight guard ends
+        config = replace(config, wake_s=float(params["settle_s"]))  # type: ignore[arg-type]
     results = []
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
