@@ -12,8 +12,8 @@ error, all the data set the parameters).
 Power: board power over each scenario's window against ``busy`` = the GPU's *measured* SM
 activity over that window (GPM, clipped to [0, 1]); the idle reading has busy 0. The activity
 a mix realizes is not ``min(1, sum of solo activities)``: on the H100 bench data it matches
-``min(1, sum_i a_i / s_i)`` (solo activity over slowdown) to 0.03 on average, while the sum of
-solo activities misses by 0.14 on average and up to 0.51 (time-slicing 7 x dlrm reads 0.49,
+``min(1, sum_i a_i / s_i)`` (solo activity over slowdown) to 0.035 on average over the shared
+scenarios, while the sum of solo activities misses by 0.155 on average and up to 0.51 (time-slicing 7 x dlrm reads 0.49,
 not 1). The simulator feeds the power model that realized activity, so the fit uses the
 measured one.
 
