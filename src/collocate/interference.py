@@ -91,16 +91,23 @@ class InterferenceModel:
 
 def shared_slowdown(p: ModeParams, sm, dram, other_sm, other_dram):
     """The sharing formula for time-slicing and MPS; works on floats and numpy arrays alike, so
-    the ``auto`` policy can score a thousand candidate GPUs in one call."""
+    the ``auto`` policy can score a thousand candidate GPUs in one call. Never below 1: sharing
+    does not speed a job up, whatever a fitted (negative) base says for light co-runners."""
     sharing = 1.0 + p.base + p.per_sm * other_sm + p.per_dram * other_dram
+    e = p.saturation_exponent
     if isinstance(sharing, np.ndarray):
-        total = np.maximum(sm + other_sm, dram + other_dram)
-        np.maximum(total, 1.0, out=total)
-    else:  # the simulator's per-job path: builtins beat numpy on scalars by far
+        if e:
+            total = np.maximum(sm + other_sm, dram + other_dram)
+            np.maximum(total, 1.0, out=total)
+            sharing = sharing * (total if e == 1.0 else total**e)
+        return np.maximum(sharing, 1.0)
+    # the simulator's per-job path: builtins beat numpy on scalars by far, and a power costs more
+    # than the rest, so skip it where the exponent allows
+    if e:
         total = max(sm + other_sm, dram + other_dram, 1.0)
-    slowdown = sharing * total if p.saturation_exponent == 1.0 else sharing * total**p.saturation_exponent
-    # Sharing never speeds a job up, whatever a fitted (negative) base says for light co-runners.
-    return np.maximum(slowdown, 1.0) if isinstance(slowdown, np.ndarray) else max(slowdown, 1.0)
+        if total > 1.0:
+            sharing *= total if e == 1.0 else total**e
+    return sharing if sharing > 1.0 else 1.0
 
 
 def load_interference(path: Path | None = None) -> InterferenceModel:

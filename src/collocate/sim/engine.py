@@ -355,8 +355,8 @@ class Simulation:
         affected = {job_id for i in gpus for job_id in self.residents[i]}
         model, mode = self.cfg.interference, self.cfg.sharing
         # A multi-GPU job's new rate changes what its other GPUs draw: meter them up to now first.
-        touched = sorted({i for job_id in affected for i in self.running[job_id].gpus}.union(gpus))
-        self._advance(touched, now)
+        beyond = [i for j in affected for i in self.running[j].gpus if i not in gpus]
+        self._advance(beyond, now)
         for job_id in affected:
             run = self.running[job_id]
             run.work_left -= (now - run.since) * run.rate
@@ -368,11 +368,13 @@ class Simulation:
             run.rate = 1.0 / slowdown
             run.version += 1
             self._push(now + max(run.work_left, 0.0) / run.rate, _FINISH, job_id, run.version)
-        self._realize(touched)
+        self._realize(gpus)
+        self._realize(beyond)
         self._mark(gpus, now)
 
     def _realize(self, gpus) -> None:
-        """Bring the realized activity of these GPUs in line with their residents' rates."""
+        """Recompute the realized activity of these GPUs from their residents' rates (summed
+        afresh, not updated by differences: drift would move decisions at policy thresholds)."""
         for i in gpus:
             sm = dram = 0.0
             for job_id in self.residents[i]:
