@@ -81,7 +81,8 @@ class InterferenceModel:
         return solo * self.slowdown(inner, relative(job), [relative(o) for o in others])
 
     def busy_fraction(self, profiles: Sequence[JobProfile]) -> float:
-        """Fraction of the GPU's SMs kept busy by these jobs together (for power and SM util)."""
+        """Fraction of the GPU's SMs kept busy by these jobs together (for power and SM util):
+        give each job's activity at its current rate (solo activity / slowdown), as a GPU reads it."""
         return min(1.0, sum(p.sm_activity for p in profiles))
 
     def power_watts(self, idle_watts: float, max_watts: float, profiles: Sequence[JobProfile]) -> float:

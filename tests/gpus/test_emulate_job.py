@@ -14,6 +14,7 @@ from collocate.errors import InputError
 from collocate.gpus.emulate_job import JobSpec, job_slowdown, oom_message, torch_size
 from collocate.gpus.emulated import EmulatedBackend
 from collocate.gpus.emulated_state import DeviceRow, Refusal
+from collocate.gputypes import gpu_type
 from collocate.interference import default_interference
 from collocate.model import JobProfile, SharingMode
 
@@ -102,6 +103,30 @@ def test_collocated_jobs_take_longer_than_alone(backend: EmulatedBackend, start_
     assert max(times) / t_alone > 0.8 * predicted
     assert min(times) / t_alone > 1.3
     assert f"slowdown {predicted:.3f}" in results[0][1] + results[1][1]  # the model, applied
+
+
+def test_a_shared_emulated_gpu_reads_the_realized_activity_of_its_slowed_jobs(
+    backend: EmulatedBackend, start_job
+) -> None:
+    # As on an H100: two time-sliced jobs of SM activity 0.8 keep the GPU busy at 2 * 0.8 / slowdown,
+    # not at min(1, 1.6); power follows that reading.
+    args = ("--mem", "1GiB", "--seconds", "30", "--sm", "0.8", "--dram", "0.3", "--ramp", "0")
+    pair = [start_job(*args), start_job(*args)]
+    profile = JobProfile(0.8, 0.3)
+    slowdown = default_interference().slowdown(SharingMode.TIME_SLICING, profile, [profile])
+    expected = 2 * 0.8 / slowdown
+    assert expected < 0.95
+
+    def reading() -> float:
+        return next(s for s in backend.sample() if s.uuid == GPU0).sm_activity
+
+    wait_for(lambda: abs(reading() - expected) < 1e-6, what=f"SM activity {expected:.3f}")
+    sample = next(s for s in backend.sample() if s.uuid == GPU0)
+    kind = gpu_type(next(d for d in backend.devices() if d.uuid == GPU0).type_name)
+    draw = default_interference().power_watts(kind.idle_watts, kind.max_watts, [JobProfile(expected, 0.0)])
+    assert sample.power_watts == pytest.approx(draw)
+    for proc in pair:
+        proc.kill()
 
 
 def test_sharing_mode_comes_from_the_environment(backend: EmulatedBackend, start_job) -> None:

@@ -190,6 +190,7 @@ class EmulatedJob:
         self.started = started
         self.profile = JobProfile(spec.sm, spec.dram)
         self.held: float | None = None  # None until the first claim (even of 0 MiB) is stored
+        self.reported = 1.0  # the slowdown whose rate the claims carry (new claims: rate 1)
 
     def run(self) -> int:
         """Run to completion; claims are released on every way out (done, OOM, signal, error)."""
@@ -222,6 +223,9 @@ class EmulatedJob:
             now = self.clock()
             self._hold(self.spec.claim_at(now - t0, progress))
             slowdown = self._slowdown()
+            if self.held is not None and abs(slowdown - self.reported) > 0.01 * self.reported:
+                self.store.set_rate(self.pid, 1.0 / slowdown)
+                self.reported = slowdown
             progress += (now - last) / self.spec.seconds / slowdown
             last = now
             if progress >= next_report or progress >= 1.0:

@@ -283,16 +283,19 @@ def _info(d: DeviceRow) -> DeviceInfo:
 
 
 def _profiles(claims: Sequence[Claim]) -> list[JobProfile]:
-    return [JobProfile(c.sm, c.dram) for c in claims]
+    """What the claims make the GPU do: solo activities at each job's current rate."""
+    return [JobProfile(c.sm * c.rate, c.dram * c.rate) for c in claims]
 
 
 def _sample(
     d: DeviceRow, claims: list[Claim], now: float, watts: float | None, joules: float | None
 ) -> DeviceSample:
-    """One reading. On a MIG instance activities are relative to the instance's share of SMs."""
+    """One reading. On a MIG instance activities are relative to the instance's share of SMs.
+    A job slowed down by its neighbours keeps the GPU busy at its solo activity times its rate,
+    as a real GPU's counters read (measured on an H100: docs/gpu-validation.md)."""
     scale = 1.0 / d.sm_fraction
-    sm = [c.sm * scale for c in claims]
-    dram = [c.dram * scale for c in claims]
+    sm = [c.sm * c.rate * scale for c in claims]
+    dram = [c.dram * c.rate * scale for c in claims]
     sm_total, dram_total = float(sum(sm)), float(sum(dram))
     used = float(sum(c.mib for c in claims))
     per_pid: dict[int, list[float]] = {}

@@ -42,6 +42,7 @@ CREATE TABLE IF NOT EXISTS devices (
 CREATE TABLE IF NOT EXISTS claims (
     pid INTEGER NOT NULL, started REAL NOT NULL, uuid TEXT NOT NULL, mib REAL NOT NULL,
     sm REAL NOT NULL, dram REAL NOT NULL, since REAL NOT NULL,
+    rate REAL NOT NULL DEFAULT 1.0,
     PRIMARY KEY (pid, uuid)
 );
 CREATE TABLE IF NOT EXISTS energy (
@@ -75,8 +76,9 @@ class Claim:
     started: float
     uuid: str
     mib: float
-    sm: float
+    sm: float  # solo activities: what the interference model takes
     dram: float
+    rate: float = 1.0  # progress over solo speed: the GPU reads sm * rate (realized activity)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +146,8 @@ class StateStore:
         with self.tx() as db:
             for statement in filter(str.strip, _SCHEMA.split(";")):
                 db.execute(statement)
+            if "rate" not in {r[1] for r in db.execute("PRAGMA table_info(claims)")}:  # older state
+                db.execute("ALTER TABLE claims ADD COLUMN rate REAL NOT NULL DEFAULT 1.0")
 
     @contextmanager
     def tx(self, write: bool = True) -> Iterator[sqlite3.Connection]:
@@ -216,6 +220,11 @@ class StateStore:
             )
             return None
 
+    def set_rate(self, pid: int, rate: float) -> None:
+        """Record how fast this process progresses (1 / slowdown), for realized activity."""
+        with self.tx() as db:
+            db.execute("UPDATE claims SET rate = ? WHERE pid = ?", (rate, pid))
+
     def release(self, pid: int) -> None:
         """Drop every claim of ``pid`` (a job calls this on each exit path)."""
         with self.tx() as db:
@@ -260,7 +269,7 @@ def read_devices(db: sqlite3.Connection) -> list[DeviceRow]:
 def read_live_claims(
     db: sqlite3.Connection, *, delete_dead: bool, uuids: Collection[str] | None = None
 ) -> list[Claim]:
-    query, args = "SELECT pid, started, uuid, mib, sm, dram FROM claims", tuple(uuids or ())
+    query, args = "SELECT pid, started, uuid, mib, sm, dram, rate FROM claims", tuple(uuids or ())
     if uuids is not None:
         query += f" WHERE uuid IN ({','.join('?' * len(args)) or 'NULL'})"
     claims = [Claim(*r) for r in db.execute(query, args)]
