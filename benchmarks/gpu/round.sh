@@ -254,7 +254,7 @@ mini_runs() {
   done
 }
 
-# Exclusive runs alone: it takes about the sum of the solo durations (each job also pays ~11 s of
+# Exclusive runs alone: it takes about the sum of the solo durations (each job also pays 9-13 s of
 # start-up on an H100), the collocated runs much less. Exclusive under MPS is not run: with one
 # job per GPU, MPS changes nothing the mini-trace measures.
 call_B1() { mini_runs exclusive:time-slicing; }
