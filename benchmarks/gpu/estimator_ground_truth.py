@@ -25,6 +25,14 @@ keeps that file's finished rows (ok, oom) and runs only the others, writing old 
 
     python benchmarks/gpu/estimator_ground_truth.py --out gt.csv --budget 450
     python benchmarks/gpu/estimator_ground_truth.py --out gt.csv --budget 450 --resume gt.csv
+
+Most of a configuration's time is its process starting (importing torch, creating the CUDA
+context), not its training, so ``--jobs N`` measures N configurations at once, each still its
+own process. Their memory stays apart: NVML reports each process's memory and PyTorch's peaks
+are per process. What sharing could change is whether a configuration runs out of memory, so
+with ``--jobs`` above 1 every ``oom`` is measured again alone before it is kept, and a process
+NVML cannot see gets no device-wide fallback (the device's growth would include the others).
+The ``jobs`` column records how many ran at once.
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -50,7 +59,7 @@ FINISHED = ("ok", "oom")  # statuses --resume keeps; the others are tried again
 FIELDS = [
     "config", "family", "entry_point", "batch_size", "optimizer", "precision", "status",
     "nvml_peak_mib", "nvml_source", "max_reserved_mib", "max_allocated_mib", "context_mib",
-    "iterations",
+    "iterations", "jobs",
     "device_name", "driver", "cuda", "torch", "date_utc", "error",
 ]
 
@@ -184,8 +193,11 @@ def _device_info(torch: Any) -> dict[str, str]:
     return info
 
 
-def run_child(cfg: Config, dry_run: bool) -> dict[str, Any]:
-    """Build and train one configuration in this process; return one CSV row."""
+def run_child(cfg: Config, dry_run: bool, shared: bool = False) -> dict[str, Any]:
+    """Build and train one configuration in this process; return one CSV row.
+
+    ``shared``: other configurations run on the GPU at the same time, so the device's used
+    memory says nothing about this process."""
     device_used_before = None if dry_run else _nvml_used_mib(None)  # before CUDA starts
     import torch
 
@@ -239,7 +251,7 @@ def run_child(cfg: Config, dry_run: bool) -> dict[str, Any]:
     if not dry_run:
         row["max_reserved_mib"] = round(torch.cuda.max_memory_reserved() / 2**20, 1)
         row["max_allocated_mib"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
-        if not nvml_peak and device_used_before is not None and device_peak:
+        if not nvml_peak and device_used_before is not None and device_peak and not shared:
             # NVML could not see our pid: fall back to the device's growth (valid when the GPU
             # runs nothing else, which the measurement requires anyway).
             nvml_peak = device_peak - device_used_before
@@ -256,13 +268,18 @@ def run_child(cfg: Config, dry_run: bool) -> dict[str, Any]:
 # ------------------------------------------------------------------ parent side
 
 
-def measure(cfg: Config, dry_run: bool, timeout_s: float = CHILD_TIMEOUT_S) -> dict[str, Any]:
-    """Run one configuration in a fresh subprocess and return its CSV row."""
+def measure(cfg: Config, dry_run: bool, timeout_s: float = CHILD_TIMEOUT_S,
+            jobs: int = 1) -> dict[str, Any]:
+    """Run one configuration in a fresh subprocess (``jobs`` of them at once) and return its
+    CSV row."""
     base = {k: v for k, v in asdict(cfg).items() if k != "requires"}
     base["config"] = base.pop("name")
+    base["jobs"] = jobs
     argv = [sys.executable, __file__, "--child", json.dumps(asdict(cfg))]
     if dry_run:
         argv.append("--dry-run")
+    if jobs > 1:
+        argv.append("--shared")
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s,
                               check=False)
@@ -295,6 +312,12 @@ def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
     os.replace(tmp, path)
 
 
+def _report(cfg: Config, row: dict[str, Any], took: float, note: str = "") -> None:
+    print(f"{cfg.name:45s} {row['status']:8s} nvml={row.get('nvml_peak_mib', '')} "
+          f"reserved={row.get('max_reserved_mib', '')} [{took:.1f} s]{note} "
+          f"{row.get('error', '')}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Measure GPU memory ground truth for the estimator.")
     ap.add_argument("--dry-run", action="store_true", help="CPU only: build and step each model")
@@ -303,13 +326,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, help="CSV path (default: benchmarks/results/...)")
     ap.add_argument("--budget", type=float, help="start no configuration past this many seconds")
     ap.add_argument("--resume", type=Path, help="keep this CSV's finished rows, run the rest")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="configurations measured at once, each its own process (an oom is "
+                         "measured again alone); default 1")
     ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--shared", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
     if args.child:
-        row = run_child(Config(**json.loads(args.child)), args.dry_run)
+        row = run_child(Config(**json.loads(args.child)), args.dry_run, args.shared)
         print(json.dumps(row))
         return 0
+    if args.jobs < 1:
+        raise SystemExit("--jobs must be at least 1")
 
     names = [c.name for c in CONFIGS]
     if len(set(names)) != len(names):
@@ -333,36 +362,82 @@ def main(argv: list[str] | None = None) -> int:
     if out is None and not args.dry_run:
         out = Path(__file__).parents[1] / "results" / f"estimator_ground_truth-{date[:10]}.csv"
     finished = FINISHED + (("dry-run",) if args.dry_run else ())
-    rows = [r for r in read_csv(args.resume) if r.get("status") in finished] if args.resume else []
-    done = {r["config"] for r in rows}
-    if done:
-        print(f"resume: {len(done)} finished configuration(s) kept from {args.resume}")
-    todo = [c for c in chosen if c.name not in done]
-    slowest = MIN_CONFIG_S
-    for k, cfg in enumerate(todo):
-        if not available(cfg):
-            print(f"skip {cfg.name}: {cfg.requires} not installed")
+    kept = [r for r in read_csv(args.resume) if r.get("status") in finished] if args.resume else []
+    if kept:
+        print(f"resume: {len(kept)} finished configuration(s) kept from {args.resume}")
+    done = {r["config"] for r in kept}
+    todo = []
+    for cfg in chosen:
+        if cfg.name in done:
             continue
-        elapsed = time.monotonic() - begin
-        if args.budget is not None and elapsed + slowest > args.budget:
-            left = [c.name for c in todo[k:] if available(c)]
-            print(f"budget of {args.budget:g} s reached: {len(left)} configuration(s) left; "
-                  f"run again with --resume: {' '.join(left)}")
-            break
-        timeout = CHILD_TIMEOUT_S if args.budget is None else max(
-            30.0, min(CHILD_TIMEOUT_S, args.budget - elapsed + 60.0))
-        t0 = time.monotonic()
-        row = measure(cfg, args.dry_run, timeout)
-        slowest = max(slowest, time.monotonic() - t0)
-        row["date_utc"] = date
-        rows.append(row)
-        print(f"{cfg.name:45s} {row['status']:8s} nvml={row.get('nvml_peak_mib', '')} "
-              f"reserved={row.get('max_reserved_mib', '')} [{time.monotonic() - t0:.1f} s] "
-              f"{row.get('error', '')}", flush=True)
+        if available(cfg):
+            todo.append(cfg)
+        else:
+            print(f"skip {cfg.name}: {cfg.requires} not installed")
+    new: dict[str, dict[str, Any]] = {}
+    order = {c.name: k for k, c in enumerate(CONFIGS)}
+
+    def save() -> None:
         if out is not None:
+            rows = kept + sorted(new.values(), key=lambda r: order[r["config"]])
             write_csv(out, rows)
+
+    slowest = MIN_CONFIG_S
+
+    def within_budget() -> bool:
+        return args.budget is None or time.monotonic() - begin + slowest <= args.budget
+
+    def timeout() -> float:
+        if args.budget is None:
+            return CHILD_TIMEOUT_S
+        return max(30.0, min(CHILD_TIMEOUT_S, args.budget - (time.monotonic() - begin) + 60.0))
+
+    def timed(cfg: Config, jobs: int) -> tuple[dict[str, Any], float]:
+        t0 = time.monotonic()
+        row = measure(cfg, args.dry_run, timeout(), jobs)
+        return row, time.monotonic() - t0
+
+    queue = list(todo)
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        running: dict[Future, Config] = {}
+        while queue or running:
+            while queue and len(running) < args.jobs and within_budget():
+                cfg = queue.pop(0)
+                running[pool.submit(timed, cfg, args.jobs)] = cfg
+            if not running:
+                break
+            finished_now, _ = wait(running, return_when=FIRST_COMPLETED)
+            for fut in finished_now:
+                cfg = running.pop(fut)
+                row, took = fut.result()
+                slowest = max(slowest, took)
+                row["date_utc"] = date
+                new[cfg.name] = row
+                _report(cfg, row, took)
+                save()
+    # Out of memory beside other configurations is not out of memory alone: measure it again
+    # alone, and keep that.
+    again = [c for c in todo if c.name in new and new[c.name]["status"] == "oom" and args.jobs > 1]
+    for k, cfg in enumerate(again):
+        if not within_budget():
+            queue = again[k:] + queue
+            break
+        row, took = timed(cfg, 1)
+        slowest = max(slowest, took)
+        row["date_utc"] = date
+        new[cfg.name] = row
+        _report(cfg, row, took, " (again, alone)")
+        save()
+    if queue:
+        left = [c.name for c in queue]
+        print(f"budget of {args.budget:g} s reached: {len(left)} configuration(s) left; "
+              f"run again with --resume: {' '.join(left)}")
+        for cfg in queue:  # an oom kept from a shared run would not be a result: drop it
+            if new.get(cfg.name, {}).get("status") == "oom":
+                del new[cfg.name]
+    save()
+    rows = kept + list(new.values())
     if out is not None:
-        write_csv(out, rows)
         print(f"wrote {len(rows)} rows to {out}")
     bad = [r for r in rows if r["status"] not in ("ok", "dry-run", "oom")]
     return 1 if bad else 0

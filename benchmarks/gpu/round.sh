@@ -7,7 +7,7 @@
 #   bash benchmarks/gpu/round.sh B1 <M>                  mini-trace: exclusive (one job per GPU)
 #   bash benchmarks/gpu/round.sh B2 <M> <policy>         mini-trace: <policy> + auto, time-slicing
 #   bash benchmarks/gpu/round.sh B3 <M> <policy>         mini-trace: <policy> + auto, MPS
-#   bash benchmarks/gpu/round.sh C1 [<csv>]              estimator ground truth (resume from <csv>)
+#   bash benchmarks/gpu/round.sh C1 [<csv>]              estimator ground truth, C1_JOBS (4) at once
 #   bash benchmarks/gpu/round.sh C2                      shared loading on the GPU (share_gpu.py)
 #   bash benchmarks/gpu/round.sh CHECK                   versions and imports only
 #
@@ -266,7 +266,7 @@ call_C1() {
   [[ ${#ARGS[@]} -eq 0 ]] || resume=(--resume "${ARGS[0]}")
   [[ $REHEARSE == 0 ]] || dry=(--dry-run)
   step estimator $(($(left) - 10)) python3 "$GPU/sigrun.py" "$GPU/estimator_ground_truth.py" "${dry[@]}" \
-    --out "$W/estimator_ground_truth.csv" --budget $(($(left) - 30)) "${resume[@]}"
+    --out "$W/estimator_ground_truth.csv" --budget $(($(left) - 30)) --jobs "${C1_JOBS:-4}" "${resume[@]}"
 }
 
 call_C2() {

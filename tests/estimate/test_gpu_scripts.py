@@ -85,7 +85,7 @@ def test_budget_and_resume_write_the_csv_as_they_go(tmp_path: pathlib.Path, monk
                                                     capsys) -> None:
     measured: list[str] = []
 
-    def fake_measure(cfg, dry_run, timeout_s=gt.CHILD_TIMEOUT_S):
+    def fake_measure(cfg, dry_run, timeout_s=gt.CHILD_TIMEOUT_S, jobs=1):
         measured.append(cfg.name)
         return {"config": cfg.name, "status": "ok", "nvml_peak_mib": 100.0}
 
@@ -103,6 +103,35 @@ def test_budget_and_resume_write_the_csv_as_they_go(tmp_path: pathlib.Path, monk
     rows = list(csv.DictReader(out.open()))
     assert [r["config"] for r in rows] == names and {r["status"] for r in rows} == {"ok"}
     assert not out.with_name(out.name + ".tmp").exists()
+
+
+def test_parallel_jobs_keep_order_and_remeasure_an_oom_alone(tmp_path: pathlib.Path,
+                                                             monkeypatch) -> None:
+    calls: list[tuple[str, int]] = []
+
+    def fake_measure(cfg, dry_run, timeout_s=gt.CHILD_TIMEOUT_S, jobs=1):
+        calls.append((cfg.name, jobs))
+        oom = cfg.name == "mlp-b4096-sgd-fp32" and jobs > 1  # only beside the others
+        return {"config": cfg.name, "status": "oom" if oom else "ok", "jobs": jobs}
+
+    monkeypatch.setattr(gt, "measure", fake_measure)
+    names = ["mlp-b256-sgd-fp32", "mlp-b4096-sgd-fp32", "dlrm-b2048-adam-fp32"]
+    out = tmp_path / "gt.csv"
+    assert gt.main(["--dry-run", "--only", *names, "--out", str(out), "--jobs", "3"]) == 0
+    assert sorted(calls[:3]) == sorted((n, 3) for n in names)
+    assert calls[3:] == [("mlp-b4096-sgd-fp32", 1)]
+    rows = list(csv.DictReader(out.open()))
+    assert [r["config"] for r in rows] == names  # the configurations' order, not finishing order
+    assert [(r["status"], r["jobs"]) for r in rows] == [("ok", "3"), ("ok", "1"), ("ok", "3")]
+
+
+def test_a_real_parallel_dry_run(tmp_path: pathlib.Path) -> None:
+    out = tmp_path / "gt.csv"
+    names = ["mlp-b256-sgd-fp32", "dlrm-b2048-adam-fp32"]
+    assert gt.main(["--dry-run", "--only", *names, "--out", str(out), "--jobs", "2"]) == 0
+    rows = list(csv.DictReader(out.open()))
+    assert [(r["config"], r["status"], r["jobs"]) for r in rows] == [
+        (names[0], "dry-run", "2"), (names[1], "dry-run", "2")]
 
 
 class _FakeProc:
