@@ -63,6 +63,17 @@ def summarise(cases: Sequence[Case], estimator: str) -> dict[str, Any]:
     }
 
 
+def missing_package(row: dict[str, str]) -> str | None:
+    """The optional model package a row's entry point needs and this machine lacks, if any
+    (torchvision, timm and transformers models are estimated only where they are installed)."""
+    import importlib.util
+
+    from estimator_ground_truth import CONFIGS
+
+    needs = {c.name: c.requires for c in CONFIGS}.get(row["config"])
+    return needs if needs and importlib.util.find_spec(needs) is None else None
+
+
 def read_rows(path: Path) -> list[dict[str, str]]:
     with path.open(newline="") as f:
         return [r for r in csv.DictReader(f) if r.get("status") == "ok" and r.get("nvml_peak_mib")]
@@ -109,8 +120,9 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
 
-def render(cases: Sequence[Case], meta: dict[str, str], source: str) -> str:
-    """The markdown report."""
+def render(cases: Sequence[Case], meta: dict[str, str], source: str,
+           skipped: Sequence[tuple[str, str]] = ()) -> str:
+    """The markdown report; ``skipped`` are (config, package) measured but not estimated here."""
     lines = ["# Estimator accuracy", ""]
     if "FIXTURE" in meta.get("device_name", "").upper():
         lines += ["> **FIXTURE, NOT A MEASUREMENT.** This report was generated from a hand-made",
@@ -132,6 +144,11 @@ def render(cases: Sequence[Case], meta: dict[str, str], source: str) -> str:
             continue
         lines.append(f"| {name} | {s['n']} | {s['failed']} | {_pct(s['median_ape'])} | "
                      f"{_pct(s['under_share'])} | {_pct(s['max_ape'])} | {s['median_ratio']:.2f} |")
+    if skipped:
+        packages = sorted({p for _, p in skipped})
+        lines += ["", f"Not estimated here ({len(skipped)} measured configurations, not in the "
+                      f"table): {', '.join(packages)} not installed where this report was made: "
+                      + ", ".join(f"`{c}`" for c, _ in skipped) + "."]
     ours = sums["ours"]
     if ours["n"]:
         met = ours["median_ape"] <= GOAL_MEDIAN_APE and ours["under_share"] < GOAL_UNDER_SHARE
@@ -170,9 +187,10 @@ def main(argv: list[str] | None = None) -> int:
     if not rows:
         print(f"{args.csv}: no rows with status ok and an NVML peak", file=sys.stderr)
         return 1
-    cases = build_cases(rows, run_estimators)
+    skipped = [(r["config"], pkg) for r in rows if (pkg := missing_package(r))]
+    cases = build_cases([r for r in rows if not missing_package(r)], run_estimators)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(render(cases, rows[0], args.csv.name))
+    args.out.write_text(render(cases, rows[0], args.csv.name, skipped))
     print(f"wrote {args.out} ({len(cases)} cases)")
     return 0
 

@@ -216,19 +216,41 @@ bench_run() {
   fi
 }
 
+# A short run of each of the trace's workloads, all at once, before the measured runs: on a fresh
+# machine the first jobs pay first loads (libraries from disk, kernels, cuDNN autotuning) that
+# later runs do not. Round B1 of 2026-11-23 ran first on a fresh machine, and its first three
+# jobs' first steps took 8-24 s beyond the steady rate (later jobs and later runs: 2-5 s).
+WARM_PY='
+import json, subprocess, sys, tempfile
+jobs, dev = json.load(open(sys.argv[1]))["jobs"], sys.argv[2]
+first = {}
+for j in jobs:
+    first.setdefault(j["workload"], j["batch_size"])
+out = tempfile.mkdtemp()
+procs = [subprocess.Popen([sys.executable, "-m", "collocate.bench.worker", "--workload", w, "--steps", "10",
+                           "--batch-size", str(b), "--device", dev, "--out", f"{out}/{w}.json"])
+         for w, b in first.items()]
+codes = dict(zip(first, (p.wait() for p in procs)))
+print("warm-up runs (exit codes):", codes)
+sys.exit(max(codes.values()))
+'
+
 # mini_runs POLICY:SHARING...: one `minitrace run` each. Every run's --timeout is sized from the
 # trace (1.2 x the sum of its jobs' solo durations + 20 s: the exclusive makespan with a margin;
 # collocated runs end sooner), cut where needed so the later runs keep theirs.
 mini_runs() {
-  local m=${ARGS[0]} specs=("$@") n=$# i t p s spec sum nominal per=50
+  local m=${ARGS[0]} specs=("$@") n=$# i t p s spec sum nominal per=30  # per: daemon start and stop (~10 s measured)
   [[ $REHEARSE == 0 ]] || per=30
   sum=$(python3 -c 'import json,sys; print(int(sum(j["duration_s"] for j in json.load(open(sys.argv[1]))["jobs"])))' "$m/jobs.json")
   if [[ $REHEARSE == 1 ]]; then
     nominal=$((sum * 12 / 10 / 20 + 4 * $(python3 -c 'import json,sys; print(len(json.load(open(sys.argv[1]))["jobs"]))' "$m/jobs.json") + 15))
   else
-    nominal=$((sum * 12 / 10 + 20))
+    nominal=$((sum * 15 / 10 + 30))  # jobs.json of 2026-11-22 leaves out the first steps' cost (~30%)
   fi
   echo "trace $m: solo durations add up to ${sum} s; nominal --timeout ${nominal} s per run"
+  local dev=cuda
+  [[ $REHEARSE == 0 ]] || dev=cpu
+  step warm-up 90 python3 -c "$WARM_PY" "$m/jobs.json" "$dev"
   if [[ $REHEARSE == 0 ]] && ((n * (nominal + per) + 20 > $(left))); then
     note "the trace is long for $n runs in one call (solo durations add up to ${sum} s; up to about $(((($(left) - 20) / n - per - 20) * 10 / 12)) s fit): the runs get shorter timeouts and may not finish"
   fi

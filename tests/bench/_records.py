@@ -45,6 +45,8 @@ def _alone(name: str) -> dict:
                     "used_mib_max": 5000.0, "process_mem_mib": {"100": 4000.0}},
             "jobs": [{"workload": name, "status": "ok", "pid": 100, "samples_per_s": rate,
                       "steps_per_s": rate / 64, "batch_size": 64, "startup_s": 6.0,
+                      # the 3 warm-up steps cost 2 s beyond the steady rate (cuDNN autotuning)
+                      "warmup_steps": 3, "warmup_s": 3 / (rate / 64) + 2.0,
                       "time_per_epoch_s": 50000 / rate, "max_memory_reserved_mib": 3000.0}]}
 
 

@@ -141,3 +141,32 @@ def test_cli_param_reaches_the_policies_that_have_it(tmp_path):
     (excl, carma), (excl5, carma5) = makespans(), makespans("--param", "settle_s=5")
     assert excl5 == excl  # exclusive has no settle_s: untouched
     assert carma5 < carma
+
+
+def test_a_starting_job_neither_slows_nor_is_slowed_and_reads_idle():
+    # On an H100 a job's first ~10 s (import, CUDA context) use no SM: two time-sliced jobs whose
+    # start-ups overlap each other's work cost each other nothing then (mini-trace, 2026-11-23).
+    from collocate.interference import default_interference
+    from collocate.model import JobProfile, SharingMode
+    from collocate.sim.trace import TraceJob, Workload
+
+    profile = JobProfile(0.8, 0.5)
+    heavy = Workload("heavy", 1, 30.0, 1000.0, profile=profile)
+    trace = [TraceJob("a", 0.0, heavy), TraceJob("b", 0.0, heavy)]
+    result = Simulation(parse_cluster("1xH100-80GB"), trace, make_policy("round-robin", settle_s=1),
+                        SimConfig(ramp_s=0.0, startup_s=10.0, wake_s=1.0)).run()
+    end = {r.id: r.end for r in result.records}
+    slowdown = default_interference().slowdown(SharingMode.TIME_SLICING, profile, [profile])
+    assert slowdown > 1.5
+    # a: 10 s start-up + 1 s alone; b placed at 11 s (a seen at 10 + 1 s guard) and starting
+    # until 21 s, so a works alone until 21 s (21 s done, 9 left); then both share.
+    assert end["a"] == pytest.approx(21 + 9 * slowdown)
+    # b: 10 s of start-up done by 21 s, 20 s left: shared until a ends, then alone
+    assert end["b"] == pytest.approx(end["a"] + 20 - 9)
+    timeline = next(iter(result.timelines.values()))
+    assert all(busy == 0.0 for t, _, busy in timeline if t < 10.0)
+    assert max(busy for _, _, busy in timeline) == pytest.approx(0.8)  # either one alone
+    # a job that ends inside its start-up simply takes its duration
+    short = Workload("short", 1, 5.0, 1000.0, profile=profile)
+    quick = run([TraceJob("s", 0.0, short)], "exclusive", "1xH100-80GB", startup_s=10.0)
+    assert quick.records[0].end == pytest.approx(5.0)

@@ -9,7 +9,9 @@ file) and a target training time by size, so the trace replays in a few minutes 
 
 * ``trace.csv`` for ``collocate simulate`` (self-contained form: ``id, arrival_s, gpus,
   duration_s, peak_mib, sm_activity, dram_activity, name``), where ``duration_s`` is the measured
-  start-up plus steps at the solo rate, and ``peak_mib`` the measured per-process memory;
+  start-up, plus what the first steps cost beyond the steady rate (cuDNN autotuning, allocator
+  growth: 4-9 s for the CNNs on an H100, the bench's warm-up phase measures it), plus the steps
+  at the solo rate; ``peak_mib`` is the measured per-process memory;
 * ``jobs.json`` the same jobs with their worker arguments and provenance, read by
   ``collocate bench minitrace run``;
 * ``submit.sh`` the same submissions as plain ``collocate submit`` commands with sleeps, for a
@@ -70,6 +72,7 @@ class MiniJob:
 class Solo:
     steps_per_s: float
     startup_s: float
+    first_steps_s: float  # the warm-up steps' time beyond the steady rate
     batch_size: int
     mem_mib: float | None
     sm: float | None
@@ -88,7 +91,9 @@ def solo_table(records: Sequence[dict[str, Any]]) -> dict[str, Solo]:
             continue
         name = r["workloads"][0]
         measured = r.get("env", {}).get("measured_on") == "cuda"
-        out[name] = Solo(float(job["steps_per_s"]), float(job.get("startup_s") or 0.0),
+        rate = float(job["steps_per_s"])
+        first = float(job.get("warmup_s") or 0.0) - int(job.get("warmup_steps") or 0) / rate
+        out[name] = Solo(rate, float(job.get("startup_s") or 0.0), max(0.0, first),
                          int(job["batch_size"]), mem.get(name),
                          gpu.get("sm_activity") if measured else None,
                          gpu.get("dram_activity") if measured else None)
@@ -134,7 +139,7 @@ def build_minitrace(records: Sequence[dict[str, Any]], *, n_jobs: int = 12, seed
         jobs.append(MiniJob(
             id=f"j{k + 1:02d}", name=f"{name}-{k + 1:02d}", workload=name,
             arrival_s=round(float(arrival), 2), steps=steps, batch_size=s.batch_size,
-            duration_s=round(s.startup_s + steps / s.steps_per_s, 2),
+            duration_s=round(s.startup_s + s.first_steps_s + steps / s.steps_per_s, 2),
             peak_mib=float(math.ceil(mem)), sm_activity=round(float(sm), 4),
             dram_activity=round(float(dram), 4), profile_source=psrc, mem_source=msrc))
     return jobs

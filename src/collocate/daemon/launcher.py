@@ -41,14 +41,15 @@ class LaunchPlan:
 def mps_env(job: Job, placement: Placement, dirs: MpsDirs) -> dict[str, str]:
     """Per-client MPS limits derived from the job's estimate (``collocate.gpus.mps`` formats them).
 
-    Thread percentage: the policy's ``sm_share`` when it set one, else the job's solo SM
-    activity (measured history, or the default profile). Pinned memory: the placed requirement
-    plus the MPS module's margin, per visible device ordinal; without an estimate it is left
-    unset rather than guessed.
+    Thread percentage: only when the policy set an ``sm_share``. A job's solo SM activity is
+    not a safe cap: on an H100 (2026-11-23, docs/gpu-validation.md) capping each job at its solo
+    activity slowed jobs that ran alone by up to 1.9x (the transformer, capped at 91%), and the
+    measured MPS interference model assumes uncapped clients. Pinned memory: the placed
+    requirement plus the MPS module's margin, per visible device ordinal; without an estimate it
+    is left unset rather than guessed.
     """
-    share = placement.sm_share if placement.sm_share is not None else job.profile.sm_activity
     mem = placement.mem_mib if placement.mem_mib is not None else job.mem_mib
-    return mps_client_env(dirs=dirs, sm_share=share, mem_mib=mem,
+    return mps_client_env(dirs=dirs, sm_share=placement.sm_share, mem_mib=mem,
                           devices=[str(i) for i in range(len(placement.gpus))])
 
 

@@ -1,14 +1,16 @@
 """Memory a training process uses on a GPU besides its tensors, per GPU type.
 
-Three parts, with where each number comes from. **None of them has been measured by this
-project yet**: ``benchmarks/gpu/estimator_ground_truth.py`` records NVML per-process memory and
-``torch.cuda.max_memory_reserved`` side by side, and the difference is exactly the context; the
-numbers below must be replaced by those measurements (GPU validation issue).
+Three parts, with where each number comes from. ``benchmarks/gpu/estimator_ground_truth.py``
+records NVML per-process memory and ``torch.cuda.max_memory_reserved`` side by side; the
+difference is exactly the context.
 
 * **CUDA context** (driver state, PyTorch's and cuDNN/cuBLAS kernel images, not visible to
-  ``torch.cuda.memory_reserved``). With CUDA >= 11.7 lazy module loading (PyTorch's default since
-  1.13) public reports put it at roughly 300-600 MiB; larger and newer GPUs sit at the top of the
-  range. We take 500 MiB (Ampere) and 600 MiB (Hopper) with ±200 MiB uncertainty. Placeholder.
+  ``torch.cuda.memory_reserved``). **Hopper: measured** on an H100 80GB HBM3 (driver 580.159.04,
+  CUDA 13.0, torch 2.11.0+cu130, 2026-11-23): 742-762 MiB over 48 training processes (median
+  758; ``benchmarks/results/estimator_ground_truth-h100-80gb-hbm3-2026-11-23.csv``). We take
+  760 MiB ±100 MiB (other driver and torch versions load other kernel images). **Older GPUs:
+  not measured**; with lazy module loading public reports put it at 300-600 MiB, and we take
+  500 MiB ±200 MiB.
 * **cuBLAS workspace**: PyTorch allocates it through the caching allocator, once per
   (handle, stream). Its default size, read from ``aten/src/ATen/cuda/CublasHandlePool.cpp``, is
   ``4096*8*1024`` bytes (32 MiB) on sm90 and ``4096*1024*2 + 16*1024*8`` bytes (about 8.1 MiB)
@@ -49,9 +51,10 @@ class GpuType:
 
 
 def _overheads(t: gputypes.GpuType) -> GpuType:
-    # Placeholder context sizes (see the module docstring): 600 MiB on Hopper, 500 MiB before.
-    context = 600.0 if t.compute_capability >= 90 else 500.0
-    return GpuType(t.name, t.memory_mib, t.compute_capability, context, 200.0)
+    # Context sizes (see the module docstring): measured on Hopper, a placeholder before it.
+    if t.compute_capability >= 90:
+        return GpuType(t.name, t.memory_mib, t.compute_capability, 760.0, 100.0)
+    return GpuType(t.name, t.memory_mib, t.compute_capability, 500.0, 200.0)
 
 
 # The GPU types are collocate.gputypes' (one table for the scheduler, simulator and estimator).

@@ -61,6 +61,16 @@ def simulate(
             "again after a launch.",
         ),
     ] = [],
+    startup: Annotated[
+        float,
+        typer.Option(
+            "--startup-s",
+            help="Seconds from a job's start until its process shows on the GPU (import, CUDA "
+            "context); the in-flight guard counts from then, as the daemon's does. 0 suits jobs of "
+            "hours; about 10 for the H100 mini-trace.",
+            min=0.0,
+        ),
+    ] = 0.0,
     seed: Annotated[int, typer.Option(help="Seed for synthetic traces.")] = 0,
     out: Annotated[Path | None, typer.Option(help="Folder for per-job CSV and PNG plots.")] = None,
     format: Annotated[OutputFormat, typer.Option("--format", help="table or json.")] = OutputFormat.table,
@@ -143,7 +153,7 @@ def simulate(
         )
 
     console = Console(stderr=True)
-    config = SimConfig(sharing=mode, estimator=estimator, mig_layout=mig_layout)
+    config = SimConfig(sharing=mode, estimator=estimator, mig_layout=mig_layout, startup_s=startup)
     if "settle_s" in params:  # the scheduler wakes when the in-flight guard ends
         config = replace(config, wake_s=float(params["settle_s"]))  # type: ignore[arg-type]
     results = []
@@ -169,6 +179,8 @@ def simulate(
             "cluster": cluster,
             "estimator": estimator,
             "sharing": mode.value,
+            **({"params": params} if params else {}),
+            **({"startup_s": startup} if startup else {}),
             **({"mig_layout": layout} if layout else {}),
             "policies": [s.as_dict() for s in summaries],
             "files": [str(p) for p in written],

@@ -46,7 +46,7 @@ from collocate.sim.trace import TraceJob
 
 # Event kinds, in the order they are handled at equal times: work done frees GPUs before new
 # work arrives, so a round at time t sees every change of time t.
-_FINISH, _RAMP, _ARRIVE, _WAKE = range(4)
+_FINISH, _RAMP, _SEEN, _ARRIVE, _WAKE = range(5)
 
 ESTIMATE_UNCERTAINTY = {
     # Relative uncertainty the simulator attaches to each catalogue estimator, from its published
@@ -66,7 +66,10 @@ class SimConfig:
     sharing: SharingMode = SharingMode.TIME_SLICING
     estimator: str = "peak"
     ramp_s: float = 10.0  # from start until a job holds its peak memory
-    startup_s: float = 0.0  # from placement until the process is seen on the GPU
+    # From placement until the process is seen on the GPU (import, CUDA context). A job in
+    # start-up uses no SM or DRAM bandwidth and runs at full speed: its trace duration includes
+    # this time, and on an H100 start-ups overlapped with other jobs' training cost nothing.
+    startup_s: float = 0.0
     wake_s: float = 30.0  # re-run the policy this long after a launch is seen (in-flight guard)
     rules: RecoveryRules = field(default_factory=RecoveryRules)
     interference: InterferenceModel = field(default_factory=default_interference)
@@ -101,6 +104,7 @@ class _Running:
     peak_mib: float
     commitment: float  # what it holds against each of its GPUs' committed memory
     allocated: bool = False
+    starting: bool = False  # in start-up: no GPU activity yet (SimConfig.startup_s)
     work_left: float = 0.0  # solo-seconds still to do
     rate: float = 1.0
     since: float = 0.0  # when work_left was last brought up to date
@@ -232,6 +236,8 @@ class Simulation:
                     changed |= self._ramp(job_id, version, now)
                 elif kind == _FINISH:
                     changed |= self._finish(job_id, version, now)
+                elif kind == _SEEN:
+                    changed |= self._seen(job_id, version, now)
                 else:
                     changed = True
             if changed and len(self.scheduler.queue):
@@ -284,20 +290,23 @@ class Simulation:
         record.state = "running"
         self._advance(gpus, now)
         seen = -math.inf if job.mem_known else now + self.cfg.startup_s
+        starting = self.cfg.startup_s > 0
         held = commitment(job, self.total[gpus[0]])  # GPUs of one job are on one node, one type
         for i in gpus:
             self.committed[i] += held
             self.n_jobs[i] += 1
-            self.sm_sum[i] += job.profile.sm_activity
+            self.sm_sum[i] += job.profile.sm_activity  # what the scheduler placed, starting or not
             self.dram_sum[i] += job.profile.dram_activity
             self.seen_at[i] = seen
             self.residents[i].add(job_id)
         run = _Running(
-            job, gpus, self.peaks[job_id], held,
+            job, gpus, self.peaks[job_id], held, starting=starting,
             work_left=self._by_id[job_id].workload.duration_s, since=now,
         )
         self.running[job_id] = run
         self._push(now + self.cfg.ramp_s, _RAMP, job_id, job.attempts)
+        if starting:
+            self._push(now + self.cfg.startup_s, _SEEN, job_id, job.attempts)
         self._rerate(gpus, now)
 
     def _ramp(self, job_id: str, attempt: int, now: float) -> bool:
@@ -322,6 +331,16 @@ class Simulation:
         run.allocated = True
         self._mark(gpus, now)
         return False
+
+    def _seen(self, job_id: str, attempt: int, now: float) -> bool:
+        """Start-up is over: the job's activity shows on its GPUs and it shares them."""
+        run = self.running.get(job_id)
+        if run is None or run.job.attempts != attempt or not run.starting:
+            return False
+        self._advance(run.gpus, now)
+        run.starting = False
+        self._rerate(run.gpus, now)
+        return True
 
     def _finish(self, job_id: str, version: int, now: float) -> bool:
         run = self.running.get(job_id)
@@ -362,8 +381,9 @@ class Simulation:
             run.work_left -= (now - run.since) * run.rate
             run.since = now
             slowdown = 1.0
-            for i in run.gpus:  # inline, not a hook: this loop is the simulator's hot path
-                others = [self.running[o].job.profile for o in self.residents[i] if o != job_id]
+            for i in run.gpus if not run.starting else ():  # inline: the simulator's hot path
+                others = [r.job.profile for o in self.residents[i]
+                          if o != job_id and not (r := self.running[o]).starting]
                 slowdown = max(slowdown, model.slowdown(mode, run.job.profile, others))
             run.rate = 1.0 / slowdown
             run.version += 1
@@ -379,6 +399,8 @@ class Simulation:
             sm = dram = 0.0
             for job_id in self.residents[i]:
                 run = self.running[job_id]
+                if run.starting:
+                    continue
                 sm += run.job.profile.sm_activity * run.rate
                 dram += run.job.profile.dram_activity * run.rate
             self.sm_live[i], self.dram_live[i] = sm, dram

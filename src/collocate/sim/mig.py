@@ -234,8 +234,9 @@ class MigSimulation(Simulation):
             run.work_left -= (now - run.since) * run.rate
             run.since = now
             slowdown = 1.0
-            for i in run.gpus:
-                others = [self.running[o].job.profile for o in self.residents[i] if o != job_id]
+            for i in run.gpus if not run.starting else ():
+                others = [r.job.profile for o in self.residents[i]
+                          if o != job_id and not (r := self.running[o]).starting]
                 slowdown = max(slowdown, model.instance_slowdown(run.job.profile, others, self._fraction[i]))
             run.rate = 1.0 / slowdown
             run.version += 1
