@@ -59,6 +59,9 @@ FINISHED = ("ok", "oom")  # statuses --resume keeps; the others are tried again
 FIELDS = [
     "config", "family", "entry_point", "batch_size", "optimizer", "precision", "status",
     "nvml_peak_mib", "nvml_source", "max_reserved_mib", "max_allocated_mib", "context_mib",
+    # the caching allocator's side of reserved - allocated (where the estimator misses most)
+    "large_pool_reserved_mib", "small_pool_reserved_mib", "inactive_split_peak_mib",
+    "segments_peak", "alloc_retries",
     "iterations", "jobs",
     "device_name", "driver", "cuda", "torch", "date_utc", "error",
 ]
@@ -193,6 +196,20 @@ def _device_info(torch: Any) -> dict[str, str]:
     return info
 
 
+def allocator_stats(stats: dict[str, Any]) -> dict[str, Any]:
+    """The caching allocator's peaks from ``torch.cuda.memory_stats()``: how the reserved memory
+    splits into large and small pools, the most memory held in split blocks no tensor uses
+    (fragmentation), the most segments, and how often an allocation had to free the cache."""
+    def mib(key: str) -> float | None:
+        return round(stats[key] / 2**20, 1) if key in stats else None
+
+    return {"large_pool_reserved_mib": mib("reserved_bytes.large_pool.peak"),
+            "small_pool_reserved_mib": mib("reserved_bytes.small_pool.peak"),
+            "inactive_split_peak_mib": mib("inactive_split_bytes.all.peak"),
+            "segments_peak": stats.get("segment.all.peak"),
+            "alloc_retries": stats.get("num_alloc_retries")}
+
+
 def run_child(cfg: Config, dry_run: bool, shared: bool = False) -> dict[str, Any]:
     """Build and train one configuration in this process; return one CSV row.
 
@@ -251,6 +268,7 @@ def run_child(cfg: Config, dry_run: bool, shared: bool = False) -> dict[str, Any
     if not dry_run:
         row["max_reserved_mib"] = round(torch.cuda.max_memory_reserved() / 2**20, 1)
         row["max_allocated_mib"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+        row.update(allocator_stats(torch.cuda.memory_stats()))
         if not nvml_peak and device_used_before is not None and device_peak and not shared:
             # NVML could not see our pid: fall back to the device's growth (valid when the GPU
             # runs nothing else, which the measurement requires anyway).

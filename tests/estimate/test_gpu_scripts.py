@@ -55,6 +55,17 @@ def test_dry_run_two_configs(tmp_path: pathlib.Path) -> None:
     assert rows[0]["device_name"] == "cpu"
 
 
+def test_allocator_stats_from_memory_stats_keys() -> None:
+    # the keys torch.cuda.memory_stats() uses (c10/cuda/CUDACachingAllocator stat names)
+    stats = {"reserved_bytes.large_pool.peak": 20 * 2**20, "reserved_bytes.small_pool.peak": 2**21,
+             "inactive_split_bytes.all.peak": 3 * 2**19, "segment.all.peak": 7,
+             "num_alloc_retries": 0}
+    assert gt.allocator_stats(stats) == {
+        "large_pool_reserved_mib": 20.0, "small_pool_reserved_mib": 2.0,
+        "inactive_split_peak_mib": 1.5, "segments_peak": 7, "alloc_retries": 0}
+    assert set(gt.allocator_stats({}).values()) == {None}  # an older torch: empty, not invented
+
+
 def test_unknown_config_name_is_refused() -> None:
     with pytest.raises(SystemExit, match="unknown config"):
         gt.main(["--dry-run", "--only", "nope"])

@@ -157,7 +157,9 @@ def estimate_from_trace(
     cublas = parts.pop("cublas")
     cudnn = gpu_overheads.cudnn_workspace_bytes(trace.largest_conv_bytes)
     ctx = gpu.context_mib * (1 << 20)
-    overhead = max(result.peak_reserved - result.live_requested_at_peak, 0)
+    handed_out = sum(parts.values()) + cublas + cudnn
+    overhead = max(result.peak_reserved - result.live_requested_at_peak,
+                   (gpu_overheads.RESERVED_OVER_ALLOCATED - 1) * handed_out, 0)
     breakdown = {
         **parts,
         "allocator_overhead": overhead,
