@@ -1,6 +1,6 @@
 """Memory a training process uses on a GPU besides its tensors, per GPU type.
 
-Three parts, with where each number comes from. ``benchmarks/gpu/estimator_ground_truth.py``
+Four parts, with where each number comes from. ``benchmarks/gpu/estimator_ground_truth.py``
 records NVML per-process memory and ``torch.cuda.max_memory_reserved`` side by side; the
 difference is exactly the context.
 

@@ -2,9 +2,11 @@
 
 What is simulated (everything else is the production code path):
 
-* time: an event heap (arrivals, memory ramp-ups, finishes, wake-ups), not a fixed tick;
+* time: an event heap (arrivals, ends of start-up, memory ramp-ups, finishes, wake-ups), not a
+  fixed tick;
 * GPUs: memory, the solo activity of the jobs on them, power from the interference model;
-* jobs: progress at ``1 / slowdown`` of solo speed, where the slowdown comes from the
+* jobs: an optional start-up phase (``startup_s``: no GPU activity, full speed), then progress
+  at ``1 / slowdown`` of solo speed, where the slowdown comes from the
   interference model for the jobs sharing each of their GPUs; a job allocates its *actual*
   peak memory ``ramp_s`` after it starts, and if that does not fit beside its neighbours it
   crashes out of memory (the job that allocates last is the one that fails, as on a real GPU)
