@@ -187,8 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     if not rows:
         print(f"{args.csv}: no rows with status ok and an NVML peak", file=sys.stderr)
         return 1
-    skipped = [(r["config"], pkg) for r in rows if (pkg := missing_package(r))]
-    cases = build_cases([r for r in rows if not missing_package(r)], run_estimators)
+    missing = {r["config"]: missing_package(r) for r in rows}
+    skipped = [(c, pkg) for c, pkg in missing.items() if pkg]
+    cases = build_cases([r for r in rows if not missing[r["config"]]], run_estimators)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(render(cases, rows[0], args.csv.name, skipped))
     print(f"wrote {args.out} ({len(cases)} cases)")

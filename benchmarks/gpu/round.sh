@@ -240,7 +240,6 @@ sys.exit(max(codes.values()))
 # collocated runs end sooner), cut where needed so the later runs keep theirs.
 mini_runs() {
   local m=${ARGS[0]} specs=("$@") n=$# i t p s spec sum nominal per=30  # per: daemon start and stop (~10 s measured)
-  [[ $REHEARSE == 0 ]] || per=30
   sum=$(python3 -c 'import json,sys; print(int(sum(j["duration_s"] for j in json.load(open(sys.argv[1]))["jobs"])))' "$m/jobs.json")
   if [[ $REHEARSE == 1 ]]; then
     nominal=$((sum * 12 / 10 / 20 + 4 * $(python3 -c 'import json,sys; print(len(json.load(open(sys.argv[1]))["jobs"]))' "$m/jobs.json") + 15))
