@@ -36,6 +36,7 @@ def test_minitrace_files_load_in_the_simulator(tmp_path: Path) -> None:
         solo_steps = PROFILES[j.workload][2] / 64
         # start-up + the warm-up steps' extra cost + the steps at the steady rate
         assert t.workload.duration_s == pytest.approx(6.0 + 2.0 + j.steps / solo_steps, abs=0.01)
+        assert t.workload.warmup_s == j.warmup_s == pytest.approx(2.0)  # run without activity
         assert t.workload.peak_mib == 4000.0 and j.mem_source == "measured"
         assert t.workload.profile.sm_activity == PROFILES[j.workload][0]
         assert j.profile_source == "measured"

@@ -170,3 +170,31 @@ def test_a_starting_job_neither_slows_nor_is_slowed_and_reads_idle():
     short = Workload("short", 1, 5.0, 1000.0, profile=profile)
     quick = run([TraceJob("s", 0.0, short)], "exclusive", "1xH100-80GB", startup_s=10.0)
     assert quick.records[0].end == pytest.approx(5.0)
+
+
+def test_a_warming_job_is_seen_but_idle_and_unslowed():
+    # A job's first steps (cuDNN autotuning, lazy kernel loading) took 2-9 s on an H100 at almost
+    # no SM activity (mini-trace, 2026-11-23): its warm-up neither slows nor is slowed, and the
+    # in-flight guard runs from start-up's end, not warm-up's.
+    from collocate.interference import default_interference
+    from collocate.model import JobProfile, SharingMode
+    from collocate.sim.trace import TraceJob, Workload
+
+    profile = JobProfile(0.8, 0.5)
+    warming = Workload("warming", 1, 30.0, 1000.0, profile=profile, warmup_s=10.0)
+    plain = Workload("plain", 1, 30.0, 1000.0, profile=profile)
+    trace = [TraceJob("a", 0.0, warming), TraceJob("b", 0.0, plain)]
+    result = Simulation(parse_cluster("1xH100-80GB"), trace, make_policy("round-robin", settle_s=1),
+                        SimConfig(ramp_s=0.0, wake_s=1.0)).run()
+    start = {r.id: r.start for r in result.records}
+    end = {r.id: r.end for r in result.records}
+    slowdown = default_interference().slowdown(SharingMode.TIME_SLICING, profile, [profile])
+    b_start = start["b"]
+    assert start["a"] == 0.0 and 0.0 < b_start < 10.0  # placed while a still warms up
+    # b works alone until a's warm-up ends at 10 s; then both share: a has 20 s of work left,
+    # b has 20 + b_start, so b outlives a by b_start and finishes it alone.
+    assert end["a"] == pytest.approx(10 + 20 * slowdown)
+    assert end["b"] == pytest.approx(end["a"] + b_start)
+    timeline = next(iter(result.timelines.values()))
+    assert all(busy == 0.0 for t, _, busy in timeline if t < b_start)
+

@@ -24,6 +24,9 @@ def test_self_contained_csv_and_jsonl(tmp_path):
     csv_trace = write(tmp_path, "t.csv", "id,arrival_s,gpus,duration_s,peak_mib,sm_activity\na,0,1,60,1000,0.3\nb,5,2,30,500,\n")
     jobs = load_trace(csv_trace)
     assert [j.id for j in jobs] == ["a", "b"] and jobs[0].workload.profile.sm_activity == 0.3
+    assert jobs[0].workload.warmup_s == 0.0  # optional column
+    warm = write(tmp_path, "w.csv", "id,arrival_s,gpus,duration_s,peak_mib,warmup_s\na,0,1,60,1000,4.5\n")
+    assert load_trace(warm)[0].workload.warmup_s == 4.5
     jsonl = write(tmp_path, "t.jsonl", '{"id": "a", "arrival_s": 0, "gpus": 1, "duration_s": 60, "peak_mib": 1000}\n\n')
     assert load_trace(jsonl)[0].workload.peak_mib == 1000
 
@@ -39,6 +42,8 @@ def test_self_contained_csv_and_jsonl(tmp_path):
         ("id,arrival_s,gpus,duration_s\n1,0,1,60\n", "t.csv:2: missing column(s) peak_mib"),
         ("id,arrival_s,gpus,duration_s,peak_mib\n1,0,1,60,100\n1,1,1,60,100\n", "t.csv:3: job id '1' appears twice"),
         ("id,arrival_s,gpus,duration_s,peak_mib,sm_activity\n1,0,1,60,100,1.5\n", "fraction in [0, 1]"),
+        ("id,arrival_s,gpus,duration_s,peak_mib,warmup_s\n1,0,1,60,100,61\n",
+         "t.csv:2: warmup_s 61 is longer than duration_s 60"),
     ],
 )
 def test_bad_rows_are_reported_with_file_line_and_field(tmp_path, shared_data, text, message):

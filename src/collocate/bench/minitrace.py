@@ -8,10 +8,11 @@ file) and a target training time by size, so the trace replays in a few minutes 
 ``build`` writes three files into a folder:
 
 * ``trace.csv`` for ``collocate simulate`` (self-contained form: ``id, arrival_s, gpus,
-  duration_s, peak_mib, sm_activity, dram_activity, name``), where ``duration_s`` is the measured
-  start-up, plus what the first steps cost beyond the steady rate (cuDNN autotuning, allocator
-  growth: 4-9 s for the CNNs on an H100, the bench's warm-up phase measures it), plus the steps
-  at the solo rate; ``peak_mib`` is the measured per-process memory;
+  duration_s, peak_mib, sm_activity, dram_activity, warmup_s, name``), where ``duration_s`` is
+  the measured start-up, plus what the first steps cost beyond the steady rate, plus the steps
+  at the solo rate; ``warmup_s`` is that first-step cost (cuDNN autotuning, allocator growth:
+  4-9 s for the CNNs on an H100, the bench's warm-up phase measures it), which the simulator
+  runs with no GPU activity, as the GPU showed; ``peak_mib`` is the measured per-process memory;
 * ``jobs.json`` the same jobs with their worker arguments and provenance, read by
   ``collocate bench minitrace run``;
 * ``submit.sh`` the same submissions as plain ``collocate submit`` commands with sleeps, for a
@@ -38,7 +39,7 @@ from collocate.bench.workloads import DEFAULT_WORKLOADS, workload
 from collocate.errors import InputError
 
 TRACE_FIELDS = ("id", "arrival_s", "gpus", "duration_s", "peak_mib", "sm_activity",
-                "dram_activity", "name")
+                "dram_activity", "warmup_s", "name")
 #: Target training seconds (alone) by workload size: short enough for a few-minute replay.
 TARGET_S = {"small": (15.0, 35.0), "medium": (25.0, 50.0), "large": (35.0, 70.0)}
 DEFAULT_GAP_S = 8.0  # mean of the exponential inter-arrival times
@@ -55,12 +56,13 @@ class MiniJob:
     arrival_s: float
     steps: int
     batch_size: int
-    duration_s: float  # expected alone: start-up + steps at the solo rate
+    duration_s: float  # expected alone: start-up + first steps' extra cost + steps at the solo rate
     peak_mib: float
     sm_activity: float
     dram_activity: float
     profile_source: str  # "measured" or "assumed (...)"
     mem_source: str
+    warmup_s: float = 0.0  # the first steps' extra cost, part of duration_s (0 in older files)
 
     def worker_args(self, device: str = "cuda") -> list[str]:
         """Arguments after ``python -m collocate.bench.worker`` (``--out`` is added at run time)."""
@@ -141,7 +143,8 @@ def build_minitrace(records: Sequence[dict[str, Any]], *, n_jobs: int = 12, seed
             arrival_s=round(float(arrival), 2), steps=steps, batch_size=s.batch_size,
             duration_s=round(s.startup_s + s.first_steps_s + steps / s.steps_per_s, 2),
             peak_mib=float(math.ceil(mem)), sm_activity=round(float(sm), 4),
-            dram_activity=round(float(dram), 4), profile_source=psrc, mem_source=msrc))
+            dram_activity=round(float(dram), 4), profile_source=psrc, mem_source=msrc,
+            warmup_s=round(s.first_steps_s, 2)))
     return jobs
 
 

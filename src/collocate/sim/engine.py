@@ -5,7 +5,8 @@ What is simulated (everything else is the production code path):
 * time: an event heap (arrivals, ends of start-up, memory ramp-ups, finishes, wake-ups), not a
   fixed tick;
 * GPUs: memory, the solo activity of the jobs on them, power from the interference model;
-* jobs: an optional start-up phase (``startup_s``: no GPU activity, full speed), then progress
+* jobs: an optional idle phase at full speed and with no GPU activity (``SimConfig.startup_s``
+  until the process shows on its GPUs, then the trace's per-job ``warmup_s``), then progress
   at ``1 / slowdown`` of solo speed, where the slowdown comes from the
   interference model for the jobs sharing each of their GPUs; a job allocates its *actual*
   peak memory ``ramp_s`` after it starts, and if that does not fit beside its neighbours it
@@ -48,7 +49,7 @@ from collocate.sim.trace import TraceJob
 
 # Event kinds, in the order they are handled at equal times: work done frees GPUs before new
 # work arrives, so a round at time t sees every change of time t.
-_FINISH, _RAMP, _SEEN, _ARRIVE, _WAKE = range(5)
+_FINISH, _RAMP, _ACTIVE, _ARRIVE, _WAKE = range(5)
 
 ESTIMATE_UNCERTAINTY = {
     # Relative uncertainty the simulator attaches to each catalogue estimator, from its published
@@ -106,7 +107,7 @@ class _Running:
     peak_mib: float
     commitment: float  # what it holds against each of its GPUs' committed memory
     allocated: bool = False
-    starting: bool = False  # in start-up: no GPU activity yet (SimConfig.startup_s)
+    starting: bool = False  # no GPU activity yet (SimConfig.startup_s + the job's warmup_s)
     work_left: float = 0.0  # solo-seconds still to do
     rate: float = 1.0
     since: float = 0.0  # when work_left was last brought up to date
@@ -238,8 +239,8 @@ class Simulation:
                     changed |= self._ramp(job_id, version, now)
                 elif kind == _FINISH:
                     changed |= self._finish(job_id, version, now)
-                elif kind == _SEEN:
-                    changed |= self._seen(job_id, version, now)
+                elif kind == _ACTIVE:
+                    changed |= self._active(job_id, version, now)
                 else:
                     changed = True
             if changed and len(self.scheduler.queue):
@@ -292,7 +293,9 @@ class Simulation:
         record.state = "running"
         self._advance(gpus, now)
         seen = -math.inf if job.mem_known else now + self.cfg.startup_s
-        starting = self.cfg.startup_s > 0
+        workload = self._by_id[job_id].workload
+        idle_s = self.cfg.startup_s + workload.warmup_s
+        starting = idle_s > 0
         held = commitment(job, self.total[gpus[0]])  # GPUs of one job are on one node, one type
         for i in gpus:
             self.committed[i] += held
@@ -303,12 +306,12 @@ class Simulation:
             self.residents[i].add(job_id)
         run = _Running(
             job, gpus, self.peaks[job_id], held, starting=starting,
-            work_left=self._by_id[job_id].workload.duration_s, since=now,
+            work_left=workload.duration_s, since=now,
         )
         self.running[job_id] = run
         self._push(now + self.cfg.ramp_s, _RAMP, job_id, job.attempts)
         if starting:
-            self._push(now + self.cfg.startup_s, _SEEN, job_id, job.attempts)
+            self._push(now + idle_s, _ACTIVE, job_id, job.attempts)
         self._rerate(gpus, now)
 
     def _ramp(self, job_id: str, attempt: int, now: float) -> bool:
@@ -334,8 +337,9 @@ class Simulation:
         self._mark(gpus, now)
         return False
 
-    def _seen(self, job_id: str, attempt: int, now: float) -> bool:
-        """Start-up is over: the job's activity shows on its GPUs and it shares them."""
+    def _active(self, job_id: str, attempt: int, now: float) -> bool:
+        """Start-up and warm-up are over: the job's activity shows on its GPUs, and it now slows
+        and is slowed by its neighbours."""
         run = self.running.get(job_id)
         if run is None or run.job.attempts != attempt or not run.starting:
             return False

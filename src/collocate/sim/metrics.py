@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -53,7 +54,15 @@ def summarize(result: SimResult) -> Summary:
         mean_wait_min=stat(waits, np.mean),
         sm_util=round(result.sm_util, 4),
         mem_util=round(result.mem_util, 4),
-        energy_kwh=round(result.energy_j / 3.6e6, 3),
+        energy_kwh=_round_kwh(result.energy_j / 3.6e6),
         oom_crashes=sum(r.oom_crashes for r in records),
         recovered_jobs=sum(1 for r in records if r.oom_crashes > 0 and r.state == "done"),
     )
+
+
+def _round_kwh(kwh: float) -> float:
+    """Three decimals, or four significant digits where that is finer: a few-minute trace on one
+    GPU uses about 0.01 kWh, which three decimals would round to one digit."""
+    if kwh <= 0 or not math.isfinite(kwh):
+        return round(kwh, 3)
+    return round(kwh, max(3, 3 - math.floor(math.log10(kwh))))

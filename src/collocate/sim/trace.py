@@ -4,8 +4,8 @@ Two input formats, both documented in docs/simulator.md:
 
 * CSV with a header. Either CARMA's short form ``index, arrival_s, workload`` (a name looked up
   in a workload catalogue), or self-contained rows with ``id, arrival_s, gpus, duration_s,
-  peak_mib`` and optional ``mem_estimate_mib, sm_activity, dram_activity, name``. A row may mix
-  both: explicit columns override the catalogue.
+  peak_mib`` and optional ``mem_estimate_mib, sm_activity, dram_activity, warmup_s, name``.
+  A row may mix both: explicit columns override the catalogue.
 * JSON Lines: one object per line with the same keys.
 
 Every problem is reported with the file, the line and the field, and nothing is half-loaded.
@@ -38,6 +38,10 @@ class Workload:
     peak_mib: float  # measured peak memory (what really gets allocated)
     estimates: dict[str, float] = field(default_factory=dict)  # estimator name -> MiB
     profile: JobProfile = JobProfile()
+    # Seconds of duration_s, after start-up, in which the job is on its GPUs but barely uses them
+    # (cuDNN autotuning, lazy kernel loading, compilation). Measured on an H100: 2-5 s per CNN,
+    # under 1 s for a transformer or DLRM (docs/gpu-validation.md section 5).
+    warmup_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,7 +172,16 @@ def _workload(row: dict, where: str, catalogue: dict[str, Workload] | None) -> W
             _fraction(row.get("sm_activity"), where, "sm_activity", profile.sm_activity),
             _fraction(row.get("dram_activity"), where, "dram_activity", profile.dram_activity),
         )
-    return Workload(str(row.get("name") or base.name), gpus, duration, peak, estimates, profile)
+    warmup = (
+        _number(row["warmup_s"], where, "warmup_s")
+        if row.get("warmup_s") not in (None, "")
+        else base.warmup_s
+    )
+    if warmup > duration:
+        raise InputError(f"{where}: warmup_s {warmup:g} is longer than duration_s {duration:g}",
+                         hint="warmup_s is the idle start of the job's duration, not extra time")
+    return Workload(str(row.get("name") or base.name), gpus, duration, peak, estimates, profile,
+                    warmup)
 
 
 def _gpus(value: str | int, where: str) -> int:
