@@ -93,6 +93,7 @@ def test_cli_bad_names_exit_2_and_list_valid_choices(shared_data):
         (["--cluster", "4xV100"], "A100-40GB"),
         (["--estimator", "guess"], "faketensor"),
         (["--policy", "exclusive,auto", "--param", "bogus=1"], "settle_s"),  # auto's parameters
+        (["--profiles", "guess"], "trace, unknown"),
     ):
         out = subprocess.run(
             [sys.executable, "-m", "collocate.cli", "simulate", "--synthetic", "5", *args],
@@ -197,4 +198,33 @@ def test_a_warming_job_is_seen_but_idle_and_unslowed():
     assert end["b"] == pytest.approx(end["a"] + b_start)
     timeline = next(iter(result.timelines.values()))
     assert all(busy == 0.0 for t, _, busy in timeline if t < b_start)
+
+
+def test_policies_told_nothing_of_profiles_still_run_jobs_at_their_real_activity():
+    # The daemon knows a job's activity only from history; the H100 mini-trace's jobs had none,
+    # so `auto` priced each as UNKNOWN_PROFILE (0.5/0.2). The simulator can replay that blindness.
+    from collocate.interference import default_interference
+    from collocate.model import JobProfile, SharingMode
+    from collocate.sim.trace import TraceJob, Workload
+
+    heavy = JobProfile(0.79, 0.6)  # under the risk filter's SM limit (0.8): only pricing decides
+    model = default_interference()
+    assert model.slowdown(SharingMode.TIME_SLICING, heavy, [heavy]) > 2.0  # auto's max_slowdown
+    w = Workload("heavy", 1, 30.0, 1000.0, {"peak": 1000.0}, heavy)  # memory known: may share
+    trace = [TraceJob("a", 0.0, w), TraceJob("b", 0.0, w)]
+
+    def ends(known: bool) -> tuple[dict, dict]:
+        config = SimConfig(ramp_s=0.0, wake_s=1.0, profiles_known=known)
+        result = Simulation(parse_cluster("1xH100-80GB"), trace, make_policy("auto", settle_s=1),
+                            config).run()
+        return {r.id: r.start for r in result.records}, {r.id: r.end for r in result.records}
+
+    start, end = ends(True)  # told the truth, auto will not pair two heavy jobs
+    assert start["b"] == pytest.approx(30.0) and end["b"] == pytest.approx(60.0)
+    start, end = ends(False)  # told nothing, it pairs them, and they slow by their real profiles
+    slowdown = model.slowdown(SharingMode.TIME_SLICING, heavy, [heavy])
+    b = start["b"]
+    assert 0.0 < b < 30.0
+    assert end["a"] == pytest.approx(b + (30.0 - b) * slowdown)
+    assert end["b"] == pytest.approx(end["a"] + b)
 

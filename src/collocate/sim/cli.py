@@ -71,6 +71,14 @@ def simulate(
             min=0.0,
         ),
     ] = 0.0,
+    profiles: Annotated[
+        str,
+        typer.Option(
+            help="What the policies know of each job's SM/DRAM activity: 'trace' (the trace's "
+            "values) or 'unknown' (nothing, as for a job the daemon has no history of: it assumes "
+            "0.5/0.2). Jobs progress by the trace's values either way.",
+        ),
+    ] = "trace",
     seed: Annotated[int, typer.Option(help="Seed for synthetic traces.")] = 0,
     out: Annotated[Path | None, typer.Option(help="Folder for per-job CSV and PNG plots.")] = None,
     format: Annotated[OutputFormat, typer.Option("--format", help="table or json.")] = OutputFormat.table,
@@ -101,6 +109,8 @@ def simulate(
     from collocate.sim.trace import ESTIMATORS, load_catalogue, load_trace
 
     nodes = parse_cluster(cluster)
+    if profiles not in ("trace", "unknown"):
+        raise InputError(f"unknown --profiles {profiles!r}", hint="valid: trace, unknown")
     if estimator not in ESTIMATORS:
         raise InputError(f"unknown estimator {estimator!r}", hint=f"valid estimators: {', '.join(ESTIMATORS)}")
     try:
@@ -153,7 +163,8 @@ def simulate(
         )
 
     console = Console(stderr=True)
-    config = SimConfig(sharing=mode, estimator=estimator, mig_layout=mig_layout, startup_s=startup)
+    config = SimConfig(sharing=mode, estimator=estimator, mig_layout=mig_layout, startup_s=startup,
+                       profiles_known=profiles == "trace")
     if "settle_s" in params:  # the scheduler wakes when the in-flight guard ends
         config = replace(config, wake_s=float(params["settle_s"]))  # type: ignore[arg-type]
     results = []
@@ -181,6 +192,7 @@ def simulate(
             "sharing": mode.value,
             **({"params": params} if params else {}),
             **({"startup_s": startup} if startup else {}),
+            **({"profiles": profiles} if profiles != "trace" else {}),
             **({"mig_layout": layout} if layout else {}),
             "policies": [s.as_dict() for s in summaries],
             "files": [str(p) for p in written],

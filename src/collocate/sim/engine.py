@@ -37,7 +37,9 @@ from collocate.interference import InterferenceModel, default_interference
 from collocate.model import (
     ClusterSnapshot,
     GpuId,
+    UNKNOWN_PROFILE,
     Job,
+    JobProfile,
     JobState,
     RunningJob,
     SharingMode,
@@ -68,6 +70,10 @@ ESTIMATE_UNCERTAINTY = {
 class SimConfig:
     sharing: SharingMode = SharingMode.TIME_SLICING
     estimator: str = "peak"
+    # What policies know of each job's solo activity: the trace's profile, or nothing, as for a
+    # job the daemon has no history of (it then assumes model.UNKNOWN_PROFILE). Progress and
+    # power always follow the trace's profile.
+    profiles_known: bool = True
     ramp_s: float = 10.0  # from start until a job holds its peak memory
     # From placement until the process is seen on the GPU (import, CUDA context). A job in
     # start-up uses no SM or DRAM bandwidth and runs at full speed: its trace duration includes
@@ -106,6 +112,7 @@ class _Running:
     gpus: list[int]
     peak_mib: float
     commitment: float  # what it holds against each of its GPUs' committed memory
+    profile: JobProfile  # its real solo activity (job.profile is what the policies were told)
     allocated: bool = False
     starting: bool = False  # no GPU activity yet (SimConfig.startup_s + the job's warmup_s)
     work_left: float = 0.0  # solo-seconds still to do
@@ -265,7 +272,7 @@ class Simulation:
             mem_uncertainty=ESTIMATE_UNCERTAINTY.get(estimator, 0.5),
             submit_time=now,
             name=w.name,
-            profile=w.profile,
+            profile=w.profile if self.cfg.profiles_known else UNKNOWN_PROFILE,
         )
         self.peaks[job_id] = w.peak_mib
         self.records[job_id] = JobRecord(job_id, w.name, w.gpus, now, w.peak_mib, mem)
@@ -305,7 +312,7 @@ class Simulation:
             self.seen_at[i] = seen
             self.residents[i].add(job_id)
         run = _Running(
-            job, gpus, self.peaks[job_id], held, starting=starting,
+            job, gpus, self.peaks[job_id], held, workload.profile, starting=starting,
             work_left=workload.duration_s, since=now,
         )
         self.running[job_id] = run
@@ -388,9 +395,9 @@ class Simulation:
             run.since = now
             slowdown = 1.0
             for i in run.gpus if not run.starting else ():  # inline: the simulator's hot path
-                others = [r.job.profile for o in self.residents[i]
+                others = [r.profile for o in self.residents[i]
                           if o != job_id and not (r := self.running[o]).starting]
-                slowdown = max(slowdown, model.slowdown(mode, run.job.profile, others))
+                slowdown = max(slowdown, model.slowdown(mode, run.profile, others))
             run.rate = 1.0 / slowdown
             run.version += 1
             self._push(now + max(run.work_left, 0.0) / run.rate, _FINISH, job_id, run.version)
@@ -407,8 +414,8 @@ class Simulation:
                 run = self.running[job_id]
                 if run.starting:
                     continue
-                sm += run.job.profile.sm_activity * run.rate
-                dram += run.job.profile.dram_activity * run.rate
+                sm += run.profile.sm_activity * run.rate
+                dram += run.profile.dram_activity * run.rate
             self.sm_live[i], self.dram_live[i] = sm, dram
 
     def _advance(self, gpus: list[int], now: float) -> None:

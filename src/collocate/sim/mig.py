@@ -235,9 +235,9 @@ class MigSimulation(Simulation):
             run.since = now
             slowdown = 1.0
             for i in run.gpus if not run.starting else ():
-                others = [r.job.profile for o in self.residents[i]
+                others = [r.profile for o in self.residents[i]
                           if o != job_id and not (r := self.running[o]).starting]
-                slowdown = max(slowdown, model.instance_slowdown(run.job.profile, others, self._fraction[i]))
+                slowdown = max(slowdown, model.instance_slowdown(run.profile, others, self._fraction[i]))
             run.rate = 1.0 / slowdown
             run.version += 1
             self._push(now + max(run.work_left, 0.0) / run.rate, _FINISH, job_id, run.version)
