@@ -51,6 +51,17 @@ def test_analytical_only() -> None:
     assert est.breakdown["parameters"] == est.breakdown["gradients"] == est.breakdown["optimizer_state"]
 
 
+def test_analytical_allocator_share_is_the_measured_one() -> None:
+    from collocate.estimate.analytical import estimate_analytical
+    from collocate.estimate.gpu_overheads import RESERVED_OVER_ALLOCATED, gpu_type
+
+    est = estimate_analytical("_entries:item_model", 1_000_000, gpu=gpu_type("H100-80GB"))
+    b = est.breakdown
+    tensors = b["parameters"] + b["gradients"] + b["optimizer_state"] + b["activations"]
+    expected = (RESERVED_OVER_ALLOCATED - 1) * tensors
+    assert b["allocator_overhead"] == pytest.approx(expected, rel=0.01)
+
+
 def test_no_fallback_allowed_is_a_clear_error() -> None:
     with pytest.raises(CollocateError) as info:
         estimate_memory("_entries:item_model", batch_size=8, fallbacks=())

@@ -6,7 +6,8 @@
   the parameter count. The ``batch * params`` term is why it explodes on large models.
 * **FakeTensor peak**, as CARMA's workload scripts measured it: a dispatch mode counting the
   live fake-tensor bytes through forward and backward of the first iteration, reporting the
-  peak (no optimizer state, no allocator rounding or caching, no CUDA context).
+  peak (no optimizer state, no allocator rounding or caching, no CUDA context), with the CPU's
+  attention and dropout kernels (no ``fused.gpu_kernels``).
 
 Neither is used for scheduling; ``benchmarks/gpu/estimator_report.py`` compares them with ours.
 """
@@ -106,7 +107,7 @@ def estimate_faketensor(
 
         if entry is None or batch_size is None:
             raise ValueError("pass a trace, or an entry point and a batch size")
-        trace = trace_fake(entry, batch_size, precision=precision)
+        trace = trace_fake(entry, batch_size, precision=precision, gpu_kernels=False)
     mib = faketensor_peak_bytes(trace) / MIB
     return Estimate(
         mib=round(max(mib, 0.001), 3),

@@ -8,12 +8,13 @@ wrong number can be traced to its cause.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 from typing import Any
 
 from collocate.errors import CollocateError, InputError
-from collocate.estimate import gpu_overheads
+from collocate.estimate import fused, gpu_overheads
 from collocate.estimate.allocator import Alloc, Event, replay
 from collocate.estimate.base import Estimate, breakdown_mib
 from collocate.estimate.entrypoint import Workload, load
@@ -85,12 +86,15 @@ def trace_fake(
     *,
     optimizer: str | None = None,
     precision: str = "fp32",
+    gpu_kernels: bool = True,
 ) -> Trace:
     """Trace one training step of the entry point's model on fake CPU tensors.
 
     The entry point is first called under fake mode (no real memory at all); if it fails there
     it is called for real and its tensors converted. Input errors propagate; anything the model
-    does that fake mode cannot run raises ``TraceFailed``.
+    does that fake mode cannot run raises ``TraceFailed``. With ``gpu_kernels`` (the default)
+    attention and dropout run the GPU's fused kernels (``fused.gpu_kernels``); without it, the
+    CPU's kernels, as a plain FakeTensor profile would.
     """
     fake_cls, _ = _fake_modules()
     fake_mode = fake_cls()
@@ -107,8 +111,9 @@ def trace_fake(
         construction = "converted"
         work = load(entry, batch_size, optimizer)
         work = _to_fake(work, fake_mode, tracker)
+    routing = fused.gpu_kernels() if gpu_kernels else contextlib.nullcontext()
     try:
-        with fake_mode, tracker:
+        with fake_mode, tracker, routing:
             training_step(work, precision, tracker)
     except InputError:
         raise

@@ -10,10 +10,11 @@ turns it into reserved memory.
 The same tracker works on real CPU tensors, which is how the ``cpu-run`` fallback measures
 models that fake mode cannot run (data-dependent operators such as ``.item()``).
 
-Fake CUDA tensors abort on CPU-only builds, so we trace on fake *CPU* tensors. Two CPU/GPU
+Fake CUDA tensors abort on CPU-only builds, so we trace on fake *CPU* tensors. Three CPU/GPU
 differences are compensated: optimizers are forced to their ``foreach`` implementation (the
-CUDA default, which allocates per-step temporaries), and AMP uses CPU autocast with the same
-dtype, whose cast lists are close to, but not identical with, CUDA's.
+CUDA default, which allocates per-step temporaries); AMP uses CPU autocast with the same
+dtype, whose cast lists are close to, but not identical with, CUDA's; and attention and
+dropout run the GPU's fused kernels (``fused.py``, applied by ``static.trace_fake``).
 """
 
 from __future__ import annotations
