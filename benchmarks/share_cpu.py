@@ -8,8 +8,12 @@ consumers that do almost nothing, so loading is the bottleneck. Side by side, in
   share        one collocate.share producer (W workers) and K SharedLoader consumers
   tensorsocket one tensorsocket 0.0.5 TensorProducer (W workers) and K TensorConsumers
 
-and reports aggregate samples/s (sum over consumers). Goal: share >= 0.9 * K * T1 and ahead of
-tensorsocket. A second part measures transport cost per batch against a plain memory copy.
+and reports aggregate samples/s (sum over consumers), all consumers counted over one common window
+(``--window`` s, starting ``--warmup`` s after the last consumer's first batch; _share_measure.py,
+shared with gpu/share_gpu.py). A measurement in which a consumer raised or got no batch, a
+DataLoader worker died or the producer exited is recorded as null plus ``<mode>_error`` in the
+JSON and as "error" with its reason in the markdown, never as a number. Goal: share >= 0.9 * K * T1
+and ahead of tensorsocket. A second part measures transport cost per batch against a plain memory copy.
 
     python benchmarks/share_cpu.py            # full run, writes benchmarks/results/share_cpu-<date>.{json,md}
     python benchmarks/share_cpu.py --quick    # short smoke run, prints only
@@ -23,14 +27,13 @@ import io
 import itertools
 import json
 import math
-import multiprocessing as mp
 import os
 import platform
 import random
 import socket
 import sys
-import threading
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -40,10 +43,13 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _share_measure
+
 SIZE, CROP = 160, 128
 MEAN = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
 STD = torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
-CTX = mp.get_context("spawn")
+CTX = _share_measure.CTX
 
 
 # ---------------------------------------------------------------- the pipeline
@@ -83,75 +89,6 @@ def make_loader(workers: int, batch_size: int = 32, images: int = 128, length: i
 
 
 # ---------------------------------------------------------------- process bodies
-def _measure(make_batches: Any, warmup: float, window: float, out: Any) -> None:
-    """Count samples that arrive in a fixed ``window`` starting ``warmup`` s after the first batch.
-
-    Iteration runs on a thread, so a consumer that receives nothing still reports on time (a
-    blocked iterator cannot stretch the window). Every batch is touched, as a training step would.
-    """
-    stamps: list[tuple[float, int]] = []
-
-    def loop() -> None:
-        batches = make_batches()
-        while True:
-            for x, _y in batches:
-                float(x[0, 0, 0, 0])
-                stamps.append((time.perf_counter(), len(x)))
-
-    threading.Thread(target=loop, daemon=True).start()
-    deadline = time.perf_counter() + 180
-    while not stamps and time.perf_counter() < deadline:
-        time.sleep(0.01)
-    if not stamps:
-        out.put((0, window))
-    else:
-        begin = stamps[0][0] + warmup
-        time.sleep(max(0.0, begin + window - time.perf_counter()))
-        out.put((sum(n for t, n in list(stamps) if begin <= t < begin + window), window))
-    out.close()
-    out.join_thread()
-    os._exit(0)
-
-
-def run_independent(workers: int, warmup: float, window: float, out: Any) -> None:
-    torch.set_num_threads(1)
-    _measure(lambda: make_loader(workers), warmup, window, out)
-
-
-def run_share_producer(name: str, workers: int, source: str) -> None:
-    torch.set_num_threads(1)
-    from collocate import share
-
-    share.serve(make_loader(workers) if source == "jpeg" else _memory_source(), name, slots=8)
-
-
-def run_share_consumer(name: str, warmup: float, window: float, out: Any) -> None:
-    torch.set_num_threads(1)
-    from collocate import share
-
-    _measure(lambda: share.SharedLoader(name, 32, connect_timeout=120), warmup, window, out)
-
-
-def run_ts_producer(workers: int, ports: tuple[int, int, int, int], source: str) -> None:
-    torch.set_num_threads(1)
-    from tensorsocket import TensorProducer
-
-    loader = make_loader(workers) if source == "jpeg" else _memory_source()
-    producer = TensorProducer(loader, port=ports[0], ack_port=ports[1], heart_ports=(ports[2], ports[3]),
-                              rubber_band_pct=0.02)
-    while True:
-        for _ in producer:
-            pass
-
-
-def run_ts_consumer(ports: tuple[int, int, int, int], warmup: float, window: float, out: Any) -> None:
-    torch.set_num_threads(1)
-    from tensorsocket import TensorConsumer
-
-    _measure(lambda: TensorConsumer(port=ports[0], ack_port=ports[1], heart_ports=(ports[2], ports[3]),
-                                    batch_size=32), warmup, window, out)
-
-
 class _MemorySource:
     """Pre-made CIFAR-sized batches (no decode): isolates the transport in the light comparison."""
 
@@ -178,56 +115,76 @@ class _Cycle:
         return (self.batches[i % len(self.batches)] for i in range(self.length))
 
 
-def _memory_source() -> _MemorySource:
-    return _MemorySource()
+def endpoint(kind: str, seq: int) -> Any:
+    """Where the producer of measurement ``seq`` serves: a share name, or tensorsocket's four ports."""
+    if kind == "share":
+        return f"bench-{os.getpid()}-{seq}"
+    base = 20000 + (os.getpid() % 1000) * 20 + seq * 4
+    return (base, base + 1, base + 2, base + 3)
 
 
-def _gather(procs: list[Any], queue: Any, k: int, timeout: float) -> float:
-    import queue as queue_mod
+def serve(kind: str, where: Any, workers: int, source: str = "jpeg", device: str = "cpu",
+          epoch: int = 8192) -> None:
+    """A producer's body: the JPEG pipeline (``epoch`` samples an epoch) or pre-made batches, served
+    by collocate.share (ring on ``device``) or by a tensorsocket TensorProducer, until stopped."""
+    loader = make_loader(workers, length=epoch) if source == "jpeg" else _MemorySource()
+    if kind == "share":
+        from collocate import share
 
-    results: list[tuple[int, float]] = []
-    deadline = time.monotonic() + timeout
-    try:
-        while len(results) < k:
-            try:
-                results.append(queue.get(timeout=1.0))
-            except queue_mod.Empty:
-                dead = [p for p in procs if p.exitcode not in (None, 0)]
-                if dead or time.monotonic() > deadline:
-                    raise RuntimeError(f"benchmark processes failed (exit codes {[p.exitcode for p in procs]})")
-    finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.join(10)
-            if p.is_alive():
-                p.kill()
-    return sum(n / t for n, t in results)
+        share.serve(loader, where, slots=8, device=device)
+        return
+    from tensorsocket import TensorProducer
+
+    producer = TensorProducer(loader, port=where[0], ack_port=where[1], heart_ports=(where[2], where[3]),
+                              rubber_band_pct=0.02)
+    while True:
+        for _ in producer:
+            pass
+
+
+def consumer_source(kind: str, arg: Any) -> Any:
+    """What one consumer iterates: its own DataLoader (``arg`` = (workers, epoch)), a SharedLoader
+    (``arg`` = name) or a TensorConsumer (``arg`` = ports); batches of 32 in every case."""
+    if kind == "independent":
+        return make_loader(arg[0], length=arg[1])  # persistent workers: started once, reused every epoch
+    if kind == "share":
+        from collocate import share
+
+        return share.SharedLoader(arg, 32, connect_timeout=_share_measure.FIRST_BATCH_TIMEOUT_S)
+    from tensorsocket import TensorConsumer
+
+    return TensorConsumer(port=arg[0], ack_port=arg[1], heart_ports=(arg[2], arg[3]), batch_size=32)
+
+
+def consumer_batches(kind: str, arg: Any) -> Iterator[int]:
+    """A CPU consumer: touch every batch, as a training step would, and yield its size, epoch after epoch."""
+    source = consumer_source(kind, arg)
+    batches = iter(source)
+    while True:
+        for x, _y in batches:
+            float(x[0, 0, 0, 0])
+            yield len(x)
+        batches = iter(source)
 
 
 def bench_mode(mode: str, k: int, workers: int, warmup: float, window: float, seq: int,
                source: str = "jpeg") -> float:
-    queue = CTX.Queue()
-    procs: list[Any] = []
-    timeout = warmup + window + 120
+    """Aggregate samples/s of ``k`` consumers of ``mode`` over one common window (see _share_measure).
+
+    ``single`` is one consumer with its own DataLoader of all ``workers``; ``independent`` gives
+    each of the ``k`` consumers its own DataLoader of ``workers // k``; ``share`` and ``tensorsocket``
+    run one producer of ``workers`` for the ``k`` consumers. Raises RuntimeError if it failed.
+    """
+    producer = None
     if mode == "single":
-        procs.append(CTX.Process(target=run_independent, args=(workers, warmup, window, queue)))
-        k = 1
+        k, kind, arg = 1, "independent", (workers, 8192)
     elif mode == "independent":
-        procs += [CTX.Process(target=run_independent, args=(max(1, workers // k), warmup, window, queue))
-                  for _ in range(k)]
-    elif mode == "share":
-        name = f"bench-{os.getpid()}-{seq}"
-        procs.append(CTX.Process(target=run_share_producer, args=(name, workers, source)))
-        procs += [CTX.Process(target=run_share_consumer, args=(name, warmup, window, queue)) for _ in range(k)]
-    elif mode == "tensorsocket":
-        base = 20000 + (os.getpid() % 1000) * 20 + seq * 4
-        ports = (base, base + 1, base + 2, base + 3)
-        procs.append(CTX.Process(target=run_ts_producer, args=(workers, ports, source)))
-        procs += [CTX.Process(target=run_ts_consumer, args=(ports, warmup, window, queue)) for _ in range(k)]
-    for p in procs:
-        p.start()
-    return _gather(procs, queue, k, timeout)
+        kind, arg = "independent", (max(1, workers // k), 8192)
+    else:
+        kind, arg = mode, endpoint(mode, seq)
+        producer = (serve, (mode, arg, workers, source))
+    samples_per_s, _split = _share_measure.throughput(consumer_batches, (kind, arg), k, warmup, window, producer)
+    return samples_per_s
 
 
 # ---------------------------------------------------------------- transport cost
@@ -361,20 +318,24 @@ def machine() -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", type=int, default=4, help="total DataLoader workers per configuration")
-    ap.add_argument("--consumers", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--consumers", type=int, nargs="+", help="values of K (default: 2 4; with --quick: 2)")
     ap.add_argument("--rounds", type=int, default=2, help="interleaved repetitions; medians are reported")
     ap.add_argument("--warmup", type=float, default=3.0)
-    ap.add_argument("--window", type=float, default=6.0)
-    ap.add_argument("--quick", action="store_true", help="one short round, no result files")
+    ap.add_argument("--window", type=float, default=20.0,
+                    help="seconds counted; tensorsocket delivers bursts about 10 s apart on a 2-core "
+                    "machine, so shorter windows round it to a burst count or 0")
+    ap.add_argument("--quick", action="store_true", help="one short round, K = 2 only, no result files")
     ap.add_argument("--skip-tensorsocket", action="store_true")
     args = ap.parse_args()
     if args.quick:
         args.rounds, args.warmup, args.window = 1, 2.0, 3.0
+    if args.consumers is None:
+        args.consumers = [2] if args.quick else [2, 4]
     info = machine()
     print(json.dumps(info), flush=True)
     modes = ["independent", "share"] + ([] if args.skip_tensorsocket else ["tensorsocket"])
     samples: dict[str, list[float | None]] = {}
-    errors: dict[str, str] = {}
+    failures: dict[str, list[str]] = {}
     seq = 0
 
     def record(key: str, fn: Any) -> None:
@@ -382,12 +343,14 @@ def main() -> None:
         seq += 1
         try:
             value: float | None = fn(seq)
-        except Exception as exc:
-            value, errors[key] = None, repr(exc)
+            shown = f"{value:.0f} samples/s"
+        except Exception as exc:  # recorded as null plus the reason, never as a number
+            value, shown = None, f"error: {exc!r}"
+            failures.setdefault(key, []).append(repr(exc) if args.rounds == 1 else f"round {rnd}: {exc!r}")
         samples.setdefault(key, []).append(value)
-        print(f"{key}: {value}", flush=True)
+        print(f"{key}: {shown}", flush=True)
 
-    for _ in range(args.rounds):  # interleaved so load from other users hits every configuration alike
+    for rnd in range(1, args.rounds + 1):  # interleaved so load from other users hits every configuration alike
         record("single", lambda q: bench_mode("single", 1, args.workers, args.warmup, args.window, q))
         for k in args.consumers:
             for mode in modes:
@@ -396,17 +359,8 @@ def main() -> None:
         for mode in modes[1:]:
             record(f"light-{mode}/K=2", lambda q, m=mode: bench_mode(m, 2, 0, args.warmup, args.window, q, "memory"))
 
-    med = {key: _median(vals) for key, vals in samples.items()}
-    t1 = med["single"]
-    rows = []
-    for k in args.consumers:
-        row: dict[str, Any] = {"K": k, "single_T1": t1, **{m: med.get(f"{m}/K={k}") for m in modes}}
-        row["share_over_K_T1"] = row["share"] / (k * t1) if row["share"] and t1 else None
-        row["independent_over_T1"] = row["independent"] / t1 if row["independent"] and t1 else None
-        row["share_over_tensorsocket"] = (row["share"] / row["tensorsocket"]
-                                          if row.get("tensorsocket") and row["share"] else None)
-        rows.append(row)
-    light = {m: med.get(f"light-{m}/K=2") for m in modes[1:]}
+    errors = {key: "; ".join(why) for key, why in failures.items()}
+    rows, light = summarize(samples, errors, args.consumers, modes)
     ts_pickle = None if args.skip_tensorsocket else tensorsocket_pickle()
     transport = []
     for i, shape in enumerate([(32, 3, 32, 32), (32, 3, 128, 128), (64, 3, 224, 224)]):
@@ -443,6 +397,35 @@ def tensorsocket_pickle() -> dict[str, float]:
     return {"slice_mib": piece.nbytes / 2**20, "pickled_mib": size / 2**20}
 
 
+def summarize(samples: dict[str, list[float | None]], errors: dict[str, str], consumers: list[int],
+              modes: list[str]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The throughput rows (one per K) and the light-pipeline entry from every run's samples/s.
+
+    A value is the median of the runs that succeeded, null if none did; ``<mode>_error`` (and
+    ``single_T1_error``) holds the reason whenever a run of it failed.
+    """
+    med = {key: _median(vals) for key, vals in samples.items()}
+
+    def entry(name: str, key: str) -> dict[str, Any]:
+        return {name: med.get(key), **({f"{name}_error": errors[key]} if key in errors else {})}
+
+    t1 = med.get("single")
+    rows = []
+    for k in consumers:
+        row: dict[str, Any] = {"K": k, **entry("single_T1", "single")}
+        for m in modes:
+            row.update(entry(m, f"{m}/K={k}"))
+        row["share_over_K_T1"] = row["share"] / (k * t1) if row["share"] and t1 else None
+        row["independent_over_T1"] = row["independent"] / t1 if row["independent"] and t1 else None
+        row["share_over_tensorsocket"] = (row["share"] / row["tensorsocket"]
+                                          if row.get("tensorsocket") and row["share"] else None)
+        rows.append(row)
+    light: dict[str, Any] = {}
+    for m in modes[1:]:
+        light.update(entry(m, f"light-{m}/K=2"))
+    return rows, light
+
+
 def _median(values: list[float | None]) -> float | None:
     ok = sorted(v for v in values if v is not None)
     if not ok:
@@ -455,24 +438,50 @@ def markdown(result: dict[str, Any]) -> str:
     m = result["machine"]
     singles = [v for v in result["all_measurements"]["single"] if v]
     t1_max = max(singles) if singles else None
+    notes: dict[str, int] = {}  # "what: why" -> its number, in order of first use
+    listed = 0
+
+    def cell(entry: dict[str, Any], name: str, label: str) -> str:
+        """A median, or "error"; a run that failed adds a numbered note with its reason."""
+        value, why = entry.get(name), entry.get(f"{name}_error")
+        shown = "n/a" if value is None and why is None else "error" if value is None else f"{value:.0f}"
+        if why is not None:
+            shown += f" [{notes.setdefault(f'{label}: {why}', len(notes) + 1)}]"
+        return shown
+
+    def new_notes() -> list[str]:
+        """The notes of the table just written, as a list under it."""
+        nonlocal listed
+        fresh = list(notes)[listed:]
+        listed = len(notes)
+        if not fresh:
+            return []
+        return ["", "Errors (a failed run is left out of the median; \"error\": every run failed):", "",
+                *(f"- [{notes[text]}] {text}" for text in fresh)]
+
     lines = [
         f"# share_cpu — {result['date']}", "",
         (f"Machine: {m['cpu_model']}, {m['cores']} cores, device {m['device']}, torch {m['torch']}, "
          f"load average at start {tuple(round(x, 1) for x in m['load_average_at_start'])} (shared machine)."), "",
-        (f"Aggregate samples/s over all consumers (medians of {result['settings']['rounds']} interleaved rounds); "
+        (f"Aggregate samples/s over all consumers (medians of {result['settings']['rounds']} interleaved rounds), "
+         "counted over one common window that starts when the last consumer has its first batch plus the warm-up; "
          f"{result['settings']['workers']} DataLoader workers in every configuration; batch 32 of 3x128x128 "
          "float32. T1 is the single-loader median; the conservative ratio uses the best single-loader run."), "",
         ("| K | single loader T1 | (a) independent | (b) collocate.share | (c) tensorsocket 0.0.5 | (b) / (K·T1) "
          "| (b) / (K·best T1) | (b) / (a) | (b) / (c) |"),
         "|---|---|---|---|---|---|---|---|---|"]
-    fmt = lambda v: "failed" if v is None else f"{v:.0f}"
     for r in result["throughput"]:
+        k = r["K"]
         ratio_c = r.get("share_over_tensorsocket")
-        best = r["share"] / (r["K"] * t1_max) if r.get("share") and t1_max else None
+        best = r["share"] / (k * t1_max) if r.get("share") and t1_max else None
         vs_a = r["share"] / r["independent"] if r.get("share") and r.get("independent") else None
-        lines.append(f"| {r['K']} | {r['single_T1']:.0f} | {fmt(r.get('independent'))} | {fmt(r.get('share'))} | "
-                     f"{fmt(r.get('tensorsocket'))} | {_ratio(r['share_over_K_T1'])} | {_ratio(best)} | "
-                     f"{_ratio(vs_a)} | {_ratio(ratio_c)} |")
+        lines.append(f"| {k} | {cell(r, 'single_T1', 'single loader T1')} | "
+                     f"{cell(r, 'independent', f'(a) independent, K = {k}')} | "
+                     f"{cell(r, 'share', f'(b) collocate.share, K = {k}')} | "
+                     f"{cell(r, 'tensorsocket', f'(c) tensorsocket, K = {k}')} | {_ratio(r['share_over_K_T1'])} | "
+                     f"{_ratio(best)} | {_ratio(vs_a)} | {_ratio(ratio_c)} |")
+    lines += new_notes()
+    fmt = lambda v: "error" if v is None else f"{v:.0f}"
     raw = "; ".join(f"{k}: {', '.join(fmt(v) for v in vals)}" for k, vals in result["all_measurements"].items())
     lines += ["", f"All runs (samples/s): {raw}."]
     amp = result.get("tensorsocket_pickle")
@@ -483,9 +492,9 @@ def markdown(result: dict[str, Any]) -> str:
     light = result["light_pipeline_K2"]
     lines += ["", "Light pipeline (pre-made 32x3x32x32 batches in memory, no decode; K = 2; isolates the transport):", "",
               "| (b) collocate.share | (c) tensorsocket 0.0.5 |", "|---|---|",
-              f"| {fmt(light.get('share'))} | {fmt(light.get('tensorsocket'))} |"]
-    if result["errors"]:
-        lines += ["", "Errors: " + "; ".join(f"{k}: {v}" for k, v in result["errors"].items())]
+              (f"| {cell(light, 'share', 'light, (b) collocate.share')} | "
+               f"{cell(light, 'tensorsocket', 'light, (c) tensorsocket')} |")]
+    lines += new_notes()
     lines += ["", ("Transport cost per batch (producer copy into the ring + control messages + consumer views), "
                    "one consumer, in-memory source; medians of per-batch intervals and of single copies. The memcpy "
                    "columns are `Tensor.copy_` (torch's OpenMP team, all cores); the last two columns are a reference "

@@ -11,7 +11,8 @@ session with one validates and measures it:
      with the CUDA IPC ring, (b') collocate.share with the CPU ring + H2D copies in consumers,
      (c) tensorsocket 0.0.5 (its CUDA IPC path); first, the reference T1: one consumer with one
      DataLoader of all the workers. Each measurement counts every consumer's samples over one
-     common window (``--window`` s, starting ``--warmup`` s after the last consumer's first batch).
+     common window (``--window`` s, starting ``--warmup`` s after the last consumer's first batch;
+     benchmarks/_share_measure.py, shared with share_cpu.py).
 
     python benchmarks/gpu/share_gpu.py             # on a GPU machine; writes benchmarks/results/share_gpu-<date>.json
     python benchmarks/gpu/share_gpu.py --dry-run   # anywhere: same plumbing on CPU, tiny sizes, no results file
@@ -30,11 +31,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import os
-import queue
 import sys
-import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -43,9 +41,10 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import _share_measure
 import share_cpu
 
-CTX = mp.get_context("spawn")
+CTX = _share_measure.CTX
 
 
 # ---------------------------------------------------------------- correctness
@@ -106,188 +105,39 @@ def correctness(device: str, n: int, width: int, epochs: int) -> list[tuple[str,
 
 
 # ---------------------------------------------------------------- throughput
-FIRST_BATCH_TIMEOUT_S = 60.0  # a consumer's start-up: imports, connection, loader workers, first batch
-
-
-def _child_setup() -> None:
-    """Every benchmark child: one torch thread, and DataLoader workers started by fork.
-
-    A spawned child inherits "spawn" as its default start method, so each DataLoader worker would be
-    a fresh interpreter that imports torch and this script and reads the pickled dataset (1.4 MiB)
-    before the next one starts: 2+ s per worker, in sequence, and a child stopped meanwhile leaves a
-    worker dying with "pickle data was truncated". Fork is what a training script run on Linux uses.
-    """
-    torch.set_num_threads(1)
-    mp.set_start_method("fork", force=True)
-
-
 def _step(x: torch.Tensor, conv: torch.nn.Module) -> None:
     conv(x).sum().item()  # a small training-step stand-in that reads the whole batch on the device
 
 
-def _source(kind: str, arg: Any) -> Any:
-    if kind == "independent":
-        return share_cpu.make_loader(arg[0], length=arg[1])  # persistent workers: started once, reused every epoch
-    if kind == "share":
-        from collocate import share
-
-        return share.SharedLoader(arg, 32, connect_timeout=FIRST_BATCH_TIMEOUT_S)
-    from tensorsocket import TensorConsumer
-
-    return TensorConsumer(port=arg[0], ack_port=arg[1], heart_ports=(arg[2], arg[3]), batch_size=32)
-
-
-def _gpu_consumer(kind: str, arg: Any, device: str, index: int, window: float, out: Any, go: Any) -> None:
-    _child_setup()
-
-    def batch_sizes() -> Any:
-        source = _source(kind, arg)  # one source for the whole run, iterated epoch after epoch
-        batches = iter(source)  # a DataLoader forks its workers here, before CUDA is initialised
-        conv = torch.nn.Conv2d(3, 8, 3).to(device)
-        while True:
-            for x, _y in batches:
-                _step(x.to(device, non_blocking=True), conv)
-                yield len(x)
-            batches = iter(source)
-
-    _measure(batch_sizes, index, window, out, go)
-
-
-def _measure(batch_sizes: Any, index: int, window: float, out: Any, go: Any) -> None:
-    """Count the samples that arrive in the window the parent sends on ``go``; then exit.
-
-    Messages on ``out``: ("first", index, time of the first batch), then ("ok", index, samples) or
-    ("error", index, why). Iteration runs on a thread, so a consumer whose source blocks still
-    reports on time; an exception in it, or a dead DataLoader worker, is an error, not a lower count.
-    Times are ``time.monotonic()``, one clock for all processes on Linux.
-    """
-    stamps: list[tuple[float, int]] = []
-    failed: list[str] = []
-
-    def loop() -> None:
-        try:
-            for n in batch_sizes():
-                stamps.append((time.monotonic(), n))
-        except BaseException as exc:
-            failed.append(repr(exc))
-
-    threading.Thread(target=loop, daemon=True).start()
-    deadline = time.monotonic() + FIRST_BATCH_TIMEOUT_S
-    while not stamps and not failed and time.monotonic() < deadline:
-        time.sleep(0.01)
-    counted = 0
-    if stamps:
-        out.put(("first", index, stamps[0][0]))
-        workers = mp.active_children()  # this consumer's DataLoader workers, if it has any
-        begin = go.get(timeout=FIRST_BATCH_TIMEOUT_S + 30)
-        time.sleep(max(0.0, begin + window - time.monotonic()))
-        counted = sum(n for t, n in list(stamps) if begin <= t < begin + window)
-        failed += [f"DataLoader worker {p.pid} exited with code {p.exitcode}" for p in workers
-                   if p.exitcode is not None]
-    elif not failed:
-        failed.append(f"no batch within {FIRST_BATCH_TIMEOUT_S:g} s")
-    out.put(("error", index, "; ".join(failed)) if failed else ("ok", index, counted))
-    for p in mp.active_children():  # stop the workers before exiting, so none runs on into the next measurement
-        p.terminate()
-        p.join(5)
-    out.close()
-    out.join_thread()
-    os._exit(0)  # the source may be blocked on a producer that is about to go: do not wait for it
-
-
-def _producer(kind: str, name_or_ports: Any, workers: int, device: str, epoch: int) -> None:
-    _child_setup()
-    if kind == "tensorsocket":
-        share_cpu.run_ts_producer(workers, name_or_ports, "jpeg")
-        return
-    from collocate import share
-
-    share.serve(share_cpu.make_loader(workers, length=epoch), name_or_ports, slots=8, device=device)
-
-
-def _collect(tag: str, procs: list[Any], consumers: int, results: Any, timeout: float) -> dict[int, Any]:
-    """One ``tag`` message from each consumer; RuntimeError on an error message, a dead process or
-    the timeout. Consumers exit 0 once they reported; any other process (the producer) must live."""
-    got: dict[int, Any] = {}
-    deadline = time.monotonic() + timeout
-    while len(got) < consumers:
-        try:
-            kind, index, value = results.get(timeout=1.0)
-        except queue.Empty:
-            codes = [p.exitcode for p in procs]
-            if any(c not in (None, 0) for c in codes) or any(c is not None for c in codes[:len(procs) - consumers]):
-                raise RuntimeError(f"a benchmark process exited while waiting for {tag!r} (exit codes {codes}, "
-                                   f"producer first if any); its output, if any, is in the log above") from None
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"no {tag!r} from consumers {sorted(set(range(consumers)) - set(got))} "
-                                   f"within {timeout:g} s") from None
-            continue
-        if kind == "error":
-            raise RuntimeError(f"consumer {index}: {value}")
-        got[index] = value
-    return got
-
-
-def _stop(procs: list[Any], consumers: list[Any]) -> None:
-    """Shutdown order: ``consumers`` that reported exit by themselves (after stopping their loader
-    workers); then SIGTERM to the rest (the producer stops gracefully), SIGKILL after 10 s."""
-    deadline = time.monotonic() + 10
-    for p in consumers:
-        p.join(max(0.0, deadline - time.monotonic()))
-    for p in procs:
-        if p.exitcode is None:
-            p.terminate()
-    for p in procs:
-        p.join(10)
-        if p.is_alive():
-            p.kill()
-            p.join(5)
-        p.close()
+def _gpu_batches(kind: str, arg: Any, device: str) -> Any:
+    """A GPU consumer: move every batch to ``device`` and run ``_step`` on it; yield its size."""
+    source = share_cpu.consumer_source(kind, arg)  # one source for the whole run, iterated epoch after epoch
+    batches = iter(source)  # a DataLoader forks its workers here, before CUDA is initialised
+    conv = torch.nn.Conv2d(3, 8, 3).to(device)
+    while True:
+        for x, _y in batches:
+            _step(x.to(device, non_blocking=True), conv)
+            yield len(x)
+        batches = iter(source)
 
 
 def throughput(mode: str, k: int, workers: int, device: str, warmup: float, window: float, seq: int,
                epoch: int = 8192) -> tuple[float, dict[str, float]]:
-    """Aggregate samples/s of ``k`` consumers over one common window, and where the time went (s).
+    """Aggregate samples/s of ``k`` GPU consumers over one common window, and where the time went (s).
 
     ``epoch`` is the samples per epoch of the loaders (tensorsocket's producer keeps its default).
-
-    The window starts ``warmup`` s after the last consumer's first batch, so every consumer is
-    measured over the same interval and no one's start-up counts against the others.
+    The window starts ``warmup`` s after the last consumer's first batch (_share_measure.throughput).
     """
-    t0 = time.monotonic()
-    results, go = CTX.Queue(), CTX.Queue()
-    procs: list[Any] = []
     if mode == "independent":
-        kind, arg = "independent", (max(1, workers // k), epoch)
+        kind, arg, producer = "independent", (max(1, workers // k), epoch), None
     elif mode in ("share-cuda", "share-cpu-ring"):
-        kind, arg = "share", f"gpu-bench-{os.getpid()}-{seq}"
-        procs.append(CTX.Process(target=_producer, args=("share", arg, workers,
-                                                         device if mode == "share-cuda" else "cpu", epoch)))
+        kind, arg = "share", share_cpu.endpoint("share", seq)
+        ring = device if mode == "share-cuda" else "cpu"
+        producer = (share_cpu.serve, ("share", arg, workers, "jpeg", ring, epoch))
     else:
-        base = 24000 + (os.getpid() % 500) * 20 + seq * 4
-        kind, arg = "tensorsocket", (base, base + 1, base + 2, base + 3)
-        procs.append(CTX.Process(target=_producer, args=("tensorsocket", arg, workers, device, epoch)))
-    procs += [CTX.Process(target=_gpu_consumer, args=(kind, arg, device, i, window, results, go)) for i in range(k)]
-    started: list[Any] = []
-    samples: dict[int, int] = {}
-    try:
-        for p in procs:
-            p.start()
-            started.append(p)
-        first = max(_collect("first", procs, k, results, FIRST_BATCH_TIMEOUT_S + 60).values())
-        begin = first + warmup
-        for _ in range(k):
-            go.put(begin)
-        samples = _collect("ok", procs, k, results, begin + window + 30 - time.monotonic())
-        t_results = time.monotonic()
-    finally:
-        _stop(started, consumers=procs[len(procs) - k:] if samples else [])
-        for q in (results, go):
-            q.close()
-            q.join_thread()
-    timing = {"start_to_first_batch": first - t0, "warmup_and_window": t_results - first,
-              "teardown": time.monotonic() - t_results}
-    return sum(samples.values()) / window, {key: round(v, 1) for key, v in timing.items()}
+        kind, arg = "tensorsocket", share_cpu.endpoint("tensorsocket", seq)
+        producer = (share_cpu.serve, ("tensorsocket", arg, workers))
+    return _share_measure.throughput(_gpu_batches, (kind, arg, device), k, warmup, window, producer)
 
 
 def main() -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import csv
 import importlib.util
 import pathlib
-import queue
 import sys
 from types import ModuleType
 
@@ -143,36 +142,6 @@ def test_a_real_parallel_dry_run(tmp_path: pathlib.Path) -> None:
     rows = list(csv.DictReader(out.open()))
     assert [(r["config"], r["status"], r["jobs"]) for r in rows] == [
         (names[0], "dry-run", "2"), (names[1], "dry-run", "2")]
-
-
-class _FakeProc:
-    def __init__(self, exitcode: int | None) -> None:
-        self.exitcode = exitcode
-
-
-class _FakeQueue:
-    def __init__(self, *messages: tuple) -> None:
-        self.messages = list(messages)
-
-    def get(self, timeout: float) -> tuple:
-        if not self.messages:
-            raise queue.Empty
-        return self.messages.pop(0)
-
-
-def test_share_gpu_collect_turns_failures_into_errors() -> None:
-    live = [_FakeProc(None), _FakeProc(None), _FakeProc(None)]  # producer, two consumers
-    ok = _FakeQueue(("ok", 1, 64), ("ok", 0, 32))
-    assert share_gpu._collect("ok", live, 2, ok, 5) == {0: 32, 1: 64}
-    with pytest.raises(RuntimeError, match="consumer 1: DataLoader worker 7 exited"):
-        share_gpu._collect("ok", live, 2, _FakeQueue(("ok", 0, 32), ("error", 1, "DataLoader worker 7 exited")), 5)
-    # a consumer that reported exits 0; a producer that exits at all, or a consumer that dies, is an error
-    with pytest.raises(RuntimeError, match=r"exit codes \[0, None, None\]"):
-        share_gpu._collect("ok", [_FakeProc(0), _FakeProc(None), _FakeProc(None)], 2, _FakeQueue(), 5)
-    with pytest.raises(RuntimeError, match=r"exit codes \[None, 0, 1\]"):
-        share_gpu._collect("ok", [_FakeProc(None), _FakeProc(0), _FakeProc(1)], 2, _FakeQueue(("ok", 0, 32)), 5)
-    with pytest.raises(RuntimeError, match=r"no 'first' from consumers \[1\]"):
-        share_gpu._collect("first", live, 2, _FakeQueue(("first", 0, 1.0)), 0)
 
 
 @pytest.mark.slow
