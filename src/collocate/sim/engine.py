@@ -35,9 +35,9 @@ from collocate.errors import InputError
 from collocate.gputypes import NodeSpec
 from collocate.interference import InterferenceModel, default_interference
 from collocate.model import (
+    UNKNOWN_PROFILE,
     ClusterSnapshot,
     GpuId,
-    UNKNOWN_PROFILE,
     Job,
     JobProfile,
     JobState,

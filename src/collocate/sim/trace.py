@@ -157,12 +157,8 @@ def _workload(row: dict, where: str, catalogue: dict[str, Workload] | None) -> W
             )
         base = Workload(name=str(row.get("name") or "job"), gpus=1, duration_s=0.0, peak_mib=0.0)
     gpus = _gpus(row["gpus"], where) if row.get("gpus") not in (None, "") else base.gpus
-    peak = _number(row["peak_mib"], where, "peak_mib") if row.get("peak_mib") not in (None, "") else base.peak_mib
-    duration = (
-        _number(row["duration_s"], where, "duration_s")
-        if row.get("duration_s") not in (None, "")
-        else base.duration_s
-    )
+    peak = _number_or(row, "peak_mib", where, base.peak_mib)
+    duration = _number_or(row, "duration_s", where, base.duration_s)
     estimates = dict(base.estimates) | {"peak": peak}
     if row.get("mem_estimate_mib") not in (None, ""):
         estimates["declared"] = _number(row["mem_estimate_mib"], where, "mem_estimate_mib")
@@ -172,16 +168,17 @@ def _workload(row: dict, where: str, catalogue: dict[str, Workload] | None) -> W
             _fraction(row.get("sm_activity"), where, "sm_activity", profile.sm_activity),
             _fraction(row.get("dram_activity"), where, "dram_activity", profile.dram_activity),
         )
-    warmup = (
-        _number(row["warmup_s"], where, "warmup_s")
-        if row.get("warmup_s") not in (None, "")
-        else base.warmup_s
-    )
+    warmup = _number_or(row, "warmup_s", where, base.warmup_s)
     if warmup > duration:
         raise InputError(f"{where}: warmup_s {warmup:g} is longer than duration_s {duration:g}",
                          hint="warmup_s is the idle start of the job's duration, not extra time")
     return Workload(str(row.get("name") or base.name), gpus, duration, peak, estimates, profile,
                     warmup)
+
+
+def _number_or(row: dict, column: str, where: str, default: float) -> float:
+    """The row's value of ``column``, or ``default`` (the catalogue's) where the cell is empty."""
+    return default if row.get(column) in (None, "") else _number(row[column], where, column)
 
 
 def _gpus(value: str | int, where: str) -> int:
