@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from collocate.errors import InputError
 from collocate.gputypes import parse_cluster
 from collocate.policies import POLICY_NAMES, make_policy
 from collocate.sim.engine import SimConfig, Simulation
@@ -214,7 +215,7 @@ def test_policies_told_nothing_of_profiles_still_run_jobs_at_their_real_activity
     trace = [TraceJob("a", 0.0, w), TraceJob("b", 0.0, w)]
 
     def ends(known: bool) -> tuple[dict, dict]:
-        config = SimConfig(ramp_s=0.0, wake_s=1.0, profiles_known=known)
+        config = SimConfig(ramp_s=0.0, wake_s=1.0, profiles="trace" if known else "unknown")
         result = Simulation(parse_cluster("1xH100-80GB"), trace, make_policy("auto", settle_s=1),
                             config).run()
         return {r.id: r.start for r in result.records}, {r.id: r.end for r in result.records}
@@ -228,3 +229,44 @@ def test_policies_told_nothing_of_profiles_still_run_jobs_at_their_real_activity
     assert end["a"] == pytest.approx(b + (30.0 - b) * slowdown)
     assert end["b"] == pytest.approx(end["a"] + b)
 
+
+
+@pytest.mark.parametrize(("b_arrives", "paired"), [(5.0, True), (12.0, False)])
+def test_learned_profiles_reach_the_policy_after_learn_s_alone(b_arrives, paired):
+    # Two heavy jobs (a pair would slow beyond auto's max_slowdown). Policies are told nothing
+    # until a has run alone for learn_s (10 s): b arriving before that is paired with a, as a
+    # blind daemon would; b arriving after it waits for a, as an informed one does.
+    from collocate.model import JobProfile
+    from collocate.sim.trace import TraceJob, Workload
+
+    w = Workload("heavy", 1, 30.0, 1000.0, {"peak": 1000.0}, JobProfile(0.79, 0.6))
+    trace = [TraceJob("a", 0.0, w), TraceJob("b", b_arrives, w)]
+    config = SimConfig(ramp_s=0.0, wake_s=1.0, profiles="learned", learn_s=10.0)
+    result = Simulation(parse_cluster("1xH100-80GB"), trace, make_policy("auto", settle_s=1),
+                        config).run()
+    start = {r.id: r.start for r in result.records}
+    assert (start["b"] == pytest.approx(b_arrives)) is paired
+    if not paired:
+        assert start["b"] == pytest.approx(30.0)
+
+
+def test_unknown_profile_knowledge_is_refused():
+    with pytest.raises(InputError, match="profile knowledge"):
+        SimConfig(profiles="guessed")
+
+
+@pytest.mark.parametrize(("command", "c_waits"), [("train-heavy", True), (None, False)])
+def test_learned_profiles_are_remembered_for_jobs_of_the_same_command(command, c_waits):
+    # a runs alone and is learned; b and c come after a's end. With the same command, both are
+    # known from a's run (the daemon's history), so c waits for b; without one, c is paired.
+    from collocate.model import JobProfile
+    from collocate.sim.trace import TraceJob, Workload
+
+    w = Workload("heavy", 1, 30.0, 1000.0, {"peak": 1000.0}, JobProfile(0.79, 0.6), command=command)
+    trace = [TraceJob("a", 0.0, w), TraceJob("b", 31.0, w), TraceJob("c", 32.0, w)]
+    config = SimConfig(ramp_s=0.0, wake_s=1.0, profiles="learned", learn_s=10.0)
+    result = Simulation(parse_cluster("1xH100-80GB"), trace, make_policy("auto", settle_s=1),
+                        config).run()
+    start = {r.id: r.start for r in result.records}
+    assert start["b"] == pytest.approx(31.0)
+    assert start["c"] == pytest.approx(61.0 if c_waits else 32.0)

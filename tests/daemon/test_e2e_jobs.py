@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 
+import pytest
 from daemon_harness import job_argv, wait_for
 
 
@@ -27,6 +28,21 @@ def test_job_runs_to_done_with_logs_attempt_and_history(daemons):
     detail = d.job(second)
     assert detail["mem_source"] == "history"
     assert abs(detail["mem_mib"] - attempt["peak_mib"]) < 1e-6
+
+
+def test_the_daemon_learns_a_jobs_solo_activity_and_remembers_it(daemons):
+    d = daemons()
+    argv = job_argv(1500, 3.0, sm=0.4)  # its emulated GPU reads SM 0.4, DRAM 0.05 while alone
+    first = d.submit(argv, mem="2GiB")
+    assert d.job(first)["profile"]["source"].startswith("assumed")
+    live = wait_for(lambda: (p := d.job(first)["profile"])["source"].endswith("this attempt") and p,
+                    20, "the profile measured while it runs")
+    assert live["sm_activity"] == pytest.approx(0.4) and live["dram_activity"] == pytest.approx(0.05)
+    (attempt,) = d.wait_state(first, "done")["attempts"]
+    assert attempt["solo_sm"] == pytest.approx(0.4) and attempt["solo_dram"] == pytest.approx(0.05)
+    again = d.job(d.submit(argv, mem="2GiB"))["profile"]
+    assert again == {"sm_activity": pytest.approx(0.4), "dram_activity": pytest.approx(0.05),
+                     "source": "measured alone in an earlier run"}
 
 
 def test_underestimated_job_crashes_oom_and_recovers_with_more_memory(daemons):

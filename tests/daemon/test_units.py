@@ -116,10 +116,40 @@ def test_store_round_trip(tmp_path):
     assert loaded.state is JobState.DONE and ended is not None and spec.argv == ("a",)
     store.add_attempt(Attempt("1", 1, 10.0, ("n:0",), ("GPU-a",), str(tmp_path)))
     assert [a.n for a in store.open_attempts()] == [1]
-    store.record_history("sig", 3000.0, 0.4)
-    store.record_history("sig", 3100.0, None)
-    assert store.history("sig") == (3100.0, 0.4)
+    store.record_history("sig", 3000.0, JobProfile(0.4, 0.3))
+    store.record_history("sig", 3100.0, None)  # a run never measured alone keeps the old profile
+    assert store.history("sig") == (3100.0, JobProfile(0.4, 0.3))
+    store.record_history("sig", 3200.0, JobProfile(0.6, 0.1))
+    assert store.history("sig") == (3200.0, JobProfile(0.6, 0.1))
     store.close()
+
+
+def test_store_opens_a_file_from_before_solo_profiles(tmp_path):
+    """An older file gains the new columns; its per-process SM means are not taken as profiles."""
+    import sqlite3
+
+    path = tmp_path / "db.sqlite"
+    old = sqlite3.connect(path)
+    old.executescript(
+        "CREATE TABLE attempts (job_id TEXT NOT NULL, n INTEGER NOT NULL, start REAL NOT NULL,"
+        " end REAL, gpus TEXT NOT NULL, uuids TEXT NOT NULL, mem_mib REAL, dir TEXT NOT NULL,"
+        " pid INTEGER, pid_started REAL, returncode INTEGER, outcome TEXT, reason TEXT,"
+        " peak_mib REAL, sm_activity REAL, PRIMARY KEY (job_id, n));"
+        "CREATE TABLE history (signature TEXT PRIMARY KEY, peak_mib REAL NOT NULL,"
+        " sm_activity REAL, runs INTEGER NOT NULL, updated REAL NOT NULL);"
+        "INSERT INTO history VALUES ('sig', 2500.0, 0.07, 3, 0.0);"
+        "INSERT INTO attempts (job_id, n, start, gpus, uuids, dir, sm_activity)"
+        " VALUES ('1', 1, 5.0, '[\"n:0\"]', '[\"GPU-a\"]', '/', 0.07);")
+    old.commit()
+    old.close()
+    store = Store(path)
+    assert store.history("sig") == (2500.0, None)
+    (attempt,) = store.open_attempts()
+    assert attempt.solo_sm is None and attempt.gpus == ("n:0",)
+    store.record_history("sig", 2600.0, JobProfile(0.5, 0.25))
+    assert store.history("sig") == (2600.0, JobProfile(0.5, 0.25))
+    store.close()
+    assert Store(path).history("sig") == (2600.0, JobProfile(0.5, 0.25))  # reopening adds nothing
 
 
 class _Backend:
@@ -145,7 +175,7 @@ def test_monitor_attributes_memory_and_sets_the_in_flight_guard():
     seen = Tracked(Job("1", mem_mib=6000), ("GPU-0",), 1, pids=frozenset({10, 11}))
     unseen = Tracked(Job("2", mem_mib=None), ("GPU-1",), 2, pids=frozenset({20}))
     mon.refresh([seen, unseen], now=100.0)
-    assert seen.seen_at == 100.0 and seen.peak_mib == 5000 and seen.sm_mean == 0.5
+    assert seen.seen_at == 100.0 and seen.peak_mib == 5000
     snap = mon.snapshot([seen, unseen], now=101.0, sharing=SharingMode.TIME_SLICING)
     assert snap.launch_seen_at.tolist() == [100.0, math.inf]
     assert snap.committed_mib.tolist() == [6000.0, 40000.0]  # unknown memory commits the whole GPU
@@ -277,3 +307,75 @@ def test_log_chunks_never_split_a_character(text, chunk):
         out.append(piece.decode())
         offset += len(piece)
     assert "".join(out) == text
+
+
+def _solo_monitor(is_helper=lambda pid: False):
+    """One whole GPU and one MIG-like slice (GPU-1 reports a seventh of the SMs)."""
+    class Backend(_Backend):
+        def devices(self):
+            whole = DeviceInfo(GpuId("n", 0), "GPU-0", "A100-40GB", 40000.0, 108)
+            part = DeviceInfo(GpuId("n", 1, "1.0"), "GPU-1", "A100-40GB", 5000.0, 14,
+                              parent_uuid="GPU-p")
+            return [whole, part]
+
+    backend = Backend([])
+    return backend, Monitor(backend, window=5, is_helper=is_helper)
+
+
+def _reading(uuid, sm, *procs, dram=0.3):
+    return DeviceSample(uuid, 0.0, 1000, 39000, sm_activity=sm, dram_activity=dram,
+                        processes=tuple(ProcessUsage(pid, mib) for pid, mib in procs))
+
+
+def test_monitor_learns_the_solo_profile_after_warm_up_and_only_alone():
+    backend, mon = _solo_monitor(is_helper=lambda pid: pid == 99)
+    job = Tracked(Job("1", mem_mib=6000), ("GPU-0",), 1, pids=frozenset({10}))
+    now = 0.0
+
+    def feed(*readings):
+        nonlocal now
+        for r in readings:
+            backend.samples = [r]
+            now += 1.0
+            mon.refresh([job], now=now)
+
+    feed(*[_reading("GPU-0", 0.01, (10, 900))] * 20)  # warm-up: below the floor, not counted
+    assert job.solo.samples == 0
+    feed(*[_reading("GPU-0", 0.6, (10, 900), (99, 66))] * 5)  # the MPS server is no neighbour
+    feed(*[_reading("GPU-0", 0.9, (10, 900), (20, 500))] * 30)  # a neighbour: not counted
+    feed(*[_reading("GPU-0", 0.9, (10, 900), (20, 0))] * 1)  # a neighbour with no memory yet
+    assert job.solo.samples == 6 and job.learned is None  # not trusted yet
+    snap = mon.snapshot([job], now=now, sharing=SharingMode.TIME_SLICING)
+    assert snap.sm_sum[0] == job.job.profile.sm_activity  # still the assumed profile
+    feed(*[_reading("GPU-0", 0.0, (10, 900), dram=None)] * 4)  # a stall after warm-up counts
+    assert job.learned == JobProfile((5 * 0.6 + 0.9) / 10, 0.3)
+    snap = mon.snapshot([job], now=now, sharing=SharingMode.TIME_SLICING)
+    assert snap.sm_sum[0] == job.learned.sm_activity and snap.dram_sum[0] == 0.3
+
+
+def test_monitor_does_not_learn_on_a_mig_slice():
+    backend, mon = _solo_monitor()
+    job = Tracked(Job("1", mem_mib=3000), ("GPU-1",), 1, pids=frozenset({10}))
+    backend.samples = [_reading("GPU-1", 1.0, (10, 900))]
+    for t in range(30):
+        mon.refresh([job], now=float(t))
+    assert job.peak_mib == 900 and job.solo.samples == 0 and job.learned is None
+
+
+def test_is_mps_server_reads_the_process_name(tmp_path):
+    """A real process named as the MPS server is recognised; this one and a gone pid are not."""
+    import subprocess
+
+    from collocate.gpus.mps import SERVER_COMM, is_mps_server
+
+    rename = ("import ctypes, sys, time; ctypes.CDLL(None).prctl(15, sys.argv[1].encode(), 0, 0, 0);"
+              " print(flush=True); time.sleep(30)")
+    proc = subprocess.Popen([sys.executable, "-c", rename, SERVER_COMM], stdout=subprocess.PIPE)
+    try:
+        proc.stdout.readline()
+        assert is_mps_server(proc.pid)
+        assert not is_mps_server(os.getpid())
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not is_mps_server(proc.pid)  # reaped: no such process

@@ -6,20 +6,29 @@ expects), and attributes per-process memory to jobs (a job's processes are its r
 tree). From that it builds ``GpuView``s with the in-flight guard: ``launch_seen_at`` of a GPU is
 when its newest job was first seen holding memory there (``inf`` until then), or ``-inf`` when
 that job's memory is already known from a measurement.
+
+It also learns each job's solo activity profile (``collocate.activity``) from the GPU readings
+taken while the job's processes are the only ones on its GPUs (an MPS server aside), and hands
+it to the policies in place of the job's assumed or historical profile once it is trusted.
+MIG instances are not learned on: their readings are relative to a slice, and a job saturating
+a slice says little about what it would do on a whole GPU.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 
+from collocate.activity import SoloActivity
 from collocate.gpus.base import DeviceInfo, DeviceSample, GpuBackend
+from collocate.gpus.mps import is_mps_server
 from collocate.model import (
     ClusterSnapshot,
     GpuView,
     Job,
+    JobProfile,
     RunningJob,
     SharingMode,
     Utilization,
@@ -37,17 +46,21 @@ class Tracked:
     pids: frozenset[int] = frozenset()
     seen_at: float | None = None  # first time a process of the job held memory on its GPUs
     peak_mib: float = 0.0  # max over samples of the job's memory on any one of its GPUs
-    sm_sum: float = 0.0
-    sm_samples: int = 0
+    solo: SoloActivity = field(default_factory=SoloActivity)
 
     @property
-    def sm_mean(self) -> float | None:
-        return self.sm_sum / self.sm_samples if self.sm_samples else None
+    def learned(self) -> JobProfile | None:
+        """The job's solo profile measured in this attempt, once there are enough samples."""
+        return self.solo.profile()
 
 
 class Monitor:
-    def __init__(self, backend: GpuBackend, *, window: int = WINDOW_SAMPLES) -> None:
+    def __init__(self, backend: GpuBackend, *, window: int = WINDOW_SAMPLES,
+                 is_helper: Callable[[int], bool] = is_mps_server) -> None:
+        """``is_helper`` tells processes that serve jobs rather than belong to one (the MPS
+        server), which do not stop a job from counting as alone on its GPU."""
         self.backend = backend
+        self.is_helper = is_helper
         self.devices: list[DeviceInfo] = backend.devices()
         self.by_uuid = {d.uuid: d for d in self.devices}
         self.window = window
@@ -62,31 +75,40 @@ class Monitor:
             if s.uuid not in self._sm:
                 continue
             self.last[s.uuid] = s
-            sm = s.sm_activity if s.sm_activity is not None else (s.gpu_util or 0.0)
-            self._sm[s.uuid].append(sm)
+            self._sm[s.uuid].append(_sm(s))
             self._occ[s.uuid].append(s.sm_occupancy or 0.0)
             self._dram[s.uuid].append(s.dram_activity or 0.0)
         for t in tracked:
             self._attribute(t, now)
 
     def _attribute(self, t: Tracked, now: float) -> None:
-        held, sm, seen_sm = 0.0, 0.0, False
+        held, alone, sm, dram = 0.0, True, 0.0, None
         for uuid in t.uuids:
             sample = self.last.get(uuid)
             if sample is None:
+                alone = False
                 continue
             mib = sum(p.used_mib for p in sample.processes if p.pid in t.pids)
             held = max(held, mib)
-            shares = [p.sm_util for p in sample.processes if p.pid in t.pids and p.sm_util is not None]
-            if shares:
-                sm, seen_sm = max(sm, sum(shares)), True
+            alone = alone and mib > 0 and self._alone(t, sample)
+            if alone:
+                sm = max(sm, _sm(sample))
+                if sample.dram_activity is not None:
+                    dram = max(dram or 0.0, sample.dram_activity)
         if held > 0:
             if t.seen_at is None:
                 t.seen_at = now
             t.peak_mib = max(t.peak_mib, held)
-            if seen_sm:
-                t.sm_sum += sm
-                t.sm_samples += 1
+            if alone:
+                t.solo.observe(sm, dram)
+
+    def _alone(self, t: Tracked, sample: DeviceSample) -> bool:
+        """Whether this reading is the job's alone: a whole GPU, and no other process on it
+        holds memory but the job's own and helpers (see ``is_helper``)."""
+        if self.by_uuid[sample.uuid].sm_fraction < 1.0:
+            return False
+        return all(p.pid in t.pids or p.used_mib <= 0 or self.is_helper(p.pid)
+                   for p in sample.processes)
 
     def util(self, uuid: str) -> Utilization:
         return summarize_window(self._sm[uuid], self._occ[uuid], self._dram[uuid])
@@ -114,10 +136,17 @@ class Monitor:
             ))
         running = {
             t.job.id: RunningJob(t.job.id, tuple(self.by_uuid[u].id for u in t.uuids if u in self.by_uuid),
-                                 t.job.profile, _requirement(t.job, 0.0), dataset=t.job.dataset)
+                                 t.learned or t.job.profile, _requirement(t.job, 0.0),
+                                 dataset=t.job.dataset)
             for t in tracked
         }
         return ClusterSnapshot.from_views(views, now=now, sharing=sharing, running=running)
+
+
+def _sm(sample: DeviceSample) -> float:
+    """The GPU's SM activity: GPM's where the GPU has it, else NVML's utilization (which reads
+    higher: it counts any kernel running, not the share of SMs busy)."""
+    return sample.sm_activity if sample.sm_activity is not None else (sample.gpu_util or 0.0)
 
 
 def _requirement(job: Job, unknown: float) -> float:

@@ -45,6 +45,10 @@ def print_detail(d: dict[str, Any]) -> None:
     c.print(f"  cwd       {d['cwd']}", markup=False)
     c.print(f"  user      {d['user']}")
     c.print(f"  gpus      {d['gpus']}   memory {_mib(d['mem_mib'])} ({d['mem_source']})")
+    if d.get("profile"):
+        p = d["profile"]
+        c.print(f"  activity  SM {p['sm_activity']:.2f}, DRAM {p['dram_activity']:.2f} alone"
+                f" ({p['source']})")
     c.print(f"  retries   {d['attempts_used']} attempt(s) of {d['max_retries'] + 1} allowed, "
             f"{d['oom_crashes']} out-of-memory crash(es)")
     if d.get("after"):

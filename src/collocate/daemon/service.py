@@ -253,12 +253,12 @@ class Service:
         if req.spec.dataset is not None:  # remembered per name, so the stored spec is complete
             factory = resolve_factory(req.spec, self.scheduler.jobs.values(), self.specs)
             req = replace(req, spec=replace(req.spec, dataset_factory=factory))
-        mem, source, uncertainty, sm = req.mem_mib, req.mem_source, req.mem_uncertainty, None
+        mem, source, uncertainty, profile = req.mem_mib, req.mem_source, req.mem_uncertainty, None
         if mem is None:
             source = "unknown"
         measured = self.store.history(req.spec.signature)
         if measured is not None:  # measured history beats a declaration (DESIGN: estimators)
-            mem, source, uncertainty, sm = measured[0], "history", 0.05, measured[1]
+            mem, source, uncertainty, profile = measured[0], "history", 0.05, measured[1]
         job = Job(id="0", gpus=req.gpus, mem_mib=mem, mem_source=source,
                   mem_uncertainty=uncertainty, submit_time=time.time(), priority=req.priority,
                   name=req.name, max_retries=req.max_retries,
@@ -271,7 +271,7 @@ class Service:
         if why is not None:
             raise InputError(f"this job could never start: it {why}",
                              hint="check the ids with `collocate ls --all`")
-        job = with_profile(replace(job, id=self.store.next_id()), sm)
+        job = with_profile(replace(job, id=self.store.next_id()), profile)
         self.store.add_job(job, req.spec)
         self.specs[job.id] = req.spec
         job = self.scheduler.submit(job)
@@ -406,18 +406,26 @@ class Service:
             bound = oom_lower_bound_mib(tail)
             if bound is not None:
                 observed = max(peak or 0.0, bound)
+        learned = t.learned
         a = replace(run.attempt, end=end, returncode=returncode, outcome=outcome.value,
-                    reason=reason, peak_mib=peak, sm_activity=t.sm_mean)
+                    reason=reason, peak_mib=peak,
+                    solo_sm=None if learned is None else learned.sm_activity,
+                    solo_dram=None if learned is None else learned.dram_activity)
         self.store.update_attempt(a)
         self.store.clear_flag(_cancel_key(a.job_id))
         self.running.pop(a.job_id, None)
         spec = self.specs[a.job_id]
         job = self.scheduler.job_exited(a.job_id, ExitReport(outcome, observed, reason))
+        if learned is not None and job.state is JobState.PENDING:  # its next attempt starts known
+            job = self.scheduler.update(job.evolve(profile=learned))
         if outcome is Outcome.SUCCEEDED and peak is not None:
-            self.store.record_history(spec.signature, peak, t.sm_mean)
+            self.store.record_history(spec.signature, peak, learned)
         if job.state.is_terminal:  # a requeued job keeps its tracking run for the next attempt
             self.tracking.job_ended(a.job_id, job.state.value)
-        log.info("job %s attempt %d: %s (%s) -> %s", a.job_id, a.n, outcome.value, reason, job.state.value)
+        solo = ("not measured alone" if learned is None else
+                f"SM {learned.sm_activity:.2f}, DRAM {learned.dram_activity:.2f} alone")
+        log.info("job %s attempt %d: %s (%s) -> %s; activity %s", a.job_id, a.n, outcome.value,
+                 reason, job.state.value, solo)
 
     def _launch(self, placement: Placement, now: float) -> None:
         job = self.scheduler.jobs[placement.job_id]

@@ -8,8 +8,9 @@ Tables:
 
 * ``jobs``: the scheduler's ``Job`` (JSON), the launch ``JobSpec`` (JSON), submit order;
 * ``attempts``: one row per launch: start/end, GPUs, the runner's pid and process start time
-  (to re-adopt it after a restart), exit status, outcome, reason, measured peak memory and SM;
-* ``history``: per job signature (command, arguments, cwd), the measured peak and SM activity
+  (to re-adopt it after a restart), exit status, outcome, reason, measured peak memory and solo
+  activity profile (``collocate.activity``; NULL when the job never ran alone long enough);
+* ``history``: per job signature (command, arguments, cwd), the measured peak and solo profile
   of its last successful run, used as the estimate of later jobs with the same signature;
 * ``meta``: the id counter and the drain flag.
 """
@@ -43,6 +44,16 @@ CREATE TABLE IF NOT EXISTS history (
 );
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
+# Columns added after the first release, added to older files on open. The solo profile got new
+# columns instead of reusing ``sm_activity``, which held the mean of NVML's per-process
+# utilization (another quantity, and biased by warm-up and neighbours); that column is no
+# longer read, so a profile from before is not taken for a measured one.
+_ADDED_COLUMNS = {
+    "attempts": ("solo_sm REAL", "solo_dram REAL"),
+    "history": ("solo_sm REAL", "solo_dram REAL"),
+}
+_ATTEMPT_COLUMNS = ("job_id, n, start, gpus, uuids, dir, mem_mib, end, pid, pid_started,"
+                    " returncode, outcome, reason, peak_mib, solo_sm, solo_dram")
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +74,8 @@ class Attempt:
     outcome: str | None = None
     reason: str | None = None
     peak_mib: float | None = None
-    sm_activity: float | None = None
+    solo_sm: float | None = None  # the solo profile measured in this attempt (collocate.activity)
+    solo_dram: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -93,6 +105,11 @@ class Store:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self.db = open_wal(self.path, _SCHEMA, what="job store")
+        for table, columns in _ADDED_COLUMNS.items():
+            have = {row[1] for row in self.db.execute(f"PRAGMA table_info({table})")}
+            for column in columns:
+                if column.split()[0] not in have:
+                    self.db.execute(f"ALTER TABLE {table} ADD COLUMN {column}")
 
     def close(self) -> None:
         self.db.close()
@@ -144,39 +161,44 @@ class Store:
     def update_attempt(self, a: Attempt) -> None:
         self.db.execute(
             "UPDATE attempts SET end = ?, pid = ?, pid_started = ?, returncode = ?, outcome = ?,"
-            " reason = ?, peak_mib = ?, sm_activity = ? WHERE job_id = ? AND n = ?",
+            " reason = ?, peak_mib = ?, solo_sm = ?, solo_dram = ? WHERE job_id = ? AND n = ?",
             (a.end, a.pid, a.pid_started, a.returncode, a.outcome, a.reason, a.peak_mib,
-             a.sm_activity, a.job_id, a.n),
+             a.solo_sm, a.solo_dram, a.job_id, a.n),
         )
 
     def attempts(self, job_id: str) -> list[Attempt]:
         rows = self.db.execute(
-            "SELECT job_id, n, start, gpus, uuids, dir, mem_mib, end, pid, pid_started,"
-            " returncode, outcome, reason, peak_mib, sm_activity FROM attempts WHERE job_id = ?"
-            " ORDER BY n", (job_id,))
+            f"SELECT {_ATTEMPT_COLUMNS} FROM attempts WHERE job_id = ? ORDER BY n", (job_id,))
         return [_attempt(r) for r in rows]
 
     def open_attempts(self) -> list[Attempt]:
         """Attempts with no end: the jobs that were running when the daemon last stopped."""
-        rows = self.db.execute(
-            "SELECT job_id, n, start, gpus, uuids, dir, mem_mib, end, pid, pid_started,"
-            " returncode, outcome, reason, peak_mib, sm_activity FROM attempts WHERE end IS NULL")
+        rows = self.db.execute(f"SELECT {_ATTEMPT_COLUMNS} FROM attempts WHERE end IS NULL")
         return [_attempt(r) for r in rows]
 
     # -- history ---------------------------------------------------------------------------
-    def record_history(self, signature: str, peak_mib: float, sm_activity: float | None) -> None:
+    def record_history(self, signature: str, peak_mib: float, profile: JobProfile | None) -> None:
+        """The latest successful run's peak; its profile too, unless it never ran alone long
+        enough to measure one (then the previous run's profile stays)."""
+        sm, dram = (None, None) if profile is None else (profile.sm_activity, profile.dram_activity)
         self.db.execute(
-            "INSERT INTO history VALUES (?, ?, ?, 1, ?) ON CONFLICT (signature) DO UPDATE SET"
-            " peak_mib = excluded.peak_mib, sm_activity = COALESCE(excluded.sm_activity,"
-            " sm_activity), runs = runs + 1, updated = excluded.updated",
-            (signature, peak_mib, sm_activity, time.time()),
+            "INSERT INTO history (signature, peak_mib, runs, updated, solo_sm, solo_dram)"
+            " VALUES (?, ?, 1, ?, ?, ?) ON CONFLICT (signature) DO UPDATE SET"
+            " peak_mib = excluded.peak_mib, runs = runs + 1, updated = excluded.updated,"
+            " solo_sm = COALESCE(excluded.solo_sm, solo_sm),"
+            " solo_dram = CASE WHEN excluded.solo_sm IS NULL THEN solo_dram ELSE excluded.solo_dram END",
+            (signature, peak_mib, time.time(), sm, dram),
         )
 
-    def history(self, signature: str) -> tuple[float, float | None] | None:
+    def history(self, signature: str) -> tuple[float, JobProfile | None] | None:
+        """The measured peak of the last successful run with this signature, and the solo
+        profile measured in the last run that had one."""
         row = self.db.execute(
-            "SELECT peak_mib, sm_activity FROM history WHERE signature = ?", (signature,)
+            "SELECT peak_mib, solo_sm, solo_dram FROM history WHERE signature = ?", (signature,)
         ).fetchone()
-        return None if row is None else (row[0], row[1])
+        if row is None:
+            return None
+        return row[0], None if row[1] is None else JobProfile(row[1], row[2])
 
     # -- flags -----------------------------------------------------------------------------
     def get_flag(self, key: str) -> bool:
@@ -198,8 +220,6 @@ def _attempt(r: tuple) -> Attempt:
                    *r[6:])
 
 
-def with_profile(job: Job, sm_activity: float | None) -> Job:
-    """The job with a measured solo SM activity, when history has one."""
-    if sm_activity is None:
-        return job
-    return replace(job, profile=JobProfile(sm_activity, job.profile.dram_activity))
+def with_profile(job: Job, profile: JobProfile | None) -> Job:
+    """The job with a measured solo profile, when history has one."""
+    return job if profile is None else replace(job, profile=profile)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from collocate.daemon.paths import attempt_files
 from collocate.daemon.store import Store
 from collocate.errors import InputError
+from collocate.model import UNKNOWN_PROFILE, Job
 
 if TYPE_CHECKING:
     from collocate.daemon.monitor import Monitor
@@ -77,8 +78,22 @@ def job_detail(store: Store, job_id: str, *, running: Mapping[str, Any] | None =
         "max_retries": job.max_retries, "attempts_used": job.attempts,
         "oom_crashes": job.oom_crashes, "submit_time": job.submit_time, "end_time": ended,
         "signature": spec.signature, "after": list(job.after),
+        "profile": _profile(job, (running or {}).get(job_id)),
         "attempts": [a.to_dict() for a in store.attempts(job_id)],
     }
+
+
+def _profile(job: Job, run: Any) -> dict[str, Any]:
+    """The solo activity the policies use for this job, and where it comes from."""
+    learned = None if run is None else run.tracked.learned
+    if learned is not None:
+        profile, source = learned, "measured alone in this attempt"
+    elif job.profile != UNKNOWN_PROFILE:
+        profile, source = job.profile, "measured alone in an earlier run"
+    else:
+        profile, source = job.profile, "assumed: not measured alone yet"
+    return {"sm_activity": profile.sm_activity, "dram_activity": profile.dram_activity,
+            "source": source}
 
 
 def logs(store: Store, job_id: str, args: Mapping[str, Any]) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from pathlib import Path
 from collocate.errors import CollocateError, InputError
 
 CONTROL_BINARY = "nvidia-cuda-mps-control"
+SERVER_COMM = "nvidia-cuda-mps"  # /proc/<pid>/comm of nvidia-cuda-mps-server (cut at 15 bytes)
 DEFAULT_MEM_MARGIN_MIB = 512.0  # headroom over the requirement; CARMA keeps 512 MiB free too
 COMMAND_TIMEOUT_S = 30.0
 
@@ -91,6 +92,16 @@ def mps_client_env(
             mem_mib, devices, margin_mib=margin_mib
         )
     return env
+
+
+def is_mps_server(pid: int, proc: Path = Path("/proc")) -> bool:
+    """Whether ``pid`` is an MPS server. NVML lists the server among a GPU's processes, with its
+    own memory (66 MiB on an H100) and, where it reports per-process utilization, all of its
+    clients' (docs/gpu-validation.md), so it must not count as a job's neighbour."""
+    try:
+        return (proc / str(pid) / "comm").read_text().strip() == SERVER_COMM
+    except OSError:  # gone, or another pid namespace: not ours to recognise
+        return False
 
 
 class MpsControl:

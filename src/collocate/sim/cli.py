@@ -75,8 +75,9 @@ def simulate(
         str,
         typer.Option(
             help="What the policies know of each job's SM/DRAM activity: 'trace' (the trace's "
-            "values) or 'unknown' (nothing, as for a job the daemon has no history of: it assumes "
-            "0.5/0.2). Jobs progress by the trace's values either way.",
+            "values), 'unknown' (nothing, as for a job the daemon has no history of: it assumes "
+            "0.5/0.2), or 'learned' (nothing until the job has run alone for 10 s, as the daemon "
+            "measures it live). Jobs progress by the trace's values either way.",
         ),
     ] = "trace",
     seed: Annotated[int, typer.Option(help="Seed for synthetic traces.")] = 0,
@@ -101,7 +102,7 @@ def simulate(
     from collocate.gputypes import parse_cluster
     from collocate.model import SharingMode
     from collocate.policies import make_policy, parse_params, policy_parameters
-    from collocate.sim.engine import SimConfig, Simulation
+    from collocate.sim.engine import PROFILE_KNOWLEDGE, SimConfig, Simulation
     from collocate.sim.metrics import summarize
     from collocate.sim.mig import layout_text, resolve_layout
     from collocate.sim.report import table, write_jobs_csv, write_plots
@@ -109,8 +110,8 @@ def simulate(
     from collocate.sim.trace import ESTIMATORS, load_catalogue, load_trace
 
     nodes = parse_cluster(cluster)
-    if profiles not in ("trace", "unknown"):
-        raise InputError(f"unknown --profiles {profiles!r}", hint="valid: trace, unknown")
+    if profiles not in PROFILE_KNOWLEDGE:
+        raise InputError(f"unknown --profiles {profiles!r}", hint=f"valid: {', '.join(PROFILE_KNOWLEDGE)}")
     if estimator not in ESTIMATORS:
         raise InputError(f"unknown estimator {estimator!r}", hint=f"valid estimators: {', '.join(ESTIMATORS)}")
     try:
@@ -164,7 +165,7 @@ def simulate(
 
     console = Console(stderr=True)
     config = SimConfig(sharing=mode, estimator=estimator, mig_layout=mig_layout, startup_s=startup,
-                       profiles_known=profiles == "trace")
+                       profiles=profiles)
     if "settle_s" in params:  # the scheduler wakes when the in-flight guard ends
         config = replace(config, wake_s=float(params["settle_s"]))  # type: ignore[arg-type]
     results = []

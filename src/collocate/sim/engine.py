@@ -5,6 +5,10 @@ What is simulated (everything else is the production code path):
 * time: an event heap (arrivals, ends of start-up, memory ramp-ups, finishes, wake-ups), not a
   fixed tick;
 * GPUs: memory, the solo activity of the jobs on them, power from the interference model;
+* what policies know of each job's activity: the trace's profile, nothing, or (``learned``)
+  what the daemon would have measured: the profile once the job has run alone for
+  ``SimConfig.learn_s`` (``collocate.activity``; not on MIG instances, where the daemon does
+  not learn either), and for later jobs of the same workload from their submission on;
 * jobs: an optional idle phase at full speed and with no GPU activity (``SimConfig.startup_s``
   until the process shows on its GPUs, then the trace's per-job ``warmup_s``), then progress
   at ``1 / slowdown`` of solo speed, where the slowdown comes from the
@@ -31,6 +35,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from collocate.activity import MIN_SOLO_SAMPLES
 from collocate.errors import InputError
 from collocate.gputypes import NodeSpec
 from collocate.interference import InterferenceModel, default_interference
@@ -51,7 +56,9 @@ from collocate.sim.trace import TraceJob
 
 # Event kinds, in the order they are handled at equal times: work done frees GPUs before new
 # work arrives, so a round at time t sees every change of time t.
-_FINISH, _RAMP, _ACTIVE, _ARRIVE, _WAKE = range(5)
+_FINISH, _RAMP, _ACTIVE, _LEARN, _ARRIVE, _WAKE = range(6)
+
+PROFILE_KNOWLEDGE = ("trace", "unknown", "learned")  # SimConfig.profiles
 
 ESTIMATE_UNCERTAINTY = {
     # Relative uncertainty the simulator attaches to each catalogue estimator, from its published
@@ -70,10 +77,14 @@ ESTIMATE_UNCERTAINTY = {
 class SimConfig:
     sharing: SharingMode = SharingMode.TIME_SLICING
     estimator: str = "peak"
-    # What policies know of each job's solo activity: the trace's profile, or nothing, as for a
-    # job the daemon has no history of (it then assumes model.UNKNOWN_PROFILE). Progress and
-    # power always follow the trace's profile.
-    profiles_known: bool = True
+    # What policies know of each job's solo activity: the trace's profile ("trace"); nothing
+    # ("unknown"), as for a job the daemon has no history of (it then assumes
+    # model.UNKNOWN_PROFILE); or ("learned") what the daemon would know: a job's profile once
+    # it has run alone and active for learn_s, and, as the daemon's history, the profile
+    # learned by an earlier successful job of the same workload (the same command) from its
+    # submission on. Progress and power always follow the trace.
+    profiles: str = "trace"
+    learn_s: float = float(MIN_SOLO_SAMPLES)  # the daemon's samples at its default 1 s period
     ramp_s: float = 10.0  # from start until a job holds its peak memory
     # From placement until the process is seen on the GPU (import, CUDA context). A job in
     # start-up uses no SM or DRAM bandwidth and runs at full speed: its trace duration includes
@@ -87,6 +98,11 @@ class SimConfig:
     # GPU type "A100-40GB=3g.20gb+4g.20gb,H100-80GB=..."; None: the default of each type
     # (collocate.sim.mig.default_layout).
     mig_layout: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.profiles not in PROFILE_KNOWLEDGE:
+            raise InputError(f"unknown profile knowledge {self.profiles!r}",
+                             hint=f"valid: {', '.join(PROFILE_KNOWLEDGE)}")
 
 
 @dataclass
@@ -115,6 +131,9 @@ class _Running:
     profile: JobProfile  # its real solo activity (job.profile is what the policies were told)
     allocated: bool = False
     starting: bool = False  # no GPU activity yet (SimConfig.startup_s + the job's warmup_s)
+    alone: bool = False  # active with no active neighbour since the last rerate ("learned" only)
+    alone_s: float = 0.0  # time spent so, up to the last rerate
+    learned: bool = False  # policies now see its real profile
     work_left: float = 0.0  # solo-seconds still to do
     rate: float = 1.0
     since: float = 0.0  # when work_left was last brought up to date
@@ -196,6 +215,7 @@ class Simulation:
         self.scheduler = Scheduler(policy, self.capacity_type.of(self._snapshot(0.0)), rules=config.rules)
         self.records: dict[str, JobRecord] = {}
         self.peaks: dict[str, float] = {}
+        self._history: dict[str | None, JobProfile] = {}  # command → learned profile ("learned")
         self.events: list[tuple[float, int, int, str, int]] = []
         self._seq = 0
         self.decisions = 0
@@ -248,6 +268,8 @@ class Simulation:
                     changed |= self._finish(job_id, version, now)
                 elif kind == _ACTIVE:
                     changed |= self._active(job_id, version, now)
+                elif kind == _LEARN:
+                    changed |= self._learn(job_id, version, now)
                 else:
                     changed = True
             if changed and len(self.scheduler.queue):
@@ -272,7 +294,7 @@ class Simulation:
             mem_uncertainty=ESTIMATE_UNCERTAINTY.get(estimator, 0.5),
             submit_time=now,
             name=w.name,
-            profile=w.profile if self.cfg.profiles_known else UNKNOWN_PROFILE,
+            profile=w.profile if self.cfg.profiles == "trace" else self._history.get(w.command, UNKNOWN_PROFILE),
         )
         self.peaks[job_id] = w.peak_mib
         self.records[job_id] = JobRecord(job_id, w.name, w.gpus, now, w.peak_mib, mem)
@@ -355,11 +377,27 @@ class Simulation:
         self._rerate(run.gpus, now)
         return True
 
+    def _learn(self, job_id: str, version: int, now: float) -> bool:
+        """The job has run alone for ``learn_s``: from now on policies see its real profile."""
+        run = self.running.get(job_id)
+        if run is None or run.version != version or run.learned:
+            return False
+        run.learned = True
+        told, real = run.job.profile, run.profile
+        for i in run.gpus:
+            self.sm_sum[i] += real.sm_activity - told.sm_activity
+            self.dram_sum[i] += real.dram_activity - told.dram_activity
+        run.job = run.job.evolve(profile=real)
+        return True
+
     def _finish(self, job_id: str, version: int, now: float) -> bool:
         run = self.running.get(job_id)
         if run is None or run.version != version:
             return False
         self._stop(run, now)
+        command = self._by_id[job_id].workload.command
+        if run.learned and command is not None:  # the daemon's history, for the same command
+            self._history[command] = run.profile
         job = self.scheduler.job_exited(job_id, ExitReport(Outcome.SUCCEEDED))
         self._close(job, now)
         return True
@@ -386,21 +424,30 @@ class Simulation:
         """Recompute the progress rate of every job sharing any of these GPUs."""
         affected = {job_id for i in gpus for job_id in self.residents[i]}
         model, mode = self.cfg.interference, self.cfg.sharing
+        learning = self.cfg.profiles == "learned"
         # A multi-GPU job's new rate changes what its other GPUs draw: meter them up to now first.
         beyond = [i for j in affected for i in self.running[j].gpus if i not in gpus]
         self._advance(beyond, now)
         for job_id in affected:
             run = self.running[job_id]
             run.work_left -= (now - run.since) * run.rate
+            if run.alone:
+                run.alone_s += now - run.since
             run.since = now
-            slowdown = 1.0
+            slowdown, crowded = 1.0, False
             for i in run.gpus if not run.starting else ():  # inline: the simulator's hot path
                 others = [r.profile for o in self.residents[i]
                           if o != job_id and not (r := self.running[o]).starting]
+                crowded = crowded or bool(others)
                 slowdown = max(slowdown, model.slowdown(mode, run.profile, others))
             run.rate = 1.0 / slowdown
             run.version += 1
             self._push(now + max(run.work_left, 0.0) / run.rate, _FINISH, job_id, run.version)
+            if learning and not run.learned:
+                run.alone = not (run.starting or crowded)
+                if run.alone:
+                    self._push(now + max(0.0, self.cfg.learn_s - run.alone_s), _LEARN, job_id,
+                               run.version)
         self._realize(gpus)
         self._realize(beyond)
         self._mark(gpus, now)

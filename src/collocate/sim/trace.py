@@ -42,6 +42,10 @@ class Workload:
     # (cuDNN autotuning, lazy kernel loading, compilation). Measured on an H100: 2-5 s per CNN,
     # under 1 s for a transformer or DLRM (docs/gpu-validation.md section 5).
     warmup_s: float = 0.0
+    # What stands for the job's command in the daemon's history (jobs with the same command
+    # share a measured profile): the catalogue workload it comes from; None for a job described
+    # inline, which shares its command with no other.
+    command: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +177,7 @@ def _workload(row: dict, where: str, catalogue: dict[str, Workload] | None) -> W
         raise InputError(f"{where}: warmup_s {warmup:g} is longer than duration_s {duration:g}",
                          hint="warmup_s is the idle start of the job's duration, not extra time")
     return Workload(str(row.get("name") or base.name), gpus, duration, peak, estimates, profile,
-                    warmup)
+                    warmup, command=name or None)
 
 
 def _number_or(row: dict, column: str, where: str, default: float) -> float:
