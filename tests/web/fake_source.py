@@ -57,6 +57,8 @@ class FakeSource:
         if row is None:
             return None
         row["summary"] = {"peak_mib": 1234.0, "mean_sm": 0.42, "gpu_hours": 0.5, "energy_wh": 61.5}
+        row["profile"] = {"sm_activity": 0.612, "dram_activity": 0.2,
+                          "source": "measured alone in this attempt"}
         row["samples"] = [{"t": i, "gpu_mib": 100.0 * i, "sm": 0.4, "cpu_pct": 90.0}
                           for i in range(10)]
         row["metrics"] = [{"t": i, "key": "loss", "value": 1.0 / (i + 1), "step": i}

@@ -83,6 +83,8 @@ def test_dashboard_live_in_headless_chromium(tmp_path):
 
                 page.click('#running tr[data-job="1"]')
                 expect(page.locator("#detail")).to_contain_text("61.50 Wh")
+                expect(page.locator("#detail-profile")).to_have_text(
+                    "alone: SM 0.61, DRAM 0.20 (measured alone in this attempt)")
                 expect(page.locator('#detail .own[data-key="loss"]')).to_contain_text(
                     "loss (last 0.1000)")  # the job's own metric beside the system ones
                 expect(page.locator("#detail pre")).to_contain_text("<b>not html</b>")

@@ -141,6 +141,9 @@ async function refreshDetail() {
       el("div", {"class": "sub"}, (d.argv || []).join(" ")),
       el("div", {}, "peak " + fmt(s.peak_mib) + " MiB | mean SM " + pct(s.mean_sm) +
          " | " + fmt(s.gpu_hours, 3) + " GPU-h | " + fmt(s.energy_wh, 2) + " Wh"),
+      ...(d.profile ? [el("div", {"class": "sub", id: "detail-profile"}, "alone: SM " +
+         fmt(d.profile.sm_activity, 2) + ", DRAM " + fmt(d.profile.dram_activity, 2) +
+         " (" + d.profile.source + ")")] : []),
       el("div", {"class": "charts"}, chart("GPU memory (MiB)", "gpu_mib"), chart("SM activity", "sm", 1),
          chart("CPU %", "cpu_pct"), ...ownCharts(d.metrics || [])),
       el("pre", {}, log.text || "(no output yet)"));

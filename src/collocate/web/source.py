@@ -12,8 +12,9 @@ Shapes (extra keys are passed through to the page untouched):
 * ``jobs()``: ``[{"id", "name", "user", "state": "pending|running|done|failed|cancelled|rejected",
   "on": ["host:0"], "mem_mib", "submit_time", "start_time", "end_time", "reason"}]``;
 * ``job(id)``: the ``jobs()`` row plus ``"argv"``, ``"summary"`` (a ``JobSummary`` dict or None),
-  ``"samples"`` (``MonitorStore.job_series`` rows) and ``"metrics"`` (``MonitorStore.metrics``);
-  ``None`` when there is no such job;
+  ``"samples"`` (``MonitorStore.job_series`` rows), ``"metrics"`` (``MonitorStore.metrics``) and
+  optionally ``"profile"`` (``{"sm_activity", "dram_activity", "source"}``, as ``collocate show``
+  gives it); ``None`` when there is no such job;
 * ``log_tail(id, max_bytes)``: the end of the job's latest stdout (and stderr) as text;
 * ``status()``: ``{"tracking": [GuardedSink.status() dicts], ...}``.
 
