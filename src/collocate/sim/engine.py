@@ -132,7 +132,7 @@ class _Running:
     allocated: bool = False
     starting: bool = False  # no GPU activity yet (SimConfig.startup_s + the job's warmup_s)
     alone: bool = False  # active with no active neighbour since the last rerate ("learned" only)
-    alone_s: float = 0.0  # time spent so, up to the last rerate
+    alone_s: float = 0.0  # time spent alone and active, up to the last rerate
     learned: bool = False  # policies now see its real profile
     work_left: float = 0.0  # solo-seconds still to do
     rate: float = 1.0
