@@ -36,18 +36,18 @@ CREATE TABLE IF NOT EXISTS attempts (
     job_id TEXT NOT NULL, n INTEGER NOT NULL, start REAL NOT NULL, end REAL,
     gpus TEXT NOT NULL, uuids TEXT NOT NULL, mem_mib REAL, dir TEXT NOT NULL,
     pid INTEGER, pid_started REAL, returncode INTEGER, outcome TEXT, reason TEXT,
-    peak_mib REAL, sm_activity REAL, PRIMARY KEY (job_id, n)
+    peak_mib REAL, sm_activity REAL, solo_sm REAL, solo_dram REAL, PRIMARY KEY (job_id, n)
 );
 CREATE TABLE IF NOT EXISTS history (
     signature TEXT PRIMARY KEY, peak_mib REAL NOT NULL, sm_activity REAL, runs INTEGER NOT NULL,
-    updated REAL NOT NULL
+    updated REAL NOT NULL, solo_sm REAL, solo_dram REAL
 );
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
-# Columns added after the first release, added to older files on open. The solo profile got new
-# columns instead of reusing ``sm_activity``, which held the mean of NVML's per-process
-# utilization (another quantity, and biased by warm-up and neighbours); that column is no
-# longer read, so a profile from before is not taken for a measured one.
+# Columns added after the first release: in the schema above, and added to older files on open.
+# The solo profile got new columns instead of reusing ``sm_activity``, which held the mean of
+# NVML's per-process utilization (another quantity, biased by warm-up and neighbours); that
+# column is no longer read, so a profile from before is not taken for a measured one.
 _ADDED_COLUMNS = {
     "attempts": ("solo_sm REAL", "solo_dram REAL"),
     "history": ("solo_sm REAL", "solo_dram REAL"),
@@ -186,7 +186,7 @@ class Store:
             " VALUES (?, ?, 1, ?, ?, ?) ON CONFLICT (signature) DO UPDATE SET"
             " peak_mib = excluded.peak_mib, runs = runs + 1, updated = excluded.updated,"
             " solo_sm = COALESCE(excluded.solo_sm, solo_sm),"
-            " solo_dram = CASE WHEN excluded.solo_sm IS NULL THEN solo_dram ELSE excluded.solo_dram END",
+            " solo_dram = COALESCE(excluded.solo_dram, solo_dram)",
             (signature, peak_mib, time.time(), sm, dram),
         )
 

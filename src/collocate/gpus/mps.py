@@ -94,12 +94,12 @@ def mps_client_env(
     return env
 
 
-def is_mps_server(pid: int, proc: Path = Path("/proc")) -> bool:
+def is_mps_server(pid: int) -> bool:
     """Whether ``pid`` is an MPS server. NVML lists the server among a GPU's processes, with its
     own memory (66 MiB on an H100) and, where it reports per-process utilization, all of its
     clients' (docs/gpu-validation.md), so it must not count as a job's neighbour."""
     try:
-        return (proc / str(pid) / "comm").read_text().strip() == SERVER_COMM
+        return Path(f"/proc/{pid}/comm").read_text().strip() == SERVER_COMM
     except OSError:  # gone, or another pid namespace: not ours to recognise
         return False
 
