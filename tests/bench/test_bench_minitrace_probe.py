@@ -77,6 +77,9 @@ def test_emulated_replay_through_the_daemon(tmp_path: Path) -> None:
     rows = json.loads((tmp_path / "run" / "ls.json").read_text())
     assert sorted(r["name"] for r in rows) == sorted(j.name for j in jobs)
     assert (tmp_path / "run" / "samples.jsonl").read_text().strip()
+    # the daemon's log keeps each attempt's outcome and activity, for the runbook's checks
+    log = (tmp_path / "run" / "daemon.log").read_text()
+    assert log.count("; activity ") == 2, log
 
 
 def test_nvml_probe_dry_run(tmp_path: Path) -> None:

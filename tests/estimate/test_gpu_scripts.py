@@ -151,3 +151,30 @@ def test_share_gpu_single_loader_measures_on_cpu(monkeypatch) -> None:
     assert samples_per_s > 0
     assert set(split) == {"start_to_first_batch", "warmup_and_window", "teardown"}
     assert split["warmup_and_window"] >= 1.5 and split["teardown"] < 5
+
+
+def test_allocator_probe_summarizes_a_snapshot() -> None:
+    """The probe's reading of ``torch.cuda.memory._snapshot()``: each new segment is charged to
+    the allocation that made it, by the library on that allocation's C++ stack."""
+    probe = _load("allocator_probe")
+    mib = 2**20
+    cudnn = [{"name": "at::native::cudnn_convolution_forward", "filename": "", "line": 0}]
+    snapshot = {
+        "device_traces": [[
+            {"action": "segment_alloc", "size": 20 * mib},
+            {"action": "alloc", "size": 9 * mib, "frames": []},
+            {"action": "alloc", "size": 1 * mib, "frames": []},  # fits the cached segment
+            {"action": "segment_map", "size": 40 * mib},  # expandable: a mapping, same meaning
+            {"action": "alloc", "size": 33 * mib, "frames": cudnn},
+            {"action": "free_completed", "size": 33 * mib},
+        ]],
+        "segments": [{"total_size": 20 * mib, "allocated_size": 10 * mib},
+                     {"total_size": 40 * mib, "allocated_size": 0}],
+    }
+    out = probe.summarize(snapshot)
+    assert out["segments_created"] == [
+        {"segment_mib": 20.0, "for_alloc_mib": 9.0, "by": "torch"},
+        {"segment_mib": 40.0, "for_alloc_mib": 33.0, "by": "cudnn"}]
+    assert out["segments_created_by"] == {"cudnn": 40.0, "cublas": 0, "torch": 20.0}
+    assert (out["reserved_at_end_mib"], out["allocated_at_end_mib"]) == (60.0, 10.0)
+    assert (out["cudnn_allocs"], out["cudnn_largest_mib"], out["cublas_allocs"]) == (1, 33.0, 0)

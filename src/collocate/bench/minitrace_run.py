@@ -82,8 +82,9 @@ def run_minitrace(
     state = Path(tempfile.mkdtemp(prefix="cbm-"))  # short: the API socket lives here
     scratch = state / "worker-results"
     scratch.mkdir()
+    # --verbose: daemon.log keeps every job event, with the activity each attempt learned
     serve_args = ["--gpus", gpus, "--policy", policy, "--sharing", sharing,
-                  "--period", f"{period_s:g}"]
+                  "--period", f"{period_s:g}", "--verbose"]
     for p in params:
         serve_args += ["--param", p]
     daemon = DaemonProcess(state, serve_args, out_dir / "daemon.log", python=python, client_timeout_s=30)
