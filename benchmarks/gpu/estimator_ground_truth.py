@@ -57,7 +57,7 @@ MIN_CONFIG_S = 15.0  # the budget's first guess for one configuration (fresh pro
 FINISHED = ("ok", "oom")  # statuses --resume keeps; the others are tried again
 
 FIELDS = [
-    "config", "family", "entry_point", "batch_size", "optimizer", "precision", "status",
+    "config", "family", "entry_point", "batch_size", "optimizer", "precision", "allocator", "status",
     "nvml_peak_mib", "nvml_source", "max_reserved_mib", "max_allocated_mib", "context_mib",
     # the caching allocator's side of reserved - allocated (where the estimator misses most)
     "large_pool_reserved_mib", "small_pool_reserved_mib", "inactive_split_peak_mib",
@@ -221,7 +221,10 @@ def run_child(cfg: Config, dry_run: bool, shared: bool = False) -> dict[str, Any
     from collocate.estimate.entrypoint import load
     from collocate.estimate.trace import as_args, default_loss, prefer_foreach
 
-    row: dict[str, Any] = {**_device_info(torch), "iterations": 0}
+    from collocate.estimate.gpu_overheads import allocator_from_conf
+
+    row: dict[str, Any] = {**_device_info(torch), "iterations": 0,
+                           "allocator": allocator_from_conf(os.environ.get("PYTORCH_CUDA_ALLOC_CONF"))}
     device = "cpu" if dry_run else "cuda"
     bs = 2 if dry_run else cfg.batch_size
     work = load(cfg.entry_point, bs, cfg.optimizer)

@@ -61,9 +61,11 @@ def test_demo_runs_and_prints_the_comparison():
 def test_submit_estimate_uses_the_static_estimator_then_history_wins(daemons, tmp_path):
     d = daemons()
     cmd = [sys.executable, "-m", "collocate.cli", "submit", "--state-dir", str(d.state_dir), "--cwd", str(tmp_path),
+           "--env", "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
            "--estimate", "collocate.workloads.models:build_mlp", "--batch-size", "8", "--", *job_argv(700, 0.3)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=150, check=False)
     assert out.returncode == 0, out.stderr
+    assert "expandable allocator" in out.stderr  # the job's own allocator setting was estimated
     first = d.job(out.stdout.strip())
     assert first["mem_source"].startswith("static-") and first["mem_mib"] > 0
     d.wait_state(first["id"], "done")

@@ -205,7 +205,7 @@ def submit(
         raise InputError(f"working directory {directory} does not exist", hint="pass an existing --cwd")
     extra: dict[str, Any] = {"mem": mem}
     if estimate is not None:  # once for a whole sweep: its jobs share the entry point
-        extra = _static_estimate(estimate, batch_size, mem, directory)
+        extra = _static_estimate(estimate, batch_size, mem, directory, {**os.environ, **parse_env(env)})
     client = _client(state_dir)
     fields = dict(gpus=gpus, priority=priority, retries=retries, cwd=str(directory), env=list(env),
                   base_env=dict(os.environ), dataset=dataset, dataset_factory=dataset_factory,
@@ -225,9 +225,12 @@ def submit(
         typer.echo(result["id"])
 
 
-def _static_estimate(entry_point: str, batch_size: int | None, mem: str | None, cwd: Path) -> dict[str, Any]:
+def _static_estimate(entry_point: str, batch_size: int | None, mem: str | None, cwd: Path,
+                     job_env: dict[str, str]) -> dict[str, Any]:
     """Run the static estimator here, in the user's environment and cwd (where the entry point
-    imports), in a child process; the daemon still prefers measured history when it has one."""
+    imports), in a child process; the daemon still prefers measured history when it has one.
+    The job's own ``PYTORCH_CUDA_ALLOC_CONF`` picks the allocator mode estimated."""
+    from collocate.estimate.gpu_overheads import allocator_from_conf
     from collocate.estimate.providers import EstimateRequest, StaticProvider
 
     if mem is not None:
@@ -237,12 +240,15 @@ def _static_estimate(entry_point: str, batch_size: int | None, mem: str | None, 
     here = Path.cwd()
     os.chdir(cwd)
     try:
-        est = StaticProvider(isolated=True).estimate(EstimateRequest(entry_point=entry_point, batch_size=batch_size))
+        allocator = allocator_from_conf(job_env.get("PYTORCH_CUDA_ALLOC_CONF"))
+        est = StaticProvider(isolated=True).estimate(
+            EstimateRequest(entry_point=entry_point, batch_size=batch_size, allocator=allocator))
     finally:
         os.chdir(here)
     if est is None or not est.available:
         raise InputError(f"no static estimate for {entry_point}", hint="pass --mem instead")
-    typer.echo(f"estimated {est.mib:.0f} MiB ({est.method}, +/-{est.uncertainty:.0%})", err=True)
+    typer.echo(f"estimated {est.mib:.0f} MiB ({est.method}, +/-{est.uncertainty:.0%}, "
+               f"{allocator} allocator)", err=True)
     return {"mem": f"{est.mib:.1f}", "mem_source": f"static-{est.method}", "mem_uncertainty": est.uncertainty}
 
 

@@ -6,7 +6,7 @@ costs milliseconds), and it is deliberately generous because it cannot see what 
 
     params + grads + optimizer state (+ one foreach temporary for Adam/AdamW)
     + ACTIVATION_FACTOR * batch * (bytes of all leaf-module outputs at batch 1)
-    then * gpu_overheads.RESERVED_OVER_ALLOCATED for the caching allocator, plus workspace
+    then * gpu_overheads.reserved_over_allocated(allocator) for the caching allocator, plus workspace
     and context.
 
 The activation factor is an assumption, not a fit: autograd saves roughly each layer's input or
@@ -78,6 +78,7 @@ def estimate_analytical(
     optimizer: str | None = None,
     precision: str = "fp32",
     gpu: gpu_overheads.GpuType,
+    allocator: str = "default",
 ) -> Estimate:
     """The ``analytical`` estimate (see the module docstring for the formula)."""
     try:
@@ -96,7 +97,7 @@ def estimate_analytical(
     state_f, temp_f = optimizer_state_factor(work.optimizer)
     acts = ACTIVATION_FACTOR * batch_size * act1 + temp_f * trainable
     tensors = params + trainable + state_f * trainable + acts
-    overhead = (gpu_overheads.RESERVED_OVER_ALLOCATED - 1) * tensors
+    overhead = (gpu_overheads.reserved_over_allocated(allocator) - 1) * tensors
     ws = gpu_overheads.CUBLAS_HANDLES_PER_STEP * gpu.cublas_workspace_bytes
     ctx = gpu.context_mib * (1 << 20)
     parts = {
@@ -117,5 +118,5 @@ def estimate_analytical(
         uncertainty=round(sigma / total, 3),
         breakdown=breakdown_mib(parts),
         note="formula from parameter count and batch-1 activation sizes",
-        details={"gpu": gpu.name, "activation_bytes_batch1": act1},
+        details={"gpu": gpu.name, "allocator": allocator, "activation_bytes_batch1": act1},
     )

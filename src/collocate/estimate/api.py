@@ -18,7 +18,7 @@ from collocate.estimate.entrypoint import (
     check_batch_size,
     check_choice,
 )
-from collocate.estimate.gpu_overheads import gpu_type
+from collocate.estimate.gpu_overheads import ALLOCATORS, gpu_type
 
 FALLBACKS = ("cpu-run", "analytical")
 DEFAULT_FALLBACKS: tuple[str, ...] = FALLBACKS
@@ -41,13 +41,16 @@ def estimate_memory(
     precision: str = "fp32",
     gpu: str | None = None,
     fallbacks: Sequence[str] = DEFAULT_FALLBACKS,
+    allocator: str | None = None,
 ) -> Estimate:
     """Estimate the peak GPU memory (MiB, as NVML would show for the process) of training.
 
     ``entry_point`` is ``"pkg.module:function"`` or a callable taking ``batch_size=``;
     ``optimizer`` (sgd/adam/adamw) replaces the one the entry point returns; ``precision`` is
-    fp32, fp16 (AMP) or bf16 (AMP); ``gpu`` names a GPU type (see ``gpu_overheads.GPU_TYPES``).
-    Raises ``CollocateError`` with a hint when no method can answer.
+    fp32, fp16 (AMP) or bf16 (AMP); ``gpu`` names a GPU type (see ``gpu_overheads.GPU_TYPES``);
+    ``allocator`` is the job's PyTorch allocator mode, ``default`` or ``expandable``
+    (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``; ``gpu_overheads.allocator_from_conf``
+    reads it from an environment). Raises ``CollocateError`` with a hint when no method can answer.
     """
     from collocate.estimate.static import TraceFailed, estimate_from_trace, trace_fake
 
@@ -55,16 +58,17 @@ def estimate_memory(
     opt = check_choice("optimizer", optimizer, OPTIMIZERS)
     prec = check_choice("precision", precision, PRECISIONS) or "fp32"
     g = gpu_type(gpu)
+    alloc = check_choice("allocator", allocator, ALLOCATORS) or "default"
     allowed = _check_fallbacks(fallbacks)
     failures: list[str] = []
     try:
         trace = trace_fake(entry_point, batch_size, optimizer=opt, precision=prec)
-        return estimate_from_trace(trace, g)
+        return estimate_from_trace(trace, g, allocator=alloc)
     except TraceFailed as exc:
         failures.append(f"traced: {exc.args[0]}")
     for name in allowed:
         try:
-            return _run_fallback(name, entry_point, batch_size, opt, prec, g, failures)
+            return _run_fallback(name, entry_point, batch_size, opt, prec, g, alloc, failures)
         except InputError:
             raise
         except TraceFailed as exc:
@@ -79,13 +83,13 @@ def estimate_memory(
 
 def _run_fallback(
     name: str, entry: EntryPoint, batch_size: int, opt: str | None, prec: str, g: Any,
-    failures: list[str],
+    allocator: str, failures: list[str],
 ) -> Estimate:
     from collocate.estimate.analytical import estimate_analytical
     from collocate.estimate.cpurun import estimate_cpu_run
 
     fn = estimate_cpu_run if name == "cpu-run" else estimate_analytical
-    est = fn(entry, batch_size, optimizer=opt, precision=prec, gpu=g)
+    est = fn(entry, batch_size, optimizer=opt, precision=prec, gpu=g, allocator=allocator)
     why = "; ".join(failures)
     note = f"{est.note}; fell back because {why}" if est.note else f"fell back because {why}"
     return Estimate(est.mib, est.method, est.uncertainty, est.breakdown, note, est.details)

@@ -6,6 +6,7 @@ torch is imported only inside the command, so ``collocate --help`` stays fast.
 from __future__ import annotations
 
 import json
+import os
 from typing import Annotated
 
 import typer
@@ -26,18 +27,25 @@ def estimate(
     fmt: Annotated[str, typer.Option("--format", help="table or json")] = "table",
     fallback: Annotated[str, typer.Option(help="comma-separated fallbacks to allow, or 'none'")] = "cpu-run,analytical",
     baselines: Annotated[bool, typer.Option("--baselines", help="also print the Horus and FakeTensor baselines")] = False,
+    allocator: Annotated[str | None, typer.Option(
+        help="PyTorch allocator mode of the job: default or expandable (expandable_segments:True). "
+             "Default: read from PYTORCH_CUDA_ALLOC_CONF here")] = None,
 ) -> None:
     """Estimate the peak GPU memory of one training iteration (no GPU needed)."""
     if fmt not in ("table", "json"):
         raise InputError(f"unknown format {fmt!r}", hint="use --format table or --format json")
     from collocate.estimate.api import estimate_baselines, estimate_memory
+    from collocate.estimate.gpu_overheads import allocator_from_conf
+
+    if allocator is None:
+        allocator = allocator_from_conf(os.environ.get("PYTORCH_CUDA_ALLOC_CONF"))
 
     fallbacks = () if fallback.strip() in ("", "none") else tuple(
         f.strip() for f in fallback.split(",") if f.strip()
     )
     est = estimate_memory(
         entry_point, batch_size=batch_size, optimizer=optimizer, precision=precision, gpu=gpu,
-        fallbacks=fallbacks,
+        fallbacks=fallbacks, allocator=allocator,
     )
     base = estimate_baselines(entry_point, batch_size=batch_size, precision=precision) if baselines else {}
     if fmt == "json":
@@ -58,8 +66,10 @@ def _print_table(est: object, base: dict[str, object]) -> None:
 
     assert isinstance(est, Estimate)
     console = Console()
+    allocator = est.details.get("allocator")
     console.print(f"estimated peak GPU memory: [bold]{est.mib:,.0f} MiB[/bold] "
-                  f"(±{est.uncertainty:.0%}, method: {est.method})")
+                  f"(±{est.uncertainty:.0%}, method: {est.method}"
+                  + (f", {allocator} allocator" if allocator else "") + ")")
     t = Table()
     t.add_column("part")
     t.add_column("MiB", justify="right")

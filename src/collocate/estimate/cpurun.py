@@ -97,6 +97,7 @@ def estimate_cpu_run(
     optimizer: str | None = None,
     precision: str = "fp32",
     gpu: gpu_overheads.GpuType,
+    allocator: str = "default",
 ) -> Estimate:
     """The ``cpu-run`` estimate: measured small steps, extrapolated, through the allocator."""
     batches = calibration_batches(batch_size)
@@ -109,5 +110,6 @@ def estimate_cpu_run(
     if not trace.events:
         raise InputError("cpu-run recorded no allocations", hint="check the entry point")
     return estimate_from_trace(
-        trace, gpu, method="cpu-run", rel_uncertainty=CPU_RUN_REL_UNCERTAINTY, note=note
+        trace, gpu, method="cpu-run", rel_uncertainty=CPU_RUN_REL_UNCERTAINTY, note=note,
+        allocator=allocator,
     )

@@ -42,6 +42,7 @@ class EstimateRequest:
     gpu: str | None = None
     declared_mib: float | None = None
     workdir: str | None = None  # where the entry point's module is importable from (submit cwd)
+    allocator: str = "default"  # the job's PyTorch allocator mode (from its PYTORCH_CUDA_ALLOC_CONF)
 
 
 def job_signature(
@@ -117,12 +118,13 @@ class StaticProvider:
             optimizer=request.optimizer,
             precision=request.precision,
             gpu=gpu,
+            allocator=request.allocator,
         )
 
     def _in_child(self, request: EstimateRequest, gpu: str | None) -> Estimate:
         argv = [sys.executable, "-m", "collocate.cli", "estimate", str(request.entry_point),
                 "--batch-size", str(request.batch_size), "--precision", request.precision,
-                "--format", "json"]
+                "--allocator", request.allocator, "--format", "json"]
         if request.optimizer:
             argv += ["--optimizer", request.optimizer]
         if gpu:

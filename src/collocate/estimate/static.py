@@ -154,17 +154,23 @@ def estimate_from_trace(
     method: str = "traced",
     rel_uncertainty: float = TRACED_REL_UNCERTAINTY,
     note: str = "",
+    allocator: str = "default",
 ) -> Estimate:
-    """Replay a trace through the allocator model and add the GPU's overheads."""
+    """Replay a trace through the allocator model and add the GPU's overheads.
+
+    ``allocator`` is the job's PyTorch allocator mode (``gpu_overheads.ALLOCATORS``): with
+    expandable segments the same tensors reserve up to a third less (module docstring there).
+    """
     events = with_cublas_workspaces(trace, gpu)
-    result = replay(events, capacity_bytes=gpu.total_mib * (1 << 20))
+    result = replay(events, capacity_bytes=gpu.total_mib * (1 << 20),
+                    expandable=allocator == "expandable")
     parts = live_by_category(events, result.peak_allocated_index, trace.categories)
     cublas = parts.pop("cublas")
     cudnn = gpu_overheads.cudnn_workspace_bytes(trace.largest_conv_bytes)
     ctx = gpu.context_mib * (1 << 20)
     handed_out = sum(parts.values()) + cublas + cudnn
     overhead = max(result.peak_reserved - result.live_requested_at_peak,
-                   (gpu_overheads.RESERVED_OVER_ALLOCATED - 1) * handed_out, 0)
+                   (gpu_overheads.reserved_over_allocated(allocator) - 1) * handed_out, 0)
     breakdown = {
         **parts,
         "allocator_overhead": overhead,
@@ -188,6 +194,7 @@ def estimate_from_trace(
         note="; ".join(notes),
         details={
             "gpu": gpu.name,
+            "allocator": allocator,
             "peak_allocated_mib": round(result.peak_allocated / (1 << 20), 1),
             "peak_reserved_mib": round(result.peak_reserved / (1 << 20), 1),
             "segments": result.segments,

@@ -1,0 +1,57 @@
+"""The job's PyTorch allocator mode (default or expandable segments) reaches the estimate."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from collocate.cli import app
+from collocate.errors import UnknownNameError
+from collocate.estimate.api import estimate_memory
+from collocate.estimate.gpu_overheads import allocator_from_conf
+
+CNN = "collocate.workloads.models:build_resnet18_cifar"
+
+
+@pytest.mark.parametrize(("conf", "mode"), [
+    (None, "default"),
+    ("", "default"),
+    ("expandable_segments:True", "expandable"),
+    ("max_split_size_mb:128, expandable_segments:true", "expandable"),
+    ("expandable_segments:False", "default"),
+    ("garbage_collection_threshold:0.6", "default"),
+])
+def test_allocator_from_conf(conf: str | None, mode: str) -> None:
+    assert allocator_from_conf(conf) == mode
+
+
+def test_expandable_segments_estimate_less_slack_for_a_cnn() -> None:
+    """Same tensors, less reserved: the H100 measured 1.43x allocated for this CNN by default
+    and 1.04x with expandable segments; the estimate follows the mode it is given."""
+    default = estimate_memory(CNN, batch_size=32, gpu="H100-80GB")
+    expandable = estimate_memory(CNN, batch_size=32, gpu="H100-80GB", allocator="expandable")
+    assert (default.details["allocator"], expandable.details["allocator"]) == ("default", "expandable")
+    assert expandable.details["peak_allocated_mib"] == pytest.approx(
+        default.details["peak_allocated_mib"], rel=0.02)
+    assert expandable.breakdown["allocator_overhead"] < default.breakdown["allocator_overhead"]
+    assert expandable.mib < default.mib
+
+
+def test_unknown_allocator_is_refused_with_the_choices() -> None:
+    with pytest.raises(UnknownNameError, match="expandable"):
+        estimate_memory("_entries:tiny_mlp", batch_size=8, allocator="cudaMallocAsync")
+
+
+def test_cli_reads_the_allocator_from_the_environment_unless_told() -> None:
+    runner = CliRunner()
+    args = ["estimate", "_entries:tiny_mlp", "-b", "8", "--format", "json"]
+    env = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    from_env = runner.invoke(app, args, env=env)
+    assert from_env.exit_code == 0, from_env.output
+    assert json.loads(from_env.output)["details"]["allocator"] == "expandable"
+    told = runner.invoke(app, [*args, "--allocator", "default"], env=env)
+    assert json.loads(told.output)["details"]["allocator"] == "default"
+    table = runner.invoke(app, args[:-2], env=env)
+    assert "expandable allocator" in table.output
