@@ -33,6 +33,9 @@ class ModeParams:
 class InterferenceModel:
     modes: dict[SharingMode, ModeParams]
     power_exponent: float = 1.0
+    #: A GPU whose process is in its first steps (cuDNN autotuning, allocator growth) runs almost
+    #: no SM activity but draws well above idle; power is computed as if busy were at least this.
+    warmup_busy: float = 0.0
 
     def slowdown(
         self,
@@ -145,4 +148,5 @@ def _parse(doc: dict, where: str) -> InterferenceModel:
     missing = [m.value for m in SharingMode if m not in modes]
     if missing:
         raise InputError(f"{where}: no parameters for sharing mode(s) {', '.join(missing)}")
-    return InterferenceModel(modes, float(doc.get("power", {}).get("exponent", 1.0)))
+    power = doc.get("power", {})
+    return InterferenceModel(modes, float(power.get("exponent", 1.0)), float(power.get("warmup_busy", 0.0)))

@@ -201,6 +201,37 @@ def test_a_warming_job_is_seen_but_idle_and_unslowed():
     assert all(busy == 0.0 for t, _, busy in timeline if t < b_start)
 
 
+def test_a_warming_job_draws_warm_up_power_after_start_up():
+    # On the H100 a process in its first steps drew 132 W median at SM activity under 0.05,
+    # against 76 W with no process: start-up (import, not yet on the GPU) is charged idle power,
+    # warm-up the model's warmup_busy, then the job's own activity.
+    from collocate.gputypes import GPU_TYPES
+    from collocate.interference import default_interference
+    from collocate.model import JobProfile
+    from collocate.sim.trace import TraceJob, Workload
+
+    model = default_interference()
+    assert 0 < model.warmup_busy < 0.5
+    h100 = GPU_TYPES["H100-80GB"]
+    profile = JobProfile(0.6, 0.3)
+    job = Workload("warming", 1, 30.0, 1000.0, profile=profile, warmup_s=10.0)
+
+    def energy(cfg: SimConfig) -> float:
+        result = Simulation(parse_cluster("1xH100-80GB"), [TraceJob("a", 0.0, job)],
+                            make_policy("exclusive"), cfg).run()
+        assert result.makespan_s == pytest.approx(30.0)
+        return result.energy_j
+
+    def watts(busy: float) -> float:
+        return model.power_watts(h100.idle_watts, h100.max_watts, [JobProfile(busy, 0.0)])
+
+    expected = 5 * watts(0.0) + 10 * watts(model.warmup_busy) + 15 * watts(0.6)
+    assert energy(SimConfig(ramp_s=0.0, startup_s=5.0)) == pytest.approx(expected)
+    # without a start-up phase the warm-up draws from the first second
+    expected = 10 * watts(model.warmup_busy) + 20 * watts(0.6)
+    assert energy(SimConfig(ramp_s=0.0)) == pytest.approx(expected)
+
+
 def test_policies_told_nothing_of_profiles_still_run_jobs_at_their_real_activity():
     # The daemon knows a job's activity only from history; the H100 mini-trace's jobs had none,
     # so `auto` priced each as UNKNOWN_PROFILE (0.5/0.2). The simulator can replay that blindness.

@@ -56,7 +56,7 @@ from collocate.sim.trace import TraceJob
 
 # Event kinds, in the order they are handled at equal times: work done frees GPUs before new
 # work arrives, so a round at time t sees every change of time t.
-_FINISH, _RAMP, _ACTIVE, _LEARN, _ARRIVE, _WAKE = range(6)
+_FINISH, _RAMP, _ACTIVE, _LEARN, _WARM, _ARRIVE, _WAKE = range(7)
 
 PROFILE_KNOWLEDGE = ("trace", "unknown", "learned")  # SimConfig.profiles
 
@@ -131,6 +131,7 @@ class _Running:
     profile: JobProfile  # its real solo activity (job.profile is what the policies were told)
     allocated: bool = False
     starting: bool = False  # no GPU activity yet (SimConfig.startup_s + the job's warmup_s)
+    warming: bool = False  # in the warm-up part of starting: on its GPUs, drawing power
     alone: bool = False  # active with no active neighbour since the last rerate ("learned" only)
     alone_s: float = 0.0  # time spent alone and active, up to the last rerate
     learned: bool = False  # policies now see its real profile
@@ -203,6 +204,7 @@ class Simulation:
         # on an H100 it matches GPM SM activity within 0.035 on average, where Σ a misses by 0.155
         # (time-slicing 7 copies of a job of activity 0.3 read 0.49, not 1).
         self.sm_live = np.zeros(n)
+        self.power_floor = np.zeros(n)  # busy-equivalent of warming jobs' power (``_realize``)
         self.dram_live = np.zeros(n)
         self.seen_at = np.full(n, -math.inf)
         self.residents: list[set[str]] = [set() for _ in range(n)]
@@ -270,6 +272,8 @@ class Simulation:
                     changed |= self._active(job_id, version, now)
                 elif kind == _LEARN:
                     changed |= self._learn(job_id, version, now)
+                elif kind == _WARM:
+                    self._warm(job_id, version, now)  # power only: nothing to place
                 else:
                     changed = True
             if changed and len(self.scheduler.queue):
@@ -333,14 +337,17 @@ class Simulation:
             self.dram_sum[i] += job.profile.dram_activity
             self.seen_at[i] = seen
             self.residents[i].add(job_id)
+        warms_later = workload.warmup_s > 0 and self.cfg.startup_s > 0
         run = _Running(
             job, gpus, self.peaks[job_id], held, workload.profile, starting=starting,
-            work_left=workload.duration_s, since=now,
+            warming=workload.warmup_s > 0 and not warms_later, work_left=workload.duration_s, since=now,
         )
         self.running[job_id] = run
         self._push(now + self.cfg.ramp_s, _RAMP, job_id, job.attempts)
         if starting:
             self._push(now + idle_s, _ACTIVE, job_id, job.attempts)
+        if warms_later:
+            self._push(now + self.cfg.startup_s, _WARM, job_id, job.attempts)
         self._rerate(gpus, now)
 
     def _ramp(self, job_id: str, attempt: int, now: float) -> bool:
@@ -373,9 +380,19 @@ class Simulation:
         if run is None or run.job.attempts != attempt or not run.starting:
             return False
         self._advance(run.gpus, now)
-        run.starting = False
+        run.starting = run.warming = False
         self._rerate(run.gpus, now)
         return True
+
+    def _warm(self, job_id: str, attempt: int, now: float) -> None:
+        """Start-up is over and the first steps begin: still no SM activity to speak of, but the
+        GPU's power rises to the warm-up level (``InterferenceModel.warmup_busy``)."""
+        run = self.running.get(job_id)
+        if run is None or run.job.attempts != attempt or not run.starting:
+            return
+        self._advance(run.gpus, now)
+        run.warming = True
+        self._realize(run.gpus)
 
     def _learn(self, job_id: str, version: int, now: float) -> bool:
         """The job has run alone for ``learn_s``: from now on policies see its real profile."""
@@ -455,15 +472,17 @@ class Simulation:
     def _realize(self, gpus) -> None:
         """Recompute the realized activity of these GPUs from their residents' rates (summed
         afresh, not updated by differences: drift would move decisions at policy thresholds)."""
+        warm_busy = self.cfg.interference.warmup_busy
         for i in gpus:
-            sm = dram = 0.0
+            sm = dram = floor = 0.0
             for job_id in self.residents[i]:
                 run = self.running[job_id]
                 if run.starting:
+                    floor = warm_busy if run.warming else floor
                     continue
                 sm += run.profile.sm_activity * run.rate
                 dram += run.profile.dram_activity * run.rate
-            self.sm_live[i], self.dram_live[i] = sm, dram
+            self.sm_live[i], self.dram_live[i], self.power_floor[i] = sm, dram, floor
 
     def _advance(self, gpus: list[int], now: float) -> None:
         """Integrate energy, busy time and memory of these GPUs up to ``now``."""
@@ -471,7 +490,8 @@ class Simulation:
         for i in gpus:  # scalar loop: jobs hold few GPUs, and fancy indexing costs more
             dt = now - self.last_t[i]
             busy = min(1.0, self.sm_live[i])
-            self.energy[i] += (self.idle_w[i] + (self.max_w[i] - self.idle_w[i]) * busy**exponent) * dt
+            drawn = max(busy, self.power_floor[i])  # a warming job draws above what it computes
+            self.energy[i] += (self.idle_w[i] + (self.max_w[i] - self.idle_w[i]) * drawn**exponent) * dt
             self.busy_int[i] += busy * dt
             self.mem_int[i] += self.used[i] / self.total[i] * dt
             self.last_t[i] = now
