@@ -9,7 +9,8 @@
 #   bash benchmarks/gpu/unpack.sh C2 <files_at>          -> benchmarks/results/share_gpu-<device>-<date>.json
 #
 # <files_at> is the folder the `run` tool's reply names. The device and date come from the call's
-# meta.env. Every call's summary and log go to benchmarks/results/gpu-rounds/<date>-<device>-<CALL>.{md,log}.
+# meta.env. Every call's summary and log go to benchmarks/results/gpu-rounds/<date>-<device>-<CALL>.{md,log}
+# (<CALL>-<HHMM>, the call's start time, when an earlier call of that name and date is there).
 # RESULTS=<dir> writes elsewhere than benchmarks/results; a rehearsal's files are refused there.
 set -euo pipefail
 
@@ -39,6 +40,10 @@ if [[ "$REHEARSAL" == 1 && "$(cd "$RESULTS" 2>/dev/null && pwd)" == "$ROOT/bench
 fi
 mkdir -p "$RESULTS/gpu-rounds"
 STEM=$RESULTS/gpu-rounds/$DATE-$DEVICE_SLUG-$CALL
+if [[ -f "$STEM.md" && -f "$FILES/$CALL.md" ]] && ! cmp -s "$FILES/$CALL.md" "$STEM.md"; then
+  # the same call ran earlier that day: keep its summary, name this one by its start time
+  STEM=$STEM-$(echo "$TIME_UTC" | cut -c12-16 | tr -d :)
+fi
 for ext in md log; do
   if [[ -f "$FILES/$CALL.$ext" ]]; then cp "$FILES/$CALL.$ext" "$STEM.$ext"; fi
 done

@@ -154,7 +154,18 @@ def test_round_check_rehearsal_packs_and_unpacks(tmp_path: Path) -> None:
     proc = subprocess.run(["bash", str(GPU / "unpack.sh"), "CHECK", str(out)], env=env,
                           capture_output=True, text=True, timeout=30, check=False)
     assert proc.returncode == 0, proc.stderr
-    assert list((results / "gpu-rounds").glob("*-rehearsal-cpu-CHECK.md"))
+    first = list((results / "gpu-rounds").glob("*-rehearsal-cpu-CHECK.md"))
+    assert len(first) == 1
+    # unpacking the same call again changes nothing; another call of that name and date (here:
+    # an edited summary) keeps the first one's files and is named by its start time
+    for edit in ("", "another call\n"):
+        (out / "CHECK.md").write_text((out / "CHECK.md").read_text() + edit)
+        proc = subprocess.run(["bash", str(GPU / "unpack.sh"), "CHECK", str(out)], env=env,
+                              capture_output=True, text=True, timeout=30, check=False)
+        assert proc.returncode == 0, proc.stderr
+    names = {p.name for p in (results / "gpu-rounds").glob("*.md")} - {first[0].name}
+    assert len(names) == 1 and names.pop().startswith(first[0].stem + "-")
+    assert "another call" not in first[0].read_text()
     # a rehearsal's files never land in the repo's results
     env.pop("RESULTS")
     proc = subprocess.run(["bash", str(GPU / "unpack.sh"), "CHECK", str(out)], env=env,
