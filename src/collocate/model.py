@@ -91,6 +91,10 @@ class Job:
     priority: int = 0
     name: str = ""
     profile: JobProfile = UNKNOWN_PROFILE
+    #: Where ``profile`` came from: "assumed" (nothing measured), "history" (measured alone in an
+    #: earlier run or attempt of this command), "similar" (measured alone in runs of the same
+    #: program with other arguments, e.g. a sweep's other points).
+    profile_source: str = "assumed"
     max_retries: int = 3
     retry_failures: bool = False  # retry non-OOM failures too (the user asked with --retries)
     attempts: int = 0

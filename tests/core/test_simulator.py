@@ -301,3 +301,38 @@ def test_learned_profiles_are_remembered_for_jobs_of_the_same_command(command, c
     start = {r.id: r.start for r in result.records}
     assert start["b"] == pytest.approx(31.0)
     assert start["c"] == pytest.approx(61.0 if c_waits else 32.0)
+
+
+@pytest.mark.parametrize(("profiles", "program", "c_waits"),
+                         [("similar", "train.py", True), ("learned", "train.py", False),
+                          ("similar", None, False)])
+def test_similar_profiles_come_from_other_commands_of_the_program(profiles, program, c_waits):
+    # a is learned alone; b and c are other commands (a sweep's other points) arriving after
+    # a's end. With "similar" and a shared program they start with a's profile, so c waits for
+    # b; with "learned" (or no program) they are unknown and c is paired with b.
+    from collocate.model import JobProfile
+    from collocate.sim.trace import TraceJob, Workload
+
+    def point(name: str) -> Workload:
+        return Workload(name, 1, 30.0, 1000.0, {"peak": 1000.0}, JobProfile(0.79, 0.6),
+                        command=name, program=program)
+
+    trace = [TraceJob("a", 0.0, point("lr-1")), TraceJob("b", 31.0, point("lr-2")),
+             TraceJob("c", 32.0, point("lr-3"))]
+    config = SimConfig(ramp_s=0.0, wake_s=1.0, profiles=profiles, learn_s=10.0)
+    result = Simulation(parse_cluster("1xH100-80GB"), trace, make_policy("auto", settle_s=1),
+                        config).run()
+    start = {r.id: r.start for r in result.records}
+    assert start["c"] == pytest.approx(61.0 if c_waits else 32.0)
+
+
+def test_catalogue_rows_of_one_model_and_dataset_share_a_program(tmp_path):
+    from collocate.sim.trace import load_catalogue
+
+    path = tmp_path / "cat.csv"
+    path.write_text("name,model,dataset,batch_size,gpus,epoch_minutes,epochs,peak_mib\n"
+                    "r1,resnet50,imagenet,32,1,1,1,3000\nr2,resnet50,imagenet,64,1,1,1,5000\n"
+                    "r3,resnet50,cifar-100,64,1,1,1,2000\nx,,,8,1,1,1,100\n")
+    cat = load_catalogue(path)
+    assert cat["r1"].program == cat["r2"].program != cat["r3"].program
+    assert cat["x"].program is None

@@ -148,8 +148,45 @@ def test_store_opens_a_file_from_before_solo_profiles(tmp_path):
     assert attempt.solo_sm is None and attempt.gpus == ("n:0",)
     store.record_history("sig", 2600.0, JobProfile(0.5, 0.25))
     assert store.history("sig") == (2600.0, JobProfile(0.5, 0.25))
+    store.record_history("sig", 2600.0, JobProfile(0.5, 0.25), program="prog")
+    assert store.program_profile("prog") == JobProfile(0.5, 0.25)  # the migrated column works
     store.close()
     assert Store(path).history("sig") == (2600.0, JobProfile(0.5, 0.25))  # reopening adds nothing
+
+
+def test_program_profile_is_the_median_of_its_measured_commands(tmp_path):
+    store = Store(tmp_path / "db.sqlite")
+    assert store.program_profile("p") is None
+    store.record_history("a", 1000.0, JobProfile(0.2, 0.1), program="p")
+    store.record_history("b", 1000.0, None, program="p")  # never measured alone: no vote
+    store.record_history("c", 1000.0, JobProfile(0.6, 0.3), program="p")
+    store.record_history("d", 1000.0, JobProfile(0.5, 0.2), program="p")
+    store.record_history("e", 1000.0, JobProfile(0.9, 0.9), program="q")  # another program
+    assert store.program_profile("p") == JobProfile(0.5, 0.2)
+    store.close()
+
+
+def test_program_groups_a_sweeps_points_by_script_and_directory():
+    sweep = [JobSpec(("python", "train.py", "--lr", lr), "/w") for lr in ("0.1", "0.2")]
+    assert sweep[0].program == sweep[1].program and sweep[0].signature != sweep[1].signature
+    assert JobSpec(("python", "eval.py", "--lr", "0.1"), "/w").program != sweep[0].program
+    assert JobSpec(("python", "train.py", "--lr", "0.1"), "/v").program != sweep[0].program
+    assert (JobSpec(("torchrun", "--nproc-per-node", "2", "train.py"), "/w").program
+            == JobSpec(("python3", "train.py", "--epochs", "3"), "/w").program)
+    modules = [JobSpec(("python", "-m", m, "--x", "1"), "/w").program for m in ("pkg.a", "pkg.b")]
+    assert modules[0] != modules[1]
+
+
+def test_a_job_stored_before_profile_sources_keeps_its_measured_profile():
+    import json
+
+    job = Job("1", profile=JobProfile(0.4, 0.1), profile_source="history")
+    text = json.loads(job_to_json(job))
+    del text["profile_source"]
+    assert job_from_json(json.dumps(text)).profile_source == "history"
+    plain = json.loads(job_to_json(Job("2")))
+    del plain["profile_source"]
+    assert job_from_json(json.dumps(plain)).profile_source == "assumed"
 
 
 class _Backend:

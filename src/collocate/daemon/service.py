@@ -259,6 +259,9 @@ class Service:
         measured = self.store.history(req.spec.signature)
         if measured is not None:  # measured history beats a declaration (DESIGN: estimators)
             mem, source, uncertainty, profile = measured[0], "history", 0.05, measured[1]
+        profile_source = "history"
+        if profile is None:  # a new command of a known program: its siblings' activity
+            profile, profile_source = self.store.program_profile(req.spec.program), "similar"
         job = Job(id="0", gpus=req.gpus, mem_mib=mem, mem_source=source,
                   mem_uncertainty=uncertainty, submit_time=time.time(), priority=req.priority,
                   name=req.name, max_retries=req.max_retries,
@@ -271,7 +274,7 @@ class Service:
         if why is not None:
             raise InputError(f"this job could never start: it {why}",
                              hint="check the ids with `collocate ls --all`")
-        job = with_profile(replace(job, id=self.store.next_id()), profile)
+        job = with_profile(replace(job, id=self.store.next_id()), profile, profile_source)
         self.store.add_job(job, req.spec)
         self.specs[job.id] = req.spec
         job = self.scheduler.submit(job)
@@ -417,9 +420,9 @@ class Service:
         spec = self.specs[a.job_id]
         job = self.scheduler.job_exited(a.job_id, ExitReport(outcome, observed, reason))
         if learned is not None and job.state is JobState.PENDING:  # its next attempt starts known
-            job = self.scheduler.update(job.evolve(profile=learned))
+            job = self.scheduler.update(job.evolve(profile=learned, profile_source="history"))
         if outcome is Outcome.SUCCEEDED and peak is not None:
-            self.store.record_history(spec.signature, peak, learned)
+            self.store.record_history(spec.signature, peak, learned, spec.program)
         if job.state.is_terminal:  # a requeued job keeps its tracking run for the next attempt
             self.tracking.job_ended(a.job_id, job.state.value)
         solo = ("not measured alone" if learned is None else

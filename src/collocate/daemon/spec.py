@@ -49,6 +49,14 @@ class JobSpec:
         key = json.dumps([list(self.argv), self.cwd], separators=(",", ":"))
         return hashlib.sha256(key.encode()).hexdigest()[:32]
 
+    @property
+    def program(self) -> str:
+        """Same script (or module) in the same working directory, whatever its arguments: the
+        points of a sweep. Their GPU activity is a better guess for each other than nothing;
+        their memory is not (a batch size changes it), so only activity is shared."""
+        key = json.dumps([program_token(self.argv), self.cwd], separators=(",", ":"))
+        return hashlib.sha256(key.encode()).hexdigest()[:32]
+
     def to_json(self) -> str:
         d = asdict(self)
         d["argv"] = list(self.argv)
@@ -79,20 +87,26 @@ class SubmitRequest:
 _LAUNCHERS = re.compile(r"^(python[0-9.]*|pypy[0-9.]*|bash|sh|zsh|torchrun|accelerate|deepspeed|uv|nohup|env)$")
 
 
-def default_name(argv: list[str] | tuple[str, ...]) -> str:
-    """A job's name when none is given: the script or module a launcher runs, so ``collocate
-    ls`` shows ``train.py`` rather than a column of ``python``."""
-    program = os.path.basename(argv[0])
-    if not _LAUNCHERS.match(program):
-        return program
+def program_token(argv: list[str] | tuple[str, ...]) -> str:
+    """The script or module a command runs, as written: past launchers such as ``python``,
+    ``torchrun`` or ``bash``, so ``python train.py --lr 0.1`` and ``--lr 0.2`` give ``train.py``."""
+    if not _LAUNCHERS.match(os.path.basename(argv[0])):
+        return argv[0]
     rest = list(argv[1:])
     for i, arg in enumerate(rest):
         if arg == "-m" and i + 1 < len(rest):
             return rest[i + 1]
         if arg.endswith((".py", ".sh")):
-            return os.path.basename(arg)
+            return arg
     plain = [a for a in rest if not a.startswith("-") and "=" not in a and a not in ("run", "launch")]
-    return os.path.basename(plain[0]) if plain else program
+    return plain[0] if plain else argv[0]
+
+
+def default_name(argv: list[str] | tuple[str, ...]) -> str:
+    """A job's name when none is given: the script or module a launcher runs, so ``collocate
+    ls`` shows ``train.py`` rather than a column of ``python``."""
+    token = program_token(argv)
+    return token if "/" not in token else os.path.basename(token)
 
 
 def parse_env(items: list[str] | tuple[str, ...]) -> dict[str, str]:

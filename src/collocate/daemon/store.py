@@ -11,21 +11,27 @@ Tables:
   (to re-adopt it after a restart), exit status, outcome, reason, measured peak memory and solo
   activity profile (``collocate.activity``; NULL when the job never ran alone long enough);
 * ``history``: per job signature (command, arguments, cwd), the measured peak and solo profile
-  of its last successful run, used as the estimate of later jobs with the same signature;
+  of its last successful run, used as the estimate of later jobs with the same signature; and
+  the job's program (script and cwd, ``JobSpec.program``), whose other signatures' profiles
+  stand in for a new command's;
 * ``meta``: the id counter and the drain flag.
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 from collocate.daemon.spec import JobSpec
-from collocate.model import Job, JobProfile, JobState
+from collocate.model import UNKNOWN_PROFILE, Job, JobProfile, JobState
 from collocate.sqlite import open_wal
+
+#: How many of a program's measured commands its prior profile is the median of.
+PROGRAM_PRIOR_RUNS = 20
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -40,7 +46,7 @@ CREATE TABLE IF NOT EXISTS attempts (
 );
 CREATE TABLE IF NOT EXISTS history (
     signature TEXT PRIMARY KEY, peak_mib REAL NOT NULL, sm_activity REAL, runs INTEGER NOT NULL,
-    updated REAL NOT NULL, solo_sm REAL, solo_dram REAL
+    updated REAL NOT NULL, solo_sm REAL, solo_dram REAL, program TEXT
 );
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
@@ -50,7 +56,7 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 # column is no longer read, so a profile from before is not taken for a measured one.
 _ADDED_COLUMNS = {
     "attempts": ("solo_sm REAL", "solo_dram REAL"),
-    "history": ("solo_sm REAL", "solo_dram REAL"),
+    "history": ("solo_sm REAL", "solo_dram REAL", "program TEXT"),
 }
 _ATTEMPT_COLUMNS = ("job_id, n, start, gpus, uuids, dir, mem_mib, end, pid, pid_started,"
                     " returncode, outcome, reason, peak_mib, solo_sm, solo_dram")
@@ -93,6 +99,8 @@ def job_to_json(job: Job) -> str:
 def job_from_json(text: str) -> Job:
     d = json.loads(text)
     d["profile"] = JobProfile(**d["profile"])
+    if "profile_source" not in d and d["profile"] != UNKNOWN_PROFILE:  # stored before it existed
+        d["profile_source"] = "history"
     d["state"] = JobState(d["state"])
     if "after" in d:  # JSON has no tuples
         d["after"] = tuple(d["after"])
@@ -110,6 +118,7 @@ class Store:
             for column in columns:
                 if column.split()[0] not in have:
                     self.db.execute(f"ALTER TABLE {table} ADD COLUMN {column}")
+        self.db.execute("CREATE INDEX IF NOT EXISTS history_program ON history (program)")
 
     def close(self) -> None:
         self.db.close()
@@ -177,18 +186,31 @@ class Store:
         return [_attempt(r) for r in rows]
 
     # -- history ---------------------------------------------------------------------------
-    def record_history(self, signature: str, peak_mib: float, profile: JobProfile | None) -> None:
+    def record_history(self, signature: str, peak_mib: float, profile: JobProfile | None,
+                       program: str | None = None) -> None:
         """The latest successful run's peak; its profile too, unless it never ran alone long
         enough to measure one (then the previous run's profile stays)."""
         sm, dram = (None, None) if profile is None else (profile.sm_activity, profile.dram_activity)
         self.db.execute(
-            "INSERT INTO history (signature, peak_mib, runs, updated, solo_sm, solo_dram)"
-            " VALUES (?, ?, 1, ?, ?, ?) ON CONFLICT (signature) DO UPDATE SET"
+            "INSERT INTO history (signature, peak_mib, runs, updated, solo_sm, solo_dram, program)"
+            " VALUES (?, ?, 1, ?, ?, ?, ?) ON CONFLICT (signature) DO UPDATE SET"
             " peak_mib = excluded.peak_mib, runs = runs + 1, updated = excluded.updated,"
             " solo_sm = COALESCE(excluded.solo_sm, solo_sm),"
-            " solo_dram = COALESCE(excluded.solo_dram, solo_dram)",
-            (signature, peak_mib, time.time(), sm, dram),
+            " solo_dram = COALESCE(excluded.solo_dram, solo_dram),"
+            " program = COALESCE(excluded.program, program)",
+            (signature, peak_mib, time.time(), sm, dram, program),
         )
+
+    def program_profile(self, program: str) -> JobProfile | None:
+        """The median solo profile of the program's most recent measured commands (at most
+        ``PROGRAM_PRIOR_RUNS``): a guess for one of its commands that has none of its own."""
+        rows = self.db.execute(
+            "SELECT solo_sm, solo_dram FROM history WHERE program = ? AND solo_sm IS NOT NULL"
+            " ORDER BY updated DESC LIMIT ?", (program, PROGRAM_PRIOR_RUNS),
+        ).fetchall()
+        if not rows:
+            return None
+        return JobProfile(statistics.median(r[0] for r in rows), statistics.median(r[1] for r in rows))
 
     def history(self, signature: str) -> tuple[float, JobProfile | None] | None:
         """The measured peak of the last successful run with this signature, and the solo
@@ -220,6 +242,6 @@ def _attempt(r: tuple) -> Attempt:
                    *r[6:])
 
 
-def with_profile(job: Job, profile: JobProfile | None) -> Job:
-    """The job with a measured solo profile, when history has one."""
-    return job if profile is None else replace(job, profile=profile)
+def with_profile(job: Job, profile: JobProfile | None, source: str = "history") -> Job:
+    """The job with a measured solo profile, when history has one (``Job.profile_source``)."""
+    return job if profile is None else replace(job, profile=profile, profile_source=source)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from collocate.daemon.paths import attempt_files
 from collocate.daemon.store import Store
 from collocate.errors import InputError
-from collocate.model import UNKNOWN_PROFILE, Job
+from collocate.model import Job
 
 if TYPE_CHECKING:
     from collocate.daemon.monitor import Monitor
@@ -88,8 +88,10 @@ def _profile(job: Job, run: Any) -> dict[str, Any]:
     learned = None if run is None else run.tracked.learned
     if learned is not None:
         profile, source = learned, "measured alone in this attempt"
-    elif job.profile != UNKNOWN_PROFILE:
+    elif job.profile_source == "history":
         profile, source = job.profile, "measured alone in an earlier run"
+    elif job.profile_source == "similar":
+        profile, source = job.profile, "measured alone in runs of the same program (other arguments)"
     else:
         profile, source = job.profile, "assumed: not measured alone yet"
     return {"sm_activity": profile.sm_activity, "dram_activity": profile.dram_activity,

@@ -76,8 +76,10 @@ def simulate(
         typer.Option(
             help="What the policies know of each job's SM/DRAM activity: 'trace' (the trace's "
             "values), 'unknown' (nothing, as for a job the daemon has no history of: it assumes "
-            "0.5/0.2), or 'learned' (nothing until the job has run alone for 10 s, as the daemon "
-            "measures it live). Jobs progress by the trace's values either way.",
+            "0.5/0.2), 'learned' (nothing until the job has run alone for 10 s, as the daemon "
+            "measures it live, then remembered for its command), or 'similar' (as learned, and a new "
+            "command starts with what was learned for its program's other commands, as the daemon "
+            "does for a sweep's points). Jobs progress by the trace's values either way.",
         ),
     ] = "trace",
     seed: Annotated[int, typer.Option(help="Seed for synthetic traces.")] = 0,

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -52,13 +53,13 @@ from collocate.model import (
 from collocate.policies.base import Policy, commitment
 from collocate.recovery import ExitReport, Outcome, RecoveryRules
 from collocate.scheduler import Capacity, Scheduler
-from collocate.sim.trace import TraceJob
+from collocate.sim.trace import TraceJob, Workload
 
 # Event kinds, in the order they are handled at equal times: work done frees GPUs before new
 # work arrives, so a round at time t sees every change of time t.
 _FINISH, _RAMP, _ACTIVE, _LEARN, _WARM, _ARRIVE, _WAKE = range(7)
 
-PROFILE_KNOWLEDGE = ("trace", "unknown", "learned")  # SimConfig.profiles
+PROFILE_KNOWLEDGE = ("trace", "unknown", "learned", "similar")  # SimConfig.profiles
 
 ESTIMATE_UNCERTAINTY = {
     # Relative uncertainty the simulator attaches to each catalogue estimator, from its published
@@ -82,7 +83,9 @@ class SimConfig:
     # model.UNKNOWN_PROFILE); or ("learned") what the daemon would know: a job's profile once
     # it has run alone and active for learn_s, and, as the daemon's history, the profile
     # learned by an earlier successful job of the same workload (the same command) from its
-    # submission on. Progress and power always follow the trace.
+    # submission on; or ("similar") that, and a new command starts with the median profile
+    # learned for other commands of its program (``Workload.program``: a sweep's other points),
+    # as the daemon does. Progress and power always follow the trace.
     profiles: str = "trace"
     learn_s: float = float(MIN_SOLO_SAMPLES)  # the daemon's samples at its default 1 s period
     ramp_s: float = 10.0  # from start until a job holds its peak memory
@@ -218,6 +221,7 @@ class Simulation:
         self.records: dict[str, JobRecord] = {}
         self.peaks: dict[str, float] = {}
         self._history: dict[str | None, JobProfile] = {}  # command → learned profile ("learned")
+        self._programs: dict[str, dict[str, JobProfile]] = {}  # program → command → profile
         self.events: list[tuple[float, int, int, str, int]] = []
         self._seq = 0
         self.decisions = 0
@@ -283,6 +287,17 @@ class Simulation:
                 self.progress(done, total)
         return self._result(now)
 
+    def _known_profile(self, w: Workload) -> JobProfile:
+        """What the daemon would know of a newly submitted workload's activity (``profiles``)."""
+        known = self._history.get(w.command)
+        if known is not None:
+            return known
+        siblings = self._programs.get(w.program) if self.cfg.profiles == "similar" else None
+        if not siblings:
+            return UNKNOWN_PROFILE
+        return JobProfile(statistics.median(p.sm_activity for p in siblings.values()),
+                          statistics.median(p.dram_activity for p in siblings.values()))
+
     # -- events -----------------------------------------------------------------------------
     def _arrive(self, job_id: str, now: float) -> bool:
         w = self._by_id[job_id].workload
@@ -298,7 +313,7 @@ class Simulation:
             mem_uncertainty=ESTIMATE_UNCERTAINTY.get(estimator, 0.5),
             submit_time=now,
             name=w.name,
-            profile=w.profile if self.cfg.profiles == "trace" else self._history.get(w.command, UNKNOWN_PROFILE),
+            profile=w.profile if self.cfg.profiles == "trace" else self._known_profile(w),
         )
         self.peaks[job_id] = w.peak_mib
         self.records[job_id] = JobRecord(job_id, w.name, w.gpus, now, w.peak_mib, mem)
@@ -415,6 +430,9 @@ class Simulation:
         command = self._by_id[job_id].workload.command
         if run.learned and command is not None:  # the daemon's history, for the same command
             self._history[command] = run.profile
+            program = self._by_id[job_id].workload.program
+            if program is not None:
+                self._programs.setdefault(program, {})[command] = run.profile
         job = self.scheduler.job_exited(job_id, ExitReport(Outcome.SUCCEEDED))
         self._close(job, now)
         return True
@@ -441,7 +459,7 @@ class Simulation:
         """Recompute the progress rate of every job sharing any of these GPUs."""
         affected = {job_id for i in gpus for job_id in self.residents[i]}
         model, mode = self.cfg.interference, self.cfg.sharing
-        learning = self.cfg.profiles == "learned"
+        learning = self.cfg.profiles in ("learned", "similar")
         # A multi-GPU job's new rate changes what its other GPUs draw: meter them up to now first.
         beyond = [i for j in affected for i in self.running[j].gpus if i not in gpus]
         self._advance(beyond, now)

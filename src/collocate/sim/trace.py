@@ -46,6 +46,9 @@ class Workload:
     # share a measured profile): the catalogue workload it comes from; None for a job described
     # inline, which shares its command with no other.
     command: str | None = None
+    # What stands for its program (script and working directory: a sweep's points share it):
+    # the catalogue's model and dataset, whose rows differ only in batch size. None inline.
+    program: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +110,7 @@ def load_catalogue(path: Path) -> dict[str, Workload]:
             peak_mib=estimates["peak"],
             estimates=estimates,
             profile=assumed_profile(row.get("model", ""), row.get("dataset", "")),
+            program=f"{row['model']}|{row.get('dataset', '')}" if row.get("model") else None,
         )
     return catalogue
 
@@ -177,7 +181,7 @@ def _workload(row: dict, where: str, catalogue: dict[str, Workload] | None) -> W
         raise InputError(f"{where}: warmup_s {warmup:g} is longer than duration_s {duration:g}",
                          hint="warmup_s is the idle start of the job's duration, not extra time")
     return Workload(str(row.get("name") or base.name), gpus, duration, peak, estimates, profile,
-                    warmup, command=name or None)
+                    warmup, command=name or None, program=base.program if name else None)
 
 
 def _number_or(row: dict, column: str, where: str, default: float) -> float:
