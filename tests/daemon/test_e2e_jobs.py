@@ -46,9 +46,9 @@ def test_the_daemon_learns_a_jobs_solo_activity_and_remembers_it(daemons):
     # The same script with other arguments (a sweep's next point) starts with that profile too.
     sibling = d.job(d.submit(job_argv(1500, 2.0, sm=0.4), mem="2GiB"))
     assert sibling["mem_source"] == "declared"  # memory is never taken from a sibling
-    assert sibling["profile"] == {"sm_activity": pytest.approx(0.4),
-                                  "dram_activity": pytest.approx(0.05),
-                                  "source": "measured alone in runs of the same program (other arguments)"}
+    assert sibling["profile"] == {
+        "sm_activity": pytest.approx(0.4), "dram_activity": pytest.approx(0.05),
+        "source": "measured alone in runs of the same program with other arguments"}
 
 
 def test_underestimated_job_crashes_oom_and_recovers_with_more_memory(daemons):

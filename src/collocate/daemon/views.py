@@ -91,7 +91,8 @@ def _profile(job: Job, run: Any) -> dict[str, Any]:
     elif job.profile_source == "history":
         profile, source = job.profile, "measured alone in an earlier run"
     elif job.profile_source == "similar":
-        profile, source = job.profile, "measured alone in runs of the same program (other arguments)"
+        profile, source = job.profile, ("measured alone in runs of the same program with other "
+                                        "arguments")
     else:
         profile, source = job.profile, "assumed: not measured alone yet"
     return {"sm_activity": profile.sm_activity, "dram_activity": profile.dram_activity,
