@@ -8,6 +8,7 @@ in order: ``cpu-run`` (real CPU steps at tiny batches, extrapolated) and ``analy
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from collocate.errors import CollocateError, InputError, UnknownNameError
@@ -63,7 +64,11 @@ def estimate_memory(
     failures: list[str] = []
     try:
         trace = trace_fake(entry_point, batch_size, optimizer=opt, precision=prec)
-        return estimate_from_trace(trace, g, allocator=alloc)
+        est = estimate_from_trace(trace, g, allocator=alloc)
+        if alloc == "default":  # what the job would need with expandable segments (a replay: ms)
+            other = estimate_from_trace(trace, g, allocator="expandable")
+            est = replace(est, details={**est.details, "expandable_mib": other.mib})
+        return est
     except TraceFailed as exc:
         failures.append(f"traced: {exc.args[0]}")
     for name in allowed:

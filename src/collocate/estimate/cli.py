@@ -14,6 +14,10 @@ import typer
 from collocate.errors import InputError
 
 
+#: Show the expandable-segments tip when it would save at least 10%.
+EXPANDABLE_HINT = 0.9
+
+
 def register(app: typer.Typer) -> None:
     app.command("estimate")(estimate)
 
@@ -78,6 +82,11 @@ def _print_table(est: object, base: dict[str, object]) -> None:
     console.print(t)
     if est.note:
         console.print(f"note: {est.note}")
+    expandable = est.details.get("expandable_mib")
+    if expandable is not None and expandable < EXPANDABLE_HINT * est.mib:
+        console.print(f"tip: with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True this job would "
+                      f"need about {expandable:,.0f} MiB ({expandable / est.mib - 1:.0%}): less "
+                      "allocator fragmentation (docs/estimator.md)")
     for name, b in base.items():
         text = f"{b.mib:,.0f} MiB" if isinstance(b, Estimate) else f"failed ({b})"
         console.print(f"baseline {name}: {text}")
