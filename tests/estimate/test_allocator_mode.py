@@ -72,3 +72,16 @@ def test_cli_tips_expandable_segments_only_when_they_save_much() -> None:
     assert mlp.exit_code == 0 and "tip:" not in mlp.output  # nothing worth saving
     told = runner.invoke(app, ["estimate", CNN, "-b", "32", "--allocator", "expandable"])
     assert "tip:" not in told.output  # already expandable
+
+
+def test_submit_estimate_tips_expandable_segments(tmp_path, capsys) -> None:
+    """``collocate submit --estimate`` estimates in a child process, before any daemon is asked."""
+    from collocate.daemon.cli import _static_estimate
+
+    entry = "collocate.workloads.models:build_resnet18"
+    fields = _static_estimate(entry, 64, None, tmp_path, {})
+    assert fields["mem_source"] == "static-traced" and float(fields["mem"]) > 0
+    assert "tip: with --env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in capsys.readouterr().err
+    _static_estimate(entry, 64, None, tmp_path, {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
+    err = capsys.readouterr().err
+    assert "expandable allocator" in err and "tip:" not in err
