@@ -109,9 +109,8 @@ def test_unknown_frees_and_repeated_allocs_are_ignored() -> None:
     assert r.peak_allocated == 1024
 
 
-@settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.booleans(), st.integers(1, 24 * MiB)), min_size=1, max_size=60))
-def test_invariants_random_timelines(ops: list[tuple[bool, int]]) -> None:
+def _timeline(ops: list[tuple[bool, int]]) -> tuple[list[Alloc | Free], list[int]]:
+    """Turn (free one?, size) draws into events; returns them and the keys left alive."""
     events: list[Alloc | Free] = []
     live: list[int] = []
     for i, (free_one, size) in enumerate(ops):
@@ -120,6 +119,13 @@ def test_invariants_random_timelines(ops: list[tuple[bool, int]]) -> None:
         else:
             events.append(Alloc(i, size))
             live.append(i)
+    return events, live
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(1, 24 * MiB)), min_size=1, max_size=60))
+def test_invariants_random_timelines(ops: list[tuple[bool, int]]) -> None:
+    events, live = _timeline(ops)
     r = replay(events)
     assert r.peak_reserved >= r.peak_allocated
     assert r.peak_allocated >= r.live_requested_at_peak
@@ -262,19 +268,6 @@ def test_expandable_refills_unmapped_holes_first() -> None:
 
 
 request_sizes = st.one_of(st.integers(1, 1 * MiB), st.integers(1, 48 * MiB))
-
-
-def _timeline(ops: list[tuple[bool, int]]) -> tuple[list[Alloc | Free], list[int]]:
-    """Turn (free one?, size) draws into events; returns them and the keys left alive."""
-    events: list[Alloc | Free] = []
-    live: list[int] = []
-    for i, (free_one, size) in enumerate(ops):
-        if free_one and live:
-            events.append(Free(live.pop(size % len(live))))
-        else:
-            events.append(Alloc(i, size))
-            live.append(i)
-    return events, live
 
 
 def _peak_live_rounded(events: list[Alloc | Free]) -> int:
