@@ -21,6 +21,8 @@ solo sample is, stalls included, since the model wants the average over training
 
 from __future__ import annotations
 
+import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from collocate.model import UNKNOWN_PROFILE, JobProfile
@@ -59,6 +61,15 @@ class SoloActivity:
         dram = (self.dram_sum / self.dram_samples if self.dram_samples
                 else UNKNOWN_PROFILE.dram_activity)
         return JobProfile(self.sm_sum / self.samples, dram)
+
+
+def program_prior(profiles: Sequence[JobProfile]) -> JobProfile | None:
+    """The profile a new command starts with from its program's other measured commands (a
+    sweep's points): the median of each number, so one odd point does not move it."""
+    if not profiles:
+        return None
+    return JobProfile(statistics.median(p.sm_activity for p in profiles),
+                      statistics.median(p.dram_activity for p in profiles))
 
 
 def _fraction(value: float) -> float:

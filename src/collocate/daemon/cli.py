@@ -249,10 +249,10 @@ def _static_estimate(entry_point: str, batch_size: int | None, mem: str | None, 
         raise InputError(f"no static estimate for {entry_point}", hint="pass --mem instead")
     typer.echo(f"estimated {est.mib:.0f} MiB ({est.method}, +/-{est.uncertainty:.0%}, "
                f"{allocator} allocator)", err=True)
-    from collocate.estimate.cli import EXPANDABLE_HINT
+    from collocate.estimate.cli import expandable_tip_mib
 
-    expandable = est.details.get("expandable_mib")
-    if expandable is not None and expandable < EXPANDABLE_HINT * est.mib:
+    expandable = expandable_tip_mib(est)
+    if expandable is not None:
         typer.echo(f"tip: with --env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True it would need "
                    f"about {expandable:.0f} MiB", err=True)
     return {"mem": f"{est.mib:.1f}", "mem_source": f"static-{est.method}", "mem_uncertainty": est.uncertainty}

@@ -20,12 +20,12 @@ Tables:
 from __future__ import annotations
 
 import json
-import statistics
 import time
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from collocate.activity import program_prior
 from collocate.daemon.spec import JobSpec
 from collocate.model import UNKNOWN_PROFILE, Job, JobProfile, JobState
 from collocate.sqlite import open_wal
@@ -208,9 +208,7 @@ class Store:
             "SELECT solo_sm, solo_dram FROM history WHERE program = ? AND solo_sm IS NOT NULL"
             " ORDER BY updated DESC LIMIT ?", (program, PROGRAM_PRIOR_RUNS),
         ).fetchall()
-        if not rows:
-            return None
-        return JobProfile(statistics.median(r[0] for r in rows), statistics.median(r[1] for r in rows))
+        return program_prior([JobProfile(sm, dram) for sm, dram in rows])
 
     def history(self, signature: str) -> tuple[float, JobProfile | None] | None:
         """The measured peak of the last successful run with this signature, and the solo

@@ -12,10 +12,17 @@ from typing import Annotated
 import typer
 
 from collocate.errors import InputError
+from collocate.estimate.base import Estimate
 
 
 #: Show the expandable-segments tip when it would save at least 10%.
 EXPANDABLE_HINT = 0.9
+
+
+def expandable_tip_mib(est: Estimate) -> float | None:
+    """What the job would need with expandable segments, when that saves enough to say so."""
+    expandable = est.details.get("expandable_mib")
+    return expandable if expandable is not None and expandable < EXPANDABLE_HINT * est.mib else None
 
 
 def register(app: typer.Typer) -> None:
@@ -66,8 +73,6 @@ def _print_table(est: object, base: dict[str, object]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from collocate.estimate.base import Estimate
-
     assert isinstance(est, Estimate)
     console = Console()
     allocator = est.details.get("allocator")
@@ -82,8 +87,8 @@ def _print_table(est: object, base: dict[str, object]) -> None:
     console.print(t)
     if est.note:
         console.print(f"note: {est.note}")
-    expandable = est.details.get("expandable_mib")
-    if expandable is not None and expandable < EXPANDABLE_HINT * est.mib:
+    expandable = expandable_tip_mib(est)
+    if expandable is not None:
         console.print(f"tip: with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True this job would "
                       f"need about {expandable:,.0f} MiB ({expandable / est.mib - 1:.0%}): less "
                       "allocator fragmentation (docs/estimator.md)")

@@ -30,13 +30,12 @@ from __future__ import annotations
 
 import heapq
 import math
-import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from collocate.activity import MIN_SOLO_SAMPLES
+from collocate.activity import MIN_SOLO_SAMPLES, program_prior
 from collocate.errors import InputError
 from collocate.gputypes import NodeSpec
 from collocate.interference import InterferenceModel, default_interference
@@ -292,11 +291,8 @@ class Simulation:
         known = self._history.get(w.command)
         if known is not None:
             return known
-        siblings = self._programs.get(w.program) if self.cfg.profiles == "similar" else None
-        if not siblings:
-            return UNKNOWN_PROFILE
-        return JobProfile(statistics.median(p.sm_activity for p in siblings.values()),
-                          statistics.median(p.dram_activity for p in siblings.values()))
+        siblings = self._programs.get(w.program, {}) if self.cfg.profiles == "similar" else {}
+        return program_prior(list(siblings.values())) or UNKNOWN_PROFILE
 
     # -- events -----------------------------------------------------------------------------
     def _arrive(self, job_id: str, now: float) -> bool:
