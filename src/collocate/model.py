@@ -120,9 +120,6 @@ class Job:
         """True once the job has been requeued after an out-of-memory crash."""
         return self.oom_crashes > 0
 
-    @property
-    def mem_known(self) -> bool:
-        return self.mem_source in ("measured", "history")
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +141,9 @@ class GpuView:
     ``free_mib`` is measured free memory; ``committed_mib`` the sum of the memory requirements
     of the jobs placed on it (which may not have allocated yet). ``launch_seen_at`` is when the
     newest job placed here was first seen running on it: ``inf`` while not yet seen, ``-inf``
-    when nothing is settling (or the newest job's memory is known from a measurement).
+    when it has no job (CARMA's one-launch-in-flight guard reads it). ``mem_settling_at`` is when
+    memory on it last grew beyond what its jobs committed (``collocate.commitment``): ``inf``
+    while a job of unknown memory has not allocated yet, ``-inf`` when nothing is settling.
     """
 
     id: GpuId
@@ -154,6 +153,7 @@ class GpuView:
     util: Utilization = IDLE
     jobs: tuple[str, ...] = ()
     launch_seen_at: float = -math.inf
+    mem_settling_at: float = -math.inf
     speed: float = 1.0  # relative compute (a MIG slice is < 1); not used for memory
 
 
@@ -179,7 +179,7 @@ class ClusterSnapshot:
     Per GPU: ``node`` (node number), ``total_mib``, ``free_mib`` (measured), ``committed_mib``
     (sum of placed jobs' requirements), ``n_jobs``, ``sm_sum``/``dram_sum`` (sum of the solo
     activity profiles of the jobs on it), ``util_sm``/``util_occ``/``util_dram`` (measured
-    window summaries), ``launch_seen_at`` (see ``GpuView``) and ``speed``. ``datasets`` maps a
+    window summaries), ``launch_seen_at`` and ``mem_settling_at`` (see ``GpuView``) and ``speed``. ``datasets`` maps a
     shared dataset's name to the GPU positions whose jobs read it (for placing jobs of one
     ``collocate share`` producer together).
     """
@@ -198,6 +198,7 @@ class ClusterSnapshot:
     util_dram: np.ndarray
     launch_seen_at: np.ndarray
     speed: np.ndarray
+    mem_settling_at: np.ndarray
     sharing: SharingMode = SharingMode.TIME_SLICING
     running: Mapping[str, RunningJob] = field(default_factory=dict)
     placements_made: int = 0  # placements so far, for policies that rotate (round-robin)
@@ -251,6 +252,7 @@ class ClusterSnapshot:
             util_dram=column(v.util.dram_activity for v in views),
             launch_seen_at=column(v.launch_seen_at for v in views),
             speed=column(v.speed for v in views),
+            mem_settling_at=column(v.mem_settling_at for v in views),
             sharing=sharing,
             running=running,
             placements_made=placements_made,
@@ -272,12 +274,41 @@ class Rejection:
     reason: str
 
 
+class WaitKind(StrEnum):
+    """Why a pending job was not placed in a round."""
+
+    GPUS = "gpus"  # not enough GPUs it may use are free (policies that never share)
+    MEMORY = "memory"  # no GPU has room for its requirement
+    IN_FLIGHT = "in-flight"  # GPUs with room are settling (memory still growing, launch not seen)
+    BUSY = "busy"  # GPUs with room are saturated (the risk filter)
+    SLOWDOWN = "slowdown"  # sharing any GPU with room would slow jobs too much, or gain too little
+    RESERVED = "reserved"  # the room it would take is kept for a job waiting longer
+    QUEUE = "queue"  # a job ahead of it must start first (strict order, or beyond the scan depth)
+    DEPENDENCY = "dependency"  # a job it runs --after has not ended yet
+    DRAIN = "drain"  # the daemon is draining: nothing new starts
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """Why a job waits, as data: a kind to count and a sentence for people."""
+
+    kind: WaitKind
+    detail: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.kind.value}: {self.detail}" if self.detail else self.kind.value
+
+
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """What one scheduling round decided. An executor (simulator or daemon) applies it."""
+    """What one scheduling round decided. An executor (simulator or daemon) applies it.
+
+    ``waits`` says why jobs the policy looked at and did not place wait; a pending job it did
+    not look at (beyond its scan, or behind a blocked head) waits in the queue."""
 
     placements: tuple[Placement, ...] = ()
     rejections: tuple[Rejection, ...] = ()
+    waits: Mapping[str, Wait] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return bool(self.placements or self.rejections)

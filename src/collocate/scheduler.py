@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from sortedcontainers import SortedKeyList
 
 from collocate.errors import CollocateError
-from collocate.model import ClusterSnapshot, Job, JobState, Plan, Rejection
+from collocate.model import ClusterSnapshot, Job, JobState, Plan, Rejection, Wait, WaitKind
 from collocate.policies.base import Policy
 from collocate.recovery import ExitReport, RecoveryRules, after_exit
 
@@ -86,6 +86,7 @@ class Scheduler:
         self._dependents: dict[str, set[str]] = {}  # job id -> pending jobs waiting for it
         self._on_change = on_change or (lambda job: None)
         self.placements_made = 0
+        self.waits: dict[str, Wait] = {}  # why the jobs the last round looked at still wait
         self._known_gpus: tuple[tuple, frozenset] = ((), frozenset())
 
     # -- queue ------------------------------------------------------------------------------
@@ -147,6 +148,7 @@ class Scheduler:
             cluster = replace(cluster, placements_made=self.placements_made)
         plan = self.policy(self._queue, cluster)
         self._check(plan, cluster)
+        self.waits = dict(plan.waits)
         for placement in plan.placements:
             job = self.jobs[placement.job_id]
             self._store(job.evolve(state=JobState.RUNNING, attempts=job.attempts + 1))
@@ -155,6 +157,17 @@ class Scheduler:
             self._store(job.evolve(state=JobState.REJECTED, reason=rejection.reason))
         self.placements_made += len(plan.placements)
         return plan
+
+    def why_waiting(self, job_id: str) -> Wait | None:
+        """Why a pending job has not started: its dependencies, the last round's reason, or its
+        turn in the queue (the policy stopped before it). None for a job that is not pending."""
+        job = self.jobs.get(job_id)
+        if job is None or job.state is not JobState.PENDING:
+            return None
+        if job.after and (waiting := self._unfinished(job)):
+            return Wait(WaitKind.DEPENDENCY, _waits_for(waiting))
+        return self.waits.get(job_id) or Wait(WaitKind.QUEUE, "waits its turn: jobs ahead of it "
+                                                             "are placed first")
 
     def job_exited(self, job_id: str, report: ExitReport) -> Job:
         job = self.jobs[job_id]

@@ -65,8 +65,12 @@ def test_memory_aware_policies_never_overcommit_estimated_memory(cluster, queue,
             i = index[g]
             receiving.add(i)
             if job.mem_mib is None:
-                assert cluster.n_jobs[i] == 0, "a job of unknown memory only goes to an idle GPU"
-            committed[i] += cluster.total_mib[i] if job.mem_mib is None else job.mem_mib
+                # an idle GPU, or (auto) one with at least half its memory still uncommitted;
+                # it holds whatever room it was given until its peak is stable
+                free_share = (cluster.total_mib[i] - committed[i]) / cluster.total_mib[i]
+                assert cluster.n_jobs[i] == 0 or (name == "auto" and free_share >= 0.5)
+                assert p.mem_mib <= cluster.total_mib[i] - committed[i] + 1e-6
+            committed[i] += p.mem_mib if job.mem_mib is None else job.mem_mib
     for i in receiving:
         assert committed[i] <= cluster.total_mib[i] + 1e-6
 

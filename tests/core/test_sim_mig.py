@@ -203,8 +203,8 @@ def test_jobs_larger_than_every_instance_are_rejected_up_front():
 class _CheckedMig(MigSimulation):
     """Asserts after every launch that no instance holds more committed memory than it has."""
 
-    def _launch(self, job_id, gpus, now):
-        super()._launch(job_id, gpus, now)
+    def _launch(self, job_id, gpus, now, given_mib=None):
+        super()._launch(job_id, gpus, now, given_mib)
         for i in gpus:
             assert self.committed[i] <= self.total[i] + 1e-6, (self.ids[i], self.committed[i], self.total[i])
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import psutil
 
+from collocate.commitment import mps_limit_mib
 from collocate.daemon.paths import attempt_files
 from collocate.daemon.spec import JobSpec
 from collocate.gpus.mps import MpsDirs, mps_client_env
@@ -39,17 +40,17 @@ class LaunchPlan:
 
 
 def mps_env(job: Job, placement: Placement, dirs: MpsDirs) -> dict[str, str]:
-    """Per-client MPS limits derived from the job's estimate (``collocate.gpus.mps`` formats them).
+    """Per-client MPS limits (``collocate.gpus.mps`` formats them).
 
     Thread percentage: only when the policy set an ``sm_share``. A job's solo SM activity is
     not a safe cap: on an H100 (2026-11-23, docs/gpu-validation.md) capping each job at its solo
     activity slowed jobs that ran alone by up to 1.9x (the transformer, capped at 91%), and the
-    measured MPS interference model assumes uncapped clients. Pinned memory: the placed
-    requirement plus the MPS module's margin, per visible device ordinal; without an estimate it
-    is left unset rather than guessed.
+    measured MPS interference model assumes uncapped clients. Pinned memory: the requirement's
+    upper bound plus a margin, or the room a job of unknown memory was placed with
+    (``collocate.commitment.mps_limit_mib``, the rule the simulator applies too).
     """
-    mem = placement.mem_mib if placement.mem_mib is not None else job.mem_mib
-    return mps_client_env(dirs=dirs, sm_share=placement.sm_share, mem_mib=mem,
+    limit = mps_limit_mib(job.mem_mib, placement.mem_mib, job.mem_uncertainty, job.mem_source)
+    return mps_client_env(dirs=dirs, sm_share=placement.sm_share, mem_mib=limit, margin_mib=0.0,
                           devices=[str(i) for i in range(len(placement.gpus))])
 
 

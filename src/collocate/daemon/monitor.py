@@ -3,9 +3,11 @@
 Each sampling period the monitor reads the backend once, pushes SM activity, SM occupancy and
 DRAM activity into per-GPU sliding windows (``WINDOW_SAMPLES`` long, as the risk filter
 expects), and attributes per-process memory to jobs (a job's processes are its runner's process
-tree). From that it builds ``GpuView``s with the in-flight guard: ``launch_seen_at`` of a GPU is
-when its newest job was first seen holding memory there (``inf`` until then), or ``-inf`` when
-that job's memory is already known from a measurement.
+tree). From that it builds ``GpuView``s: each job commits its memory by the one rule of
+``collocate.commitment`` (its requirement at once, raised to what it holds once it outgrows it;
+a job of unknown memory the whole GPU until its peak is stable), ``mem_settling_at`` is when
+memory on the GPU last grew beyond that, and ``launch_seen_at`` when its newest job was first
+seen holding memory there (``inf`` until then; CARMA's guard).
 
 It also learns each job's solo activity profile (``collocate.activity``) from the GPU readings
 taken while the job's processes are the only ones on its GPUs (an MPS server aside), and hands
@@ -22,6 +24,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from collocate.activity import SoloActivity
+from collocate.commitment import STABLE_S, MemoryRamp
 from collocate.gpus.base import DeviceInfo, DeviceSample, GpuBackend
 from collocate.gpus.mps import is_mps_server
 from collocate.model import (
@@ -43,10 +46,19 @@ class Tracked:
     job: Job
     uuids: tuple[str, ...]
     placed_seq: int  # order of placement: the newest job on a GPU has the largest
+    stable_s: float = STABLE_S  # how long its memory must hold still to count as settled
     pids: frozenset[int] = frozenset()
     seen_at: float | None = None  # first time a process of the job held memory on its GPUs
-    peak_mib: float = 0.0  # max over samples of the job's memory on any one of its GPUs
+    ramp: MemoryRamp = field(init=False)  # its memory as it grows: what it commits, settling
     solo: SoloActivity = field(default_factory=SoloActivity)
+
+    def __post_init__(self) -> None:
+        self.ramp = MemoryRamp(self.job.mem_mib, self.stable_s)
+
+    @property
+    def peak_mib(self) -> float:
+        """Max over samples of the job's memory on any one of its GPUs."""
+        return self.ramp.peak_mib
 
     @property
     def learned(self) -> JobProfile | None:
@@ -98,7 +110,7 @@ class Monitor:
         if held > 0:
             if t.seen_at is None:
                 t.seen_at = now
-            t.peak_mib = max(t.peak_mib, held)
+            t.ramp.observe(held, now)
             if alone:
                 t.solo.observe(sm, dram)
 
@@ -128,10 +140,11 @@ class Monitor:
                 id=d.id,
                 total_mib=d.total_mib,
                 free_mib=None if sample is None else sample.free_mib,
-                committed_mib=sum(_requirement(t.job, d.total_mib) for t in here),
+                committed_mib=sum(t.ramp.committed(d.total_mib, now) for t in here),
                 util=self.util(d.uuid),
                 jobs=tuple(t.job.id for t in here),
                 launch_seen_at=_launch_seen_at(here),
+                mem_settling_at=max((t.ramp.grew_at for t in here), default=-math.inf),
                 speed=d.sm_fraction,
             ))
         running = {
@@ -155,9 +168,8 @@ def _requirement(job: Job, unknown: float) -> float:
 
 
 def _launch_seen_at(here: Sequence[Tracked]) -> float:
+    """When the newest job on a GPU was first seen holding memory there (``inf`` until then)."""
     if not here:
         return -math.inf
     newest = max(here, key=lambda t: t.placed_seq)
-    if newest.job.mem_known:
-        return -math.inf
     return math.inf if newest.seen_at is None else newest.seen_at

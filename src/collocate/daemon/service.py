@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from collocate.commitment import stable_s_of
 from collocate.daemon import views
 from collocate.daemon.datasets import (
     Datasets,
@@ -57,7 +58,8 @@ from collocate.daemon.tracking import Tracking, TrackingConfig
 from collocate.errors import CollocateError, InputError
 from collocate.gpus.base import GpuBackend
 from collocate.gpus.mps import MpsDirs
-from collocate.model import Job, JobState, Placement, SharingMode
+from collocate.interference import default_interference
+from collocate.model import Job, JobState, Placement, SharingMode, Wait, WaitKind
 from collocate.monitor.job_metrics import METRICS_FILE_NAME
 from collocate.monitor.sampler import JobRef
 from collocate.monitor.sinks.base import JobInfo
@@ -118,6 +120,7 @@ class Service:
         self._placed_seq = 0
         self._lock_fd: int | None = None
         self.mps = None
+        self._interference = default_interference()
 
     # -- lifecycle -------------------------------------------------------------------------
     def open(self) -> None:
@@ -147,6 +150,7 @@ class Service:
         snapshot = self.monitor.snapshot([], now=time.time(), sharing=self.config.sharing)
         self.scheduler = Scheduler(policy, Capacity.of(snapshot), rules=self.config.rules,
                                    on_change=self.store.save_job)
+        self._stable_s = stable_s_of(policy)
         self.datasets = Datasets(self.layout.root)
         self._restore()
         self.datasets.adopt(s.dataset for s in self.specs.values() if s.dataset)
@@ -281,11 +285,13 @@ class Service:
         return {"id": job.id, "state": job.state.value, "mem_mib": job.mem_mib, "mem_source": source}
 
     def op_ls(self, args: dict, peer: Peer) -> list[dict]:
-        return views.job_rows(self.store, include_done=bool(args.get("all")), running=self.running)
+        return views.job_rows(self.store, include_done=bool(args.get("all")), running=self.running,
+                              waiting=self._why_waiting)
 
     def op_show(self, args: dict, peer: Peer) -> dict:
         job_id = self._job_id(args)
-        return {**views.job_detail(self.store, job_id, running=self.running),
+        return {**views.job_detail(self.store, job_id, running=self.running,
+                                   waiting=self._why_waiting),
                 "summary": self.tracking.summary(job_id)}
 
     def op_logs(self, args: dict, peer: Peer) -> dict:
@@ -328,6 +334,13 @@ class Service:
     def op_resume(self, args: dict, peer: Peer) -> dict:
         self.store.set_flag("draining", False)
         return {"draining": False}
+
+    def _why_waiting(self, job_id: str) -> Wait | None:
+        """Why a pending job waits: the drain, else what the scheduler's last round said."""
+        wait = self.scheduler.why_waiting(job_id)
+        if wait is not None and wait.kind is not WaitKind.DEPENDENCY and self.store.get_flag("draining"):
+            return Wait(WaitKind.DRAIN, "the daemon is draining: `collocate resume` starts jobs again")
+        return wait
 
     def _check_owner(self, job_id: str, peer: Peer, action: str) -> None:
         """On a shared daemon (--group) users may see each other's queue but not touch jobs."""
@@ -445,7 +458,7 @@ class Service:
                            sharing=self.config.sharing, emulated_dir=self.emulated_dir,
                            mps_dirs=mps_dirs)
         self._placed_seq += 1
-        run = Running(attempt, Tracked(job, uuids, self._placed_seq), plan=plan)
+        run = Running(attempt, Tracked(job, uuids, self._placed_seq, self._stable_s), plan=plan)
         if spec.dataset is None:
             self._start(run)
         else:  # it holds its GPUs (in ``running``) while its producer starts
@@ -497,10 +510,21 @@ class Service:
         self._track_start(job_id)
 
     def _job_refs(self) -> dict[str, JobRef]:
-        """Running jobs as the sampler sees them: the runner's tree, owner, name, metrics file."""
-        return {job_id: JobRef(run.attempt.pid or 0, self.specs[job_id].user, run.tracked.job.name,
-                               Path(run.attempt.dir) / METRICS_FILE_NAME)
-                for job_id, run in self.running.items() if run.attempt.pid}
+        """Running jobs as the sampler sees them: the runner's tree, owner, name, metrics file,
+        and the SM activity each is expected to draw beside its neighbours (the interference
+        model's split of a GPU reading that per-process counters miss, as under MPS)."""
+        launched = {job_id: run for job_id, run in self.running.items() if run.attempt.pid}
+        profiles = {job_id: run.tracked.learned or run.tracked.job.profile
+                    for job_id, run in launched.items()}
+        refs = {}
+        for job_id, run in launched.items():
+            mine = set(run.tracked.uuids)
+            others = [profiles[o] for o, r in launched.items() if o != job_id and mine & set(r.tracked.uuids)]
+            rate = 1.0 / self._interference.slowdown(self.config.sharing, profiles[job_id], others)
+            refs[job_id] = JobRef(run.attempt.pid or 0, self.specs[job_id].user, run.tracked.job.name,
+                                  Path(run.attempt.dir) / METRICS_FILE_NAME,
+                                  expected_sm=profiles[job_id].sm_activity * rate)
+        return refs
 
     def _track_start(self, job_id: str) -> None:
         """Tell the sinks a job (re)started, with the jobs already on its GPUs."""
@@ -526,7 +550,7 @@ class Service:
                 continue
             a = self._fill_pid(a)
             self._placed_seq += 1
-            tracked = Tracked(job, a.uuids, self._placed_seq)
+            tracked = Tracked(job, a.uuids, self._placed_seq, self._stable_s)
             run = Running(a, tracked)
             if self.store.get_flag(_cancel_key(job_id)):
                 run.cancel_at = time.time()  # asked before the restart; the grace period restarts

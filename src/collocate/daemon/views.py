@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from collocate.daemon.paths import attempt_files
 from collocate.daemon.store import Store
 from collocate.errors import InputError
-from collocate.model import Job
+from collocate.model import Job, JobState, Wait
 
 if TYPE_CHECKING:
     from collocate.daemon.monitor import Monitor
@@ -35,7 +35,12 @@ def read_exit(attempt_dir: Path) -> dict[str, Any] | None:
     return read_json(attempt_files(attempt_dir)["exit"])
 
 
-def job_rows(store: Store, *, include_done: bool, running: Mapping[str, Any]) -> list[dict[str, Any]]:
+#: Why a pending job waits (``Scheduler.why_waiting``, or the drain), by job id.
+Waiting = Callable[[str], Wait | None]
+
+
+def job_rows(store: Store, *, include_done: bool, running: Mapping[str, Any],
+             waiting: Waiting = lambda job_id: None) -> list[dict[str, Any]]:
     starts: dict[str, float] = {}
     last_gpus: dict[str, list[str]] = {}
     for job_id, n, start, gpus in store.db.execute(
@@ -53,26 +58,31 @@ def job_rows(store: Store, *, include_done: bool, running: Mapping[str, Any]) ->
             "priority": job.priority, "attempts": job.attempts, "oom_crashes": job.oom_crashes,
             "submit_time": job.submit_time, "start_time": starts.get(job.id), "end_time": ended,
             "on": last_gpus.get(job.id, []) if job.id in running else [],
-            "reason": _reason(job.id, job.reason, running),
+            **_reason(job, running, waiting),
         })
     return rows
 
 
-def _reason(job_id: str, stored: str, running: Mapping[str, Any]) -> str:
-    """The stored reason, or why a placed job has not launched yet (not stored: it lasts seconds,
-    and a restarted daemon places the job again anyway)."""
-    run = running.get(job_id)
-    return getattr(run, "why_waiting", None) or stored
+def _reason(job: Job, running: Mapping[str, Any], waiting: Waiting) -> dict[str, Any]:
+    """``reason``: why a pending job waits (``wait`` is its kind), why a placed job has not
+    launched yet, or the stored reason (rejected, failed, last requeued). Waits are not stored:
+    they change every round, and a restarted daemon works them out again."""
+    wait = waiting(job.id) if job.state is JobState.PENDING else None
+    if wait is not None:
+        return {"reason": str(wait), "wait": wait.kind.value}
+    run = running.get(job.id)
+    return {"reason": getattr(run, "why_waiting", None) or job.reason, "wait": None}
 
 
-def job_detail(store: Store, job_id: str, *, running: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def job_detail(store: Store, job_id: str, *, running: Mapping[str, Any] | None = None,
+               waiting: Waiting = lambda job_id: None) -> dict[str, Any]:
     found = store.job(job_id)
     if found is None:
         raise InputError(f"no job {job_id!r}")
     job, spec, ended = found
     return {
         "id": job.id, "name": job.name, "state": job.state.value,
-        "reason": _reason(job.id, job.reason, running or {}),
+        **_reason(job, running or {}, waiting),
         "user": spec.user, "argv": list(spec.argv), "cwd": spec.cwd, "gpus": job.gpus,
         "mem_mib": job.mem_mib, "mem_source": job.mem_source, "priority": job.priority,
         "max_retries": job.max_retries, "attempts_used": job.attempts,

@@ -24,6 +24,13 @@ The rule, for one device and one interval between two consecutive samples ``s0``
    device so far (see ``Sampler``); without it ``E_s = 0``.
 4. **Dynamic part** ``E_d = E - E_s``: split in proportion to the owners' ``u``; when no owner
    reports utilization (all ``u == 0`` or unknown) it is split equally; with no owner, ``IDLE``.
+   **Helpers and readings that miss jobs.** Under MPS the driver charges every client's SM
+   utilization to the MPS server, and jobs read 0 (docs/gpu-validation.md). A helper process
+   (``helpers``: the MPS server) is no owner; and when no job owner reports utilization but the
+   device reads SM activity (GPM's, else NVML's utilization), each job's ``u`` is that reading
+   split in proportion to ``expected`` (what each job is expected to draw: its solo SM activity
+   times its progress rate under the interference model, from the daemon), or equally. So a job
+   that ran is never charged 0% and no GPU time.
 5. **GPU time** ``dt`` is split by the same weights as the dynamic part (so an owner that used
    70% of the SM activity of a shared GPU is charged 70% of its time); a job also accrues
    ``occupancy_s = dt`` (wall time it held the device), which is what an exclusive booking costs.
@@ -89,6 +96,8 @@ def attribute(
     owner_of: Mapping[int, str],
     *,
     idle_watts: float | None = None,
+    helpers: frozenset[int] = frozenset(),
+    expected: Mapping[str, float] | None = None,
 ) -> Attribution:
     """Split the interval ``s0 -> s1`` of one device among owners (see the module docstring).
 
@@ -103,11 +112,14 @@ def attribute(
     mem: dict[str, list[float]] = {}
     for k, sample in enumerate((s0, s1)):
         for p in sample.processes:
+            if p.pid in helpers and p.pid not in owner_of:
+                continue
             owner = owner_of.get(p.pid, OTHER)
             util[owner] = util.get(owner, 0.0) + max(0.0, p.sm_util or 0.0) / 2.0
             held = mem.setdefault(owner, [0.0, 0.0])
             held[k] += max(0.0, p.used_mib)
     owners = sorted(util)
+    _split_device_reading(util, (s0, s1), expected or {})
     if not owners:
         share = Share(energy, dt, dt, 0.0, 0.0)
         return Attribution(s0.uuid, s0.time, s1.time, energy, source, {IDLE: share})
@@ -122,6 +134,25 @@ def attribute(
         end_mem = mem[owner][1] if mem[owner][1] > 0 else mem[owner][0]
         shares[owner] = Share(e, dt * w, dt, min(1.0, util[owner]), end_mem)
     return Attribution(s0.uuid, s0.time, s1.time, energy, source, shares)
+
+
+def _split_device_reading(util: dict[str, float], samples: tuple[DeviceSample, DeviceSample],
+                          expected: Mapping[str, float]) -> None:
+    """Give job owners the device's SM reading when none of them reports its own (rule 2b)."""
+    jobs = [o for o in util if o not in (OTHER, IDLE)]
+    if not jobs or any(util[o] > 0 for o in jobs):
+        return
+    readings = [s.sm_activity if s.sm_activity is not None else s.gpu_util for s in samples]
+    known = [r for r in readings if r is not None]
+    device = sum(known) / len(known) if known else 0.0
+    if device <= 0:
+        return
+    weights = [max(0.0, expected.get(o, 0.0)) for o in jobs]
+    if sum(weights) <= 0:
+        weights = [1.0] * len(jobs)
+    total = sum(weights)
+    for o, w in zip(jobs, weights, strict=True):
+        util[o] = min(1.0, device) * w / total
 
 
 def _weights(utils: list[float]) -> list[float]:

@@ -19,12 +19,13 @@ timer would need locks and could sample while the scheduler is mid-change.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from collocate.errors import UnknownNameError
 from collocate.gpus.base import DeviceInfo, DeviceSample, GpuBackend
+from collocate.gpus.mps import is_mps_server
 from collocate.gputypes import gpu_type
 from collocate.monitor.attribution import IDLE, OTHER, Attribution, attribute
 from collocate.monitor.job_metrics import MetricPoint, MetricsTail
@@ -39,6 +40,7 @@ class JobRef:
     user: str = ""
     name: str = ""
     metrics_file: Path | None = None  # the job's $COLLOCATE_METRICS_FILE
+    expected_sm: float | None = None  # its expected share of SM activity where it shares a GPU
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,11 +123,13 @@ class Sampler:
     """See the module docstring. One per daemon; owns the previous sample of every device."""
 
     def __init__(self, devices: Sequence[DeviceInfo], *,
-                 idle_watts: Mapping[str, float] | None = None) -> None:
+                 idle_watts: Mapping[str, float] | None = None,
+                 is_helper: Callable[[int], bool] = is_mps_server) -> None:
         self.devices = {d.uuid: d for d in devices}
         self._idle = {d.uuid: w for d in devices if (w := _type_idle_watts(d)) is not None}
         self._idle.update(idle_watts or {})
         self._learned_min: dict[str, float] = {}
+        self._is_helper = is_helper
         self._last: dict[str, DeviceSample] = {}
         self._trees = TreeReader()
         self._metrics = MetricsTail()
@@ -150,6 +154,8 @@ class Sampler:
         for job_id, ref in refs.items():  # a root that just exited may still hold GPU memory
             owner_of.setdefault(ref.root_pid, job_id)
         shares: dict[str, list[JobGpuShare]] = {j: [] for j in refs}
+        helpers = frozenset(p for p in gpu_pids if p not in owner_of and self._is_helper(p))
+        expected = {j: r.expected_sm for j, r in refs.items() if r.expected_sm is not None}
         gpu_records, attributions = [], []
         for s in samples:
             info = self.devices.get(s.uuid)
@@ -160,7 +166,7 @@ class Sampler:
             idle = self._idle_watts(s)
             if prev is None or s.time <= prev.time:
                 prev = s  # first reading (or the clock stepped back): who is there, no interval
-            a = attribute(prev, s, owner_of, idle_watts=idle)
+            a = attribute(prev, s, owner_of, idle_watts=idle, helpers=helpers, expected=expected)
             if a.dt > 0:
                 attributions.append(a)
             for owner, sh in a.shares.items():

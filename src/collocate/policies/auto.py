@@ -15,7 +15,14 @@ placement adds the most total training progress?" and answers with the interfere
   ``max_slowdown``; among those the best gain wins.
 * Memory must fit both what is measured free and what is committed: ``min(free, total -
   committed) - reserve >= estimate * (1 + uncertainty) + headroom``, so jobs that have not
-  allocated yet are counted, and uncertain estimates get a wider margin.
+  allocated yet are counted, and uncertain estimates get a wider margin. A known requirement is
+  committed the moment the job is placed (``collocate.commitment``), so a GPU takes its next
+  job in the same round; only a GPU whose memory is still growing (a job of unknown memory, or
+  one that outgrew its requirement) waits ``settle_s`` after the growth stops.
+* A job of unknown memory takes an idle GPU if there is one; otherwise it may share a GPU with
+  at least ``unknown_room`` of its memory free, which it then holds whole until its own memory
+  has been stable for ``collocate.commitment.STABLE_S``, and then only its peak plus a margin.
+* A job not placed gets a reason (``Plan.waits``): the first test that left it no GPU.
 * The queue is scanned up to ``backfill_depth`` jobs, so a blocked head does not stop smaller
   jobs behind it. Once the first blocked job has waited ``reserve_after_s``, room is reserved
   for it on the GPUs where it would fit soonest (fewest jobs, most room, one node): other jobs
@@ -47,8 +54,8 @@ from collocate.interference import (
     default_interference,
     shared_slowdown,
 )
-from collocate.model import ClusterSnapshot, Job, Plan, SharingMode
-from collocate.policies.base import Ledger, fits_alone, pick_on_one_node
+from collocate.model import ClusterSnapshot, Job, Plan, SharingMode, Wait, WaitKind
+from collocate.policies.base import Ledger, fits_alone, gpus_wait, memory_wait, pick_on_one_node
 from collocate.policies.risk import RiskLimits, too_busy
 
 
@@ -58,7 +65,8 @@ class Auto:
     reserve_mib: float = 512.0  # CUDA context and fragmentation slack, as CARMA's reserve
     headroom_mib: float = 1024.0  # below CARMA's 2048: committed memory is counted too
     uncertainty_margin: float = 1.0  # add this many relative uncertainties to each estimate
-    settle_s: float = 30.0  # same in-flight guard as CARMA for jobs of unmeasured memory
+    settle_s: float = 30.0  # a GPU whose memory is still growing takes no job for this long
+    unknown_room: float = 0.5  # a job of unknown memory shares only a GPU with this share free
     max_slowdown: float = 2.0  # no job on a shared GPU predicted slower than this (half speed)
     min_gain: float = 0.1  # summed progress-rate gain a collocation must bring
     pack_tolerance: float = 0.1  # share a busy GPU instead of taking an idle one if gain >= 1 - this
@@ -75,14 +83,19 @@ class Auto:
         for position, job in enumerate(queue):
             if position >= self.backfill_depth:
                 break
-            gpus = self._choose(job, ledger, ~busy, keep)
+            gpus, why = self._choose(job, ledger, ~busy, keep)
             if gpus is not None:
                 ledger.place(job, gpus)
-            elif not keep.any() and cluster.now - job.submit_time >= self.reserve_after_s:
+                continue
+            ledger.wait(job, why)
+            if not keep.any() and cluster.now - job.submit_time >= self.reserve_after_s:
                 self._reserve_for(job, ledger, keep)
         return ledger.plan()
 
-    def _choose(self, job: Job, ledger: Ledger, usable: np.ndarray, keep: np.ndarray) -> list[int] | None:
+    def _choose(
+        self, job: Job, ledger: Ledger, usable: np.ndarray, keep: np.ndarray
+    ) -> tuple[list[int] | None, Wait]:
+        """The GPUs for ``job``, or None and why it waits."""
         cluster = ledger.cluster
         mask = usable & (ledger.n_jobs == 0)
         if job.mem_mib is not None:
@@ -95,49 +108,65 @@ class Auto:
             same_node = np.isin(cluster.node[idle], cluster.node[list(cluster.datasets[job.dataset])])
             idle = np.concatenate([idle[same_node], idle[~same_node]])
         alone = pick_on_one_node(idle, cluster.node, job.gpus)
-        if job.mem_mib is None:
-            return alone  # unknown memory: only a GPU of its own is safe
+        if alone is not None and job.mem_mib is None:
+            return alone, _PLACED  # unknown memory: an idle GPU while there is one
         min_gain = 1.0 - self.pack_tolerance if alone else self.min_gain
-        shared = self._best_shared(job, ledger, usable, keep, min_gain)
-        return shared if shared is not None else alone
+        shared, why = self._best_shared(job, ledger, usable, keep, min_gain)
+        return (shared if shared is not None else alone), why
+
+    def _need(self, job: Job, total_mib: np.ndarray) -> np.ndarray | float:
+        """Memory a placement must find free for ``job`` beyond reserve and headroom: its
+        estimate widened by its uncertainty, or (memory unknown) ``unknown_room`` of the GPU."""
+        if job.mem_mib is None:
+            return self.unknown_room * total_mib
+        return job.mem_mib * (1.0 + self.uncertainty_margin * job.mem_uncertainty)
 
     def _best_shared(
         self, job: Job, ledger: Ledger, usable: np.ndarray, keep: np.ndarray, min_gain: float
-    ) -> list[int] | None:
-        """The busy GPUs where ``job`` adds the most progress, if that is at least ``min_gain``."""
+    ) -> tuple[list[int] | None, Wait]:
+        """The busy GPUs where ``job`` adds the most progress, if that is at least ``min_gain``;
+        else None and the first test that left no GPU (memory, settling, risk, slowdown)."""
         cluster = ledger.cluster
         params = self._params(cluster.sharing)
+        candidates = np.flatnonzero(ledger.n_jobs > 0)
+        need = self._need(job, cluster.total_mib[candidates])
+        room = ledger.room()[candidates] - (self.reserve_mib + need + self.headroom_mib)
+        candidates = candidates[room >= keep[candidates]]
+        if candidates.size == 0:
+            if keep.any() and (ledger.room() - self.reserve_mib - self.headroom_mib >= self._need(job, cluster.total_mib)).any():
+                return None, Wait(WaitKind.RESERVED, "the room it needs is kept for a job waiting longer")
+            return None, memory_wait(job, ledger, float(np.max(np.atleast_1d(self._need(job, cluster.total_mib))))
+                                     + self.reserve_mib + self.headroom_mib)
+        candidates = candidates[~ledger.settling(self.settle_s)[candidates]]
+        if candidates.size == 0:
+            return None, Wait(WaitKind.IN_FLIGHT, "every GPU with room holds memory still growing; "
+                                                  f"it waits until that has been stable {self.settle_s:g} s")
+        candidates = candidates[usable[candidates]]
+        if candidates.size == 0:
+            return None, Wait(WaitKind.BUSY, "every GPU with room is saturated (SM and occupancy or DRAM)")
         # The newcomer alone gains at most 1 / (its slowdown below saturation): drop the GPUs
-        # where even that misses the bar first, then check the rest on the small set left.
-        # (This runs once per job and GPU; each array pass here costs the simulator seconds.)
-        mask = usable & (ledger.n_jobs > 0)
+        # where even that misses the bar first, then score the rest.
         if min_gain > 0.0:
-            slack = 1.0 / min_gain - 1.0 - params.base
-            pressure = params.per_sm * ledger.sm_sum
+            pressure = params.per_sm * ledger.sm_sum[candidates]
             if params.per_dram:
-                pressure += params.per_dram * ledger.dram_sum
+                pressure += params.per_dram * ledger.dram_sum[candidates]
             if cluster.sharing is SharingMode.MIG:  # activity counts relative to each instance
-                pressure /= cluster.speed
-            mask &= pressure <= slack
-        candidates = np.flatnonzero(mask)
+                pressure /= cluster.speed[candidates]
+            candidates = candidates[pressure <= 1.0 / min_gain - 1.0 - params.base]
+        gain = ok = None
+        if candidates.size:
+            gain, ok = self._score(job, ledger, candidates)
+            if job.dataset in cluster.datasets:
+                gain = gain + self.dataset_affinity * np.isin(candidates, cluster.datasets[job.dataset])
+            ok &= gain >= min_gain
+            candidates, gain = candidates[ok], gain[ok]
         if candidates.size == 0:
-            return None
-        need = job.mem_mib * (1.0 + self.uncertainty_margin * job.mem_uncertainty)
-        room = np.minimum(ledger.free_mib[candidates], cluster.total_mib[candidates] - ledger.committed_mib[candidates])
-        room -= self.reserve_mib + need + self.headroom_mib
-        fits = room >= keep[candidates]
-        fits &= ledger.launch_seen_at[candidates] <= cluster.now - self.settle_s  # settled
-        candidates = candidates[fits]
-        if candidates.size == 0:
-            return None
-        gain, ok = self._score(job, ledger, candidates)
-        if job.dataset in cluster.datasets:
-            gain = gain + self.dataset_affinity * np.isin(candidates, cluster.datasets[job.dataset])
-        ok &= gain >= min_gain
-        candidates, gain = candidates[ok], gain[ok]
+            return None, Wait(WaitKind.SLOWDOWN, f"sharing any GPU with room would gain less than "
+                                                 f"{min_gain:.2f} or slow a job over {self.max_slowdown:g}x")
         if job.gpus == 1:
-            return [int(candidates[np.argmax(gain)])] if candidates.size else None
-        return pick_on_one_node(candidates[np.argsort(-gain, kind="stable")], cluster.node, job.gpus)
+            return [int(candidates[np.argmax(gain)])], _PLACED
+        return pick_on_one_node(candidates[np.argsort(-gain, kind="stable")], cluster.node, job.gpus), \
+            gpus_wait(job, "with room")
 
     def _score(self, job: Job, ledger: Ledger, gpus: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Progress-rate gain of adding ``job`` to each of these busy GPUs, and whether the
@@ -179,3 +208,6 @@ class Auto:
                 keep[gpus] = cluster.total_mib[gpus]
             else:
                 keep[gpus] = job.mem_mib * (1.0 + self.uncertainty_margin * job.mem_uncertainty) + self.headroom_mib + self.reserve_mib
+
+
+_PLACED = Wait(WaitKind.QUEUE)  # the reason slot of a successful choice: never recorded

@@ -15,7 +15,9 @@ from typing import Protocol
 
 import numpy as np
 
-from collocate.model import ClusterSnapshot, Job, Placement, Plan
+from collocate.commitment import committed_mib
+from collocate.model import ClusterSnapshot, Job, Placement, Plan, Wait, WaitKind
+from collocate.units import format_mib
 
 
 class Policy(Protocol):
@@ -35,36 +37,73 @@ class Ledger:
         self.sm_sum = cluster.sm_sum.copy()
         self.dram_sum = cluster.dram_sum.copy()
         self.launch_seen_at = cluster.launch_seen_at.copy()
+        self.mem_settling_at = cluster.mem_settling_at.copy()
         self.placements: list[Placement] = []
+        self.waits: dict[str, Wait] = {}
 
-    def place(self, job: Job, gpus: Iterable[int], *, sm_share: float | None = None) -> None:
+    def place(self, job: Job, gpus: Iterable[int]) -> None:
+        """Charge ``job`` to these GPUs at once (``collocate.commitment``). A job of unknown
+        memory is placed with the room it was given, which bounds it under MPS."""
         idx = list(gpus)
-        seen = -math.inf if job.mem_known else math.inf  # not seen on the GPU yet, unless measured
+        given = job.mem_mib
+        if given is None:
+            room = self.room()
+            given = float(min(room[i] for i in idx))
         for i in idx:  # scalar updates: a job holds a few GPUs, and fancy indexing costs more
-            mem = commitment(job, self.cluster.total_mib[i])
+            mem = committed_mib(job.mem_mib, self.cluster.total_mib[i])
             self.free_mib[i] -= mem
             self.committed_mib[i] += mem
             self.n_jobs[i] += 1
             self.sm_sum[i] += job.profile.sm_activity
             self.dram_sum[i] += job.profile.dram_activity
-            self.launch_seen_at[i] = seen
+            self.launch_seen_at[i] = math.inf  # not seen on the GPU yet
+            if job.mem_mib is None:
+                self.mem_settling_at[i] = math.inf  # its memory is still to come
         ids = self.cluster.ids
-        self.placements.append(
-            Placement(job.id, tuple(ids[i] for i in idx), job.mem_mib, sm_share)
-        )
+        self.placements.append(Placement(job.id, tuple(ids[i] for i in idx), given))
+
+    def wait(self, job: Job, why: Wait) -> None:
+        self.waits[job.id] = why
+
+    def room(self) -> np.ndarray:
+        """Memory each GPU can still give: what is measured free and what is not committed
+        (jobs that have not allocated yet count), whichever is less."""
+        return np.minimum(self.free_mib, self.cluster.total_mib - self.committed_mib)
 
     def in_flight(self, settle_s: float) -> np.ndarray:
-        """GPUs whose newest job is not yet seen running plus ``settle_s`` (memory still ramping)."""
+        """GPUs whose newest job is not yet seen running plus ``settle_s`` (CARMA's guard)."""
         return (self.cluster.now - self.launch_seen_at) < settle_s
 
+    def settling(self, settle_s: float) -> np.ndarray:
+        """GPUs whose memory grew beyond what was committed less than ``settle_s`` ago, or
+        that hold a job of unknown memory that has not allocated yet."""
+        return (self.cluster.now - self.mem_settling_at) < settle_s
+
     def plan(self) -> Plan:
-        return Plan(tuple(self.placements))
+        return Plan(tuple(self.placements), waits=self.waits)
 
 
-def commitment(job: Job, total_mib):
-    """Memory a job holds against its GPUs: its requirement, or the whole GPU when unknown,
-    so that nothing is packed beside a job whose size nobody knows."""
-    return total_mib if job.mem_mib is None else job.mem_mib
+def memory_wait(job: Job, ledger: Ledger, need_mib: float | None = None) -> Wait:
+    """Why ``job`` does not fit: what it needs per GPU and the most room any GPU has."""
+    room = ledger.room()
+    need = job.mem_mib if need_mib is None else need_mib
+    what = "a whole GPU (memory unknown)" if need is None else f"{format_mib(need)} per GPU"
+    if not len(room):
+        return Wait(WaitKind.MEMORY, f"needs {what}")
+    best = int(np.argmax(room))
+    return Wait(WaitKind.MEMORY, f"needs {what}; most room {format_mib(max(0.0, float(room[best])))} "
+                                 f"on {ledger.cluster.ids[best]}")
+
+
+def gpus_wait(job: Job, which: str = "idle") -> Wait:
+    """A job that waits for whole GPUs (or slots) to come free."""
+    n = f"{job.gpus} GPUs on one node" if job.gpus > 1 else "a GPU"
+    return Wait(WaitKind.GPUS, f"needs {n} {which}; none is free")
+
+
+def in_flight_wait(settle_s: float) -> Wait:
+    return Wait(WaitKind.IN_FLIGHT, f"GPUs that could take it started a job less than "
+                                    f"{settle_s:g} s ago (or memory still growing)")
 
 
 def fits_alone(job: Job, cluster: ClusterSnapshot) -> np.ndarray | bool:

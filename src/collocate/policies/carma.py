@@ -22,8 +22,15 @@ from enum import StrEnum
 
 import numpy as np
 
-from collocate.model import ClusterSnapshot, Job, Plan
-from collocate.policies.base import Ledger, fits_alone, pick_on_one_node
+from collocate.model import ClusterSnapshot, Job, Plan, Wait, WaitKind
+from collocate.policies.base import (
+    Ledger,
+    fits_alone,
+    gpus_wait,
+    in_flight_wait,
+    memory_wait,
+    pick_on_one_node,
+)
 from collocate.policies.risk import RiskLimits, too_busy
 
 
@@ -56,9 +63,24 @@ class Carma:
             if gpus is None and not job.recovered and job.mem_mib is not None:
                 gpus = self._collocate(job, ledger, available & ~busy)
             if gpus is None:
+                ledger.wait(job, self._why_not(job, ledger, busy))
                 break  # head-of-line blocking, as in CARMA
             ledger.place(job, gpus)
         return ledger.plan()
+
+    def _why_not(self, job: Job, ledger: Ledger, busy: np.ndarray) -> Wait:
+        """Why the head job found no GPU (only computed for the one blocked job of a round)."""
+        if job.recovered or job.mem_mib is None:
+            why = "recovered from an out-of-memory crash: runs alone" if job.recovered else "idle"
+            return gpus_wait(job, why)
+        fits = ledger.free_mib - self.reserve_mib >= job.mem_mib + self.headroom_mib
+        if not fits.any():
+            return memory_wait(job, ledger, job.mem_mib + self.headroom_mib + self.reserve_mib)
+        if ledger.in_flight(self.settle_s)[fits].all():
+            return in_flight_wait(self.settle_s)
+        if busy[fits].all():
+            return Wait(WaitKind.BUSY, "every GPU with room is saturated (SM and occupancy or DRAM)")
+        return gpus_wait(job, "with room")
 
     def _collocate(self, job: Job, ledger: Ledger, eligible: np.ndarray) -> list[int] | None:
         cluster = ledger.cluster

@@ -14,7 +14,7 @@ from typing import ClassVar
 import numpy as np
 
 from collocate.model import ClusterSnapshot, Job, Plan
-from collocate.policies.base import Ledger, pick_on_one_node
+from collocate.policies.base import Ledger, gpus_wait, memory_wait, pick_on_one_node
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,7 @@ class DeclaredMemory:
                 fits = cluster.total_mib - ledger.committed_mib >= job.mem_mib
             gpus = pick_on_one_node(np.flatnonzero(fits), cluster.node, job.gpus)  # first fit
             if gpus is None:
+                ledger.wait(job, memory_wait(job, ledger) if job.mem_mib is not None else gpus_wait(job))
                 break
             ledger.place(job, gpus)
         return ledger.plan()

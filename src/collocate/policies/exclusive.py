@@ -9,7 +9,7 @@ from typing import ClassVar
 import numpy as np
 
 from collocate.model import ClusterSnapshot, Job, Plan
-from collocate.policies.base import Ledger, fits_alone, pick_on_one_node
+from collocate.policies.base import Ledger, fits_alone, gpus_wait, pick_on_one_node
 
 
 @dataclass(frozen=True)
@@ -21,6 +21,7 @@ class Exclusive:
         for job in queue:
             gpus = pick_on_one_node(np.flatnonzero((ledger.n_jobs == 0) & fits_alone(job, cluster)), cluster.node, job.gpus)
             if gpus is None:
+                ledger.wait(job, gpus_wait(job))
                 break  # strict FIFO: the head waits, and so does everyone behind it
             ledger.place(job, gpus)
         return ledger.plan()

@@ -14,7 +14,7 @@ from typing import ClassVar
 import numpy as np
 
 from collocate.model import ClusterSnapshot, Job, Plan
-from collocate.policies.base import Ledger, fits_alone, pick_on_one_node
+from collocate.policies.base import Ledger, fits_alone, in_flight_wait, pick_on_one_node
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,7 @@ class RoundRobin:
                 ring = np.roll(np.arange(n), -cursor)
                 gpus = pick_on_one_node(ring[available[ring]], cluster.node, job.gpus)
             if gpus is None:
+                ledger.wait(job, in_flight_wait(self.settle_s))
                 break
             ledger.place(job, gpus)
         return ledger.plan()

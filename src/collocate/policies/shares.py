@@ -14,7 +14,7 @@ import numpy as np
 
 from collocate.errors import InputError
 from collocate.model import ClusterSnapshot, Job, Plan
-from collocate.policies.base import Ledger, fits_alone, pick_on_one_node
+from collocate.policies.base import Ledger, fits_alone, gpus_wait, pick_on_one_node
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,7 @@ class Shares:
             least_loaded_first = open_slots[np.argsort(ledger.n_jobs[open_slots], kind="stable")]
             gpus = pick_on_one_node(least_loaded_first, cluster.node, job.gpus)
             if gpus is None:
+                ledger.wait(job, gpus_wait(job, f"with fewer than {self.slots_per_gpu} jobs"))
                 break
             ledger.place(job, gpus)
         return ledger.plan()

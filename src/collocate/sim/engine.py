@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from collocate.activity import MIN_SOLO_SAMPLES, program_prior
+from collocate.commitment import MemoryRamp, committed_mib, mps_limit_mib, stable_s_of
 from collocate.errors import InputError
 from collocate.gputypes import NodeSpec
 from collocate.interference import InterferenceModel, default_interference
@@ -49,14 +50,14 @@ from collocate.model import (
     RunningJob,
     SharingMode,
 )
-from collocate.policies.base import Policy, commitment
+from collocate.policies.base import Policy
 from collocate.recovery import ExitReport, Outcome, RecoveryRules
 from collocate.scheduler import Capacity, Scheduler
 from collocate.sim.trace import TraceJob, Workload
 
 # Event kinds, in the order they are handled at equal times: work done frees GPUs before new
 # work arrives, so a round at time t sees every change of time t.
-_FINISH, _RAMP, _ACTIVE, _LEARN, _WARM, _ARRIVE, _WAKE = range(7)
+_FINISH, _RAMP, _STABLE, _ACTIVE, _LEARN, _WARM, _ARRIVE, _WAKE = range(8)
 
 PROFILE_KNOWLEDGE = ("trace", "unknown", "learned", "similar")  # SimConfig.profiles
 
@@ -131,6 +132,8 @@ class _Running:
     peak_mib: float
     commitment: float  # what it holds against each of its GPUs' committed memory
     profile: JobProfile  # its real solo activity (job.profile is what the policies were told)
+    ramp: MemoryRamp  # its memory as the daemon would watch it (collocate.commitment)
+    limit_mib: float | None = None  # what MPS lets it hold (None: no limit)
     allocated: bool = False
     starting: bool = False  # no GPU activity yet (SimConfig.startup_s + the job's warmup_s)
     warming: bool = False  # in the warm-up part of starting: on its GPUs, drawing power
@@ -154,6 +157,7 @@ class SimResult:
     gpu_count: int  # physical GPUs (under MIG the schedulable instances are more)
     decisions: int
     timelines: dict[str, list[tuple[float, float, float]]]  # gpu -> (t, used MiB, busy)
+    waits: dict[str, int] = field(default_factory=dict)  # wait kind -> job-rounds it was the reason
 
 
 class Simulation:
@@ -189,6 +193,7 @@ class Simulation:
         self.cfg = config
         self.trace = trace
         self.policy = policy
+        self._stable_s = stable_s_of(policy)
         self.progress = progress
         ids, node_no, totals, speed = self._devices(nodes)
         n = len(ids)
@@ -208,7 +213,8 @@ class Simulation:
         self.sm_live = np.zeros(n)
         self.power_floor = np.zeros(n)  # busy-equivalent of warming jobs' power (``_realize``)
         self.dram_live = np.zeros(n)
-        self.seen_at = np.full(n, -math.inf)
+        self.seen_at = np.full(n, -math.inf)  # newest job first seen (CARMA's guard)
+        self.settling_at = np.full(n, -math.inf)  # memory last grew beyond its commitment
         self.residents: list[set[str]] = [set() for _ in range(n)]
         self._meters(nodes)
         self.timelines: dict[str, list[tuple[float, float, float]]] = {
@@ -224,6 +230,7 @@ class Simulation:
         self.events: list[tuple[float, int, int, str, int]] = []
         self._seq = 0
         self.decisions = 0
+        self.wait_counts: dict[str, int] = {}
         self.closed = 0  # jobs in a final state
         for tj in trace:
             self._push(tj.arrival_s, _ARRIVE, tj.id)
@@ -269,6 +276,8 @@ class Simulation:
                     changed |= self._arrive(job_id, now)
                 elif kind == _RAMP:
                     changed |= self._ramp(job_id, version, now)
+                elif kind == _STABLE:
+                    changed |= self._stable(job_id, version, now)
                 elif kind == _FINISH:
                     changed |= self._finish(job_id, version, now)
                 elif kind == _ACTIVE:
@@ -322,13 +331,18 @@ class Simulation:
     def _round(self, now: float) -> None:
         plan = self.scheduler.schedule(self._snapshot(now, self.scheduler.placements_made))
         self.decisions += 1
+        for wait in plan.waits.values():
+            self.wait_counts[wait.kind.value] = self.wait_counts.get(wait.kind.value, 0) + 1
         for placement in plan.placements:
-            self._launch(placement.job_id, [self._index[g] for g in placement.gpus], now)
-        if len(self.scheduler.queue) and (self.seen_at > now - self.cfg.wake_s).any():
-            wake = float(np.min(self.seen_at[self.seen_at > now - self.cfg.wake_s])) + self.cfg.wake_s
-            self._push(max(wake, now + 1e-6), _WAKE, "")
+            self._launch(placement.job_id, [self._index[g] for g in placement.gpus], now,
+                         placement.mem_mib)
+        if len(self.scheduler.queue):  # guards lift wake_s after a launch is seen or memory grew
+            recent = np.concatenate([self.seen_at, self.settling_at])
+            recent = recent[(recent > now - self.cfg.wake_s) & np.isfinite(recent)]
+            if recent.size:
+                self._push(max(float(recent.min()) + self.cfg.wake_s, now + 1e-6), _WAKE, "")
 
-    def _launch(self, job_id: str, gpus: list[int], now: float) -> None:
+    def _launch(self, job_id: str, gpus: list[int], now: float, given_mib: float | None = None) -> None:
         job = self.scheduler.jobs[job_id]
         record = self.records[job_id]
         record.start = now if record.start is None else record.start
@@ -336,11 +350,12 @@ class Simulation:
         record.last_gpus = ",".join(str(self.ids[i]) for i in gpus)
         record.state = "running"
         self._advance(gpus, now)
-        seen = -math.inf if job.mem_known else now + self.cfg.startup_s
+        seen = now + self.cfg.startup_s
         workload = self._by_id[job_id].workload
         idle_s = self.cfg.startup_s + workload.warmup_s
         starting = idle_s > 0
-        held = commitment(job, self.total[gpus[0]])  # GPUs of one job are on one node, one type
+        held = committed_mib(job.mem_mib, self.total[gpus[0]])  # a job's GPUs: one node, one type
+        ramp = MemoryRamp(job.mem_mib, self._stable_s)
         for i in gpus:
             self.committed[i] += held
             self.n_jobs[i] += 1
@@ -349,11 +364,15 @@ class Simulation:
             self.seen_at[i] = seen
             self.residents[i].add(job_id)
         warms_later = workload.warmup_s > 0 and self.cfg.startup_s > 0
+        limit = None
+        if self.cfg.sharing is SharingMode.MPS:
+            limit = mps_limit_mib(job.mem_mib, given_mib, job.mem_uncertainty, job.mem_source)
         run = _Running(
-            job, gpus, self.peaks[job_id], held, workload.profile, starting=starting,
+            job, gpus, self.peaks[job_id], held, workload.profile, ramp, limit, starting=starting,
             warming=workload.warmup_s > 0 and not warms_later, work_left=workload.duration_s, since=now,
         )
         self.running[job_id] = run
+        self._resettle(gpus)
         self._push(now + self.cfg.ramp_s, _RAMP, job_id, job.attempts)
         if starting:
             self._push(now + idle_s, _ACTIVE, job_id, job.attempts)
@@ -367,6 +386,8 @@ class Simulation:
             return False
         gpus = run.gpus
         room = self.total[gpus] - self.used[gpus]
+        if run.limit_mib is not None:  # MPS refuses allocations beyond the pinned limit
+            room = np.minimum(room, run.limit_mib)
         if (room < run.peak_mib).any():
             observed = float(max(0.0, room.min()))
             self._stop(run, now)
@@ -381,8 +402,36 @@ class Simulation:
         self._advance(gpus, now)
         self.used[gpus] += run.peak_mib
         run.allocated = True
+        run.ramp.observe(run.peak_mib, now)
+        self._recommit(run, now)
+        if run.job.mem_mib is None:  # unknown memory: its peak is committed once stable
+            self._push(now + run.ramp.stable_s, _STABLE, job_id, attempt)
         self._mark(gpus, now)
         return False
+
+    def _stable(self, job_id: str, attempt: int, now: float) -> bool:
+        """A job of unknown memory has held its peak for ``STABLE_S``: it now commits that peak
+        plus a margin instead of its whole GPU."""
+        run = self.running.get(job_id)
+        if run is None or run.job.attempts != attempt:
+            return False
+        self._recommit(run, now)
+        return True
+
+    def _recommit(self, run: _Running, now: float) -> None:
+        """Charge what ``run`` commits now (``MemoryRamp``) and when its GPUs last grew."""
+        held = run.ramp.committed(float(self.total[run.gpus[0]]), now)
+        for i in run.gpus:
+            self.committed[i] += held - run.commitment
+        run.commitment = held
+        self._resettle(run.gpus)
+
+    def _resettle(self, gpus: list[int]) -> None:
+        """When memory on these GPUs last grew beyond what was committed: the latest of their
+        residents' (``inf`` while one of unknown memory has not allocated)."""
+        for i in gpus:
+            self.settling_at[i] = max((self.running[o].ramp.grew_at for o in self.residents[i]),
+                                      default=-math.inf)
 
     def _active(self, job_id: str, attempt: int, now: float) -> bool:
         """Start-up and warm-up are over: the job's activity shows on its GPUs, and it now slows
@@ -449,6 +498,7 @@ class Simulation:
             if not self.residents[i]:  # clear float drift
                 self.committed[i] = self.used[i] = self.sm_sum[i] = self.dram_sum[i] = 0.0
         del self.running[job.id]
+        self._resettle(gpus)
         self._rerate(gpus, now)
 
     def _rerate(self, gpus: list[int], now: float) -> None:
@@ -544,6 +594,7 @@ class Simulation:
             util_dram=np.minimum(1.0, self.dram_live),
             launch_seen_at=_frozen(self.seen_at),
             speed=self.speed,
+            mem_settling_at=_frozen(self.settling_at),
             sharing=self.cfg.sharing,
             running=_RunningView(self.running, self.ids),
             placements_made=placements_made,
@@ -566,6 +617,7 @@ class Simulation:
             gpu_count=g,
             decisions=self.decisions,
             timelines=self.timelines,
+            waits=dict(sorted(self.wait_counts.items())),
         )
 
 
