@@ -25,6 +25,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from collocate.interference import ModeParams, shared_slowdown
 from collocate.model import UNKNOWN_PROFILE, JobProfile
 
 ACTIVE_FLOOR = 0.05  # SM activity a job must reach once before its samples count
@@ -74,3 +75,56 @@ def program_prior(profiles: Sequence[JobProfile]) -> JobProfile | None:
 
 def _fraction(value: float) -> float:
     return min(1.0, max(0.0, value))
+
+
+#: A GPU's readings count for inference once its newest job has been active this long (its
+#: first steps on an H100 ran at almost no SM activity for up to 20 s, docs/gpu-validation.md).
+INFER_AFTER_S = 20.0
+
+
+def infer_assumed(
+    known: Sequence[JobProfile],
+    n_assumed: int,
+    sm_reading: float,
+    dram_reading: float | None,
+    params: ModeParams,
+) -> JobProfile | None:
+    """The solo profile that ``n_assumed`` jobs nobody has measured would each need for a GPU
+    shared with jobs of ``known`` profiles to read what it reads, by the interference model.
+
+    A GPU-level reading cannot be split between processes, but placement only needs the load a
+    GPU already carries: the profile that explains the reading is a better price for its
+    unmeasured residents than a fixed guess. Checked against the H100 bench's 23 mixes per mode
+    (benchmarks/activity_inference.py): the summed solo SM activity of a GPU's jobs is off by a
+    median 22% (time-slicing) and 23% (MPS) this way, against 37% for the fixed 0.5 per job,
+    and errs on the heavy side (it reads a saturated GPU as fully loaded), so a GPU it prices
+    wrong is left alone rather than crowded. None when nothing is to be inferred.
+    """
+    if n_assumed < 1 or sm_reading <= 0.0:
+        return None
+    dram_ratio = (dram_reading / sm_reading) if dram_reading is not None else (
+        UNKNOWN_PROFILE.dram_activity / UNKNOWN_PROFILE.sm_activity)
+
+    def reads(a: float) -> float:
+        d = min(1.0, a * dram_ratio)
+        everyone = [*known, *([JobProfile(a, d)] * n_assumed)]
+        total = 0.0
+        for k, p in enumerate(everyone):
+            others = everyone[:k] + everyone[k + 1:]
+            sm_o = sum(o.sm_activity for o in others)
+            dram_o = sum(o.dram_activity for o in others)
+            slow = float(shared_slowdown(params, p.sm_activity, p.dram_activity, sm_o, dram_o)) if others else 1.0
+            total += p.sm_activity / slow
+        return total
+
+    lo, hi = 0.0, 1.0
+    if reads(hi) <= sm_reading:
+        return JobProfile(1.0, min(1.0, dram_ratio))  # saturated: read as fully loaded
+    for _ in range(40):  # bisection: what the GPU reads grows with its jobs' activity
+        mid = (lo + hi) / 2.0
+        if reads(mid) < sm_reading:
+            lo = mid
+        else:
+            hi = mid
+    a = (lo + hi) / 2.0
+    return JobProfile(a, min(1.0, a * dram_ratio))

@@ -166,8 +166,8 @@ class Scheduler:
             return None
         if job.after and (waiting := self._unfinished(job)):
             return Wait(WaitKind.DEPENDENCY, _waits_for(waiting))
-        return self.waits.get(job_id) or Wait(WaitKind.QUEUE, "waits its turn: jobs ahead of it "
-                                                             "are placed first")
+        return self.waits.get(job_id) or Wait(
+            WaitKind.QUEUE, "not reached by the last scheduling round: jobs ahead of it go first")
 
     def job_exited(self, job_id: str, report: ExitReport) -> Job:
         job = self.jobs[job_id]

@@ -48,7 +48,7 @@ def test_a_job_after_another_starts_only_once_it_is_done_and_is_cancelled_if_it_
     d = daemons()  # 2 GPUs: the dependent job could start at once if it did not wait
     first = d.submit(job_argv(500, 1.5), mem="1GiB")
     then = submit(d, "--mem", "1GiB", "--after", first, "--", *job_argv(500, 0.2)).stdout.strip()
-    assert d.job(then)["reason"] == f"waits for job {first}"
+    assert d.job(then)["reason"] == f"dependency: waits for job {first}"
     shown = cli(d, "show", then)
     assert f"after     job(s) {first}" in shown.stdout
     done = d.wait_state(then, "done", timeout=60)

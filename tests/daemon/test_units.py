@@ -95,7 +95,16 @@ def test_launch_plan_mps_limits_from_the_estimate(tmp_path):
                        sharing=SharingMode.MPS, emulated_dir=Path("/emu"), mps_dirs=MpsDirs.under(tmp_path))
     # no thread cap from the job's solo SM activity (it slowed jobs running alone on an H100)
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in plan.env
-    assert plan.env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=6512M"
+    # a declared 6,000 MiB may run 15% above it (estimates came out at 0.88x), plus 512 MiB
+    assert plan.env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=7412M"
+    measured = plan_launch(job.evolve(mem_source="history", mem_uncertainty=0.05), JobSpec(("x",), "/"),
+                           placement, ("GPU-a",), attempt=1, attempt_dir=tmp_path,
+                           sharing=SharingMode.MPS, emulated_dir=None, mps_dirs=MpsDirs.under(tmp_path))
+    assert measured.env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=6812M"  # its own 5% + 512 MiB
+    unknown = plan_launch(Job("8"), JobSpec(("x",), "/"), Placement("8", (GpuId("n", 0),), 30000.0),
+                          ("GPU-a",), attempt=1, attempt_dir=tmp_path, sharing=SharingMode.MPS,
+                          emulated_dir=None, mps_dirs=MpsDirs.under(tmp_path))
+    assert unknown.env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=30000M"  # the room it was given
     assert plan.env["COLLOCATE_EMULATED_DIR"] == "/emu" and plan.env["COLLOCATE_SHARING"] == "mps"
     assert plan.env["CUDA_MPS_PIPE_DIRECTORY"].startswith(str(tmp_path))
     # a policy that sets an SM share gets it as the cap
@@ -205,7 +214,7 @@ class _Backend:
         pass
 
 
-def test_monitor_attributes_memory_and_sets_the_in_flight_guard():
+def test_monitor_attributes_memory_and_commits_by_the_one_rule():
     samples = [DeviceSample("GPU-0", 0.0, 5000, 35000, sm_activity=0.5, processes=(ProcessUsage(11, 5000, 0.5),)),
                DeviceSample("GPU-1", 0.0, 0, 40000, sm_activity=0.0)]
     mon = Monitor(_Backend(samples), window=5)
@@ -217,9 +226,14 @@ def test_monitor_attributes_memory_and_sets_the_in_flight_guard():
     assert snap.launch_seen_at.tolist() == [100.0, math.inf]
     assert snap.committed_mib.tolist() == [6000.0, 40000.0]  # unknown memory commits the whole GPU
     assert snap.free_mib.tolist() == [35000.0, 40000.0]
-    measured = Tracked(Job("3", mem_mib=6000, mem_source="history"), ("GPU-1",), 3)
-    snap = mon.snapshot([seen, unseen, measured], now=101.0, sharing=SharingMode.TIME_SLICING)
-    assert snap.launch_seen_at[1] == -math.inf  # newest job's memory is measured: no settling
+    # memory settling: the job of unknown memory holds nothing yet; the known one is settled
+    assert snap.mem_settling_at.tolist() == [-math.inf, math.inf]
+    # the known job outgrows its 6,000 MiB: it commits what it holds and its GPU settles anew
+    mon.backend.samples = [DeviceSample("GPU-0", 0.0, 9000, 31000, sm_activity=0.5,
+                                        processes=(ProcessUsage(11, 9000, 0.5),)), samples[1]]
+    mon.refresh([seen, unseen], now=102.0)
+    snap = mon.snapshot([seen, unseen], now=103.0, sharing=SharingMode.TIME_SLICING)
+    assert snap.committed_mib[0] == 9000.0 and snap.mem_settling_at[0] == 102.0
 
 
 def test_state_dir_resolution(monkeypatch, tmp_path):

@@ -23,10 +23,11 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from collocate.activity import SoloActivity
+from collocate.activity import INFER_AFTER_S, MIN_SOLO_SAMPLES, SoloActivity, infer_assumed
 from collocate.commitment import STABLE_S, MemoryRamp
 from collocate.gpus.base import DeviceInfo, DeviceSample, GpuBackend
 from collocate.gpus.mps import is_mps_server
+from collocate.interference import ModeParams
 from collocate.model import (
     ClusterSnapshot,
     GpuView,
@@ -51,6 +52,9 @@ class Tracked:
     seen_at: float | None = None  # first time a process of the job held memory on its GPUs
     ramp: MemoryRamp = field(init=False)  # its memory as it grows: what it commits, settling
     solo: SoloActivity = field(default_factory=SoloActivity)
+    #: Its profile as the readings of the GPU it shares imply (``activity.infer_assumed``), for
+    #: a job measured neither alone nor in an earlier run.
+    inferred: JobProfile | None = None
 
     def __post_init__(self) -> None:
         self.ramp = MemoryRamp(self.job.mem_mib, self.stable_s)
@@ -65,13 +69,39 @@ class Tracked:
         """The job's solo profile measured in this attempt, once there are enough samples."""
         return self.solo.profile()
 
+    @property
+    def assumed(self) -> bool:
+        """Whether nothing was measured of its activity: neither alone nor in earlier runs."""
+        return self.job.profile_source == "assumed" and self.learned is None
+
+    @property
+    def profile(self) -> JobProfile:
+        """What policies price it with: measured alone, else inferred, else what it was told."""
+        return self.learned or self.inferred or self.job.profile
+
+
+@dataclass(slots=True)
+class _Readings:
+    """Mean of one GPU's readings since its newest job warmed up, for ``infer_assumed``."""
+
+    key: tuple
+    samples: int = 0
+    sm: float = 0.0
+    dram: float = 0.0
+    has_dram: bool = True
+
 
 class Monitor:
     def __init__(self, backend: GpuBackend, *, window: int = WINDOW_SAMPLES,
-                 is_helper: Callable[[int], bool] = is_mps_server) -> None:
+                 is_helper: Callable[[int], bool] = is_mps_server,
+                 sharing: ModeParams | None = None) -> None:
         """``is_helper`` tells processes that serve jobs rather than belong to one (the MPS
-        server), which do not stop a job from counting as alone on its GPU."""
+        server), which do not stop a job from counting as alone on its GPU. ``sharing`` is the
+        interference model of the sharing mode in use; with it, jobs nobody has measured are
+        priced by what their GPU reads (``activity.infer_assumed``)."""
         self.backend = backend
+        self.sharing = sharing
+        self._readings: dict[str, _Readings] = {}
         self.is_helper = is_helper
         self.devices: list[DeviceInfo] = backend.devices()
         self.by_uuid = {d.uuid: d for d in self.devices}
@@ -90,8 +120,51 @@ class Monitor:
             self._sm[s.uuid].append(_sm(s))
             self._occ[s.uuid].append(s.sm_occupancy or 0.0)
             self._dram[s.uuid].append(s.dram_activity or 0.0)
+        tracked = list(tracked)
         for t in tracked:
             self._attribute(t, now)
+        if self.sharing is not None:
+            self._infer(tracked, now)
+
+    def _infer(self, tracked: Sequence[Tracked], now: float) -> None:
+        """Price each GPU's unmeasured jobs by its readings once its newest job has warmed up:
+        the mean reading since then, over at least ``MIN_SOLO_SAMPLES`` samples. A job on
+        several GPUs takes the heaviest of their answers."""
+        on_gpu: dict[str, list[Tracked]] = {}
+        for t in tracked:
+            for uuid in t.uuids:
+                on_gpu.setdefault(uuid, []).append(t)
+        inferred: dict[int, JobProfile] = {}
+        for uuid, here in on_gpu.items():
+            sample, device = self.last.get(uuid), self.by_uuid.get(uuid)
+            assumed = [t for t in here if t.assumed]
+            if (sample is None or device is None or device.sm_fraction < 1.0 or not assumed
+                    or any(t.seen_at is None for t in here)):
+                self._readings.pop(uuid, None)
+                continue
+            since = max(t.seen_at for t in here) + INFER_AFTER_S  # type: ignore[type-var]
+            key = (frozenset(t.job.id for t in here), since)
+            r = self._readings.get(uuid)
+            if r is None or r.key != key:
+                r = self._readings[uuid] = _Readings(key)
+            if now < since:
+                continue
+            r.samples += 1
+            r.sm += _sm(sample)
+            r.dram += sample.dram_activity or 0.0
+            r.has_dram &= sample.dram_activity is not None
+            if r.samples < MIN_SOLO_SAMPLES:
+                continue
+            known = [t.profile for t in here if not t.assumed]
+            guess = infer_assumed(known, len(assumed), r.sm / r.samples,
+                                  r.dram / r.samples if r.has_dram else None, self.sharing)
+            for t in assumed if guess is not None else ():
+                best = inferred.get(id(t))
+                if best is None or guess.sm_activity > best.sm_activity:
+                    inferred[id(t)] = guess
+        for t in tracked:
+            if id(t) in inferred:
+                t.inferred = inferred[id(t)]
 
     def _attribute(self, t: Tracked, now: float) -> None:
         held, alone, sm, dram = 0.0, True, 0.0, None
@@ -149,7 +222,7 @@ class Monitor:
             ))
         running = {
             t.job.id: RunningJob(t.job.id, tuple(self.by_uuid[u].id for u in t.uuids if u in self.by_uuid),
-                                 t.learned or t.job.profile, _requirement(t.job, 0.0),
+                                 t.profile, _requirement(t.job, 0.0),
                                  dataset=t.job.dataset)
             for t in tracked
         }

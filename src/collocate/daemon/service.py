@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from collocate.activity import program_prior
 from collocate.commitment import stable_s_of
 from collocate.daemon import views
 from collocate.daemon.datasets import (
@@ -134,7 +135,9 @@ class Service:
             self._backend = open_backend(self.config.gpus, state_dir=self.layout.root,
                                          node=socket.gethostname())
         self.backend = self._backend
-        self.monitor = Monitor(self.backend, window=self.config.window)
+        sharing = (None if self.config.sharing is SharingMode.MIG  # instances: not inferred
+                   else self._interference.modes[self.config.sharing])
+        self.monitor = Monitor(self.backend, window=self.config.window, sharing=sharing)
         if not self.monitor.devices:
             raise CollocateError("the GPU backend reports no devices",
                                  hint="check `nvidia-smi`, or use --gpus emulated:4xA100-40GB")
@@ -324,7 +327,7 @@ class Service:
         return {"id": job_id, "state": job.state.value}
 
     def op_gpus(self, args: dict, peer: Peer) -> list[dict]:
-        return views.gpu_rows(self.monitor, self.running)
+        return views.gpu_rows(self.monitor, self.running, time.time())
 
     def op_drain(self, args: dict, peer: Peer) -> dict:
         self.store.set_flag("draining", True)
@@ -369,11 +372,26 @@ class Service:
             self.datasets.reconcile(active_factories(self.scheduler.jobs.values(), self.specs))
         if self.store.get_flag("draining") or not self.scheduler.queue:
             return
+        self._price_from_siblings()
         snapshot = self.monitor.snapshot([r.tracked for r in self.running.values()], now=now,
                                          sharing=self.config.sharing)
         plan = self.scheduler.schedule(snapshot)
         for placement in plan.placements:
             self._launch(placement, now)
+
+    def _price_from_siblings(self) -> None:
+        """Pending jobs nobody has measured take the profile their running siblings (the same
+        program: a sweep's other points) show now, measured alone or inferred from their GPU's
+        readings: their median (``activity.program_prior``), as the simulator does."""
+        live: dict[str, list] = {}
+        for job_id, run in self.running.items():
+            if not run.tracked.assumed or run.tracked.inferred is not None:
+                live.setdefault(self.specs[job_id].program, []).append(run.tracked.profile)
+        if not live:
+            return
+        for job in list(self.scheduler.queue):
+            if job.profile_source == "assumed" and (prior := program_prior(live.get(self.specs[job.id].program, []))):
+                self.scheduler.update(job.evolve(profile=prior, profile_source="similar"))
 
     def _reap(self, now: float) -> None:
         for job_id, run in list(self.running.items()):
@@ -514,8 +532,7 @@ class Service:
         and the SM activity each is expected to draw beside its neighbours (the interference
         model's split of a GPU reading that per-process counters miss, as under MPS)."""
         launched = {job_id: run for job_id, run in self.running.items() if run.attempt.pid}
-        profiles = {job_id: run.tracked.learned or run.tracked.job.profile
-                    for job_id, run in launched.items()}
+        profiles = {job_id: run.tracked.profile for job_id, run in launched.items()}
         refs = {}
         for job_id, run in launched.items():
             mine = set(run.tracked.uuids)

@@ -96,8 +96,11 @@ def job_detail(store: Store, job_id: str, *, running: Mapping[str, Any] | None =
 def _profile(job: Job, run: Any) -> dict[str, Any]:
     """The solo activity the policies use for this job, and where it comes from."""
     learned = None if run is None else run.tracked.learned
+    inferred = None if run is None else run.tracked.inferred
     if learned is not None:
         profile, source = learned, "measured alone in this attempt"
+    elif inferred is not None and job.profile_source == "assumed":
+        profile, source = inferred, "inferred from the readings of the GPU it shares"
     elif job.profile_source == "history":
         profile, source = job.profile, "measured alone in an earlier run"
     elif job.profile_source == "similar":
@@ -155,11 +158,15 @@ def complete_utf8(data: bytes) -> bytes:
     return data
 
 
-def gpu_rows(monitor: Monitor, running: Mapping[str, Any]) -> list[dict[str, Any]]:
+def gpu_rows(monitor: Monitor, running: Mapping[str, Any], now: float) -> list[dict[str, Any]]:
+    """Each GPU: its reading, its jobs, and the memory they commit (``collocate.commitment``)."""
     jobs_on: dict[str, list[str]] = {}
+    committed: dict[str, float] = {}
     for job_id, run in running.items():
         for uuid in run.tracked.uuids:
             jobs_on.setdefault(uuid, []).append(job_id)
+            total = monitor.by_uuid[uuid].total_mib if uuid in monitor.by_uuid else 0.0
+            committed[uuid] = committed.get(uuid, 0.0) + run.tracked.ramp.committed(total, now)
     rows = []
     for d in monitor.devices:
         s = monitor.last.get(d.uuid)
@@ -170,6 +177,7 @@ def gpu_rows(monitor: Monitor, running: Mapping[str, Any]) -> list[dict[str, Any
             "free_mib": None if s is None else s.free_mib,
             "sm_now": None if s is None else s.sm_activity,
             "sm_window": u.sm_activity, "dram_window": u.dram_activity,
+            "committed_mib": committed.get(d.uuid, 0.0),
             "jobs": sorted(jobs_on.get(d.uuid, []), key=int),
         })
     return rows

@@ -87,7 +87,9 @@ def memory_wait(job: Job, ledger: Ledger, need_mib: float | None = None) -> Wait
     """Why ``job`` does not fit: what it needs per GPU and the most room any GPU has."""
     room = ledger.room()
     need = job.mem_mib if need_mib is None else need_mib
-    what = "a whole GPU (memory unknown)" if need is None else f"{format_mib(need)} per GPU"
+    what = "a whole GPU (memory unknown)" if need is None else f"{format_mib(need)} free per GPU"
+    if need is not None and job.mem_mib is not None and need > job.mem_mib:
+        what += f" (its {format_mib(job.mem_mib)} and margins)"
     if not len(room):
         return Wait(WaitKind.MEMORY, f"needs {what}")
     best = int(np.argmax(room))

@@ -1,0 +1,111 @@
+"""First-run admission in the core (issue 16): the one commitment rule, wait reasons as data, and
+pricing unmeasured jobs by their GPU's reading."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from collocate.activity import infer_assumed
+from collocate.commitment import MemoryRamp, mps_limit_mib, upper_bound_mib
+from collocate.interference import default_interference
+from collocate.model import ClusterSnapshot, GpuId, GpuView, Job, JobProfile, SharingMode, WaitKind
+from collocate.policies import POLICY_NAMES, make_policy
+
+GIB = 1024.0
+
+
+def test_a_known_requirement_is_committed_at_once_and_raised_when_outgrown():
+    ramp = MemoryRamp(4000.0, stable_s=30.0)
+    assert ramp.committed(40960.0, now=0.0) == 4000.0 and ramp.grew_at == -math.inf
+    ramp.observe(3900.0, now=5.0)  # below its requirement: nothing settles
+    assert ramp.committed(40960.0, now=5.0) == 4000.0 and ramp.grew_at == -math.inf
+    ramp.observe(4030.0, now=6.0)  # within the tolerance: noise, not growth
+    assert ramp.grew_at == -math.inf
+    ramp.observe(9000.0, now=7.0)  # outgrew it: commits what it holds, and its GPU settles
+    assert ramp.committed(40960.0, now=7.0) == 9000.0 and ramp.grew_at == 7.0
+
+
+def test_unknown_memory_holds_the_gpu_until_its_peak_is_stable():
+    ramp = MemoryRamp(None, stable_s=30.0)
+    assert ramp.grew_at == math.inf and ramp.committed(40960.0, now=0.0) == 40960.0
+    ramp.observe(2000.0, now=3.0)
+    ramp.observe(5000.0, now=10.0)
+    assert ramp.committed(40960.0, now=39.0) == 40960.0  # 29 s since it last grew
+    assert ramp.committed(40960.0, now=40.0) == pytest.approx(5000.0 * 1.1 + 512.0)
+    ramp.observe(8000.0, now=50.0)  # grew again: whole GPU until stable again
+    assert ramp.committed(40960.0, now=60.0) == 40960.0
+
+
+def test_mps_limits_leave_room_above_an_estimate():
+    assert upper_bound_mib(6000.0, 0.0, "static-trace") == pytest.approx(6900.0)
+    assert upper_bound_mib(6000.0, 0.3, "declared") == pytest.approx(7800.0)
+    assert upper_bound_mib(6000.0, 0.05, "history") == pytest.approx(6300.0)
+    assert mps_limit_mib(None, 30000.0, 0.0, "unknown") == 30000.0
+
+
+def _gpu(jobs: int = 0, committed: float = 0.0, sm: float = 0.0, seen: float = -math.inf,
+         settling: float = -math.inf, total: float = 40 * GIB) -> GpuView:
+    return GpuView(GpuId("n", 0), total, committed_mib=committed,
+                   jobs=tuple(f"r{k}" for k in range(jobs)), launch_seen_at=seen, mem_settling_at=settling)
+
+
+def test_auto_packs_declared_jobs_in_one_round_without_a_settle_wait():
+    cluster = ClusterSnapshot.from_views([_gpu()], now=100.0)
+    light = JobProfile(0.1, 0.05)
+    queue = [Job(f"j{k}", mem_mib=4 * GIB, mem_source="declared", profile=light) for k in range(3)]
+    plan = make_policy("auto")(queue, cluster)
+    assert [p.job_id for p in plan.placements] == ["j0", "j1", "j2"]
+
+
+@pytest.mark.parametrize(("gpu", "kind"), [
+    (_gpu(jobs=1, committed=38 * GIB), WaitKind.MEMORY),
+    (_gpu(jobs=1, committed=4 * GIB, settling=95.0), WaitKind.IN_FLIGHT),
+    (_gpu(jobs=3, committed=12 * GIB, sm=0.0), WaitKind.SLOWDOWN),
+])
+def test_auto_says_why_a_job_waits(gpu, kind):
+    heavy = JobProfile(0.9, 0.5)
+    cluster = ClusterSnapshot.from_views([gpu], now=100.0)
+    if kind is WaitKind.SLOWDOWN:  # three heavy residents: a fourth would slow them past 2x
+        cluster = ClusterSnapshot(**{**{f: getattr(cluster, f) for f in cluster.__dataclass_fields__},
+                                     "sm_sum": cluster.sm_sum + 2.7, "dram_sum": cluster.dram_sum + 1.5})
+    job = Job("new", mem_mib=4 * GIB, mem_source="declared", profile=heavy)
+    plan = make_policy("auto")([job], cluster)
+    assert not plan.placements and plan.waits["new"].kind is kind, plan.waits
+
+
+def test_a_job_of_unknown_memory_shares_only_a_roomy_gpu():
+    roomy = ClusterSnapshot.from_views([_gpu(jobs=1, committed=8 * GIB)], now=100.0)
+    cramped = ClusterSnapshot.from_views([_gpu(jobs=1, committed=24 * GIB)], now=100.0)
+    job = Job("u", profile=JobProfile(0.1, 0.05))
+    plan = make_policy("auto")([job], roomy)
+    assert plan.placements and plan.placements[0].mem_mib == pytest.approx(32 * GIB)  # its room
+    plan = make_policy("auto")([job], cramped)
+    assert not plan.placements and plan.waits["u"].kind is WaitKind.MEMORY
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(POLICY_NAMES), st.integers(1, 6), st.floats(1 * GIB, 60 * GIB))
+def test_every_policy_gives_every_unplaced_job_it_looked_at_a_reason(name, n, mem):
+    cluster = ClusterSnapshot.from_views([_gpu(jobs=1, committed=30 * GIB, seen=99.0)], now=100.0)
+    queue = [Job(f"j{k}", mem_mib=mem, mem_source="declared", submit_time=k) for k in range(n)]
+    plan = make_policy(name)(queue, cluster)
+    placed = {p.job_id for p in plan.placements}
+    assert not placed & set(plan.waits)
+    if len(placed) < n:
+        assert plan.waits, "a blocked queue says why"
+        assert all(w.detail for w in plan.waits.values())
+
+
+def test_a_gpus_reading_prices_its_unmeasured_jobs():
+    ts = default_interference().modes[SharingMode.TIME_SLICING]
+    light = infer_assumed([], 2, 0.19, 0.09, ts)  # two jobs of SM 0.1 read about 0.19
+    assert light.sm_activity == pytest.approx(0.095, abs=0.01)
+    beside_known = infer_assumed([JobProfile(0.1, 0.05)], 1, 0.19, 0.09, ts)
+    assert beside_known.sm_activity == pytest.approx(0.09, abs=0.01)
+    saturated = infer_assumed([], 3, 0.99, 0.5, ts)  # a saturated reading: read as fully loaded
+    assert saturated.sm_activity == 1.0
+    assert infer_assumed([], 0, 0.5, 0.2, ts) is None
