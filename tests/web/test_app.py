@@ -47,6 +47,10 @@ def test_api_routes(source):
     assert page.status_code == 200 and 'id="gpus"' in page.text and "http" not in page.text.split(
         "<script>")[1].replace("http://www.w3.org/2000/svg", "")  # no CDN, no remote fetch
     assert client.get("/metrics").status_code == 404  # no registry given
+    assert client.get("/jobs/1").text == page.text  # a job's linkable page is the same page
+    assert client.get("/api/jobs/1/log", params={"stream": "stderr"}).json() == {
+        "id": "1", "stream": "stderr", "text": "warning from resnet\n"}
+    assert client.get("/api/jobs/1/log", params={"stream": "x"}).status_code == 422
 
 
 def test_submit_passthrough_validates(source):
@@ -56,6 +60,18 @@ def test_submit_passthrough_validates(source):
     assert client.post("/api/jobs", json={"argv": []}).status_code == 422
     refused = client.post("/api/jobs", json={"argv": ["bad"]})
     assert refused.status_code == 422 and "try another" in refused.json()["detail"]
+
+
+def test_submit_splits_the_command_as_a_shell_would(source):
+    client = local(create_app(source))
+    ok = client.post("/api/jobs", json={"command": """python a.py --tag 'run one' --msg "a b" x\\ y"""})
+    assert ok.status_code == 200
+    assert source.submitted[-1] == ["python", "a.py", "--tag", "run one", "--msg", "a b", "x y"]
+    unbalanced = client.post("/api/jobs", json={"command": "python a.py --tag 'run one"})
+    assert unbalanced.status_code == 422
+    assert "no closing quotation" in unbalanced.json()["detail"]
+    assert len(source.submitted) == 1  # nothing queued
+    assert client.post("/api/jobs", json={"command": "   "}).status_code == 422
 
 
 def test_read_only_source_refuses_submit(source):

@@ -150,6 +150,8 @@ def gpu_rows(monitor: Monitor, running: Mapping[str, Any]) -> list[dict[str, Any
     for job_id, run in running.items():
         for uuid in run.tracked.uuids:
             jobs_on.setdefault(uuid, []).append(job_id)
+    held = {uuid: {j: _held_mib(running[j].tracked.pids, monitor.last.get(uuid)) for j in ids}
+            for uuid, ids in jobs_on.items()}
     rows = []
     for d in monitor.devices:
         s = monitor.last.get(d.uuid)
@@ -161,5 +163,13 @@ def gpu_rows(monitor: Monitor, running: Mapping[str, Any]) -> list[dict[str, Any
             "sm_now": None if s is None else s.sm_activity,
             "sm_window": u.sm_activity, "dram_window": u.dram_activity,
             "jobs": sorted(jobs_on.get(d.uuid, []), key=int),
+            "job_mib": held.get(d.uuid, {}),
         })
     return rows
+
+
+def _held_mib(pids: frozenset[int], sample: Any) -> float | None:
+    """What a job's processes hold on the GPU in its latest sample (measured, not declared)."""
+    if sample is None:
+        return None
+    return sum(p.used_mib for p in sample.processes if p.pid in pids)
