@@ -77,6 +77,8 @@ def test_dashboard_metrics_summary_and_logged_metrics(daemons):
     assert 'collocate_gpu_memory_used_bytes{gpu="' in text  # per GPU
     assert f'collocate_job_energy_joules_total{{job="{job}"' in text  # per job
     assert 'collocate_tracking_degraded{sink="store"} 0.0' in text
+    assert 'collocate_jobs{state="running"} 1.0' in text  # queue metrics, from the daemon's rows
+    assert "collocate_placements_total 1.0" in text and "collocate_oom_crashes_total 0.0" in text
     gpus = json.loads(get(f"{base}/api/gpus", token))  # the daemon's own GPUs, through its loop
     assert [g["type"] for g in gpus] == ["A100-40GB", "A100-40GB"]
     assert any(job in g["jobs"] for g in gpus)

@@ -169,7 +169,9 @@ class Tracking:
         token = None
         if self.config.dashboard_auth:
             token = stable_token(self.token_file, self.config.dashboard_token)
-        source = ClientSource(LoopRequester(call), store=self.mon.store)
+        requester = LoopRequester(call)
+        source = ClientSource(requester, store=self.mon.store)
+        self.prometheus.queue = lambda: requester.request("ls", all=True)
         app = create_app(source, token=token, registry=self.prometheus.registry)
         host, port = self.config.dashboard
         self.dashboard_server = serve_in_thread(app, host, port)
