@@ -122,6 +122,7 @@ class JobRecord:
     oom_crashes: int = 0
     last_gpus: str = ""
     reason: str = ""
+    spans: list[list] = field(default_factory=list)  # per attempt [gpus, start, end, outcome], for plots
 
 
 @dataclass
@@ -335,6 +336,7 @@ class Simulation:
         record.attempts = job.attempts
         record.last_gpus = ",".join(str(self.ids[i]) for i in gpus)
         record.state = "running"
+        record.spans.append([record.last_gpus, now, None, ""])
         self._advance(gpus, now)
         seen = -math.inf if job.mem_known else now + self.cfg.startup_s
         workload = self._by_id[job_id].workload
@@ -373,6 +375,7 @@ class Simulation:
             job = self.scheduler.job_exited(job_id, ExitReport(Outcome.OOM, observed, "CUDA out of memory"))
             record = self.records[job_id]
             record.oom_crashes = job.oom_crashes
+            record.spans[-1][2:] = [now, "oom"]
             if job.state.is_terminal:
                 self._close(job, now)
             else:
@@ -524,6 +527,8 @@ class Simulation:
         record.reason = job.reason
         record.attempts = job.attempts
         record.oom_crashes = job.oom_crashes
+        if record.spans and record.spans[-1][2] is None:
+            record.spans[-1][2:] = [now, record.state]
 
     def _snapshot(self, now: float, placements_made: int = 0) -> ClusterSnapshot:
         busy = np.minimum(1.0, self.sm_live)
