@@ -82,6 +82,10 @@ def test_dashboard_metrics_summary_and_logged_metrics(daemons):
     gpus = json.loads(get(f"{base}/api/gpus", token))  # the daemon's own GPUs, through its loop
     assert [g["type"] for g in gpus] == ["A100-40GB", "A100-40GB"]
     assert any(job in g["jobs"] for g in gpus)
+    held = [g["job_mib"][job] for g in gpus if job in g["job_mib"]]  # measured, not declared
+    assert held and 1400 <= held[0] <= 1600
+    row = next(r for r in json.loads(get(f"{base}/api/jobs", token)) if r["id"] == job)
+    assert row["mem_mib"] == 2048 and 1400 <= row["used_mib"] <= 1600  # needs, holds now
 
     done = d.wait_state(job, "done", timeout=30)
     s = done["summary"]
