@@ -122,7 +122,7 @@ class JobRecord:
     oom_crashes: int = 0
     last_gpus: str = ""
     reason: str = ""
-    spans: list[list] = field(default_factory=list)  # per attempt [gpus, start, end, outcome], for plots
+    spans: list[list] = field(default_factory=list)  # [gpus, start, end, outcome] per attempt
 
 
 @dataclass
