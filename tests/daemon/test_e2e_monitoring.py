@@ -3,7 +3,7 @@
 A job run under the daemon gets ``COLLOCATE_METRICS_FILE``, its own ``log_metric`` values are
 stored, ``collocate show`` prints its measured summary (energy and GPU-hours above zero), the
 daemon's dashboard serves its GPUs, jobs and Prometheus ``/metrics`` with per-GPU and per-job
-series (behind the random token the daemon makes, which ``collocate dashboard-url`` prints for
+series (behind the random token the daemon makes once and keeps, which ``collocate dashboard-url`` prints for
 the owner, or with none at all after ``--no-dashboard-token``), and ``--mlflow`` records one
 MLflow run per job in the local store under the state dir.
 """
@@ -77,9 +77,15 @@ def test_dashboard_metrics_summary_and_logged_metrics(daemons):
     assert 'collocate_gpu_memory_used_bytes{gpu="' in text  # per GPU
     assert f'collocate_job_energy_joules_total{{job="{job}"' in text  # per job
     assert 'collocate_tracking_degraded{sink="store"} 0.0' in text
+    assert 'collocate_jobs{state="running"} 1.0' in text  # queue metrics, from the daemon's rows
+    assert "collocate_placements_total 1.0" in text and "collocate_oom_crashes_total 0.0" in text
     gpus = json.loads(get(f"{base}/api/gpus", token))  # the daemon's own GPUs, through its loop
     assert [g["type"] for g in gpus] == ["A100-40GB", "A100-40GB"]
     assert any(job in g["jobs"] for g in gpus)
+    held = [g["job_mib"][job] for g in gpus if job in g["job_mib"]]  # measured, not declared
+    assert held and 1400 <= held[0] <= 1600
+    row = next(r for r in json.loads(get(f"{base}/api/jobs", token)) if r["id"] == job)
+    assert row["mem_mib"] == 2048 and 1400 <= row["used_mib"] <= 1600  # needs, holds now
 
     done = d.wait_state(job, "done", timeout=30)
     s = done["summary"]
@@ -129,7 +135,7 @@ def test_mlflow_records_one_run_per_job(daemons):
         assert [(m.step, m.value) for m in history] == [(i, 1.0 / (i + 1)) for i in range(5)]
 
 
-def test_dashboard_gets_a_random_token_only_the_owner_can_read(daemons):
+def test_dashboard_keeps_one_random_token_only_the_owner_can_read(daemons):
     port = free_port()
     d = daemons("--dashboard", f"127.0.0.1:{port}")
     base = f"http://127.0.0.1:{port}/"
@@ -148,11 +154,20 @@ def test_dashboard_gets_a_random_token_only_the_owner_can_read(daemons):
         assert status_of(base + path, token) == 200, path
     assert status_of(f"{base}api/jobs?token={token}") == 200
     d.kill(signal.SIGTERM)
-    assert not token_file.exists()  # a stopped daemon leaves no token behind
+    d.start()  # the same token after a restart: bookmarks and scrape configs keep working
+    assert token_file.read_text().strip() == token
+    assert status_of(base + "api/jobs", token) == 200
 
-    d.start()  # a new token each start: the old one no longer opens the page
+    d.kill(signal.SIGTERM)
+    token_file.chmod(0o644)  # widened by hand: refused rather than served
+    refused = subprocess.run([sys.executable, "-m", "collocate.daemon", "serve", *d.args,
+                              "--state-dir", str(d.state_dir)], capture_output=True, text=True,
+                             timeout=60)
+    assert refused.returncode != 0 and "chmod 600" in refused.stderr
+    token_file.unlink()  # deleting it is how to get a new one
+    d.start()
     fresh = token_file.read_text().strip()
-    assert fresh != token
+    assert fresh != token and stat.S_IMODE(token_file.stat().st_mode) == 0o600
     assert status_of(base + "api/jobs", token) == 401 and status_of(base + "api/jobs", fresh) == 200
 
 

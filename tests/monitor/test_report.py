@@ -63,11 +63,28 @@ def test_cli_report(tmp_path):
 
 
 def test_timeline_segments_and_lanes():
-    from collocate.monitor.report import _lanes, _segments
+    from collocate.gantt import lanes
+    from collocate.monitor.report import _segments
 
     rows = [{"t": 0.0, "jobs": ["1"]}, {"t": 1.0, "jobs": ["1", "2"]}, {"t": 2.0, "jobs": ["2"]},
             {"t": 3.0, "jobs": []}, {"t": 4.0, "jobs": ["3"]}]
     segments = sorted(_segments(rows))
     assert segments == [("1", (0.0, 1.0)), ("2", (1.0, 2.0)), ("3", (4.0, 4.0))]
-    lanes = {job: lane for job, _, lane in _lanes(segments)}
-    assert lanes == {"1": 0, "2": 1, "3": 0}  # 1 and 2 overlap at t=1; 3 reuses lane 0
+    placed = {job: lane for job, _, lane in lanes(segments)}
+    assert placed == {"1": 0, "2": 1, "3": 0}  # 1 and 2 overlap at t=1; 3 reuses lane 0
+
+
+def test_energy_bars_show_every_job_or_the_rest_as_others():
+    from collocate.monitor.report import ENERGY_BARS, energy_bars
+    from collocate.monitor.store import JobSummary
+
+    def job(i: int) -> JobSummary:
+        return JobSummary(str(i), "ann", f"j{i}", 0.0, 1.0, 1.0, 0.5, 0.1, 0.1, float(i), 0.1,
+                          1.0, ("g0",))
+
+    few = [job(i) for i in range(1, 4)]
+    assert energy_bars(few) == (["3", "2", "1"], [3.0, 2.0, 1.0])
+    many = [job(i) for i in range(1, 101)]
+    labels, values = energy_bars(many)
+    assert len(labels) == ENERGY_BARS and labels[0] == "100" and labels[-1] == "others"
+    assert sum(values) == sum(j.energy_wh for j in many)  # nothing dropped silently

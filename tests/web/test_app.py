@@ -47,6 +47,10 @@ def test_api_routes(source):
     assert page.status_code == 200 and 'id="gpus"' in page.text and "http" not in page.text.split(
         "<script>")[1].replace("http://www.w3.org/2000/svg", "")  # no CDN, no remote fetch
     assert client.get("/metrics").status_code == 404  # no registry given
+    assert client.get("/jobs/1").text == page.text  # a job's linkable page is the same page
+    assert client.get("/api/jobs/1/log", params={"stream": "stderr"}).json() == {
+        "id": "1", "stream": "stderr", "text": "warning from resnet\n"}
+    assert client.get("/api/jobs/1/log", params={"stream": "x"}).status_code == 422
 
 
 def test_submit_passthrough_validates(source):
@@ -56,6 +60,18 @@ def test_submit_passthrough_validates(source):
     assert client.post("/api/jobs", json={"argv": []}).status_code == 422
     refused = client.post("/api/jobs", json={"argv": ["bad"]})
     assert refused.status_code == 422 and "try another" in refused.json()["detail"]
+
+
+def test_submit_splits_the_command_as_a_shell_would(source):
+    client = local(create_app(source))
+    ok = client.post("/api/jobs", json={"command": """python a.py --tag 'run one' --msg "a b" x\\ y"""})
+    assert ok.status_code == 200
+    assert source.submitted[-1] == ["python", "a.py", "--tag", "run one", "--msg", "a b", "x y"]
+    unbalanced = client.post("/api/jobs", json={"command": "python a.py --tag 'run one"})
+    assert unbalanced.status_code == 422
+    assert "no closing quotation" in unbalanced.json()["detail"]
+    assert len(source.submitted) == 1  # nothing queued
+    assert client.post("/api/jobs", json={"command": "   "}).status_code == 422
 
 
 def test_read_only_source_refuses_submit(source):
@@ -106,12 +122,34 @@ def test_without_a_token_only_loopback_host_names_are_answered(source):
         assert TestClient(app, base_url=base).get("/api/gpus").status_code == 403, base  # rebinding
 
 
-def test_metrics_endpoint_serves_the_registry(source):
-    sink = PrometheusSink()
+def test_metrics_endpoint_serves_the_registry_and_queue_metrics(source):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for name, state, attempts, ooms, wait in [("a", "pending", 0, 0, "memory"),
+                                              ("b", "pending", 1, 1, "memory"),
+                                              ("c", "pending", 0, 0, None),
+                                              ("d", "running", 2, 1, None),
+                                              ("e", "done", 3, 2, None), ("f", "done", 1, 0, None),
+                                              ("g", "failed", 4, 4, None)]:
+        source.add_job(name, state=state)
+        source.rows[-1].update(attempts=attempts, oom_crashes=ooms, wait=wait)
+    sink = PrometheusSink(queue=source.jobs)
     client = local(create_app(source, registry=sink.registry))
     r = client.get("/metrics")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
     assert "# TYPE collocate_gpu_memory_used_bytes gauge" in r.text
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in text_string_to_metric_families(r.text) for s in f.samples}
+    jobs = {dict(k[1])["state"]: v for k, v in samples.items() if k[0] == "collocate_jobs"}
+    assert jobs == {"pending": 3, "running": 1, "done": 2, "failed": 1, "cancelled": 0,
+                    "rejected": 0}
+    assert samples["collocate_jobs_waiting", (("wait", "memory"),)] == 2
+    assert samples["collocate_jobs_waiting", (("wait", "queue"),)] == 1  # no kind given
+    assert samples["collocate_oom_crashes_total", ()] == 8
+    assert samples["collocate_oom_recoveries_total", ()] == 1  # e: done after OOMs
+    assert samples["collocate_placements_total", ()] == 11
+    assert "collocate_jobs" not in local(create_app(
+        source, registry=PrometheusSink().registry)).get("/metrics").text  # no queue given
 
 
 def test_serve_in_thread_local_only_without_token_and_stops(source):

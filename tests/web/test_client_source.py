@@ -77,7 +77,7 @@ def test_client_source_shows_the_daemon_gpus_jobs_and_logs(daemon, tmp_path):
 
 
 @pytest.mark.slow
-def test_dashboard_command_serves_a_running_daemon_behind_a_fresh_token(daemon):
+def test_dashboard_command_serves_a_running_daemon_behind_a_stable_token(daemon):
     import httpx
 
     def start(*extra):
@@ -98,6 +98,14 @@ def test_dashboard_command_serves_a_running_daemon_behind_a_fresh_token(daemon):
         assert len(gpus) == 2 and gpus[0]["type"] == "A100-40GB"
         assert httpx.get(link, timeout=10).text.startswith("<!doctype html>")
         assert httpx.post(url + "api/jobs", json={"argv": ["true"]}, headers=auth, timeout=10).status_code == 501
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=20) == 0
+    token_file = daemon.state_dir / "dashboard.token"  # the state dir's owner: its kept token
+    assert token_file.read_text().strip() == token and token_file.stat().st_mode & 0o777 == 0o600
+    proc, again = start()
+    try:
+        assert again.split("?token=")[1] == token  # the same token after a restart
     finally:
         proc.terminate()
         assert proc.wait(timeout=20) == 0

@@ -13,9 +13,12 @@ request to the loop exactly like a socket client does (``Service.call``), and re
 data from ``MonitorStore``, whose connection is guarded by its own lock.
 
 Dashboard access: the page shows every job's command line and logs, so it is never open by
-default. Without ``--token-file`` the daemon makes a random token at start, prints the URL with
-it once, and keeps it in ``<state>/dashboard.token`` (0600) for ``collocate dashboard-url``; only
-``--no-dashboard-token`` serves it without one (and then only on a loopback address).
+default. The token is stable: the first daemon with a dashboard makes a random one and keeps it
+in ``<state>/dashboard.token`` (created 0600, owner only), and every later start reuses it, so
+bookmarks and Prometheus scrape configs survive restarts (``collocate dashboard-url`` prints the
+URL). ``--token-file`` overrides it (and is stored there in its place); deleting the file makes a
+new one at the next start. Only ``--no-dashboard-token`` serves the page without one (and then
+only on a loopback address).
 """
 
 from __future__ import annotations
@@ -157,7 +160,6 @@ class Tracking:
     # -- dashboard ----------------------------------------------------------------------------
     def start_dashboard(self, call: Callable[[str, dict[str, Any], Any], Any]) -> None:
         """Serve the page, its JSON API and ``/metrics`` from a thread; ``call`` is ``Service.call``."""
-        self.token_file.unlink(missing_ok=True)  # a previous daemon's, killed before it cleaned up
         if self.config.dashboard is None:
             return
         from collocate.web.app import create_app
@@ -166,14 +168,14 @@ class Tracking:
 
         token = None
         if self.config.dashboard_auth:
-            token = self.config.dashboard_token or secrets.token_urlsafe(32)
-        source = ClientSource(LoopRequester(call), store=self.mon.store)
+            token = stable_token(self.token_file, self.config.dashboard_token)
+        requester = LoopRequester(call)
+        source = ClientSource(requester, store=self.mon.store)
+        self.prometheus.queue = lambda: requester.request("ls", all=True)
         app = create_app(source, token=token, registry=self.prometheus.registry)
         host, port = self.config.dashboard
         self.dashboard_server = serve_in_thread(app, host, port)
         self.dashboard_token = token
-        if token is not None:
-            write_private(self.token_file, token + "\n")
         log.info("dashboard on %s (%s; Prometheus metrics at %smetrics)", self.dashboard_server.url,
                  "with a token: `collocate dashboard-url` prints the URL" if token else "no token",
                  self.dashboard_server.url)
@@ -188,8 +190,24 @@ class Tracking:
         if self.dashboard_server is not None:
             self._guard("dashboard stop", self.dashboard_server.stop)
             self.dashboard_server = None
-            self._guard("dashboard token", self.token_file.unlink, True)
         self._guard("close", self.mon.close)
+
+
+def stable_token(path: Path, given: str | None = None) -> str:
+    """The dashboard token: ``given`` if any, else the one ``path`` keeps, else a new random one;
+    ``path`` (0600) holds the token in force afterwards, for `collocate dashboard-url`."""
+    stored = None
+    try:
+        if path.stat().st_mode & 0o077:
+            raise CollocateError(f"the dashboard token {path} is readable by other users",
+                                 hint=f"chmod 600 {path}, or delete it for a new token")
+        stored = path.read_text().strip() or None
+    except FileNotFoundError:
+        pass
+    token = given or stored or secrets.token_urlsafe(32)
+    if token != stored:
+        write_private(path, token + "\n")
+    return token
 
 
 def write_private(path: Path, text: str) -> None:

@@ -167,6 +167,8 @@ def gpu_rows(monitor: Monitor, running: Mapping[str, Any], now: float) -> list[d
             jobs_on.setdefault(uuid, []).append(job_id)
             total = monitor.by_uuid[uuid].total_mib if uuid in monitor.by_uuid else 0.0
             committed[uuid] = committed.get(uuid, 0.0) + run.tracked.ramp.committed(total, now)
+    held = {uuid: {j: _held_mib(running[j].tracked.pids, monitor.last.get(uuid)) for j in ids}
+            for uuid, ids in jobs_on.items()}
     rows = []
     for d in monitor.devices:
         s = monitor.last.get(d.uuid)
@@ -179,5 +181,13 @@ def gpu_rows(monitor: Monitor, running: Mapping[str, Any], now: float) -> list[d
             "sm_window": u.sm_activity, "dram_window": u.dram_activity,
             "committed_mib": committed.get(d.uuid, 0.0),
             "jobs": sorted(jobs_on.get(d.uuid, []), key=int),
+            "job_mib": held.get(d.uuid, {}),
         })
     return rows
+
+
+def _held_mib(pids: frozenset[int], sample: Any) -> float | None:
+    """What a job's processes hold on the GPU in its latest sample (measured, not declared)."""
+    if sample is None:
+        return None
+    return sum(p.used_mib for p in sample.processes if p.pid in pids)

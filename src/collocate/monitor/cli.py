@@ -57,8 +57,9 @@ def dashboard(
     host: Annotated[str, typer.Option("--host", help="Address to serve on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="Port (0 picks a free one).")] = 8765,
     token_file: Annotated[Path | None, typer.Option(
-        "--token-file", help="File holding the access token (default: a new random one, printed "
-        "in the URL).")] = None,
+        "--token-file", help="File holding the access token (default: the daemon's, kept in "
+        "<state>/dashboard.token, when you own the state dir; else a new random one, printed in "
+        "the URL).")] = None,
     no_token: Annotated[bool, typer.Option(
         "--no-token", help="Serve without a token (localhost only): any local user can then read "
         "every job's command and logs.")] = False,
@@ -66,13 +67,14 @@ def dashboard(
         "--allow-submit", help="Let the page queue jobs (as you; needs a token).")] = False,
 ) -> None:
     """Serve the web dashboard of a running daemon until Ctrl-C; open the URL it prints."""
+    import os
     import secrets
     import signal
     import threading
 
     from collocate.daemon.client import Client
-    from collocate.daemon.paths import resolve_state_dir
-    from collocate.daemon.tracking import check_dashboard
+    from collocate.daemon.paths import StateLayout, resolve_state_dir
+    from collocate.daemon.tracking import check_dashboard, stable_token
     from collocate.errors import InputError
     from collocate.monitor.store import MonitorStore, monitor_db_path
     from collocate.web.app import create_app
@@ -85,27 +87,29 @@ def dashboard(
     if allow_submit and no_token:
         raise InputError("--allow-submit needs a token",
                          hint="anyone who can open the page could queue jobs as you otherwise")
-    token = None
-    if token_file is not None:
-        token = token_file.read_text().strip()
-    elif not no_token:
-        token = secrets.token_urlsafe(32)
     root = resolve_state_dir(state_dir)
     client = Client(root)
     client.request("ping")  # a clear error now if no daemon runs there
+    token = None
+    if token_file is not None:
+        token = token_file.read_text().strip()
+    elif not no_token and root.stat().st_uid == os.getuid():
+        token = stable_token(StateLayout(root).dashboard_token)  # the same across restarts
+    elif not no_token:
+        token = secrets.token_urlsafe(32)
     path = monitor_db_path(root)
     store = MonitorStore(path) if path.exists() else None
     server = serve_in_thread(create_app(ClientSource(client, store=store,
                                                      allow_submit=allow_submit), token=token),
                              host, port)
+    stop = threading.Event()  # before the URL is printed: a stop request may follow it at once
+    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     if token is None:
         typer.echo(f"dashboard on {server.url} (no token)", err=True)
     elif token_file is None:
         typer.echo(f"dashboard on {server.url}?token={token}", err=True)
     else:
         typer.echo(f"dashboard on {server.url}?token=<the token in {token_file}>", err=True)
-    stop = threading.Event()
-    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         while not stop.wait(0.5):
             pass

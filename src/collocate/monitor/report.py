@@ -5,9 +5,11 @@ runs or after it stopped. Without ``since`` the job and GPU numbers are whole-li
 pruned); with ``since`` they are sums over the retained samples after it. Outputs in ``out``:
 
 * ``summary.md`` (tables a human reads) and ``summary.json`` (the same numbers for tools);
-* ``gpu_timeline.png``: one row per GPU, a bar per job while it held memory there;
+* ``gpu_timeline.png``: one row per GPU, a bar per job while it held memory there
+  (``gantt.draw_gantt``, which ``collocate simulate`` draws too);
 * ``utilization.png``: SM activity (or NVML utilization) and memory of each GPU over time;
-* ``energy.png``: power of each GPU over time, and energy per job (Wh).
+* ``energy.png``: power of each GPU over time, and energy per job (Wh; past 30 jobs the 29
+  largest and one "others" bar).
 """
 
 from __future__ import annotations
@@ -21,11 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from collocate.errors import InputError
+from collocate.gantt import Bar, draw_gantt
 from collocate.monitor.store import JobSummary, MonitorStore
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 MAX_PLOT_ROWS = 200_000
+ENERGY_BARS = 30  # bars in energy.png; past it the smallest jobs share one 'others' bar
 
 
 def parse_since(text: str, now: float | None = None) -> float:
@@ -161,19 +165,10 @@ def _plots(out: Path, series: list[dict[str, Any]], jobs: list[JobSummary]) -> l
     t0 = min((r["t"] for r in series), default=0.0)
     files = [out / "gpu_timeline.png", out / "utilization.png", out / "energy.png"]
 
+    bars = [Bar(gpu, job, (start - t0) / 60, (end - t0) / 60)
+             for gpu in names for job, (start, end) in _segments(by_gpu[gpu])]
     fig, ax = plt.subplots(figsize=(10, 1 + 0.5 * max(1, len(names))))
-    colors = plt.get_cmap("tab20")
-    for row, gpu in enumerate(names):
-        placed = _lanes(_segments(by_gpu[gpu]))
-        height = 0.8 / max(1, max((lane for *_, lane in placed), default=0) + 1)
-        for job, (start, end), lane in placed:  # collocated jobs get lanes side by side
-            bottom = row - 0.4 + lane * height
-            ax.broken_barh([((start - t0) / 60, max(1e-3, (end - start) / 60))],
-                           (bottom, height * 0.9), color=colors(_job_key(job)[0] % 20))
-            ax.text((start - t0) / 60, bottom + height / 2, f" {job}", va="center", fontsize=7)
-    ax.set_yticks(range(len(names)), names)
-    ax.set_xlabel("minutes")
-    ax.set_title("jobs on each GPU")
+    draw_gantt(ax, bars, title="jobs on each GPU", xlabel="minutes")
     fig.tight_layout()
     fig.savefig(files[0], dpi=100)
     plt.close(fig)
@@ -199,10 +194,12 @@ def _plots(out: Path, series: list[dict[str, Any]], jobs: list[JobSummary]) -> l
         p_ax.plot([(r["t"] - t0) / 60 for r in rows], [r["power_w"] for r in rows], label=gpu)
     p_ax.set_ylabel("power (W)")
     p_ax.set_xlabel("minutes")
-    top = sorted(jobs, key=lambda j: -j.energy_wh)[:30]
-    e_ax.bar([j.job_id for j in top], [j.energy_wh for j in top])
+    labels, values = energy_bars(jobs)
+    e_ax.bar(labels, values)
     e_ax.set_ylabel("energy (Wh)")
     e_ax.set_xlabel("job")
+    shown = f"the {ENERGY_BARS - 1} largest of {len(jobs)}, the rest as 'others'"
+    e_ax.set_title(f"energy per job ({shown if len(labels) < len(jobs) else 'all jobs'})")
     fig.tight_layout()
     fig.savefig(files[2], dpi=100)
     plt.close(fig)
@@ -224,19 +221,15 @@ def _segments(rows: list[dict[str, Any]]) -> list[tuple[str, tuple[float, float]
     return out
 
 
-def _lanes(segments: list[tuple[str, tuple[float, float]]]
-           ) -> list[tuple[str, tuple[float, float], int]]:
-    """Give overlapping segments different lanes (the lowest free one), for the timeline."""
-    ends: list[float] = []
-    out = []
-    for job, (start, end) in sorted(segments, key=lambda s: s[1][0]):
-        lane = next((i for i, e in enumerate(ends) if e < start), len(ends))
-        if lane == len(ends):
-            ends.append(end)
-        else:
-            ends[lane] = end
-        out.append((job, (start, end), lane))
-    return out
+def energy_bars(jobs: list[JobSummary]) -> tuple[list[str], list[float]]:
+    """Every job's energy, or, past ``ENERGY_BARS`` jobs, the largest ones and one 'others'
+    bar with the rest (so the total the bars show is always the whole)."""
+    ranked = sorted(jobs, key=lambda j: -j.energy_wh)
+    if len(ranked) <= ENERGY_BARS:
+        return [j.job_id for j in ranked], [j.energy_wh for j in ranked]
+    top, rest = ranked[:ENERGY_BARS - 1], ranked[ENERGY_BARS - 1:]
+    return ([j.job_id for j in top] + ["others"],
+            [j.energy_wh for j in top] + [sum(j.energy_wh for j in rest)])
 
 
 def _job_key(job_id: str) -> tuple[int, str]:

@@ -123,6 +123,7 @@ class JobRecord:
     oom_crashes: int = 0
     last_gpus: str = ""
     reason: str = ""
+    spans: list[list] = field(default_factory=list)  # [gpus, start, end, outcome] per attempt
 
 
 @dataclass
@@ -349,6 +350,7 @@ class Simulation:
         record.attempts = job.attempts
         record.last_gpus = ",".join(str(self.ids[i]) for i in gpus)
         record.state = "running"
+        record.spans.append([record.last_gpus, now, None, ""])
         self._advance(gpus, now)
         seen = now + self.cfg.startup_s
         workload = self._by_id[job_id].workload
@@ -394,6 +396,7 @@ class Simulation:
             job = self.scheduler.job_exited(job_id, ExitReport(Outcome.OOM, observed, "CUDA out of memory"))
             record = self.records[job_id]
             record.oom_crashes = job.oom_crashes
+            record.spans[-1][2:] = [now, "oom"]
             if job.state.is_terminal:
                 self._close(job, now)
             else:
@@ -574,6 +577,8 @@ class Simulation:
         record.reason = job.reason
         record.attempts = job.attempts
         record.oom_crashes = job.oom_crashes
+        if record.spans and record.spans[-1][2] is None:
+            record.spans[-1][2:] = [now, record.state]
 
     def _snapshot(self, now: float, placements_made: int = 0) -> ClusterSnapshot:
         busy = np.minimum(1.0, self.sm_live)

@@ -1,4 +1,5 @@
-"""Writing a comparison: the terminal table, the JSON document, per-job CSV and PNG plots."""
+"""Writing a comparison: the terminal table, the JSON document, per-job CSV and PNG plots
+(a JCT CDF, and per policy a Gantt chart drawn by ``collocate.gantt``, as ``collocate report``)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ from pathlib import Path
 
 from rich.table import Table
 
+from collocate.gantt import Bar, draw_gantt, natural
 from collocate.sim.engine import SimResult
 from collocate.sim.metrics import Summary
+
+MAX_GANTT_GPUS = 32  # rows in a Gantt chart; the title says when there are more GPUs
 
 COLUMNS = (
     ("policy", "policy"),
@@ -49,6 +53,7 @@ def _fmt(value) -> str:
 
 
 def write_jobs_csv(results: Sequence[SimResult], path: Path) -> None:
+    """One row per job and policy; times to 0.1 s and sizes to 0.1 MiB (no float noise)."""
     fields = ["policy", "id", "name", "gpus", "submit_s", "start_s", "end_s", "state", "attempts",
               "oom_crashes", "peak_mib", "mem_mib", "last_gpus", "reason"]
     with path.open("w", newline="") as handle:
@@ -56,12 +61,18 @@ def write_jobs_csv(results: Sequence[SimResult], path: Path) -> None:
         writer.writerow(fields)
         for result in results:
             for r in result.records:
-                writer.writerow([result.policy, r.id, r.name, r.gpus, r.submit, r.start, r.end, r.state,
-                                 r.attempts, r.oom_crashes, r.peak_mib, r.mem_mib, r.last_gpus, r.reason])
+                writer.writerow([result.policy, r.id, r.name, r.gpus, _round(r.submit),
+                                 _round(r.start), _round(r.end), r.state, r.attempts,
+                                 r.oom_crashes, _round(r.peak_mib), _round(r.mem_mib),
+                                 r.last_gpus, r.reason])
+
+
+def _round(value: float | None) -> float | str:
+    return "" if value is None else round(value, 1)
 
 
 def write_plots(results: Sequence[SimResult], out: Path) -> list[Path]:
-    """JCT CDF per policy, and per policy the memory and SM timelines of the first GPUs."""
+    """JCT CDF per policy, and per policy a Gantt chart of who ran on which GPU when."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -86,23 +97,31 @@ def write_plots(results: Sequence[SimResult], out: Path) -> list[Path]:
     written.append(path)
 
     for result in results:
-        gpus = list(result.timelines)[:8]
-        if not gpus:
+        bars, gpus = gantt_bars(result)
+        if not bars:
             continue
-        fig, axes = plt.subplots(2, 1, figsize=(9, 5.5), sharex=True)
-        for gpu in gpus:
-            t, mem, busy = zip(*result.timelines[gpu])
-            minutes = np.array(t) / 60
-            axes[0].step(minutes, np.array(mem) / 1024, where="post", label=gpu, linewidth=1)
-            axes[1].step(minutes, busy, where="post", label=gpu, linewidth=1)
-        axes[0].set_ylabel("allocated (GiB)")
-        axes[1].set_ylabel("SM busy")
-        axes[1].set_xlabel("time (min)")
-        axes[0].set_title(f"{result.policy}: per-GPU memory and SM activity")
-        axes[0].legend(fontsize=7, ncol=4)
+        shown = sorted({b.gpu for b in bars})
+        fig, ax = plt.subplots(figsize=(11, 1.2 + 0.45 * len(shown)))
+        scope = "" if len(shown) == len(gpus) else f" (first {len(shown)} of {len(gpus)} GPUs)"
+        draw_gantt(ax, bars, title=f"{result.policy}: jobs on each GPU{scope}")
         fig.tight_layout()
         path = out / f"timeline_{result.policy}.png"
         fig.savefig(path, dpi=110)
         plt.close(fig)
         written.append(path)
     return written
+
+
+def gantt_bars(result: SimResult, max_gpus: int = MAX_GANTT_GPUS) -> tuple[list[Bar], list[str]]:
+    """A bar per attempt and GPU (minutes), on the first ``max_gpus`` GPUs any job used, and
+    every GPU used; an attempt still running when the run ended stops at the makespan."""
+    used: list[str] = []
+    for r in result.records:
+        for gpus, *_ in r.spans:
+            used += [g for g in gpus.split(",") if g not in used]
+    keep = set(sorted(used, key=natural)[:max_gpus])
+    bars = [Bar(g, r.id, start / 60, (result.makespan_s if end is None else end) / 60,
+                outcome if outcome in ("oom", "failed") else "")
+            for r in result.records for gpus, start, end, outcome in r.spans
+            for g in gpus.split(",") if g in keep]
+    return bars, used

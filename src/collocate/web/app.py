@@ -2,9 +2,13 @@
 
 ``create_app(source, token=...)`` is the only entry point. Routes:
 
-* ``GET /``: the page (``page.PAGE``: inline CSS and JS, no build step, no CDN; polls the API);
-* ``GET /api/gpus``, ``/api/jobs``, ``/api/jobs/{id}``, ``/api/jobs/{id}/log``, ``/api/status``;
-* ``POST /api/jobs`` (``{"argv": [...], "name": ..., "mem": "6GiB"}``) when the source can submit;
+* ``GET /`` and ``GET /jobs/{id}`` (a job's own, linkable page): the page (``page.PAGE``: inline
+  CSS and JS, no build step, no CDN; polls the API);
+* ``GET /api/gpus``, ``/api/jobs``, ``/api/jobs/{id}``, ``/api/status``, and
+  ``/api/jobs/{id}/log?stream=stdout|stderr`` (the tail of the latest attempt's output);
+* ``POST /api/jobs`` when the source can submit: ``{"command": "python a.py --tag 'a b'", "name":
+  ..., "mem": "6GiB"}`` (split as a POSIX shell would, ``shlex.split``; unbalanced quotes are
+  refused with a 422) or ``{"argv": [...]}``;
 * ``GET /metrics``: the Prometheus registry given (``PrometheusSink.registry``), 404 without one.
 
 Access: with ``token`` set, every route needs it, as ``Authorization: Bearer <token>``, header
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import shlex
 from typing import Any
 
 from fastapi import Body, FastAPI, HTTPException, Request
@@ -67,6 +72,10 @@ def create_app(source: DashboardSource, *, token: str | None = None,
     def page() -> str:
         return PAGE
 
+    @app.get("/jobs/{job_id}", response_class=HTMLResponse)
+    def job_page(job_id: str) -> str:
+        return PAGE  # the script reads the id from the address
+
     @app.get("/api/gpus")
     def gpus() -> list[dict[str, Any]]:
         return source.gpus()
@@ -83,11 +92,13 @@ def create_app(source: DashboardSource, *, token: str | None = None,
         return found
 
     @app.get("/api/jobs/{job_id}/log")
-    def log_tail(job_id: str, max_bytes: int = 16 * 1024) -> dict[str, Any]:
+    def log_tail(job_id: str, max_bytes: int = 16 * 1024, stream: str = "stdout") -> dict[str, Any]:
+        if stream not in ("stdout", "stderr"):
+            raise HTTPException(422, "stream must be stdout or stderr")
         if source.job(job_id) is None:
             raise HTTPException(404, f"no job {job_id!r}")
-        return {"id": job_id, "text": source.log_tail(job_id, max(0, min(max_bytes,
-                                                                         MAX_LOG_BYTES)))}
+        size = max(0, min(max_bytes, MAX_LOG_BYTES))
+        return {"id": job_id, "stream": stream, "text": source.log_tail(job_id, size, stream)}
 
     @app.get("/api/status")
     def status() -> dict[str, Any]:
@@ -98,8 +109,10 @@ def create_app(source: DashboardSource, *, token: str | None = None,
         if not can_submit(source):
             raise HTTPException(501, "this dashboard is read-only; use `collocate submit`")
         argv = body.get("argv")
+        if isinstance(body.get("command"), str):
+            argv = split_command(body["command"])
         if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
-            raise HTTPException(422, "argv must be a non-empty list of strings")
+            raise HTTPException(422, "give a command (or argv, a non-empty list of strings)")
         try:
             job_id = source.submit(argv, name=body.get("name") or None,  # type: ignore[attr-defined]
                                    mem=body.get("mem") or None)
@@ -116,6 +129,15 @@ def create_app(source: DashboardSource, *, token: str | None = None,
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+def split_command(command: str) -> list[str]:
+    """Split a command line as a POSIX shell would (quotes group words), or refuse it with 422."""
+    try:
+        return shlex.split(command)
+    except ValueError as exc:  # "No closing quotation", "No escaped character"
+        raise HTTPException(422, f"cannot split the command: {str(exc).lower()}; close every "
+                            "quote, or escape a lone one with a backslash") from None
 
 
 def cookie_name(token: str) -> str:

@@ -34,29 +34,40 @@ class ClientSource:
         self.client = client
         self.store = store
         self.cwd = cwd or Path.cwd()
-        self._history: dict[str, deque[float]] = {}
+        self._history: dict[str, deque[dict[str, Any]]] = {}
+        self._held: dict[str, float | None] | None = None  # job id -> MiB it holds, from the last gpus()
         if allow_submit:
             self.submit = self._submit
 
     def gpus(self) -> list[dict[str, Any]]:
         rows = self.client.request("gpus")
-        series: dict[str, list[float]] = {}
+        series: dict[str, list[dict[str, Any]]] = {}
         if self.store is not None:
             for r in self.store.gpu_series(since=time.time() - HISTORY_WINDOW_S):
-                value = r["sm"] if r["sm"] is not None else r["gpu_util"]
-                series.setdefault(r["uuid"], []).append(value or 0.0)
+                util = r["sm"] if r["sm"] is not None else r["gpu_util"]
+                series.setdefault(r["uuid"], []).append(
+                    {"t": r["t"], "util": util, "used_mib": r["used_mib"]})
         out = []
+        now = time.time()
         for g in rows:
             util = g.get("sm_now")
             hist = self._history.setdefault(g["uuid"], deque(maxlen=HISTORY_POINTS))
-            if util is not None:
-                hist.append(util)
+            hist.append({"t": now, "util": util, "used_mib": g.get("used_mib")})
             out.append({**g, "util": util,
                         "history": series.get(g["uuid"], [])[-HISTORY_POINTS:] or list(hist)})
+        self._held = {job: mib for g in rows for job, mib in (g.get("job_mib") or {}).items()}
         return out
 
     def jobs(self) -> list[dict[str, Any]]:
-        return list(self.client.request("ls", all=True))
+        """Every job; a running one also gets ``used_mib``: what it holds now on its fullest GPU
+        (measured at the last ``gpus()`` call, beside ``mem_mib``, the requirement it declared)."""
+        rows = list(self.client.request("ls", all=True))
+        if self._held is None:
+            self.gpus()
+        for r in rows:
+            if r.get("state") == "running":
+                r["used_mib"] = (self._held or {}).get(r["id"])
+        return rows
 
     def job(self, job_id: str) -> dict[str, Any] | None:
         from collocate.errors import CollocateError
@@ -78,16 +89,23 @@ class ClientSource:
             detail["metrics"] = self.store.metrics(job_id, limit=600)
         return detail
 
-    def log_tail(self, job_id: str, max_bytes: int) -> str:
-        first = self.client.request("logs", id=job_id, offset=0)
-        path = first.get("path")
+    def log_tail(self, job_id: str, max_bytes: int, stream: str = "stdout") -> str:
+        """The end of the latest attempt's ``stream``; the daemon's refusal (another user's job,
+        for a dashboard run by someone else) comes back as the text, to be shown as such."""
+        from collocate.errors import CollocateError
+
         try:
-            size = os.stat(path).st_size if path else 0
-        except OSError:
-            size = 0
-        if size > max_bytes:
-            return str(self.client.request("logs", id=job_id, offset=size - max_bytes,
-                                           attempt=first.get("attempt"))["text"])
+            first = self.client.request("logs", id=job_id, offset=0, stream=stream)
+            path = first.get("path")
+            try:
+                size = os.stat(path).st_size if path else 0
+            except OSError:
+                size = 0
+            if size > max_bytes:
+                return str(self.client.request("logs", id=job_id, offset=size - max_bytes,
+                                               attempt=first.get("attempt"), stream=stream)["text"])
+        except CollocateError as exc:
+            return f"({exc})"
         return str(first.get("text", ""))[-max_bytes:] if max_bytes else ""
 
     def status(self) -> dict[str, Any]:

@@ -2,153 +2,231 @@
 
 Why a Python string: it ships inside the wheel with no package-data rules, and the daemon may run
 on an offline server. The script polls the JSON API every ``POLL_MS`` and rebuilds the views with
-DOM calls and ``textContent`` only (job names and logs are user text: never ``innerHTML``).
-Element ids used by the browser test: ``#gpus`` (one ``.gpu`` card per GPU, ``data-uuid``),
-``#queue``, ``#running``, ``#finished`` (rows ``tr[data-job]``), ``#detail``, ``#tracking``.
+DOM calls and ``textContent`` only (job names, reasons and logs are user text: never
+``innerHTML``). Charts are SVG drawn here, with axes and units (no charting library to ship).
+Sizes are formatted as ``collocate.units.format_mib`` does and times as ``YYYY-MM-DD HH:MM:SS``
+local time, as the CLI prints them. ``/jobs/<id>`` is the same page opened on one job.
+
+Element ids used by the browser test: ``#counts`` (``.count[data-state]``), ``#drain``,
+``#gpus`` (one ``.gpu`` card per GPU, ``data-uuid``, each with an ``svg.chart``), ``#queue``,
+``#running``, ``#finished`` (rows ``tr[data-job]``, state cells ``.badge.state-<state>``),
+``#detail`` (``#detail-title``, ``#attempts``, ``#stdout``, ``#stderr``), ``#tracking``.
 """
 
 from __future__ import annotations
 
 POLL_MS = 1500
 
-PAGE = """<!doctype html>
-<html lang="en"><head><meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>collocate</title>
-<style>
+_STYLE = """
 body{font:14px system-ui,sans-serif;margin:0;background:#f6f7f9;color:#1d2733}
-header{background:#1d2733;color:#fff;padding:8px 16px;display:flex;gap:16px;align-items:center}
-header h1{font-size:18px;margin:0}#tracking{font-size:12px}#tracking.bad{color:#ffb4a8}
+header{background:#1d2733;color:#fff;padding:8px 16px;display:flex;gap:16px;align-items:center;flex-wrap:wrap}
+header h1{font-size:18px;margin:0}header a{color:#fff;text-decoration:none}
+#tracking{font-size:12px}#tracking.bad{color:#ffb4a8}#updated{font-size:12px;color:#c9d1da}
+#counts{display:flex;gap:6px}
+#drain{background:#fdf3d7;color:#6b4e00;border:1px solid #e6c65c;padding:6px 10px;border-radius:6px}
 main{padding:12px 16px;display:grid;gap:16px}
 section h2{font-size:15px;margin:4px 0 8px}
 #gpus{display:flex;flex-wrap:wrap;gap:10px}
-.gpu{background:#fff;border:1px solid #d5dae0;border-radius:6px;padding:8px;width:230px}
-.gpu .name{font-weight:600}.gpu .sub{color:#5b6775;font-size:12px}
+.gpu{background:#fff;border:1px solid #d5dae0;border-radius:6px;padding:8px;width:300px}
+.name{font-weight:600}.sub{color:#5b6775;font-size:12px}
 .bar{height:10px;background:#e4e8ec;border-radius:5px;overflow:hidden;margin:4px 0}
 .bar div{height:100%;background:#3a7bd5}.bar div.hot{background:#d55b3a}
-svg{display:block}svg polyline{fill:none;stroke:#2e9c5b;stroke-width:1.5}
+svg.chart{display:block;margin-top:4px}svg.chart text{font-size:10px;fill:#5b6775}
+svg.chart .axis{stroke:#9aa5b1;stroke-width:1}svg.chart .grid{stroke:#e4e8ec;stroke-width:1}
+svg.chart polyline{fill:none;stroke-width:1.5}
 table{border-collapse:collapse;background:#fff;width:100%}
-th,td{border-bottom:1px solid #e4e8ec;padding:4px 8px;text-align:left;font-size:13px}
-tr[data-job]{cursor:pointer}tr[data-job]:hover{background:#eef3fb}
-.state-failed{color:#b3261e}.state-done{color:#2e7d32}.state-running{color:#1a5fb4}
+th,td{border-bottom:1px solid #e4e8ec;padding:4px 8px;text-align:left;font-size:13px;vertical-align:top}
+th{color:#5b6775;font-weight:600}
+tr[data-job]{cursor:pointer}tr[data-job]:hover{background:#eef3fb}tr[data-job].sel{background:#e3ecfa}
+td a{color:#1a5fb4}.reason{color:#5b6775;max-width:520px}
+.badge{display:inline-block;padding:1px 8px;border-radius:9px;font-size:12px;font-weight:600;color:#fff}
+.state-pending{background:#b7791f}.state-running{background:#1a5fb4}.state-done{background:#2e7d32}
+.state-failed{background:#b3261e}.state-cancelled{background:#6b7480}.state-rejected{background:#7a1f5c}
 #detail{background:#fff;border:1px solid #d5dae0;border-radius:6px;padding:8px}
-#detail pre{background:#10161d;color:#d8dee6;padding:8px;max-height:260px;overflow:auto}
-.charts{display:flex;flex-wrap:wrap;gap:12px}.charts div{font-size:12px;color:#5b6775}
-form{display:flex;gap:6px;flex-wrap:wrap}form input{padding:3px 6px}
-</style></head>
-<body>
-<header><h1>collocate</h1><span id="updated">loading...</span><span id="tracking"></span></header>
+#detail pre{background:#10161d;color:#d8dee6;padding:8px;max-height:260px;overflow:auto;white-space:pre-wrap}
+.charts{display:flex;flex-wrap:wrap;gap:12px}
+form{display:flex;gap:6px;flex-wrap:wrap}form input{padding:3px 6px}#submit-msg.err{color:#b3261e}
+"""
+
+_BODY = """
+<header><h1><a href="/">collocate</a></h1><span id="counts"></span>
+<span id="updated">loading...</span><span id="tracking"></span></header>
 <main>
+<div id="drain" hidden>draining: the daemon places no new jobs (running ones go on);
+<code>collocate resume</code> places jobs again</div>
+<section id="detail-box" hidden><h2>Job</h2><div id="detail"></div></section>
 <section><h2>GPUs</h2><div id="gpus"></div></section>
 <section id="submit-box" hidden><h2>Submit</h2>
-<form id="submit"><input id="cmd" placeholder="command, e.g. python train.py --lr 3e-4" size="50">
+<form id="submit"><input id="cmd" placeholder="command, e.g. python train.py --tag 'run 1'" size="50">
 <input id="mem" placeholder="memory, e.g. 6GiB" size="12"><input id="jobname" placeholder="name">
 <button>submit</button><span id="submit-msg"></span></form></section>
 <section><h2>Queue</h2><table id="queue"></table></section>
 <section><h2>Running</h2><table id="running"></table></section>
 <section><h2>Finished</h2><table id="finished"></table></section>
-<section><h2>Job</h2><div id="detail">click a job</div></section>
 </main>
-<script>
+"""
+
+_SCRIPT = r"""
 "use strict";
-const POLL_MS = __POLL_MS__;
+const POLL_MS = __POLL_MS__, NS = "http://www.w3.org/2000/svg";
 const token = new URLSearchParams(location.search).get("token");
 if (token) history.replaceState(null, "", location.pathname);  // the cookie carries it now
-let selected = null;
+const jobInPath = () => { const m = location.pathname.match(/^\/jobs\/([^/]+)$/); return m ? decodeURIComponent(m[1]) : null; };
+let selected = jobInPath();
 
 async function api(path, init) {
   init = init || {};
   init.headers = Object.assign({}, init.headers || {}, token ? {"X-Collocate-Token": token} : {});
   const r = await fetch(path, init);
-  if (!r.ok) throw new Error(path + ": " + r.status);
+  if (!r.ok) {
+    let detail = "";
+    try { detail = (await r.json()).detail || ""; } catch (e) {}
+    throw new Error(detail || (path + ": HTTP " + r.status));
+  }
   return r.json();
 }
-function el(tag, attrs, ...kids) {
+function el(tag, attrs, ...kids) {  // user text only ever becomes text nodes
   const e = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs || {})) {
-    if (k === "class") e.className = v; else if (k.startsWith("data-")) e.setAttribute(k, v);
+    if (k === "class") e.className = v; else if (k.startsWith("data-") || k === "href") e.setAttribute(k, v);
     else e[k] = v;
   }
   for (const k of kids) e.append(k instanceof Node ? k : document.createTextNode(String(k)));
   return e;
 }
-const fmt = (x, d) => x === null || x === undefined ? "-" : Number(x).toFixed(d === undefined ? 0 : d);
-const pct = x => x === null || x === undefined ? "-" : Math.round(100 * x) + "%";
-const when = t => t ? new Date(t * 1000).toLocaleTimeString() : "-";
-function spark(values, w, h, max) {
-  const ns = "http://www.w3.org/2000/svg";
-  const svg = document.createElementNS(ns, "svg");
-  svg.setAttribute("width", w); svg.setAttribute("height", h);
-  const vs = values.filter(v => v !== null && v !== undefined);
-  const top = max || Math.max(1e-9, ...vs);
-  const pts = values.map((v, i) => [i * w / Math.max(1, values.length - 1),
-                                    h - 1 - (h - 2) * Math.min(1, (v || 0) / top)]);
-  const line = document.createElementNS(ns, "polyline");
-  line.setAttribute("points", pts.map(p => p[0].toFixed(1) + "," + p[1].toFixed(1)).join(" "));
-  svg.append(line);
+const none = x => x === null || x === undefined;
+const fmt = (x, d) => none(x) ? "-" : Number(x).toFixed(d === undefined ? 0 : d);
+const pct = x => none(x) ? "-" : Math.round(100 * x) + "%";
+const mib = x => none(x) ? "-" : x >= 1024 ? (x / 1024).toFixed(2) + " GiB" : Math.round(x) + " MiB";
+const pad = n => String(n).padStart(2, "0");
+const clock = d => pad(d.getHours()) + ":" + pad(d.getMinutes()) + ":" + pad(d.getSeconds());
+const when = t => { if (!t) return "-"; const d = new Date(t * 1000);
+  return d.getFullYear() + "-" + pad(d.getMonth() + 1) + "-" + pad(d.getDate()) + " " + clock(d); };
+
+// A line chart with a time axis and a labelled y axis: points are [t (epoch s), value].
+function chart(series, o) {
+  const w = o.w || 280, h = o.h || 100, L = 62, R = 8, T = 24, B = 18;
+  const svg = document.createElementNS(NS, "svg");
+  svg.setAttribute("class", "chart"); svg.setAttribute("width", w); svg.setAttribute("height", h);
+  const add = (tag, attrs, text) => { const e = document.createElementNS(NS, tag);
+    for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
+    if (text !== undefined) e.textContent = text; svg.append(e); return e; };
+  add("text", {x: 0, y: 10}, o.title);
+  const pts = [];
+  for (const s of series) for (const p of s.points) if (!none(p[1])) pts.push(p);
+  if (!pts.length) { add("text", {x: L, y: h / 2}, "no samples yet"); return svg; }
+  const t0 = Math.min(...pts.map(p => p[0])), t1 = Math.max(t0 + 1, ...pts.map(p => p[0]));
+  const top = o.max || Math.max(1e-9, ...pts.map(p => p[1])) * 1.1;
+  const x = t => L + (w - L - R) * (t - t0) / (t1 - t0), y = v => h - B - (h - B - T) * Math.min(1, v / top);
+  for (const v of [0, top / 2, top]) {
+    add("line", {x1: L, x2: w - R, y1: y(v), y2: y(v), "class": v ? "grid" : "axis"});
+    add("text", {x: L - 4, y: y(v) + 3, "text-anchor": "end"}, o.fmt(v));
+  }
+  add("line", {x1: L, x2: L, y1: T, y2: h - B, "class": "axis"});
+  add("text", {x: L, y: h - 4}, clock(new Date(t0 * 1000)));
+  add("text", {x: w - R, y: h - 4, "text-anchor": "end"}, clock(new Date(t1 * 1000)));
+  for (const s of series) {
+    const shown = s.points.filter(p => !none(p[1])), colour = s.color || "#2e9c5b";
+    add("polyline", {stroke: colour, points: shown.map(p => x(p[0]).toFixed(1) + "," + y(p[1]).toFixed(1)).join(" ")});
+    const last = shown[shown.length - 1];  // a dot on the latest value (also when it is the only one)
+    if (last) add("circle", {cx: x(last[0]), cy: y(last[1]), r: 2.5, fill: colour});
+  }
   return svg;
 }
 function renderGpus(gpus) {
-  const box = document.getElementById("gpus");
-  box.replaceChildren(...gpus.map(g => {
-    const used = g.used_mib || 0, frac = g.total_mib ? used / g.total_mib : 0;
+  document.getElementById("gpus").replaceChildren(...gpus.map(g => {
+    const used = g.used_mib || 0, frac = g.total_mib ? used / g.total_mib : 0, hist = g.history || [];
+    const held = Object.entries(g.job_mib || {}).map(([j, m]) => "#" + j + " " + mib(m));
     return el("div", {"class": "gpu", "data-uuid": g.uuid},
       el("div", {"class": "name"}, g.id + " " + (g.type || "")),
-      el("div", {"class": "sub"}, fmt(used) + " / " + fmt(g.total_mib) + " MiB"),
+      el("div", {"class": "sub"}, mib(used) + " / " + mib(g.total_mib) + " used"),
       el("div", {"class": "bar"}, el("div", {"class": frac > 0.9 ? "hot" : "",
                                               style: "width:" + (100 * frac).toFixed(1) + "%"})),
-      el("div", {"class": "sub"}, "util " + pct(g.util) + " | jobs: " + ((g.jobs || []).map(j => "#" + j).join(", ") || "none")),
-      spark(g.history || [], 210, 30, 1));
+      el("div", {"class": "sub"}, "SM " + pct(g.util) + " | jobs: " + (held.join(", ") || (g.jobs || []).map(j => "#" + j).join(", ") || "none")),
+      chart([{points: hist.map(p => [p.t, p.util])}], {title: "SM activity (%)", max: 1, fmt: v => Math.round(100 * v) + "%"}),
+      chart([{points: hist.map(p => [p.t, p.used_mib]), color: "#3a7bd5"}],
+            {title: "memory used", max: g.total_mib, fmt: mib}));
   }));
 }
-function jobRow(j, cols) {
-  const tr = el("tr", {"data-job": j.id}, ...cols.map(c => el("td", c === "state" ? {"class": "state-" + j.state} : {}, c(j))));
-  tr.onclick = () => { selected = j.id; refreshDetail(); };
-  return tr;
-}
-function renderTable(id, rows, heads, cols) {
+const badge = j => el("span", {"class": "badge state-" + j.state}, j.state);
+const idLink = j => el("a", {href: "/jobs/" + encodeURIComponent(j.id)}, j.id);
+const COLS = {
+  id: ["id", idLink], name: ["name", j => j.name || ""], user: ["user", j => j.user || ""],
+  state: ["state", badge], on: ["on", j => (j.on || []).join(", ")],
+  need: ["needs", j => mib(j.mem_mib)], held: ["holds now", j => mib(j.used_mib)],
+  submitted: ["submitted", j => when(j.submit_time)], started: ["started", j => when(j.start_time)],
+  ended: ["ended", j => when(j.end_time)],
+  reason: ["reason", j => el("span", {"class": "reason"}, j.reason || "")],
+};
+function renderTable(id, rows, cols) {
   const t = document.getElementById(id);
-  t.replaceChildren(el("tr", {}, ...heads.map(h => el("th", {}, h))),
-                    ...rows.map(j => jobRow(j, cols)));
+  t.replaceChildren(el("tr", {}, ...cols.map(c => el("th", {}, COLS[c][0]))), ...rows.map(j => {
+    const tr = el("tr", {"data-job": j.id, "class": j.id === selected ? "sel" : ""},
+                  ...cols.map(c => el("td", {}, COLS[c][1](j))));
+    tr.onclick = ev => { if (ev.target.tagName !== "A") openJob(j.id); };
+    return tr;
+  }));
 }
-const C = {id: j => j.id, name: j => j.name || "", user: j => j.user || "", state: j => j.state,
-  on: j => (j.on || []).join(", "), mem: j => fmt(j.mem_mib), submitted: j => when(j.submit_time),
-  started: j => when(j.start_time), ended: j => when(j.end_time), reason: j => j.reason || ""};
 function renderJobs(jobs) {
   const q = jobs.filter(j => j.state === "pending"), r = jobs.filter(j => j.state === "running");
   const f = jobs.filter(j => j.state !== "pending" && j.state !== "running").reverse().slice(0, 50);
-  renderTable("queue", q, ["id", "name", "user", "mem MiB", "submitted"], [C.id, C.name, C.user, C.mem, C.submitted]);
-  renderTable("running", r, ["id", "name", "user", "on", "mem MiB", "started", "note"], [C.id, C.name, C.user, C.on, C.mem, C.started, C.reason]);
-  renderTable("finished", f, ["id", "name", "user", "state", "ended", "reason"], [C.id, C.name, C.user, C.state, C.ended, C.reason]);
+  renderTable("queue", q, ["id", "name", "user", "state", "need", "submitted", "reason"]);
+  renderTable("running", r, ["id", "name", "user", "state", "on", "need", "held", "started", "reason"]);
+  renderTable("finished", f, ["id", "name", "user", "state", "ended", "reason"]);
+  const n = {}; for (const j of jobs) n[j.state] = (n[j.state] || 0) + 1;
+  document.getElementById("counts").replaceChildren(...["pending", "running", "done", "failed"].map(s =>
+    el("span", {"class": "badge count state-" + s, "data-state": s}, (n[s] || 0) + " " + s)));
 }
 function ownCharts(metrics) {
   const byKey = new Map();
-  for (const m of metrics) { if (!byKey.has(m.key)) byKey.set(m.key, []); byKey.get(m.key).push(m.value); }
-  return [...byKey.entries()].slice(0, 8).map(([key, values]) =>
-    el("div", {"class": "own", "data-key": key}, key + " (last " + Number(values[values.length - 1]).toPrecision(4) + ")",
-       spark(values, 260, 50)));
+  for (const m of metrics) { if (!byKey.has(m.key)) byKey.set(m.key, []); byKey.get(m.key).push([m.t, m.value]); }
+  return [...byKey.entries()].slice(0, 8).map(([key, pts]) =>
+    el("div", {"class": "own", "data-key": key}, key + " (last " + Number(pts[pts.length - 1][1]).toPrecision(4) + ")",
+       chart([{points: pts}], {title: key, fmt: v => Number(v).toPrecision(3)})));
+}
+function attemptsTable(attempts) {
+  const head = ["#", "started", "ended", "GPUs", "placed with", "peak", "outcome", "reason"];
+  return el("table", {id: "attempts"}, el("tr", {}, ...head.map(h => el("th", {}, h))),
+    ...attempts.map(a => el("tr", {}, el("td", {}, a.n), el("td", {}, when(a.start)), el("td", {}, when(a.end)),
+      el("td", {}, (a.gpus || []).join(", ")), el("td", {}, mib(a.mem_mib)), el("td", {}, mib(a.peak_mib)),
+      el("td", {}, a.outcome || (a.end ? "-" : "running")), el("td", {"class": "reason"}, a.reason || ""))));
 }
 async function refreshDetail() {
+  const boxWrap = document.getElementById("detail-box"), box = document.getElementById("detail");
+  boxWrap.hidden = selected === null;
   if (selected === null) return;
-  const box = document.getElementById("detail");
+  const base = "/api/jobs/" + encodeURIComponent(selected);
   try {
-    const [d, log] = await Promise.all([api("/api/jobs/" + encodeURIComponent(selected)),
-                                        api("/api/jobs/" + encodeURIComponent(selected) + "/log")]);
+    const [d, out, err] = await Promise.all([api(base), api(base + "/log"), api(base + "/log?stream=stderr")]);
     const s = d.summary || {}, samples = d.samples || [];
-    const chart = (label, key, max) => el("div", {}, label, spark(samples.map(x => x[key]), 260, 50, max));
+    const series = key => [{points: samples.map(x => [x.t, x[key]])}];
     box.replaceChildren(
-      el("div", {"class": "name", id: "detail-title"}, "job " + d.id + " " + (d.name || "") + " (" + d.state + ")"),
+      el("div", {"class": "name", id: "detail-title"}, "job " + d.id + " " + (d.name || "") + " ", badge(d)),
       el("div", {"class": "sub"}, (d.argv || []).join(" ")),
-      el("div", {}, "peak " + fmt(s.peak_mib) + " MiB | mean SM " + pct(s.mean_sm) +
+      el("div", {"class": "reason"}, d.reason || ""),
+      el("div", {}, "user " + (d.user || "-") + " | needs " + mib(d.mem_mib) + " (" + (d.mem_source || "-") +
+         ") | submitted " + when(d.submit_time) + " | ended " + when(d.end_time)),
+      el("div", {}, "peak " + mib(s.peak_mib) + " | mean SM " + pct(s.mean_sm) +
          " | " + fmt(s.gpu_hours, 3) + " GPU-h | " + fmt(s.energy_wh, 2) + " Wh"),
       ...(d.profile ? [el("div", {"class": "sub", id: "detail-profile"}, "alone: SM " +
          fmt(d.profile.sm_activity, 2) + ", DRAM " + fmt(d.profile.dram_activity, 2) +
          " (" + d.profile.source + ")")] : []),
-      el("div", {"class": "charts"}, chart("GPU memory (MiB)", "gpu_mib"), chart("SM activity", "sm", 1),
-         chart("CPU %", "cpu_pct"), ...ownCharts(d.metrics || [])),
-      el("pre", {}, log.text || "(no output yet)"));
+      el("h3", {}, "attempts"), attemptsTable(d.attempts || []),
+      el("div", {"class": "charts"},
+         chart(series("gpu_mib"), {title: "GPU memory", fmt: mib}),
+         chart(series("sm"), {title: "SM activity (%)", max: 1, fmt: v => Math.round(100 * v) + "%"}),
+         chart(series("cpu_pct"), {title: "CPU (% of one core)", fmt: v => Math.round(v) + "%"}),
+         ...ownCharts(d.metrics || [])),
+      el("h3", {}, "stdout (end)"), el("pre", {id: "stdout"}, out.text || "(no output yet)"),
+      el("h3", {}, "stderr (end)"), el("pre", {id: "stderr"}, err.text || "(nothing on stderr)"));
   } catch (e) { box.textContent = String(e); }
 }
+function openJob(id) {
+  selected = id;
+  history.pushState(null, "", id === null ? "/" : "/jobs/" + encodeURIComponent(id));
+  refresh();
+}
+window.onpopstate = () => { selected = jobInPath(); refresh(); };
 async function refresh() {
   try {
     const [gpus, jobs, st] = await Promise.all([api("/api/gpus"), api("/api/jobs"), api("/api/status")]);
@@ -157,23 +235,28 @@ async function refresh() {
     const tr = document.getElementById("tracking");
     tr.className = bad.length ? "bad" : "";
     tr.textContent = bad.length ? "tracking degraded: " + bad.map(s => s.sink + " (" + s.reason + ")").join("; ") : "";
+    document.getElementById("drain").hidden = !(st.daemon && st.daemon.draining);
     document.getElementById("submit-box").hidden = !st.can_submit;
-    document.getElementById("updated").textContent = "updated " + new Date().toLocaleTimeString();
+    document.getElementById("updated").textContent = "updated " + when(Date.now() / 1000);
     await refreshDetail();
-  } catch (e) { document.getElementById("updated").textContent = "cannot reach the daemon: " + e; }
+  } catch (e) { document.getElementById("updated").textContent = "cannot reach the daemon: " + e.message; }
 }
 document.getElementById("submit").onsubmit = async ev => {
   ev.preventDefault();
-  const argv = document.getElementById("cmd").value.trim().split(/\\s+/).filter(Boolean);
   const msg = document.getElementById("submit-msg");
   try {
     const r = await api("/api/jobs", {method: "POST", headers: {"Content-Type": "application/json"},
-      body: JSON.stringify({argv, mem: document.getElementById("mem").value.trim(),
+      body: JSON.stringify({command: document.getElementById("cmd").value,
+                            mem: document.getElementById("mem").value.trim(),
                             name: document.getElementById("jobname").value.trim()})});
-    msg.textContent = "queued job " + r.id; refresh();
-  } catch (e) { msg.textContent = String(e); }
+    msg.className = ""; msg.textContent = "queued job " + r.id; refresh();
+  } catch (e) { msg.className = "err"; msg.textContent = e.message; }
 };
 refresh();
 setInterval(refresh, POLL_MS);
-</script></body></html>
-""".replace("__POLL_MS__", str(POLL_MS))
+"""
+
+PAGE = ("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n"
+        "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
+        f"<title>collocate</title>\n<style>{_STYLE}</style></head>\n<body>{_BODY}"
+        f"<script>{_SCRIPT.replace('__POLL_MS__', str(POLL_MS))}</script></body></html>\n")

@@ -16,7 +16,14 @@ Series (labels ``gpu`` = GpuId text, ``uuid``; jobs also ``job``, ``user``):
   ``collocate_job_energy_joules_total``, ``collocate_job_gpu_seconds_total`` (its share of GPU
   time), ``collocate_job_cpu_seconds_total``, ``collocate_job_cpu_cores``,
   ``collocate_job_memory_rss_bytes``;
-* ``collocate_tracking_degraded`` per sink, when a status function is given.
+* ``collocate_tracking_degraded`` per sink, when a status function is given;
+* queue metrics, when a ``queue`` function is given (the daemon's job rows, as ``collocate ls
+  --all`` has them): ``collocate_jobs{state}`` (every state, zeros included),
+  ``collocate_jobs_waiting{wait}`` (pending jobs by why they wait: memory, busy, ...), and the
+  counters ``collocate_oom_crashes_total`` (attempts that ran out of GPU memory),
+  ``collocate_oom_recoveries_total`` (jobs that finished after at least one such crash) and
+  ``collocate_placements_total`` (attempts launched). The counters are sums over the jobs the
+  daemon's store keeps, so they survive a daemon restart.
 """
 
 from __future__ import annotations
@@ -39,12 +46,14 @@ JOB_LABELS = ["job", "user"]
 class PrometheusSink:
     name = "prometheus"
 
-    def __init__(self, *, status: Callable[[], list[dict[str, Any]]] | None = None) -> None:
+    def __init__(self, *, status: Callable[[], list[dict[str, Any]]] | None = None,
+                 queue: Callable[[], list[dict[str, Any]]] | None = None) -> None:
         self._lock = threading.Lock()
         self._tick: Tick | None = None
         self._gpu_energy: dict[str, float] = {}
         self._job_totals: dict[str, list[float]] = {}  # energy J, GPU s, CPU s
         self._status = status
+        self.queue = queue  # settable later: the daemon has its job rows once its loop runs
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
 
@@ -86,6 +95,38 @@ class PrometheusSink:
             for s in self._status():
                 degraded.add_metric([str(s["sink"])], 1.0 if s["degraded"] else 0.0)
             yield degraded
+        if self.queue is not None:
+            yield from queue_metrics(self.queue())
+
+
+def queue_metrics(rows: list[dict[str, Any]]) -> Iterator[Metric]:
+    """Jobs by state and by why they wait, and OOM/placement counters, from job rows."""
+    from collocate.model import JobState
+
+    by_state = {s.value: 0 for s in JobState}
+    waiting: dict[str, int] = {}
+    ooms = recoveries = placements = 0
+    for r in rows:
+        by_state[r["state"]] = by_state.get(r["state"], 0) + 1
+        if r["state"] == JobState.PENDING:
+            kind = r.get("wait") or "queue"
+            waiting[kind] = waiting.get(kind, 0) + 1
+        ooms += r.get("oom_crashes") or 0
+        recoveries += bool(r.get("oom_crashes")) and r["state"] == JobState.DONE
+        placements += r.get("attempts") or 0
+    jobs = _gauge("collocate_jobs", "jobs in each state", ["state"])
+    for state, n in by_state.items():
+        jobs.add_metric([state], float(n))
+    wait = _gauge("collocate_jobs_waiting", "pending jobs by why they wait", ["wait"])
+    for kind, n in sorted(waiting.items()):
+        wait.add_metric([kind], float(n))
+    yield jobs
+    yield wait
+    yield CounterMetricFamily("collocate_oom_crashes", "attempts that ran out of GPU memory",
+                              value=float(ooms))
+    yield CounterMetricFamily("collocate_oom_recoveries", "jobs that finished after an OOM crash",
+                              value=float(recoveries))
+    yield CounterMetricFamily("collocate_placements", "attempts launched", value=float(placements))
 
 
 def _gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
