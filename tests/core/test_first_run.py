@@ -109,3 +109,41 @@ def test_a_gpus_reading_prices_its_unmeasured_jobs():
     saturated = infer_assumed([], 3, 0.99, 0.5, ts)  # a saturated reading: read as fully loaded
     assert saturated.sm_activity == 1.0
     assert infer_assumed([], 0, 0.5, 0.2, ts) is None
+
+
+def _sim(trace, policy="auto", **config):
+    from collocate.gputypes import parse_cluster
+    from collocate.sim.engine import SimConfig, Simulation
+
+    result = Simulation(parse_cluster("1xA100-40GB"), trace, make_policy(policy),
+                        SimConfig(**config)).run()
+    return {r.id: r for r in result.records}, result
+
+
+def test_the_simulator_prices_unmeasured_jobs_by_their_gpus_reading_as_the_daemon_does():
+    from collocate.activity import INFER_AFTER_S, MIN_SOLO_SAMPLES
+    from collocate.sim.trace import TraceJob, Workload
+
+    light = JobProfile(0.1, 0.05)  # as the daemon's e2e test: three light jobs, 4 GiB declared
+    w = Workload("light", 1, 60.0, 3000.0, {"declared": 4096.0}, light, command="c", program="p")
+    trace = [TraceJob(f"j{k}", 0.0, w) for k in range(3)]
+    records, result = _sim(trace, estimator="declared", profiles="unknown", ramp_s=0.0)
+    assert records["j0"].start == records["j1"].start == 0.0  # committed at once: no settle wait
+    # The third waits (priced at the assumed 0.5), until the GPU's reading prices the two.
+    assert records["j2"].start == pytest.approx(INFER_AFTER_S + MIN_SOLO_SAMPLES)
+    assert result.waits["slowdown"] >= 1
+    blind, _ = _sim(trace, estimator="declared", profiles="blind", ramp_s=0.0)
+    assert blind["j2"].start >= blind["j0"].end  # told nothing ever: it waits for a job to end
+
+
+def test_the_simulator_commits_an_unknown_jobs_stable_peak_as_the_daemon_does():
+    from collocate.sim.trace import TraceJob, Workload
+
+    light = JobProfile(0.1, 0.05)
+    known = Workload("known", 1, 100.0, 3000.0, {"declared": 4096.0}, light)
+    unknown = Workload("unknown", 1, 100.0, 3000.0, {}, light)  # no estimate, no declaration
+    trace = [TraceJob("a", 0.0, known), TraceJob("b", 1.0, unknown), TraceJob("c", 2.0, known)]
+    records, _ = _sim(trace, estimator="declared", ramp_s=5.0)
+    assert records["b"].start == 1.0  # shares a roomy GPU rather than waiting for it to empty
+    # c waits while b's memory settles (ramp at 6 s, stable 30 s later), then fits beside both
+    assert records["c"].start == pytest.approx(1.0 + 5.0 + 30.0)

@@ -246,7 +246,7 @@ def test_policies_told_nothing_of_profiles_still_run_jobs_at_their_real_activity
     trace = [TraceJob("a", 0.0, w), TraceJob("b", 0.0, w)]
 
     def ends(known: bool) -> tuple[dict, dict]:
-        config = SimConfig(ramp_s=0.0, wake_s=1.0, profiles="trace" if known else "unknown")
+        config = SimConfig(ramp_s=0.0, wake_s=1.0, profiles="trace" if known else "blind")
         result = Simulation(parse_cluster("1xH100-80GB"), trace, make_policy("auto", settle_s=1),
                             config).run()
         return {r.id: r.start for r in result.records}, {r.id: r.end for r in result.records}

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from collocate.activity import MIN_SOLO_SAMPLES, program_prior
+from collocate.activity import INFER_AFTER_S, MIN_SOLO_SAMPLES, infer_assumed, program_prior
 from collocate.commitment import MemoryRamp, committed_mib, mps_limit_mib, stable_s_of
 from collocate.errors import InputError
 from collocate.gputypes import NodeSpec
@@ -57,9 +57,9 @@ from collocate.sim.trace import TraceJob, Workload
 
 # Event kinds, in the order they are handled at equal times: work done frees GPUs before new
 # work arrives, so a round at time t sees every change of time t.
-_FINISH, _RAMP, _STABLE, _ACTIVE, _LEARN, _WARM, _ARRIVE, _WAKE = range(8)
+_FINISH, _RAMP, _STABLE, _ACTIVE, _LEARN, _INFER, _WARM, _ARRIVE, _WAKE = range(9)
 
-PROFILE_KNOWLEDGE = ("trace", "unknown", "learned", "similar")  # SimConfig.profiles
+PROFILE_KNOWLEDGE = ("trace", "unknown", "blind", "learned", "similar")  # SimConfig.profiles
 
 ESTIMATE_UNCERTAINTY = {
     # Relative uncertainty the simulator attaches to each catalogue estimator, from its published
@@ -78,14 +78,17 @@ ESTIMATE_UNCERTAINTY = {
 class SimConfig:
     sharing: SharingMode = SharingMode.TIME_SLICING
     estimator: str = "peak"
-    # What policies know of each job's solo activity: the trace's profile ("trace"); nothing
-    # ("unknown"), as for a job the daemon has no history of (it then assumes
-    # model.UNKNOWN_PROFILE); or ("learned") what the daemon would know: a job's profile once
-    # it has run alone and active for learn_s, and, as the daemon's history, the profile
-    # learned by an earlier successful job of the same workload (the same command) from its
-    # submission on; or ("similar") that, and a new command starts with the median profile
-    # learned for other commands of its program (``Workload.program``: a sweep's other points),
-    # as the daemon does. Progress and power always follow the trace.
+    # What policies know of each job's solo activity. "trace": the trace's profile. "unknown":
+    # what a fresh daemon knows, nothing at the start and all it learns as the trace runs: a
+    # job's profile once it has run alone and active for learn_s; the profile of an earlier
+    # successful run of the same command (its history) or the median of its program's
+    # (``Workload.program``: a sweep's other points), measured alone or, while they run, inferred
+    # from what their GPU reads; and for a job still unmeasured, the profile its GPU's reading
+    # implies (``activity.infer_assumed``) INFER_AFTER_S + learn_s after its GPU's newest job
+    # started. "blind": nothing, ever (``model.UNKNOWN_PROFILE``, the daemon before it learned).
+    # "learned": only learning alone and the same command's history; "similar": that and the
+    # program's history (the parts of "unknown", for comparing them). Progress and power always
+    # follow the trace.
     profiles: str = "trace"
     learn_s: float = float(MIN_SOLO_SAMPLES)  # the daemon's samples at its default 1 s period
     ramp_s: float = 10.0  # from start until a job holds its peak memory
@@ -138,9 +141,11 @@ class _Running:
     allocated: bool = False
     starting: bool = False  # no GPU activity yet (SimConfig.startup_s + the job's warmup_s)
     warming: bool = False  # in the warm-up part of starting: on its GPUs, drawing power
-    alone: bool = False  # active with no active neighbour since the last rerate ("learned" only)
+    alone: bool = False  # active with no active neighbour since the last rerate (when learning)
     alone_s: float = 0.0  # time spent alone and active, up to the last rerate
     learned: bool = False  # policies now see its real profile
+    inferred: bool = False  # policies see the profile its GPU's reading implies ("unknown")
+    seen_at: float = 0.0  # when the daemon would first see it on its GPUs (after start-up)
     work_left: float = 0.0  # solo-seconds still to do
     rate: float = 1.0
     since: float = 0.0  # when work_left was last brought up to date
@@ -217,6 +222,7 @@ class Simulation:
         self.seen_at = np.full(n, -math.inf)  # newest job first seen (CARMA's guard)
         self.settling_at = np.full(n, -math.inf)  # memory last grew beyond its commitment
         self.residents: list[set[str]] = [set() for _ in range(n)]
+        self.gpu_epoch = [0] * n  # bumped whenever a GPU's residents change (inference events)
         self._meters(nodes)
         self.timelines: dict[str, list[tuple[float, float, float]]] = {
             str(ids[i]): [(0.0, 0.0, 0.0)] for i in range(min(n, config.timeline_gpus))
@@ -226,7 +232,7 @@ class Simulation:
         self.scheduler = Scheduler(policy, self.capacity_type.of(self._snapshot(0.0)), rules=config.rules)
         self.records: dict[str, JobRecord] = {}
         self.peaks: dict[str, float] = {}
-        self._history: dict[str | None, JobProfile] = {}  # command → learned profile ("learned")
+        self._history: dict[str | None, JobProfile] = {}  # command → learned profile
         self._programs: dict[str, dict[str, JobProfile]] = {}  # program → command → profile
         self.events: list[tuple[float, int, int, str, int]] = []
         self._seq = 0
@@ -285,6 +291,8 @@ class Simulation:
                     changed |= self._active(job_id, version, now)
                 elif kind == _LEARN:
                     changed |= self._learn(job_id, version, now)
+                elif kind == _INFER:
+                    changed |= self._infer(int(job_id), version, now)
                 elif kind == _WARM:
                     self._warm(job_id, version, now)  # power only: nothing to place
                 else:
@@ -296,13 +304,17 @@ class Simulation:
                 self.progress(done, total)
         return self._result(now)
 
-    def _known_profile(self, w: Workload) -> JobProfile:
-        """What the daemon would know of a newly submitted workload's activity (``profiles``)."""
+    def _known_profile(self, w: Workload) -> tuple[JobProfile, str]:
+        """What the daemon would know of a newly submitted workload's activity (``profiles``),
+        and where it comes from (``Job.profile_source``)."""
+        if self.cfg.profiles == "trace":
+            return w.profile, "trace"
         known = self._history.get(w.command)
         if known is not None:
-            return known
-        siblings = self._programs.get(w.program, {}) if self.cfg.profiles == "similar" else {}
-        return program_prior(list(siblings.values())) or UNKNOWN_PROFILE
+            return known, "history"
+        siblings = self._programs.get(w.program, {}) if self.cfg.profiles in ("similar", "unknown") else {}
+        prior = program_prior(list(siblings.values()))
+        return (prior, "similar") if prior is not None else (UNKNOWN_PROFILE, "assumed")
 
     # -- events -----------------------------------------------------------------------------
     def _arrive(self, job_id: str, now: float) -> bool:
@@ -311,6 +323,7 @@ class Simulation:
         mem = w.estimates.get(estimator)
         if mem is None:
             mem = w.estimates.get("declared")
+        profile, source = self._known_profile(w)
         job = Job(
             id=job_id,
             gpus=w.gpus,
@@ -319,7 +332,8 @@ class Simulation:
             mem_uncertainty=ESTIMATE_UNCERTAINTY.get(estimator, 0.5),
             submit_time=now,
             name=w.name,
-            profile=w.profile if self.cfg.profiles == "trace" else self._known_profile(w),
+            profile=profile,
+            profile_source=source,
         )
         self.peaks[job_id] = w.peak_mib
         self.records[job_id] = JobRecord(job_id, w.name, w.gpus, now, w.peak_mib, mem)
@@ -330,6 +344,8 @@ class Simulation:
         return True
 
     def _round(self, now: float) -> None:
+        if self.cfg.profiles == "unknown":
+            self._price_from_siblings()
         plan = self.scheduler.schedule(self._snapshot(now, self.scheduler.placements_made))
         self.decisions += 1
         for wait in plan.waits.values():
@@ -342,6 +358,23 @@ class Simulation:
             recent = recent[(recent > now - self.cfg.wake_s) & np.isfinite(recent)]
             if recent.size:
                 self._push(max(float(recent.min()) + self.cfg.wake_s, now + 1e-6), _WAKE, "")
+
+    def _price_from_siblings(self) -> None:
+        """Pending jobs nobody has measured take the median profile of their program's running
+        commands that are measured or inferred, as the daemon does (``Service._price_from_siblings``)."""
+        live: dict[str, list[JobProfile]] = {}
+        for run in self.running.values():
+            program = self._by_id[run.job.id].workload.program
+            if program is not None and (run.learned or run.inferred or run.job.profile_source != "assumed"):
+                live.setdefault(program, []).append(run.job.profile)
+        if not live:
+            return
+        for job in list(self.scheduler.queue):
+            if job.profile_source != "assumed":
+                continue
+            prior = program_prior(live.get(self._by_id[job.id].workload.program, []))
+            if prior is not None:
+                self.scheduler.update(job.evolve(profile=prior, profile_source="similar"))
 
     def _launch(self, job_id: str, gpus: list[int], now: float, given_mib: float | None = None) -> None:
         job = self.scheduler.jobs[job_id]
@@ -373,8 +406,10 @@ class Simulation:
             job, gpus, self.peaks[job_id], held, workload.profile, ramp, limit, starting=starting,
             warming=workload.warmup_s > 0 and not warms_later, work_left=workload.duration_s, since=now,
         )
+        run.seen_at = seen
         self.running[job_id] = run
         self._resettle(gpus)
+        self._plan_inference(gpus)
         self._push(now + self.cfg.ramp_s, _RAMP, job_id, job.attempts)
         if starting:
             self._push(now + idle_s, _ACTIVE, job_id, job.attempts)
@@ -470,6 +505,38 @@ class Simulation:
         run.job = run.job.evolve(profile=real)
         return True
 
+    def _plan_inference(self, gpus: list[int]) -> None:
+        """Residents changed: where some are unmeasured, price them by their GPU's reading once
+        the newest has been seen for INFER_AFTER_S and learn_s more (the daemon's samples)."""
+        if self.cfg.profiles != "unknown" or self.cfg.sharing is SharingMode.MIG:
+            return
+        for i in gpus:
+            self.gpu_epoch[i] += 1
+            here = [self.running[o] for o in self.residents[i]]
+            if any(r.job.profile_source == "assumed" and not r.learned for r in here):
+                at = max(r.seen_at for r in here) + INFER_AFTER_S + self.cfg.learn_s
+                self._push(at, _INFER, str(i), self.gpu_epoch[i])
+
+    def _infer(self, i: int, epoch: int, now: float) -> bool:
+        """Price GPU ``i``'s unmeasured residents by what it reads now (``infer_assumed``)."""
+        if self.gpu_epoch[i] != epoch:
+            return False
+        here = [self.running[o] for o in sorted(self.residents[i])]
+        unmeasured = [r for r in here if r.job.profile_source == "assumed" and not r.learned]
+        known = [r.job.profile for r in here if r not in unmeasured]
+        params = self.cfg.interference.modes[self.cfg.sharing]
+        guess = infer_assumed(known, len(unmeasured), float(self.sm_live[i]), float(self.dram_live[i]), params)
+        if guess is None:
+            return False
+        for run in unmeasured:  # a job on several GPUs keeps the last GPU's answer
+            told = run.job.profile
+            for g in run.gpus:
+                self.sm_sum[g] += guess.sm_activity - told.sm_activity
+                self.dram_sum[g] += guess.dram_activity - told.dram_activity
+            run.job = run.job.evolve(profile=guess)
+            run.inferred = True
+        return True
+
     def _finish(self, job_id: str, version: int, now: float) -> bool:
         run = self.running.get(job_id)
         if run is None or run.version != version:
@@ -502,13 +569,14 @@ class Simulation:
                 self.committed[i] = self.used[i] = self.sm_sum[i] = self.dram_sum[i] = 0.0
         del self.running[job.id]
         self._resettle(gpus)
+        self._plan_inference(gpus)
         self._rerate(gpus, now)
 
     def _rerate(self, gpus: list[int], now: float) -> None:
         """Recompute the progress rate of every job sharing any of these GPUs."""
         affected = {job_id for i in gpus for job_id in self.residents[i]}
         model, mode = self.cfg.interference, self.cfg.sharing
-        learning = self.cfg.profiles in ("learned", "similar")
+        learning = self.cfg.profiles in ("learned", "similar", "unknown")
         # A multi-GPU job's new rate changes what its other GPUs draw: meter them up to now first.
         beyond = [i for j in affected for i in self.running[j].gpus if i not in gpus]
         self._advance(beyond, now)
