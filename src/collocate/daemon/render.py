@@ -40,8 +40,13 @@ def when(t: float | None) -> str:
 
 
 def when_short(t: float | None) -> str:
-    """The same, without year and seconds, for the narrow SUBMITTED column of ``ls``."""
-    return "-" if t is None else time.strftime("%m-%d %H:%M", time.localtime(t))
+    """The same in 11 characters for the narrow SUBMITTED column of ``ls``: ``11-24 14:03``
+    this year, ``2025-12-30`` (the date alone) for an earlier one."""
+    if t is None:
+        return "-"
+    local = time.localtime(t)
+    same_year = local.tm_year == time.localtime().tm_year
+    return time.strftime("%m-%d %H:%M" if same_year else "%Y-%m-%d", local)
 
 
 def _mib(value: float | None) -> str:
