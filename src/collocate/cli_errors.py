@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import enum
 import inspect
+import os
 import sys
 import types
 import typing
@@ -34,7 +35,8 @@ def run(app: typer.Typer, args: Sequence[str] | None = None) -> None:
         code = app(argv, prog_name=PROGRAM, standalone_mode=False)
     except CollocateError as exc:
         _fail(str(exc))
-    except BrokenPipeError:  # `collocate ls | head`
+    except BrokenPipeError:  # `collocate ls | head`: quiet, and no second error at exit's flush
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(1)
     except Exception as exc:
         if _is(exc, "UsageError"):

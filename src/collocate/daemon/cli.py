@@ -346,7 +346,7 @@ def logs(
 
 
 def cancel(
-    job_ids: Annotated[list[str] | None, typer.Argument(metavar="[IDS]...", help="Job ids, ranges "
+    job_ids: Annotated[list[str] | None, typer.Argument(metavar="IDS", help="Job ids, ranges "
                        "and lists: 7, 3-7, 3,5,9.", show_default=False)] = None,
     all_: Annotated[bool, typer.Option("--all", help="Cancel all your own pending and running "
                     "jobs.")] = False,
@@ -394,7 +394,8 @@ def cancel(
 
 
 def wait(
-    job_ids: Annotated[list[str], typer.Argument(help="Job id(s).")],
+    job_ids: Annotated[list[str], typer.Argument(metavar="IDS", help="Job ids, ranges and lists: "
+                       "7, 3-7, 3,5,9.", show_default=False)],
     timeout: Annotated[float | None, typer.Option("--timeout", help="Give up after this many "
                        "seconds (exit status 124).")] = None,
     state_dir: StateDirOpt = None,
@@ -403,10 +404,11 @@ def wait(
 
     For scripts: collocate wait $(collocate submit -- python train.py) && python evaluate.py
     """
+    from collocate.daemon.select import parse_ids
     from collocate.safetext import printable
 
     client = _client(state_dir)
-    left = list(dict.fromkeys(job_ids))
+    left = parse_ids(job_ids)
     for job_id in left:  # an unknown id fails here, before any waiting
         client.request("show", id=job_id)
     deadline = None if timeout is None else time.monotonic() + timeout
