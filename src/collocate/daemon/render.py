@@ -94,7 +94,8 @@ def print_jobs(rows: list[dict[str, Any]]) -> None:
 
 def print_detail(d: dict[str, Any]) -> None:
     c = console()
-    reason = f" ({printable(d['reason'])})" if d["reason"] else ""
+    why = d["reason"] or d.get("wait") or ""
+    reason = f" ({printable(why)})" if why else ""
     c.print(Text.assemble((f"job {printable(d['id'])}", "bold"),
                           f" {printable(d['name'])}: {d['state']}{reason}"))
     c.print(f"  command   {printable(' '.join(d['argv']))}")
