@@ -51,6 +51,16 @@ def parse_mib(text: str | float | int) -> float:
     return value * _FACTORS_MIB[unit]
 
 
+def require_unit(text: str, option: str) -> None:
+    """Refuse a size without a unit where a person types it (``--mem 6``): 6 MiB is almost
+    never what they meant. Files and the daemon's API keep reading a bare number as MiB."""
+    match = _SIZE.match(text)
+    if match and not match[2]:
+        value = match[1]
+        raise InputError(f"{option} {text.strip()} has no unit",
+                         hint=f"write {value}GiB, or {value}MiB if you mean mebibytes (G, GB and GiB all mean GiB)")
+
+
 def format_mib(mib: float) -> str:
     """Short human form of a MiB count: ``512 MiB``, ``3.50 GiB``."""
     if mib >= 1024:

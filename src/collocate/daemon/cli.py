@@ -23,6 +23,17 @@ StateDirOpt = Annotated[
 ]
 
 
+FORMATS = ("table", "json")
+FormatOpt = Annotated[str, typer.Option("--format", help="table (for people) or json (for tools).")]
+
+
+def _format(fmt: str) -> str:
+    """One --format vocabulary for every command; anything else is refused with the list."""
+    if fmt not in FORMATS:
+        raise InputError(f"unknown --format {fmt!r}", hint="use " + " or ".join(FORMATS))
+    return fmt
+
+
 def register(app: typer.Typer) -> None:
     app.command("serve")(serve)
     app.command("submit", context_settings={"allow_interspersed_args": False})(submit)
@@ -166,7 +177,10 @@ def _tracking_config(dashboard: str | None, token: str | None, mlflow: bool,
 def submit(
     command: Annotated[list[str] | None, typer.Argument(help="The command, after --.")] = None,
     gpus: Annotated[int, typer.Option("--gpus", help="GPUs the job needs.")] = 1,
-    mem: Annotated[str | None, typer.Option("--mem", help="GPU memory per GPU, e.g. 6GiB.")] = None,
+    mem: Annotated[str | None, typer.Option("--mem", help="GPU memory per GPU, with a unit: "
+                   "6GiB, 6144MiB, 1.5G. K, M, G and T are powers of 1024 with or without i or B "
+                   "(6GB = 6G = 6GiB, as nvidia-smi and PyTorch count); a number without a unit "
+                   "is refused.")] = None,
     name: Annotated[str | None, typer.Option("--name")] = None,
     priority: Annotated[int, typer.Option("--priority", help="Higher runs first.")] = 0,
     retries: Annotated[int | None, typer.Option("--retries", help="Retries (OOM: default 3; "
@@ -194,11 +208,14 @@ def submit(
     """
     from collocate.daemon.spec import default_name, parse_env
     from collocate.daemon.sweep import expand, parse_axis
+    from collocate.units import require_unit
 
     if not command:
         raise InputError("empty command", hint="put the command after --, e.g. "
                          "collocate submit --mem 6GiB -- python train.py")
     parse_env(env)  # a clear error before contacting the daemon
+    if mem is not None:
+        require_unit(mem, "--mem")
     points = expand(command, [parse_axis(a) for a in sweep]) if sweep else None
     directory = (cwd or Path.cwd()).expanduser().absolute()
     if not directory.is_dir():
@@ -259,16 +276,26 @@ def _static_estimate(entry_point: str, batch_size: int | None, mem: str | None, 
 
 
 def ls(
-    all_: Annotated[bool, typer.Option("--all", "-a", help="Include finished jobs.")] = False,
-    fmt: Annotated[str, typer.Option("--format", help="table or json.")] = "table",
+    all_: Annotated[bool, typer.Option("--all", "-a", help="Include ended jobs.")] = False,
+    state: Annotated[list[str], typer.Option("--state", "-s", help="Only jobs in these states: "
+                     "pending, running, done, failed, cancelled, rejected (repeatable or a comma "
+                     "list; an ended state implies --all).")] = [],
+    user: Annotated[list[str], typer.Option("--user", "-u", help="Only jobs of this user "
+                    "(repeatable or a comma list).")] = [],
+    name: Annotated[str | None, typer.Option("--name", "-n", help="Only jobs whose name matches "
+                    "this shell glob, e.g. 'train.py*' (quote it).")] = None,
+    fmt: FormatOpt = "table",
     state_dir: StateDirOpt = None,
 ) -> None:
-    """List jobs (pending and running; --all for every job)."""
+    """List jobs (pending and running; --all for every job), with why each pending one waits."""
     from collocate.daemon import render
+    from collocate.daemon.select import filter_rows, needs_ended, parse_states
 
-    if fmt not in ("table", "json"):
-        raise InputError(f"unknown format {fmt!r}", hint="use table or json")
-    rows = _client(state_dir).request("ls", all=all_)
+    _format(fmt)
+    states = parse_states(state)
+    users = {u.strip() for value in user for u in value.split(",") if u.strip()}
+    rows = _client(state_dir).request("ls", all=all_ or needs_ended(states))
+    rows = filter_rows(rows, states=states, users=users, name=name)
     if fmt == "json":
         typer.echo(json.dumps(rows, indent=1))
     else:
@@ -276,10 +303,11 @@ def ls(
 
 
 def show(job_id: Annotated[str, typer.Argument()], state_dir: StateDirOpt = None,
-         fmt: Annotated[str, typer.Option("--format", help="text or json.")] = "text") -> None:
-    """Show one job: its command, memory requirement and every attempt."""
+         fmt: FormatOpt = "table") -> None:
+    """Show one job: its command, memory requirement, why it waits, and every attempt."""
     from collocate.daemon import render
 
+    _format(fmt)
     detail = _client(state_dir).request("show", id=job_id)
     if fmt == "json":
         typer.echo(json.dumps(detail, indent=1))
@@ -296,13 +324,20 @@ def logs(
                        "latest); with -f, follow only that attempt.")] = None,
     state_dir: StateDirOpt = None,
 ) -> None:
-    """Print a job's output (its latest attempt unless --attempt; -f follows it to the end)."""
+    """Print a job's output (its latest attempt unless --attempt; -f follows it to the end).
+
+    A job that has not started says so on stderr, with why it waits. Another user's output (as
+    the daemon's owner may read it) has its control characters escaped; your own is as written.
+    """
     from collocate.daemon.follow import print_logs
+    from collocate.daemon.select import me
 
     client = _client(state_dir)
+    owner = client.request("show", id=job_id)["user"]
     try:
         print_logs(client.request, job_id, stream="stderr" if stderr else "stdout",
-                   attempt=attempt, follow=follow, out=sys.stdout, err=sys.stderr)
+                   attempt=attempt, follow=follow, out=sys.stdout, err=sys.stderr,
+                   escape_output=owner != me())
     except KeyboardInterrupt:  # Ctrl-C is how a follow ends: no traceback, no "Aborted!"
         raise typer.Exit(130) from None
     except BrokenPipeError:  # `collocate logs 3 | head`
@@ -310,16 +345,57 @@ def logs(
         raise typer.Exit(0) from None
 
 
-def cancel(job_ids: Annotated[list[str], typer.Argument(help="Job id(s).")], state_dir: StateDirOpt = None) -> None:
-    """Cancel jobs: pending ones leave the queue, running ones get SIGTERM (SIGKILL after 10 s)."""
+def cancel(
+    job_ids: Annotated[list[str] | None, typer.Argument(metavar="IDS", help="Job ids, ranges "
+                       "and lists: 7, 3-7, 3,5,9.", show_default=False)] = None,
+    all_: Annotated[bool, typer.Option("--all", help="Cancel all your own pending and running "
+                    "jobs.")] = False,
+    name: Annotated[str | None, typer.Option("--name", "-n", help="Cancel your own pending and "
+                    "running jobs whose name matches this shell glob, e.g. 'sweep*' (quote it).")] = None,
+    state_dir: StateDirOpt = None,
+) -> None:
+    """Cancel jobs: pending ones leave the queue, running ones get SIGTERM (SIGKILL after 10 s).
+
+    Prints what happened to each job; exits 1 if any could not be cancelled.
+    """
+    from collocate.daemon.select import ACTIVE, filter_rows, me, parse_ids
+    from collocate.safetext import printable
+
+    ids = parse_ids(job_ids or [])
+    if ids and (all_ or name is not None):
+        raise InputError("give job ids or --all/--name, not both",
+                         hint="--all and --name choose among your own pending and running jobs")
+    if not ids and not all_ and name is None:
+        raise InputError("which jobs?", hint="give ids (7, 3-7, 3,5,9), --name GLOB or --all")
     client = _client(state_dir)
-    for job_id in job_ids:
-        result = client.request("cancel", id=job_id)
-        typer.echo(f"{result['id']}: {result['state']}")
+    known = {r["id"]: r for r in client.request("ls", all=True)}
+    if not ids:
+        chosen = filter_rows(list(known.values()), states=set(ACTIVE), users={me()}, name=name)
+        ids = [r["id"] for r in chosen]
+        if not ids:
+            what = "to cancel" if name is None else f"has a name matching {printable(name)}"
+            typer.echo(f"no pending or running job of yours {what}", err=True)
+            return
+    failed = 0
+    for job_id in ids:
+        row = known.get(job_id)
+        if row is not None and row["state"] not in ACTIVE:
+            typer.echo(f"{job_id}: already {row['state']}, nothing to cancel")
+            continue
+        try:
+            result = client.request("cancel", id=job_id)
+        except CollocateError as exc:
+            failed += 1
+            typer.echo(f"{job_id}: not cancelled: {printable(exc, multiline=True)}", err=True)
+            continue
+        typer.echo(f"{printable(result['id'])}: {printable(result['state'])}")
+    if failed:
+        raise typer.Exit(1)
 
 
 def wait(
-    job_ids: Annotated[list[str], typer.Argument(help="Job id(s).")],
+    job_ids: Annotated[list[str], typer.Argument(metavar="IDS", help="Job ids, ranges and lists: "
+                       "7, 3-7, 3,5,9.", show_default=False)],
     timeout: Annotated[float | None, typer.Option("--timeout", help="Give up after this many "
                        "seconds (exit status 124).")] = None,
     state_dir: StateDirOpt = None,
@@ -328,8 +404,11 @@ def wait(
 
     For scripts: collocate wait $(collocate submit -- python train.py) && python evaluate.py
     """
+    from collocate.daemon.select import parse_ids
+    from collocate.safetext import printable
+
     client = _client(state_dir)
-    left = list(dict.fromkeys(job_ids))
+    left = parse_ids(job_ids)
     for job_id in left:  # an unknown id fails here, before any waiting
         client.request("show", id=job_id)
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -341,7 +420,7 @@ def wait(
                 job = client.request("show", id=job_id)  # once per job, when it has ended
                 left.remove(job_id)
                 all_done &= job["state"] == "done"
-                why = f": {job['reason']}" if job["reason"] and job["state"] != "done" else ""
+                why = f": {printable(job['reason'])}" if job["reason"] and job["state"] != "done" else ""
                 typer.echo(f"{job_id} {job['state']}{why}")
             if left and deadline is not None and time.monotonic() >= deadline:
                 typer.echo(f"still not ended after {timeout:g} s: {', '.join(left)}", err=True)
@@ -356,14 +435,13 @@ def wait(
 
 def gpus(
     watch: Annotated[bool, typer.Option("--watch", "-w", help="Refresh every second until Ctrl-C.")] = False,
-    fmt: Annotated[str, typer.Option("--format", help="table or json.")] = "table",
+    fmt: FormatOpt = "table",
     state_dir: StateDirOpt = None,
 ) -> None:
     """GPUs as the daemon sees them: memory, SM activity, jobs on each; tracking if degraded."""
     from collocate.daemon import render
 
-    if fmt not in ("table", "json"):
-        raise InputError(f"unknown format {fmt!r}", hint="use table or json")
+    _format(fmt)
     client = _client(state_dir)
     if fmt == "json":
         ping = client.request("ping")
@@ -375,7 +453,7 @@ def gpus(
         render.console().print(render.gpu_table(client.request("gpus")))
         degraded = render.tracking_line(client.request("ping"))
         if degraded is not None:
-            render.console().print(degraded, style="red", markup=False)
+            render.console().print(degraded, style="red")
         return
     from rich.live import Live
 

@@ -8,6 +8,11 @@ the store recorded for the one before), so the job's own output on stdout stays 
 
 The daemon answers each ``logs`` request with a chunk of one attempt's file plus a summary of
 every attempt; everything here is client-side polling of that, so it works over TCP too.
+
+A job that has not started yet gets a line saying so and why it waits (its ``reason``), rather
+than silence. Everything this module writes itself (banners, reasons, which quote stderr) is
+escaped with ``safetext.printable``; the job's own output is passed through as written when
+the job is the caller's (colours, progress bars), and escaped too when it is someone else's.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
+from collocate.safetext import printable
 from collocate.units import format_mib
 
 TERMINAL = ("done", "failed", "cancelled", "rejected")
@@ -50,21 +56,39 @@ def banner(job_id: str, attempts: list[dict[str, Any]], n: int, *, others: bool)
     return None if cause is None else f"--- attempt {n} ({cause}) ---"
 
 
+def not_started(job_id: str, chunk: dict[str, Any]) -> str:
+    """The line for a job with no attempt yet: pending (and why) or ended before it started."""
+    state, reason = chunk["state"], printable(chunk.get("reason") or "")
+    if state == "pending":
+        return f"--- job {job_id} is pending" + (f": {reason}" if reason else "") + " ---"
+    if state in TERMINAL:
+        return f"--- job {job_id} {state} before it started" + (f": {reason}" if reason else "") + " ---"
+    return f"--- job {job_id} is {state}, no output yet" + (f" ({reason})" if reason else "") + " ---"
+
+
 def print_logs(request: Request, job_id: str, *, stream: str, attempt: int | None, follow: bool,
-               out: TextIO, err: TextIO, sleep: Callable[[float], None] = time.sleep) -> None:
+               out: TextIO, err: TextIO, sleep: Callable[[float], None] = time.sleep,
+               escape_output: bool = False) -> None:
     """Print attempt ``attempt`` (default: the latest); with ``follow``, keep printing as it
-    grows and, unless ``attempt`` pins one, through every later attempt until the job ends."""
-    n, offset, shown = attempt, 0, None
+    grows and, unless ``attempt`` pins one, through every later attempt until the job ends.
+    ``escape_output`` escapes control characters in the job's output (another user's job)."""
+    n, offset, shown, said = attempt, 0, None, None
     while True:
         chunk = request("logs", id=job_id, offset=offset, attempt=n, stream=stream)
         cur = chunk["attempt"]
+        if cur is None and (line := not_started(job_id, chunk)) != said:
+            err.write(line + "\n")  # again only when the state or reason changes
+            err.flush()
+            said = line
+            if not follow or chunk["state"] in TERMINAL:
+                return
         if cur is not None and cur != shown:
             line = banner(job_id, chunk.get("attempts", []), cur, others=not follow)
             if line is not None:
-                err.write(line + "\n")
+                err.write(printable(line) + "\n")
                 err.flush()
             n = shown = cur
-        out.write(chunk["text"])
+        out.write(printable(chunk["text"], multiline=True) if escape_output else chunk["text"])
         out.flush()
         offset = chunk["offset"]
         if chunk["text"]:
@@ -77,7 +101,7 @@ def print_logs(request: Request, job_id: str, *, stream: str, attempt: int | Non
             continue
         if chunk["state"] in TERMINAL or (attempt is not None and chunk.get("ended")):
             if attempt is None:  # a done job's reason may be an old requeue's: not worth saying
-                reason = chunk.get("reason") if chunk["state"] != "done" else None
+                reason = printable(chunk.get("reason")) if chunk["state"] != "done" else None
                 err.write(f"--- job {job_id} {chunk['state']}" + (f": {reason}" if reason else "") + " ---\n")
                 err.flush()
             return

@@ -1,70 +1,127 @@
-"""Tables for the client commands (rich), kept apart from parsing so both stay short."""
+"""Tables for the client commands (rich), kept apart from parsing so both stay short.
+
+Everything a user or a job wrote (names, commands, paths, user names, reasons, which carry the
+last line of a job's stderr) goes through ``safetext.printable`` and is printed as plain text,
+never as Rich markup: see ``collocate.safetext`` for why.
+"""
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
+from collocate.safetext import printable
 from collocate.units import format_mib
+
+NAME_WIDTH = 24
+ENDED = ("done", "failed", "cancelled", "rejected")
 
 
 def console() -> Console:
-    """A console that does not squeeze tables to 80 columns when output is piped."""
-    import sys
+    """A console that reads no markup or emoji codes in what it prints, and does not squeeze
+    tables to 80 columns when output is piped."""
+    width = None if sys.stdout.isatty() else 200
+    return Console(width=width, markup=False, emoji=False, highlight=False)
 
-    return Console() if sys.stdout.isatty() else Console(width=200)
+
+def plain(value: object, style: str = "") -> Text:
+    """A table cell or line holding ``value`` exactly as written, control characters escaped."""
+    return Text(printable(value), style=style)
+
+
+def when(t: float | None) -> str:
+    """A time with its date, as everywhere in the CLI: ``2026-11-24 14:03:12``."""
+    return "-" if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+def when_short(t: float | None) -> str:
+    """The same in 11 characters for the narrow SUBMITTED column of ``ls``: ``11-24 14:03``
+    this year, ``2025-12-30`` (the date alone) for an earlier one."""
+    if t is None:
+        return "-"
+    local = time.localtime(t)
+    same_year = local.tm_year == time.localtime().tm_year
+    return time.strftime("%m-%d %H:%M" if same_year else "%Y-%m-%d", local)
 
 
 def _mib(value: float | None) -> str:
     return "-" if value is None else format_mib(value)
 
 
-def _when(t: float | None) -> str:
-    return "-" if t is None else time.strftime("%H:%M:%S", time.localtime(t))
+def row_reason(r: dict[str, Any]) -> str:
+    """Why a job waits (pending), is held (running, not launched yet) or ended (failed,
+    cancelled, rejected); nothing for a done job, whose reason may be an old requeue's."""
+    if r["state"] == "done":
+        return ""
+    return r.get("reason") or r.get("wait") or ""
+
+
+def jobs_table(rows: list[dict[str, Any]], width: int) -> Table:
+    """``collocate ls`` for a terminal ``width`` columns wide (120 reads well): every column
+    keeps its width (NAME, USER and ON cut at 24, 12 and 16 characters) and REASON gets what is
+    left, cut with an ellipsis; ``show`` or ``--format json`` give it whole, and the
+    out-of-memory crashes counted in TRIES."""
+    headers = ("ID", "NAME", "STATE", "USER", "GPUS", "MEM", "TRIES", "ON", "SUBMITTED")
+    cells = [[printable(r["id"]), printable(r["name"]), printable(r["state"]), printable(r["user"]),
+              str(r["gpus"]), _mib(r["mem_mib"]), str(r["attempts"]),
+              printable(",".join(r["on"]) or "-"), when_short(r["submit_time"])] for r in rows]
+    caps = {"NAME": NAME_WIDTH, "ON": 16, "USER": 12}
+    widths = [min(max([len(h), *(len(row[i]) for row in cells)]), caps.get(h, 1 << 30))
+              for i, h in enumerate(headers)]
+    reason_width = max(12, width - sum(widths) - len(widths))
+    table = Table(box=None, header_style="bold", pad_edge=False, padding=(0, 1, 0, 0))
+    for header, w in zip(headers, widths):
+        table.add_column(header, no_wrap=True, overflow="ellipsis", width=w)
+    table.add_column("REASON", no_wrap=True, overflow="ellipsis", max_width=reason_width)
+    for row, r in zip(cells, rows):
+        table.add_row(*(Text(c) for c in row), Text(_cut(printable(row_reason(r)), reason_width)))
+    return table
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def print_jobs(rows: list[dict[str, Any]]) -> None:
-    table = Table(box=None, header_style="bold")
-    for col in ("ID", "NAME", "STATE", "USER", "GPUS", "MEM", "SOURCE", "TRIES", "OOM", "ON", "SUBMIT", "REASON"):
-        table.add_column(col)
-    for r in rows:
-        table.add_row(r["id"], r["name"][:24], r["state"], r["user"], str(r["gpus"]), _mib(r["mem_mib"]),
-                      r["mem_source"], str(r["attempts"]), str(r["oom_crashes"]), ",".join(r["on"]),
-                      _when(r["submit_time"]), (r["reason"] or "")[:60])
-    console().print(table)
+    c = console()
+    c.print(jobs_table(rows, c.width))
 
 
 def print_detail(d: dict[str, Any]) -> None:
     c = console()
-    c.print(f"[bold]job {d['id']}[/bold] {d['name']}: {d['state']}"
-            + (f" ({d['reason']})" if d["reason"] else ""))
-    c.print(f"  command   {' '.join(d['argv'])}", markup=False)
-    c.print(f"  cwd       {d['cwd']}", markup=False)
-    c.print(f"  user      {d['user']}")
-    c.print(f"  gpus      {d['gpus']}   memory {_mib(d['mem_mib'])} ({d['mem_source']})")
+    why = d["reason"] or d.get("wait") or ""
+    reason = f" ({printable(why)})" if why else ""
+    c.print(Text.assemble((f"job {printable(d['id'])}", "bold"),
+                          f" {printable(d['name'])}: {d['state']}{reason}"))
+    c.print(f"  command   {printable(' '.join(d['argv']))}")
+    c.print(f"  cwd       {printable(d['cwd'])}")
+    c.print(f"  user      {printable(d['user'])}")
+    c.print(f"  gpus      {d['gpus']}   memory {_mib(d['mem_mib'])} ({printable(d['mem_source'])})")
     if d.get("profile"):
         p = d["profile"]
         c.print(f"  activity  SM {p['sm_activity']:.2f}, DRAM {p['dram_activity']:.2f} alone"
-                f" ({p['source']})")
+                f" ({printable(p['source'])})")
     c.print(f"  retries   {d['attempts_used']} attempt(s) of {d['max_retries'] + 1} allowed, "
             f"{d['oom_crashes']} out-of-memory crash(es)")
     if d.get("after"):
-        c.print(f"  after     job(s) {', '.join(d['after'])} (must end done first)")
-    c.print(f"  submitted {_when(d['submit_time'])}   ended {_when(d['end_time'])}")
+        c.print(f"  after     job(s) {printable(', '.join(d['after']))} (must end done first)")
+    c.print(f"  submitted {when(d['submit_time'])}   ended {when(d['end_time'])}")
     table = Table(box=None, header_style="bold", title="attempts", title_justify="left")
     for col in ("#", "START", "END", "GPU", "MEM", "PEAK", "EXIT", "OUTCOME", "REASON"):
         table.add_column(col)
     for a in d["attempts"]:
-        table.add_row(str(a["n"]), _when(a["start"]), _when(a["end"]), ",".join(a["gpus"]),
+        table.add_row(str(a["n"]), when(a["start"]), when(a["end"]), plain(",".join(a["gpus"])),
                       _mib(a["mem_mib"]), _mib(a["peak_mib"]),
                       "-" if a["returncode"] is None else str(a["returncode"]),
-                      a["outcome"] or "running", (a["reason"] or "")[:70])
+                      plain(a["outcome"] or "running"), plain(a["reason"] or ""))
     c.print(table)
     for line in measured_lines(d.get("summary")):
-        c.print(line, markup=False)
+        c.print(line)
 
 
 def measured_lines(summary: dict[str, Any] | None) -> list[str]:
@@ -87,9 +144,9 @@ def tracking_line(ping: dict[str, Any]) -> str | None:
     bad = [t for t in ping.get("tracking", []) if t.get("degraded")]
     if not bad:
         return None
-    return "tracking degraded: " + "; ".join(
+    return printable("tracking degraded: " + "; ".join(
         f"{t['sink']} ({t.get('reason') or 'unknown'}; {t.get('pending', 0)} pending, "
-        f"{t.get('dropped', 0)} dropped, retry in {t.get('retry_in_s', 0):.0f} s)" for t in bad)
+        f"{t.get('dropped', 0)} dropped, retry in {t.get('retry_in_s', 0):.0f} s)" for t in bad))
 
 
 def gpu_table(rows: list[dict[str, Any]]) -> Table:
@@ -98,6 +155,6 @@ def gpu_table(rows: list[dict[str, Any]]) -> Table:
         table.add_column(col)
     for r in rows:
         sm = "-" if r["sm_now"] is None else f"{r['sm_now'] * 100:.0f}%"
-        table.add_row(r["id"], r["type"], _mib(r["used_mib"]), _mib(r["total_mib"]), sm,
-                      f"{r['sm_window'] * 100:.0f}%", ",".join(r["jobs"]) or "-")
+        table.add_row(plain(r["id"]), plain(r["type"]), _mib(r["used_mib"]), _mib(r["total_mib"]), sm,
+                      f"{r['sm_window'] * 100:.0f}%", plain(",".join(r["jobs"]) or "-"))
     return table

@@ -25,6 +25,7 @@ from typing import Any
 from collocate.errors import InputError
 from collocate.gantt import Bar, draw_gantt
 from collocate.monitor.store import JobSummary, MonitorStore
+from collocate.safetext import printable
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -136,11 +137,11 @@ def _markdown(since: float | None, jobs: list[JobSummary], users: list[dict[str,
     pct = lambda x: "-" if x is None else f"{100 * x:.0f}%"
     lines = [f"# collocate report ({span})", "", "## Per user", "",
              "| user | jobs | GPU-hours | energy (Wh) | CPU-hours |", "|---|---|---|---|---|"]
-    lines += [f"| {u['user']} | {u['jobs']} | {u['gpu_hours']:.3f} | {u['energy_wh']:.2f} |"
+    lines += [f"| {_cell(u['user'])} | {u['jobs']} | {u['gpu_hours']:.3f} | {u['energy_wh']:.2f} |"
               f" {u['cpu_hours']:.3f} |" for u in users]
     lines += ["", "## Per job", "", "| job | user | name | GPUs | peak MiB | mean SM | GPU-hours |"
               " energy (Wh) |", "|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {j.job_id} | {j.user} | {j.name} | {len(j.gpus)} | {j.peak_mib:,.0f} |"
+    lines += [f"| {j.job_id} | {_cell(j.user)} | {_cell(j.name)} | {len(j.gpus)} | {j.peak_mib:,.0f} |"
               f" {pct(j.mean_sm)} | {j.gpu_hours:.3f} | {j.energy_wh:.2f} |" for j in jobs]
     lines += ["", "## Per GPU", "", "| GPU | energy (Wh) | idle (Wh) | mean SM | busy | jobs |",
               "|---|---|---|---|---|---|"]
@@ -150,6 +151,12 @@ def _markdown(since: float | None, jobs: list[JobSummary], users: list[dict[str,
               for g in gpus]
     lines += ["", "Energy of shared GPUs is split among jobs as docs/monitoring.md describes.", ""]
     return "\n".join(lines)
+
+
+def _cell(text: str) -> str:
+    """A user's text in a Markdown table: control characters escaped (``cat summary.md`` must
+    not run them) and ``|`` kept from splitting the cell."""
+    return printable(text).replace("|", "\\|")
 
 
 def _plots(out: Path, series: list[dict[str, Any]], jobs: list[JobSummary]) -> list[Path]:

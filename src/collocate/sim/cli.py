@@ -104,6 +104,7 @@ def simulate(
     from collocate.gputypes import parse_cluster
     from collocate.model import SharingMode
     from collocate.policies import make_policy, parse_params, policy_parameters
+    from collocate.safetext import printable
     from collocate.sim.engine import PROFILE_KNOWLEDGE, SimConfig, Simulation
     from collocate.sim.metrics import summarize
     from collocate.sim.mig import layout_text, resolve_layout
@@ -206,6 +207,8 @@ def simulate(
         sharing_text = mode.value
         if layout:
             sharing_text += " " + ", ".join(layout.values() if len(layout) == 1 else (f"{t}={v}" for t, v in layout.items()))
-        Console(width=max(terminal.width, 120)).print(table(summaries, f"{source} on {cluster} ({sharing_text}, estimator: {estimator})"))
+        title = printable(f"{source} on {cluster} ({sharing_text}, estimator: {estimator})")
+        plain = Console(width=max(terminal.width, 120), markup=False, emoji=False)  # a file name is not markup
+        plain.print(table(summaries, title))
         for path in written:
             typer.echo(f"wrote {path}")

@@ -1,0 +1,80 @@
+"""Which jobs a command means: ``ls`` filters and ``cancel``'s ids, ranges and globs.
+
+Client-side on purpose: ``ls`` asks the daemon for the rows it always gives and filters them
+here, and ``cancel`` sends one ``cancel`` per chosen job, so the daemon's API stays small and a
+client works with any daemon of the same protocol. The words and forms are the ones Slurm users
+type: ``--state pending,running``, ``--user``, ``--name 'sweep*'``, ``cancel 3-7`` or ``3,5,9``.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import pwd
+from collections.abc import Iterable
+from typing import Any
+
+from collocate.errors import InputError
+from collocate.model import JobState
+
+STATES = tuple(s.value for s in JobState)
+ACTIVE = tuple(s.value for s in JobState if not s.is_terminal)  # what cancel can still stop
+MAX_RANGE = 10_000  # ids one range may name: `cancel 1-100000000` is a typo, not a request
+
+
+def parse_states(values: Iterable[str]) -> set[str]:
+    """``--state`` values, each a name or a comma list, checked against the job states."""
+    wanted = {v.strip().lower() for value in values for v in value.split(",") if v.strip()}
+    bad = sorted(wanted - set(STATES))
+    if bad:
+        raise InputError(f"unknown job state {', '.join(map(repr, bad))}",
+                         hint="use " + ", ".join(STATES) + " (repeat --state or separate with commas)")
+    return wanted
+
+
+def needs_ended(states: set[str]) -> bool:
+    """Whether the filter asks for ended jobs, which the daemon lists only with ``all``."""
+    return any(JobState(s).is_terminal for s in states)
+
+
+def filter_rows(rows: list[dict[str, Any]], *, states: set[str] | None = None,
+                users: set[str] | None = None, name: str | None = None) -> list[dict[str, Any]]:
+    """The rows matching every filter given; ``name`` is a shell glob (``sweep*``, ``*[lr=0.1*``
+    needs the brackets escaped as ``[[]``), matched case-sensitively against the whole name."""
+    return [r for r in rows
+            if (not states or r["state"] in states)
+            and (not users or r["user"] in users)
+            and (name is None or fnmatch.fnmatchcase(r["name"], name))]
+
+
+def parse_ids(values: Iterable[str]) -> list[str]:
+    """Job ids as written: ``7``, ``3-7``, ``3,5,9`` and mixes (``1-3,8``), in order, once each."""
+    out: dict[str, None] = {}
+    for value in values:
+        for part in (p.strip() for p in value.split(",")):
+            if not part:
+                continue
+            first, dash, last = part.partition("-")
+            if not dash:
+                if not part.isdigit():
+                    raise _bad_id(part)
+                out[str(int(part))] = None
+                continue
+            if not (first.isdigit() and last.isdigit()) or int(first) > int(last):
+                raise _bad_id(part)
+            if int(last) - int(first) >= MAX_RANGE:
+                raise InputError(f"the range {part} names more than {MAX_RANGE} jobs",
+                                 hint="check the ends; `collocate ls --all` lists the ids")
+            out.update((str(i), None) for i in range(int(first), int(last) + 1))
+    return list(out)
+
+
+def _bad_id(part: str) -> InputError:
+    return InputError(f"cannot read job id {part!r}",
+                      hint="write ids, ranges and lists: 7, 3-7, 3,5,9 or 1-3,8")
+
+
+def me() -> str:
+    """The caller's user name as the daemon records it on the jobs they submit (from the uid,
+    not from $USER, which ``sudo`` and ``su`` leave behind)."""
+    return pwd.getpwuid(os.getuid()).pw_name

@@ -1,0 +1,113 @@
+"""Pure parts of the command line: safe text, job selection, sizes with units, ``ls`` layout,
+``logs`` lines for jobs that have not started, and the output of another user's job."""
+
+from __future__ import annotations
+
+import io
+import time
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from rich.console import Console
+
+from collocate.daemon import render
+from collocate.daemon.follow import print_logs
+from collocate.daemon.select import filter_rows, needs_ended, parse_ids, parse_states
+from collocate.errors import InputError
+from collocate.safetext import printable
+from collocate.units import parse_mib, require_unit
+
+
+@given(st.text())
+def test_printable_never_lets_a_control_character_through(text):
+    out = printable(text)
+    assert not any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in out)
+    multi = printable(text, multiline=True)
+    assert not any((ord(c) < 0x20 and c not in "\n\t") or 0x7F <= ord(c) <= 0x9F for c in multi)
+
+
+def test_printable_shows_escapes_and_keeps_ordinary_text():
+    assert printable("a[/]b\x1b[2J\x07\x9b\u202e") == "a[/]b\\x1b[2J\\x07\\x9b\\u202e"
+    assert printable("résumé 日本 \\n") == "résumé 日本 \\n"
+    assert printable("one\r\ntwo\rthree\tx", multiline=True) == "one\ntwo\\rthree\tx"
+    assert printable(None) == ""
+
+
+def test_parse_ids_reads_ranges_and_lists_in_order_once():
+    assert parse_ids(["3-5,9", "4", "12"]) == ["3", "4", "5", "9", "12"]
+    assert parse_ids(["007"]) == ["7"]
+    for bad in ("x", "5-3", "3-", "-3", "1.5", "1-2-3"):
+        with pytest.raises(InputError, match="cannot read job id"):
+            parse_ids([bad])
+    with pytest.raises(InputError, match="more than"):
+        parse_ids(["1-100000000"])
+
+
+def test_states_are_checked_and_ended_ones_need_all_rows():
+    assert parse_states(["pending,Running", "done"]) == {"pending", "running", "done"}
+    assert not needs_ended({"pending", "running"}) and needs_ended({"failed"})
+    with pytest.raises(InputError, match="unknown job state 'finished'"):
+        parse_states(["finished"])
+
+
+def test_filter_rows_matches_every_filter_and_globs_the_whole_name():
+    rows = [{"state": "pending", "user": "ada", "name": "train.py[lr=0.1]"},
+            {"state": "running", "user": "bob", "name": "train.py[lr=0.3]"},
+            {"state": "pending", "user": "bob", "name": "eval.py"}]
+    assert filter_rows(rows, name="train.py*") == rows[:2]
+    assert filter_rows(rows, name="train.py[[]lr=0.1]") == rows[:1]
+    assert filter_rows(rows, name="train") == []
+    assert filter_rows(rows, states={"pending"}, users={"bob"}) == rows[2:]
+
+
+def test_a_size_typed_by_a_person_needs_a_unit_but_files_keep_bare_mib():
+    with pytest.raises(InputError, match="--mem 6 has no unit") as caught:
+        require_unit("6", "--mem")
+    assert "6GiB" in (caught.value.hint or "")
+    require_unit("6GB", "--mem")
+    assert parse_mib("6GB") == parse_mib("6GiB") == 6144 and parse_mib("6") == 6
+
+
+def _row(**kw):
+    base = {"id": "1", "name": "job", "state": "pending", "user": "ada", "gpus": 1, "mem_mib": 6144.0,
+            "attempts": 0, "oom_crashes": 0, "on": [], "submit_time": time.time(), "reason": ""}
+    return {**base, **kw}
+
+
+def test_ls_fits_120_columns_shows_reasons_and_prints_names_as_written():
+    rows = [_row(name="train.py[lr=0.1,seed=0]", reason="memory: needs 6.0 GiB, most free 4.2 GiB "
+                 "on node:0 and a long tail " * 3),
+            _row(id="12", name="x[/]\x1b]0;pwned\x07" * 4, state="running", on=["node:0/0", "node:0/1"]),
+            _row(id="13", state="done", reason="an old requeue"),
+            _row(id="14", state="pending", wait="in-flight")]
+    c = Console(file=io.StringIO(), width=120, markup=False, emoji=False, highlight=False)
+    c.print(render.jobs_table(rows, 120))
+    lines = c.file.getvalue().splitlines()
+    assert all(len(line) <= 120 for line in lines)
+    assert "REASON" in lines[0] and "train.py[lr=0.1,seed=0]" in lines[1]
+    assert "memory: needs 6.0 GiB" in lines[1] and lines[1].endswith("…")
+    assert "\x1b" not in c.file.getvalue() and "x[/]\\x1b" in lines[2]
+    assert "old requeue" not in lines[3] and lines[4].rstrip().endswith("in-flight")
+    assert "-" in render.when(0) and ":" in render.when(0) and len(render.when(0)) == 19
+
+
+def test_logs_of_a_pending_job_says_why_and_escapes_another_users_output():
+    chunks = iter([
+        {"text": "", "offset": 0, "attempt": None, "state": "pending", "reason": "queue: 2 ahead\x1b[2J"},
+        {"text": "", "offset": 0, "attempt": None, "state": "pending", "reason": "queue: 2 ahead\x1b[2J"},
+        {"text": "hi\x1b]0;x\x07\n", "offset": 9, "attempt": 1, "state": "running", "ended": False,
+         "attempts": [{"n": 1}]},
+        {"text": "", "offset": 9, "attempt": 1, "state": "done", "ended": True, "attempts": [{"n": 1}]},
+    ])
+    out, err = io.StringIO(), io.StringIO()
+    print_logs(lambda *a, **k: next(chunks), "3", stream="stdout", attempt=None, follow=True,
+               out=out, err=err, sleep=lambda s: None, escape_output=True)
+    assert err.getvalue().splitlines() == ["--- job 3 is pending: queue: 2 ahead\\x1b[2J ---",
+                                           "--- job 3 done ---"]
+    assert out.getvalue() == "hi\\x1b]0;x\\x07\n"
+    once = iter([{"text": "", "offset": 0, "attempt": None, "state": "cancelled", "reason": "by you"}])
+    err = io.StringIO()
+    print_logs(lambda *a, **k: next(once), "4", stream="stdout", attempt=None, follow=False,
+               out=io.StringIO(), err=err)
+    assert err.getvalue() == "--- job 4 cancelled before it started: by you ---\n"

@@ -1,0 +1,118 @@
+"""The client commands as users type them, against a real daemon on emulated GPUs: names and
+stderr holding Rich markup and terminal escape sequences print safely in every command, ``ls``
+filters, ``cancel`` ranges/``--all``/``--name``, ``logs`` of a pending job, clear usage errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from daemon_harness import job_argv
+
+from collocate.daemon.select import me
+
+CLI = [sys.executable, "-m", "collocate.daemon"]  # the daemon's commands alone: quicker to start
+# Markup Rich would read ([/] is an error, [lr=...] vanishes), an OSC that retitles the window,
+# a screen clear, and an 8-bit CSI.
+NASTY = "train.py[lr=0.1,seed=0] [/] [bold]x\x1b]0;pwned\x07\x1b[2J\x9b31m"
+RAW = ("\x1b", "\x07", "\x9b")
+
+
+def cli(d, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "COLLOCATE_STATE_DIR": str(d.state_dir), "COLUMNS": "120"}
+    return subprocess.run([*CLI, *args], env=env, capture_output=True, text=True, timeout=60,
+                          check=False, cwd=d.state_dir.parent)
+
+
+def no_raw_controls(out: subprocess.CompletedProcess) -> bool:
+    return not any(c in out.stdout + out.stderr for c in RAW)
+
+
+def test_names_and_stderr_with_markup_and_escapes_print_safely_everywhere(daemons):
+    d = daemons()
+    script = f"import sys; sys.stdout.write({NASTY!r}); sys.stderr.write({NASTY!r}); sys.exit(3)"
+    failed = d.submit([sys.executable, "-c", script], name=NASTY, mem="1GiB")
+    d.wait_state(failed, "failed")
+    assert NASTY[-12:] in d.job(failed)["reason"]  # the stderr tail reached the reason
+    d.client.request("drain")
+    pending = d.submit(job_argv(500, 0.2), name=NASTY, mem="1GiB")
+
+    for args in (["ls", "-a"], ["ls"], ["show", failed], ["show", pending], ["wait", failed],
+                 ["logs", pending], ["logs", failed, "--stderr", "-f"]):
+        out = cli(d, *args)
+        assert out.returncode in (0, 1), (args, out.stderr)
+        assert "Traceback" not in out.stderr, args
+        assert no_raw_controls(out) or args[0] == "logs", (args, out.stdout, out.stderr)
+    listed = cli(d, "ls", "-a").stdout
+    assert "train.py[lr=0.1,seed=0]" in listed and "\\x1b" in listed
+    shown = cli(d, "show", failed).stdout
+    assert NASTY.replace("\x1b", "\\x1b").replace("\x07", "\\x07").replace("\x9b", "\\x9b") in shown
+    assert "[/] [bold]" in shown
+    # `logs` passes your own job's output through as written; its own lines are escaped.
+    followed = cli(d, "logs", failed, "--stderr", "-f")
+    assert followed.stdout == NASTY
+    assert not any(c in followed.stderr for c in RAW) and f"job {failed} failed" in followed.stderr
+    waiting = cli(d, "logs", pending)
+    assert waiting.returncode == 0 and f"job {pending} is pending" in waiting.stderr
+    assert waiting.stdout == ""
+
+
+def test_ls_filters_and_cancel_ranges_lists_names_and_all(daemons):
+    d = daemons()
+    d.client.request("drain")  # everything stays pending: nothing races the assertions
+    ids = [d.submit(job_argv(500, 0.2), name=f"{kind}-{i}", mem="1GiB")
+           for i, kind in enumerate(["sweep", "sweep", "sweep", "eval", "eval"])]
+    assert ids == ["1", "2", "3", "4", "5"]
+
+    rows = json.loads(cli(d, "ls", "--name", "sweep*", "--format", "json").stdout)
+    assert [r["id"] for r in rows] == ["1", "2", "3"]
+    assert json.loads(cli(d, "ls", "--user", "nobody-here", "--format", "json").stdout) == []
+    assert len(json.loads(cli(d, "ls", "-u", me(), "-s", "pending,running", "--format", "json").stdout)) == 5
+    bad = cli(d, "ls", "--state", "pending,finished")
+    assert bad.returncode == 2 and "unknown job state 'finished'" in bad.stderr
+    assert "pending, running, done, failed, cancelled, rejected" in bad.stderr
+
+    out = cli(d, "cancel", "1-2,99")
+    assert out.returncode == 1, out.stderr
+    assert out.stdout.splitlines() == ["1: cancelled", "2: cancelled"]
+    assert "99: not cancelled: no job '99'" in out.stderr
+    again = cli(d, "cancel", "2")
+    assert again.returncode == 0 and again.stdout.strip() == "2: already cancelled, nothing to cancel"
+    # An ended state in --state lists ended jobs without --all.
+    cancelled = json.loads(cli(d, "ls", "--state", "cancelled", "--format", "json").stdout)
+    assert [r["id"] for r in cancelled] == ["1", "2"]
+
+    by_name = cli(d, "cancel", "--name", "eval-*")
+    assert by_name.returncode == 0 and by_name.stdout.splitlines() == ["4: cancelled", "5: cancelled"]
+    everything = cli(d, "cancel", "--all")
+    assert everything.returncode == 0 and everything.stdout.splitlines() == ["3: cancelled"]
+    nothing = cli(d, "cancel", "--all")
+    assert nothing.returncode == 0 and "no pending or running job of yours" in nothing.stderr
+    both = cli(d, "cancel", "3", "--all")
+    assert both.returncode == 2 and "not both" in both.stderr
+
+
+def test_bad_options_get_a_collocate_error_naming_what_is_wanted(tmp_path):
+    env = {**os.environ, "COLLOCATE_STATE_DIR": str(tmp_path)}  # no daemon: parsing fails first
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*CLI, *args], env=env, capture_output=True, text=True, timeout=60)
+
+    cases = [
+        (["submit", "--priority", "abc", "--", "true"],
+         "error: --priority takes a whole number, not 'abc'", "collocate submit --help"),
+        (["wait", "1", "--timeout=soon"], "error: --timeout takes a number, not 'soon'", "collocate wait --help"),
+        (["show", "1", "--format", "yaml"], "error: unknown --format 'yaml'", "use table or json"),
+        (["ls", "--format", "text"], "error: unknown --format 'text'", "use table or json"),
+        (["submit", "--mem", "6", "--", "true"], "error: --mem 6 has no unit", "write 6GiB"),
+        (["cancel", "3-x"], "error: cannot read job id '3-x'", "3-7"),
+        (["submit", "--bogus", "--", "true"], "No such option: --bogus", "collocate submit --help"),
+    ]
+    for args, message, hint in cases:
+        out = run(*args)
+        assert out.returncode == 2, (args, out.stderr)
+        assert message in out.stderr and hint in out.stderr, (args, out.stderr)
+        assert "Traceback" not in out.stderr and "Input should be" not in out.stderr
+    assert run("ls", "--help").returncode == 0
