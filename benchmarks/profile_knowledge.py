@@ -74,7 +74,7 @@ def recovered(rows: list[dict], metric: str, knowing: str = "learned"
     by = {(r["trace"], r["sharing"], r["profiles"]): r[metric] for r in rows}
     out = {}
     for trace, sharing in {(r["trace"], r["sharing"]) for r in rows}:
-        told, blind, known = (by[(trace, sharing, p)] for p in ("trace", "unknown", knowing))
+        told, blind, known = (by[(trace, sharing, p)] for p in ("trace", "blind", knowing))
         gap = blind - told
         out[(trace, sharing)] = None if abs(gap) < 1e-9 else (blind - known) / gap
     return out
@@ -86,7 +86,7 @@ def markdown(rows: list[dict], info: dict) -> str:
         "",
         f"{info['date']}, {info['host_cpu']} ({info['cores']} cores), simulator only (no GPU): "
         "`python benchmarks/profile_knowledge.py`. Policy `auto`, measured-peak memory estimates; "
-        "`trace`: policies told every job's profile; `unknown`: told nothing (0.5 SM / 0.2 DRAM "
+        "`trace`: policies told every job's profile; `blind`: told nothing (0.5 SM / 0.2 DRAM "
         "for every job); `learned`: what the daemon would know: a job's profile once it has run "
         "alone for 10 s, and from submission on for a job whose command (catalogue workload) "
         "ran before; `similar`: as learned, and a new command starts with the median profile "
@@ -101,7 +101,7 @@ def markdown(rows: list[dict], info: dict) -> str:
         lines.append(f"| {r['trace']} | {r['sharing']} | {r['profiles']} | {r['makespan_min']:.1f} "
                      f"| {r['mean_jct_min']:.1f} | {r['p95_jct_min']:.1f} | {r['sm_util']:.2f} "
                      f"| {r['energy_kwh']:.4g} | {r['oom_crashes']} |")
-    lines += ["", "Share of the unknown → trace change that `learned` and `similar` achieve (1.00 = "
+    lines += ["", "Share of the blind → trace change that `learned` and `similar` achieve (1.00 = "
               "all of it, 0 = none, negative = moved the other way; – = knowing changed nothing):",
               "", "| trace | sharing | makespan, learned | JCT mean, learned | makespan, similar "
               "| JCT mean, similar |", "|---|---|---:|---:|---:|---:|"]

@@ -75,11 +75,12 @@ def simulate(
         str,
         typer.Option(
             help="What the policies know of each job's SM/DRAM activity: 'trace' (the trace's "
-            "values), 'unknown' (nothing, as for a job the daemon has no history of: it assumes "
-            "0.5/0.2), 'learned' (nothing until the job has run alone for 10 s, as the daemon "
-            "measures it live, then remembered for its command), or 'similar' (as learned, and a new "
-            "command starts with what was learned for its program's other commands, as the daemon "
-            "does for a sweep's points). Jobs progress by the trace's values either way.",
+            "values), 'unknown' (what a fresh daemon knows: nothing at first, then all it learns "
+            "as the trace runs: alone, from history, from running siblings, from what a shared "
+            "GPU reads), 'blind' (nothing ever: 0.5/0.2 for every job), 'learned' (only learning "
+            "alone for 10 s, remembered for its command), or 'similar' (as learned, and a new "
+            "command starts with what was learned for its program's other commands). Jobs "
+            "progress by the trace's values either way.",
         ),
     ] = "trace",
     seed: Annotated[int, typer.Option(help="Seed for synthetic traces.")] = 0,
