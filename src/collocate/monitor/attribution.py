@@ -27,7 +27,7 @@ The rule, for one device and one interval between two consecutive samples ``s0``
    **Helpers and readings that miss jobs.** Under MPS the driver charges every client's SM
    utilization to the MPS server, and jobs read 0 (docs/gpu-validation.md). A helper process
    (``helpers``: the MPS server) is no owner; and when no job owner reports utilization but the
-   device reads SM activity (GPM's, else NVML's utilization), each job's ``u`` is that reading
+   device reads SM activity beyond what ``OTHER`` reports (GPM's, else NVML's utilization), each job's ``u`` is that reading
    split in proportion to ``expected`` (what each job is expected to draw: its solo SM activity
    times its progress rate under the interference model, from the daemon), or equally. So a job
    that ran is never charged 0% and no GPU time.
@@ -145,6 +145,7 @@ def _split_device_reading(util: dict[str, float], samples: tuple[DeviceSample, D
     readings = [s.sm_activity if s.sm_activity is not None else s.gpu_util for s in samples]
     known = [r for r in readings if r is not None]
     device = sum(known) / len(known) if known else 0.0
+    device -= util.get(OTHER, 0.0)  # what processes no job owns report is theirs
     if device <= 0:
         return
     weights = [max(0.0, expected.get(o, 0.0)) for o in jobs]
