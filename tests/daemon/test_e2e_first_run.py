@@ -80,3 +80,14 @@ def test_pending_jobs_say_why_they_wait(daemons):
     assert d.job(short)["wait"] == "memory"  # `show` and JSON carry it too
     d.client.request("drain")
     wait_for(lambda: d.job(short)["wait"] == "drain", 5, "the drain to be the reason")
+
+
+def test_under_mps_the_pinned_limit_enforces_the_requirement_and_the_job_recovers(daemons):
+    d = daemons("--sharing", "mps", gpus="emulated:1xA100-40GB")
+    # Declares 2 GiB: its limit is 2,048 x 1.15 + 512 MiB. It grows to 4,000 MiB at 30 % of its run,
+    # which MPS refuses (time-slicing would let it through and raise its commitment instead).
+    job = d.submit(job_argv(1500, 2.0, peak_mib=4000), mem="2GiB")
+    done = d.wait_state(job, ("done", "failed"), timeout=60)
+    first, *rest = done["attempts"]
+    assert first["outcome"] == "oom"
+    assert done["state"] == "done" and rest and rest[-1]["outcome"] == "succeeded"

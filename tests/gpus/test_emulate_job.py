@@ -205,3 +205,10 @@ def test_slowdown_on_mig_instances() -> None:
     assert shared > alone
     whole = DeviceRow("GPU-x", 0, NODE, 0, None, "A100-40GB", 40536, 108, 1.0, None, None, 55, 400)
     assert job_slowdown(model, SharingMode.MIG, own, whole, []) == 1.0
+
+
+def test_mps_pinned_limits_are_read_as_mib_per_ordinal():
+    from collocate.gpus.emulate_job import pinned_limits
+
+    assert pinned_limits("0=7578M,1=2G") == {0: 7578.0, 1: 2048.0}
+    assert pinned_limits(None) == {} and pinned_limits("junk,=3M") == {}

@@ -189,6 +189,7 @@ class EmulatedJob:
             raise CollocateError("cannot read this process's start time", hint="is /proc mounted?")
         self.started = started
         self.profile = JobProfile(spec.sm, spec.dram)
+        self.limits: dict[int, float] = {}  # MPS pinned memory limit per visible ordinal (MiB)
         self.held: float | None = None  # None until the first claim (even of 0 MiB) is stored
         self.reported = 1.0  # the slowdown whose rate the claims carry (new claims: rate 1)
 
@@ -242,6 +243,11 @@ class EmulatedJob:
         if mib == self.held:
             return
         for ordinal, device in enumerate(self.devices):
+            limit = self.limits.get(ordinal)
+            if limit is not None and mib > limit:  # MPS refuses what its client's limit exceeds
+                held = self.held or 0.0
+                raise OutOfMemory(Refusal(device.uuid, mib - held, limit, max(0.0, limit - held),
+                                          held, ()), ordinal)
             refusal = self.store.claim(
                 device.uuid, self.pid, self.started, mib, self.spec.sm, self.spec.dram
             )
@@ -265,7 +271,26 @@ def run_job(spec: JobSpec, state_dir: Path, env: os._Environ[str] | dict[str, st
     """Entry point for the CLI: resolve devices and mode from ``env`` and run the job."""
     store = StateStore.open_existing(state_dir)
     devices = resolve_devices(env.get("CUDA_VISIBLE_DEVICES"), store.devices())
-    return EmulatedJob(spec, store, devices, mode=sharing_mode(env)).run()
+    job = EmulatedJob(spec, store, devices, mode=sharing_mode(env))
+    if job.mode is SharingMode.MPS:
+        job.limits = pinned_limits(env.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"))
+    return job.run()
+
+
+def pinned_limits(text: str | None) -> dict[int, float]:
+    """``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` (``0=7578M,1=2G``) as MiB per device ordinal; what
+    the MPS server enforces on a real GPU, the emulated job enforces on itself."""
+    limits: dict[int, float] = {}
+    for item in (text or "").split(","):
+        device, _, size = item.strip().partition("=")
+        if not device.isdigit() or not size:
+            continue
+        scale = {"M": 1.0, "G": 1024.0}.get(size[-1].upper())
+        try:
+            limits[int(device)] = float(size[:-1]) * scale if scale else float(size) / (1024 * 1024)
+        except ValueError:
+            continue
+    return limits
 
 
 def _profile(c: Claim) -> JobProfile:
