@@ -104,7 +104,7 @@ def simulate(policy: str, sharing: str, jobs: list[dict]) -> dict:
                      JobProfile(job["sm"], job["dram"]))
         trace.append(TraceJob(job["name"], 0.0, w))
     config = SimConfig(sharing=SharingMode(sharing), estimator="declared", profiles="unknown",
-                       ramp_s=2.0, wake_s=1.0)
+                       ramp_s=2.0)
     result = Simulation(parse_cluster("1xH100-80GB"), trace, make_policy(policy), config).run()
     jct = [r.end - r.submit for r in result.records if r.end is not None]
     return {"makespan_s": round(result.makespan_s, 1), "mean_jct_s": round(sum(jct) / len(jct), 1),

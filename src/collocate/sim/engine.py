@@ -37,7 +37,7 @@ import numpy as np
 
 from collocate.activity import INFER_AFTER_S, MIN_SOLO_SAMPLES, infer_assumed, program_prior
 from collocate.commitment import MemoryRamp, committed_mib, mps_limit_mib, stable_s_of
-from collocate.errors import InputError
+from collocate.errors import CollocateError, InputError
 from collocate.gputypes import NodeSpec
 from collocate.interference import InterferenceModel, default_interference
 from collocate.model import (
@@ -302,6 +302,11 @@ class Simulation:
             if self.progress and self.closed != done:
                 done = self.closed
                 self.progress(done, total)
+        if len(self.scheduler.queue):  # nothing left to happen, yet jobs wait: a bug, never a result
+            raise CollocateError(
+                f"the simulation stalled at {now:.0f} s with {len(self.scheduler.queue)} job(s) pending "
+                f"under {self.policy.name}", hint="a guard outlasts the wake-ups: is wake_s shorter than "
+                "the policy's settle_s? Otherwise please report it with the trace")
         return self._result(now)
 
     def _known_profile(self, w: Workload) -> tuple[JobProfile, str]:
@@ -565,8 +570,9 @@ class Simulation:
             if run.allocated:
                 self.used[i] -= run.peak_mib
             self.residents[i].discard(job.id)
-            if not self.residents[i]:  # clear float drift
+            if not self.residents[i]:  # clear float drift; an empty GPU has nothing in flight
                 self.committed[i] = self.used[i] = self.sm_sum[i] = self.dram_sum[i] = 0.0
+                self.seen_at[i] = -math.inf
         del self.running[job.id]
         self._resettle(gpus)
         self._plan_inference(gpus)
