@@ -199,8 +199,7 @@ class ClusterSnapshot:
     launch_seen_at: np.ndarray
     speed: np.ndarray
     sharing: SharingMode = SharingMode.TIME_SLICING
-    running: Mapping[str, RunningJob] = field(default_factory=dict)
-    placements_made: int = 0  # placements so far, for policies that rotate (round-robin)
+    placements_made: int = 0  # set by the Scheduler: placements so far, for round-robin's rotation
     datasets: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
     def __len__(self) -> int:
@@ -216,6 +215,8 @@ class ClusterSnapshot:
         running: Mapping[str, RunningJob] | None = None,
         placements_made: int = 0,
     ) -> ClusterSnapshot:
+        """``running`` gives the profiles and datasets of the jobs named in ``GpuView.jobs``
+        (those it lacks count as ``UNKNOWN_PROFILE``); only the sums per GPU are kept."""
         running = dict(running or {})
         node_numbers: dict[str, int] = {}
         sm = np.zeros(len(views))
@@ -252,7 +253,6 @@ class ClusterSnapshot:
             launch_seen_at=column(v.launch_seen_at for v in views),
             speed=column(v.speed for v in views),
             sharing=sharing,
-            running=running,
             placements_made=placements_made,
             datasets={name: tuple(sorted(set(gpus))) for name, gpus in datasets.items()},
         )
@@ -263,7 +263,6 @@ class Placement:
     job_id: str
     gpus: tuple[GpuId, ...]
     mem_mib: float | None = None  # the requirement it was placed with (MPS limits derive from it)
-    sm_share: float | None = None  # MPS active-thread fraction, when the policy sets one
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,7 @@ from collocate.policies import make_policy
 from collocate.sim.engine import SimConfig, Simulation
 from collocate.sim.metrics import summarize
 from collocate.sim.mig import (
-    MigSimulation,
+    MigInstances,
     default_layout,
     layout_text,
     resolve_layout,
@@ -108,7 +108,7 @@ def test_a_layout_without_mig_sharing_is_refused():
 def test_instances_are_gpus_of_their_own_in_the_snapshot():
     sim = Simulation(parse_cluster("2x(2xA100-40GB)"), [job("a")], make_policy("exclusive"),
                      SimConfig(sharing=SharingMode.MIG, mig_layout="4g.20gb+2g.10gb+1g.10gb"))
-    assert isinstance(sim, MigSimulation)
+    assert isinstance(sim.devices, MigInstances)
     snap = sim._snapshot(0.0)
     assert snap.ids[:3] == (GpuId("node0", 0, "1.0"), GpuId("node0", 0, "2.0"), GpuId("node0", 0, "3.0"))
     assert len(snap) == 12 and snap.node.tolist() == [0] * 6 + [1] * 6
@@ -200,7 +200,7 @@ def test_jobs_larger_than_every_instance_are_rejected_up_front():
 # -- property ------------------------------------------------------------------------------------
 
 
-class _CheckedMig(MigSimulation):
+class _CheckedMig(Simulation):
     """Asserts after every launch that no instance holds more committed memory than it has."""
 
     def _launch(self, job_id, gpus, now):

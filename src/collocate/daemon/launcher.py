@@ -41,7 +41,7 @@ class LaunchPlan:
 def mps_env(job: Job, placement: Placement, dirs: MpsDirs) -> dict[str, str]:
     """Per-client MPS limits derived from the job's estimate (``collocate.gpus.mps`` formats them).
 
-    Thread percentage: only when the policy set an ``sm_share``. A job's solo SM activity is
+    Thread percentage: never set (no policy caps threads). A job's solo SM activity is
     not a safe cap: on an H100 (2026-11-23, docs/gpu-validation.md) capping each job at its solo
     activity slowed jobs that ran alone by up to 1.9x (the transformer, capped at 91%), and the
     measured MPS interference model assumes uncapped clients. Pinned memory: the placed
@@ -49,7 +49,7 @@ def mps_env(job: Job, placement: Placement, dirs: MpsDirs) -> dict[str, str]:
     is left unset rather than guessed.
     """
     mem = placement.mem_mib if placement.mem_mib is not None else job.mem_mib
-    return mps_client_env(dirs=dirs, sm_share=placement.sm_share, mem_mib=mem,
+    return mps_client_env(dirs=dirs, mem_mib=mem,
                           devices=[str(i) for i in range(len(placement.gpus))])
 
 

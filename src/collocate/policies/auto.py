@@ -24,8 +24,9 @@ placement adds the most total training progress?" and answers with the interfere
   overloaded synthetic trace 28-32% longer (reserved GPUs drained half empty).
 * Jobs recovered from an out-of-memory crash come first in the queue and are placed like any
   other job with their raised memory requirement; they never stop the rest of the queue.
-* Under MIG each instance is a GPU of its own; jobs sharing an instance are scored with their
-  activity relative to its size. (Sending each job to the idle instance where it would run
+* A MIG instance is a GPU of its own; jobs sharing one are scored with their activity relative
+  to its size (the snapshot's per-GPU ``speed``: 1 on a whole GPU), so the simulator and the
+  daemon score instances alike whatever sharing mode they were started with. (Sending each job to the idle instance where it would run
   fastest made simulated makespans 4-6% longer on carma-heavy-60, so idle instances are taken
   in order, as whole GPUs are.)
 * Jobs that read one shared dataset (``collocate submit --dataset``) are drawn together: a
@@ -116,8 +117,7 @@ class Auto:
             pressure = params.per_sm * ledger.sm_sum
             if params.per_dram:
                 pressure += params.per_dram * ledger.dram_sum
-            if cluster.sharing is SharingMode.MIG:  # activity counts relative to each instance
-                pressure /= cluster.speed
+            pressure /= cluster.speed  # activity counts relative to a MIG instance's SMs
             mask &= pressure <= slack
         candidates = np.flatnonzero(mask)
         if candidates.size == 0:
@@ -150,9 +150,8 @@ class Auto:
         a, d = job.profile.sm_activity, job.profile.dram_activity
         n = ledger.n_jobs[gpus].astype(float)  # >= 1: only busy GPUs are scored
         sm, dram = ledger.sm_sum[gpus], ledger.dram_sum[gpus]
-        if ledger.cluster.sharing is SharingMode.MIG:  # jobs time-slice one instance
-            f = ledger.cluster.speed[gpus]
-            a, d, sm, dram = np.minimum(1.0, a / f), np.minimum(1.0, d / f), sm / f, dram / f
+        f = ledger.cluster.speed[gpus]  # activity relative to a MIG instance (exact on whole GPUs)
+        a, d, sm, dram = np.minimum(1.0, a / f), np.minimum(1.0, d / f), sm / f, dram / f
         mean_sm, mean_dram = sm / n, dram / n
         newcomer = shared_slowdown(params, a, d, sm, dram)
         resident_after = shared_slowdown(params, mean_sm, mean_dram, sm - mean_sm + a, dram - mean_dram + d)
@@ -164,7 +163,8 @@ class Auto:
         return gain, ok
 
     def _params(self, mode: SharingMode) -> ModeParams:
-        # Jobs sharing one MIG instance time-slice it.
+        # Jobs sharing one MIG instance time-slice it (the simulator's MIG mode; the daemon says
+        # how it shares GPUs, instances included).
         return self.interference.modes[SharingMode.TIME_SLICING if mode is SharingMode.MIG else mode]
 
     def _reserve_for(self, job: Job, ledger: Ledger, keep: np.ndarray) -> None:

@@ -37,7 +37,7 @@ class Ledger:
         self.launch_seen_at = cluster.launch_seen_at.copy()
         self.placements: list[Placement] = []
 
-    def place(self, job: Job, gpus: Iterable[int], *, sm_share: float | None = None) -> None:
+    def place(self, job: Job, gpus: Iterable[int]) -> None:
         idx = list(gpus)
         seen = -math.inf if job.mem_known else math.inf  # not seen on the GPU yet, unless measured
         for i in idx:  # scalar updates: a job holds a few GPUs, and fancy indexing costs more
@@ -50,7 +50,7 @@ class Ledger:
             self.launch_seen_at[i] = seen
         ids = self.cluster.ids
         self.placements.append(
-            Placement(job.id, tuple(ids[i] for i in idx), job.mem_mib, sm_share)
+            Placement(job.id, tuple(ids[i] for i in idx), job.mem_mib)
         )
 
     def in_flight(self, settle_s: float) -> np.ndarray:
@@ -94,7 +94,3 @@ def pick_on_one_node(candidates: np.ndarray, node: np.ndarray, count: int) -> li
             return [int(i) for i in members[:count]]
     return None
 
-
-def gpus_per_node(cluster: ClusterSnapshot) -> int:
-    """The most GPUs any one node has: the largest job the cluster can ever run."""
-    return int(np.bincount(cluster.node).max()) if len(cluster) else 0
