@@ -31,12 +31,23 @@ def test_mig_instances_are_scheduled_as_gpus_of_their_own_size(daemons):
     d = daemons(gpus="emulated:1xA100-40GB:mig0=3g.20gb,4g.20gb")
     gpus = d.client.request("gpus")
     assert len(gpus) == 2 and all(g["uuid"].startswith("MIG-emu-") for g in gpus)
-    with pytest.raises(CollocateError, match="largest GPU has"):
+    with pytest.raises(CollocateError, match="largest MIG instance has"):
         d.submit(job_argv(1000, 0.2), mem="30GiB")  # fits an A100-40GB, not a 20 GB instance
     job = d.submit(job_argv(5000, 0.5), mem="6GiB")
     done = d.wait_state(job, "done")
     assert done["attempts"][0]["uuids"][0].startswith("MIG-emu-")
     assert 4900 <= done["attempts"][0]["peak_mib"] <= 5100
+
+
+def test_a_multi_gpu_job_is_never_spread_over_mig_instances(daemons):
+    """GPU 0 split into two instances, GPU 1 whole: two devices are free, but a 2-GPU job
+    cannot run on an instance (the core's admission rule, as in the simulator)."""
+    d = daemons(gpus="emulated:2xA100-40GB:mig0=3g.20gb,4g.20gb")
+    assert len(d.client.request("gpus")) == 3
+    with pytest.raises(CollocateError, match="NCCL does not run across MIG instances"):
+        d.submit(job_argv(1000, 0.2), mem="4GiB", gpus=2)
+    job = d.submit(job_argv(1000, 0.3), mem="4GiB")
+    assert d.wait_state(job, "done")["attempts"][0]["uuids"][0].startswith(("MIG-emu-", "GPU-emu-"))
 
 
 def test_logs_follow_until_the_job_ends(daemons, tmp_path):
