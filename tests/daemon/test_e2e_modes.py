@@ -23,7 +23,7 @@ def test_mps_jobs_get_limits_from_their_estimate(daemons):
     env = dict(line.split("=", 1) for line in d.client.request("logs", id=job)["text"].splitlines())
     assert env["COLLOCATE_SHARING"] == "mps" and env["MY_VAR"] == "hello" and env["COLLOCATE_JOB_ID"] == job
     assert env["CUDA_VISIBLE_DEVICES"].startswith("GPU-emu-")
-    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == ""  # no cap unless a policy sets a share
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == ""  # no thread cap: no policy sets one
     assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=6656M"  # 6144 MiB + the 512 MiB margin
 
 
