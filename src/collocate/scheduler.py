@@ -56,7 +56,7 @@ class Capacity:
     def of(cls, cluster: ClusterSnapshot) -> Capacity:
         shape: dict[int, tuple[int, float]] = {}
         instance = 0.0
-        for gpu, node, total in zip(cluster.ids, cluster.node.tolist(), cluster.total_mib.tolist()):
+        for gpu, node, total in zip(cluster.ids, cluster.node.tolist(), cluster.total_mib.tolist(), strict=True):
             count, largest = shape.get(node, (0, 0.0))
             if gpu.mig is not None:
                 instance = max(instance, total)

@@ -62,6 +62,7 @@ class Carma:
 
     def _collocate(self, job: Job, ledger: Ledger, eligible: np.ndarray) -> list[int] | None:
         cluster = ledger.cluster
+        assert job.mem_mib is not None  # only jobs of known size are collocated (see __call__)
         fits = ledger.free_mib - self.reserve_mib >= job.mem_mib + self.headroom_mib
         candidates = np.flatnonzero(eligible & fits)
         if self.order is CarmaOrder.BEST_FIT:

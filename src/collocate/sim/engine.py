@@ -44,7 +44,6 @@ from collocate.interference import InterferenceModel, default_interference
 from collocate.model import (
     UNKNOWN_PROFILE,
     ClusterSnapshot,
-    GpuId,
     Job,
     JobProfile,
     JobState,
@@ -218,7 +217,7 @@ class Simulation:
         self.records: dict[str, JobRecord] = {}
         self.peaks: dict[str, float] = {}
         self._history: dict[str | None, JobProfile] = {}  # command → learned profile ("learned")
-        self._programs: dict[str, dict[str, JobProfile]] = {}  # program → command → profile
+        self._programs: dict[str | None, dict[str, JobProfile]] = {}  # program → command → profile
         self.events: list[tuple[float, int, int, str, int]] = []
         self._seq = 0
         self.decisions = 0
