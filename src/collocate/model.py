@@ -205,6 +205,16 @@ class ClusterSnapshot:
     def __len__(self) -> int:
         return len(self.ids)
 
+    def evolve(self, **changes: object) -> ClusterSnapshot:
+        """``dataclasses.replace`` without its per-call introspection: the scheduler sets
+        ``placements_made`` on every round, and simulations run a round per event."""
+        new = object.__new__(ClusterSnapshot)
+        for name in ClusterSnapshot.__slots__:
+            object.__setattr__(new, name, changes.pop(name) if name in changes else getattr(self, name))
+        if changes:
+            raise TypeError(f"ClusterSnapshot has no field(s) {', '.join(changes)}")
+        return new
+
     @classmethod
     def from_views(
         cls,

@@ -11,7 +11,7 @@ the caller passes the cluster snapshot and the time, and persists every changed 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from sortedcontainers import SortedKeyList
 
@@ -171,7 +171,7 @@ class Scheduler:
         if not self._queue:
             return Plan()
         if self.placements_made:  # the scheduler alone counts them; snapshot builders do not
-            cluster = replace(cluster, placements_made=self.placements_made)
+            cluster = cluster.evolve(placements_made=self.placements_made)
         plan = self.policy(self._queue, cluster)
         self._check(plan, cluster)
         for placement in plan.placements:

@@ -494,9 +494,9 @@ class Simulation:
         record.oom_crashes = job.oom_crashes
 
     def _snapshot(self, now: float) -> ClusterSnapshot:
-        # A monitor reads a MIG device's activity relative to the instance's own SMs (speed 1
-        # elsewhere: the division is exact).
-        busy = np.minimum(1.0, self.sm_live / self.speed)
+        # A monitor reads a MIG device's activity relative to the instance's own SMs.
+        relative = self.devices.fraction is not None
+        busy = np.minimum(1.0, self.sm_live / self.speed if relative else self.sm_live)
         return ClusterSnapshot(
             now=now,
             ids=self.ids,
@@ -511,7 +511,7 @@ class Simulation:
             # in-flight guard (30 s) releases a GPU, so the current level stands in for it.
             util_sm=busy,
             util_occ=busy * OCCUPANCY_PER_SM,
-            util_dram=np.minimum(1.0, self.dram_live / self.speed),
+            util_dram=np.minimum(1.0, self.dram_live / self.speed if relative else self.dram_live),
             launch_seen_at=_frozen(self.seen_at),
             speed=self.speed,
             sharing=self.cfg.sharing,
