@@ -40,7 +40,7 @@ class Pairs:
     def __call__(self, queue: Sequence[Job], cluster: ClusterSnapshot) -> Plan:
         ledger = Ledger(cluster)
         for job in queue:
-            gpus = pick_on_one_node(np.flatnonzero(ledger.n_jobs < self.per_gpu), cluster.node, job.gpus)
+            gpus = pick_on_one_node(np.flatnonzero(ledger.n_jobs < self.per_gpu), cluster.gang_node, job.gpus)
             if gpus is not None:
                 ledger.place(job, gpus)
         return ledger.plan()

@@ -179,7 +179,8 @@ class ClusterSnapshot:
     Per GPU: ``node`` (node number), ``total_mib``, ``free_mib`` (measured), ``committed_mib``
     (sum of placed jobs' requirements), ``n_jobs``, ``sm_sum``/``dram_sum`` (sum of the solo
     activity profiles of the jobs on it), ``util_sm``/``util_occ``/``util_dram`` (measured
-    window summaries), ``launch_seen_at`` (see ``GpuView``) and ``speed``. ``datasets`` maps a
+    window summaries), ``launch_seen_at`` (see ``GpuView``), ``speed`` and ``gang_node`` (the
+    node number for multi-GPU placement, -1 on a MIG instance: see ``gang_nodes``). ``datasets`` maps a
     shared dataset's name to the GPU positions whose jobs read it (for placing jobs of one
     ``collocate share`` producer together).
     """
@@ -198,6 +199,7 @@ class ClusterSnapshot:
     util_dram: np.ndarray
     launch_seen_at: np.ndarray
     speed: np.ndarray
+    gang_node: np.ndarray
     sharing: SharingMode = SharingMode.TIME_SLICING
     placements_made: int = 0  # set by the Scheduler: placements so far, for round-robin's rotation
     datasets: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
@@ -262,10 +264,17 @@ class ClusterSnapshot:
             util_dram=column(v.util.dram_activity for v in views),
             launch_seen_at=column(v.launch_seen_at for v in views),
             speed=column(v.speed for v in views),
+            gang_node=gang_nodes(tuple(v.id for v in views), column((node_numbers[v.id.node] for v in views), np.int64)),
             sharing=sharing,
             placements_made=placements_made,
             datasets={name: tuple(sorted(set(gpus))) for name, gpus in datasets.items()},
         )
+
+
+def gang_nodes(ids: Sequence[GpuId], node: np.ndarray) -> np.ndarray:
+    """Per GPU, the node number under which it may join a multi-GPU job: its node, or -1 for a
+    MIG instance (a CUDA process sees one MIG device, and NCCL does not run across instances)."""
+    return np.where(np.array([g.mig is not None for g in ids], dtype=bool), -1, node).astype(np.int64)
 
 
 @dataclass(frozen=True, slots=True)

@@ -77,3 +77,14 @@ def test_auto_scores_instances_the_same_whatever_mode_the_world_says():
              for mode in (SharingMode.MIG, SharingMode.TIME_SLICING)]
     assert plans[0] == plans[1]
     assert [str(g) for g in plans[0].placements[0].gpus] == ["n0:0/2.0"]  # the larger instance gains more
+
+
+@pytest.mark.parametrize("name", ["exclusive", "shares", "declared-memory", "round-robin", "carma-magm", "auto"])
+def test_no_policy_spreads_a_job_over_instances_on_a_mixed_node(name):
+    """GPU 0 split into two instances, GPUs 1 and 2 whole, all idle: a 2-GPU job gets the whole
+    ones, though the instances come first."""
+    cluster = snapshot([instance(0, "1.0"), instance(0, "2.0"), whole(1), whole(2)])
+    scheduler = Scheduler(make_policy(name), Capacity.of(cluster))
+    scheduler.submit(Job("pair", gpus=2, mem_mib=4 * GIB, mem_source="declared"))
+    plan = scheduler.schedule(cluster)
+    assert [str(g) for g in plan.placements[0].gpus] == ["n0:1", "n0:2"]

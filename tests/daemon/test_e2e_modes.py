@@ -50,6 +50,15 @@ def test_a_multi_gpu_job_is_never_spread_over_mig_instances(daemons):
     assert d.wait_state(job, "done")["attempts"][0]["uuids"][0].startswith(("MIG-emu-", "GPU-emu-"))
 
 
+def test_a_multi_gpu_job_takes_whole_gpus_beside_mig_instances(daemons):
+    """GPU 0 split, GPUs 1 and 2 whole: the instances come first in the device list, but a
+    2-GPU job runs on the two whole GPUs."""
+    d = daemons(gpus="emulated:3xA100-40GB:mig0=3g.20gb,4g.20gb")
+    job = d.submit(job_argv(1000, 0.3), mem="4GiB", gpus=2)
+    uuids = d.wait_state(job, "done")["attempts"][0]["uuids"]
+    assert len(uuids) == 2 and all(u.startswith("GPU-emu-") for u in uuids)
+
+
 def test_logs_follow_until_the_job_ends(daemons, tmp_path):
     d = daemons()
     job = d.submit(job_argv(500, 1.5), mem="1GiB")

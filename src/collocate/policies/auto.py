@@ -95,7 +95,7 @@ class Auto:
         if job.dataset in cluster.datasets:  # its producer's node first: batches are node-local
             same_node = np.isin(cluster.node[idle], cluster.node[list(cluster.datasets[job.dataset])])
             idle = np.concatenate([idle[same_node], idle[~same_node]])
-        alone = pick_on_one_node(idle, cluster.node, job.gpus)
+        alone = pick_on_one_node(idle, cluster.gang_node, job.gpus)
         if job.mem_mib is None:
             return alone  # unknown memory: only a GPU of its own is safe
         min_gain = 1.0 - self.pack_tolerance if alone else self.min_gain
@@ -137,7 +137,7 @@ class Auto:
         candidates, gain = candidates[ok], gain[ok]
         if job.gpus == 1:
             return [int(candidates[np.argmax(gain)])] if candidates.size else None
-        return pick_on_one_node(candidates[np.argsort(-gain, kind="stable")], cluster.node, job.gpus)
+        return pick_on_one_node(candidates[np.argsort(-gain, kind="stable")], cluster.gang_node, job.gpus)
 
     def _score(self, job: Job, ledger: Ledger, gpus: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Progress-rate gain of adding ``job`` to each of these busy GPUs, and whether the
@@ -173,7 +173,7 @@ class Auto:
         cluster = ledger.cluster
         room = np.minimum(ledger.free_mib, cluster.total_mib - ledger.committed_mib)
         order = np.lexsort((-room, ledger.n_jobs))  # fewest jobs, then most room
-        gpus = pick_on_one_node(order[fits_alone(job, cluster)[order]] if job.mem_mib else order, cluster.node, job.gpus)
+        gpus = pick_on_one_node(order[fits_alone(job, cluster)[order]] if job.mem_mib else order, cluster.gang_node, job.gpus)
         if gpus is not None:
             if job.mem_mib is None:
                 keep[gpus] = cluster.total_mib[gpus]

@@ -75,6 +75,7 @@ def fits_alone(job: Job, cluster: ClusterSnapshot) -> np.ndarray | bool:
 def pick_on_one_node(candidates: np.ndarray, node: np.ndarray, count: int) -> list[int] | None:
     """The first ``count`` candidates (kept in their given order) that share one node.
 
+    ``node`` is the snapshot's ``gang_node``: a multi-GPU job never takes a MIG instance (-1).
     Nodes are tried in the order their first candidate appears, so a policy's preference order
     also decides the node. Returns None when no node has enough candidates.
     """
@@ -83,6 +84,8 @@ def pick_on_one_node(candidates: np.ndarray, node: np.ndarray, count: int) -> li
     if len(candidates) < count:
         return None
     nodes = node[candidates]
+    if (nodes < 0).any():
+        candidates, nodes = candidates[nodes >= 0], nodes[nodes >= 0]
     seen: set[int] = set()
     for n in nodes:
         n = int(n)

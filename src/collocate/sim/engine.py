@@ -48,6 +48,7 @@ from collocate.model import (
     JobProfile,
     JobState,
     SharingMode,
+    gang_nodes,
 )
 from collocate.policies.base import Policy, commitment
 from collocate.recovery import ExitReport, Outcome, RecoveryRules
@@ -189,6 +190,7 @@ class Simulation:
         self.ids = tuple(ids)
         self._index = {g: i for i, g in enumerate(self.ids)}
         self.node = np.array(hw.node, dtype=np.int64)
+        self.gang_node = gang_nodes(self.ids, self.node)
         self.total = np.array(hw.total_mib)
         self.speed = np.array(hw.speed)
         self.used = np.zeros(n)  # actually allocated memory
@@ -514,6 +516,7 @@ class Simulation:
             util_dram=np.minimum(1.0, self.dram_live / self.speed if relative else self.dram_live),
             launch_seen_at=_frozen(self.seen_at),
             speed=self.speed,
+            gang_node=self.gang_node,
             sharing=self.cfg.sharing,
         )
 
