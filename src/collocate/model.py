@@ -200,6 +200,9 @@ class ClusterSnapshot:
     launch_seen_at: np.ndarray
     speed: np.ndarray
     gang_node: np.ndarray
+    #: Whether any GPU is a MIG instance (``gang_node`` -1): policies then take activity relative
+    #: to each GPU's ``speed``; a flag so that whole-GPU clusters skip that arithmetic.
+    has_mig_instances: bool = False
     sharing: SharingMode = SharingMode.TIME_SLICING
     placements_made: int = 0  # set by the Scheduler: placements so far, for round-robin's rotation
     datasets: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
@@ -265,6 +268,7 @@ class ClusterSnapshot:
             launch_seen_at=column(v.launch_seen_at for v in views),
             speed=column(v.speed for v in views),
             gang_node=gang_nodes(tuple(v.id for v in views), column((node_numbers[v.id.node] for v in views), np.int64)),
+            has_mig_instances=any(v.id.mig is not None for v in views),
             sharing=sharing,
             placements_made=placements_made,
             datasets={name: tuple(sorted(set(gpus))) for name, gpus in datasets.items()},

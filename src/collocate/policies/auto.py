@@ -25,10 +25,10 @@ placement adds the most total training progress?" and answers with the interfere
 * Jobs recovered from an out-of-memory crash come first in the queue and are placed like any
   other job with their raised memory requirement; they never stop the rest of the queue.
 * A MIG instance is a GPU of its own; jobs sharing one are scored with their activity relative
-  to its size (the snapshot's per-GPU ``speed``: 1 on a whole GPU), so the simulator and the
-  daemon score instances alike whatever sharing mode they were started with. (Sending each job to the idle instance where it would run
-  fastest made simulated makespans 4-6% longer on carma-heavy-60, so idle instances are taken
-  in order, as whole GPUs are.)
+  to its size (the snapshot's per-GPU ``speed``), so the simulator and the daemon score
+  instances alike whatever sharing mode they were started with. (Sending each job to the idle
+  instance where it would run fastest made simulated makespans 4-6% longer on carma-heavy-60,
+  so idle instances are taken in order, as whole GPUs are.)
 * Jobs that read one shared dataset (``collocate submit --dataset``) are drawn together: a
   shared GPU hosting such jobs gets a small gain bonus, and idle GPUs on their node come first,
   since one ``collocate share`` producer serves them through node-local memory.
@@ -117,7 +117,8 @@ class Auto:
             pressure = params.per_sm * ledger.sm_sum
             if params.per_dram:
                 pressure += params.per_dram * ledger.dram_sum
-            pressure /= cluster.speed  # activity counts relative to a MIG instance's SMs
+            if cluster.has_mig_instances:  # activity counts relative to each instance's SMs
+                pressure /= cluster.speed
             mask &= pressure <= slack
         candidates = np.flatnonzero(mask)
         if candidates.size == 0:
@@ -150,8 +151,9 @@ class Auto:
         a, d = job.profile.sm_activity, job.profile.dram_activity
         n = ledger.n_jobs[gpus].astype(float)  # >= 1: only busy GPUs are scored
         sm, dram = ledger.sm_sum[gpus], ledger.dram_sum[gpus]
-        f = ledger.cluster.speed[gpus]  # activity relative to a MIG instance (exact on whole GPUs)
-        a, d, sm, dram = np.minimum(1.0, a / f), np.minimum(1.0, d / f), sm / f, dram / f
+        if ledger.cluster.has_mig_instances:  # activity relative to an instance (f = 1 on whole GPUs)
+            f = ledger.cluster.speed[gpus]
+            a, d, sm, dram = np.minimum(1.0, a / f), np.minimum(1.0, d / f), sm / f, dram / f
         mean_sm, mean_dram = sm / n, dram / n
         newcomer = shared_slowdown(params, a, d, sm, dram)
         resident_after = shared_slowdown(params, mean_sm, mean_dram, sm - mean_sm + a, dram - mean_dram + d)

@@ -517,6 +517,7 @@ class Simulation:
             launch_seen_at=_frozen(self.seen_at),
             speed=self.speed,
             gang_node=self.gang_node,
+            has_mig_instances=relative,
             sharing=self.cfg.sharing,
         )
 
