@@ -84,9 +84,7 @@ def pick_on_one_node(candidates: np.ndarray, node: np.ndarray, count: int) -> li
     if len(candidates) < count:
         return None
     nodes = node[candidates]
-    if (nodes < 0).any():
-        candidates, nodes = candidates[nodes >= 0], nodes[nodes >= 0]
-    seen: set[int] = set()
+    seen: set[int] = {-1}  # MIG instances (gang_node -1) never join a multi-GPU job
     for n in nodes:
         n = int(n)
         if n in seen:
