@@ -33,6 +33,3 @@ class UnknownNameError(InputError):
         )
         self.kind, self.name, self.valid = kind, name, tuple(valid)
 
-
-class UnschedulableError(InputError):
-    """A job that no GPU of the cluster could ever hold."""

@@ -85,7 +85,8 @@ class InterferenceModel:
 
     def busy_fraction(self, profiles: Sequence[JobProfile]) -> float:
         """Fraction of the GPU's SMs kept busy by these jobs together (for power and SM util):
-        give each job's activity at its current rate (solo activity / slowdown), as a GPU reads it."""
+        the capped sum of the activities given. Pass each job's activity at its current rate
+        (solo activity / slowdown) to get what the GPU reads; this function divides by nothing."""
         return min(1.0, sum(p.sm_activity for p in profiles))
 
     def power_watts(self, idle_watts: float, max_watts: float, profiles: Sequence[JobProfile]) -> float:

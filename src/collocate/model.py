@@ -179,7 +179,9 @@ class ClusterSnapshot:
     Per GPU: ``node`` (node number), ``total_mib``, ``free_mib`` (measured), ``committed_mib``
     (sum of placed jobs' requirements), ``n_jobs``, ``sm_sum``/``dram_sum`` (sum of the solo
     activity profiles of the jobs on it), ``util_sm``/``util_occ``/``util_dram`` (measured
-    window summaries), ``launch_seen_at`` and ``mem_settling_at`` (see ``GpuView``) and ``speed``. ``datasets`` maps a
+    window summaries), ``launch_seen_at`` and ``mem_settling_at`` (see ``GpuView``), ``speed`` and
+    ``gang_node`` (the node number for multi-GPU placement, -1 on a MIG instance: see
+    ``gang_nodes``). ``datasets`` maps a
     shared dataset's name to the GPU positions whose jobs read it (for placing jobs of one
     ``collocate share`` producer together).
     """
@@ -199,13 +201,26 @@ class ClusterSnapshot:
     launch_seen_at: np.ndarray
     speed: np.ndarray
     mem_settling_at: np.ndarray
+    gang_node: np.ndarray
+    #: Whether any GPU is a MIG instance (``gang_node`` -1): policies then take activity relative
+    #: to each GPU's ``speed``; a flag so that whole-GPU clusters skip that arithmetic.
+    has_mig_instances: bool = False
     sharing: SharingMode = SharingMode.TIME_SLICING
-    running: Mapping[str, RunningJob] = field(default_factory=dict)
-    placements_made: int = 0  # placements so far, for policies that rotate (round-robin)
+    placements_made: int = 0  # set by the Scheduler: placements so far, for round-robin's rotation
     datasets: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    def evolve(self, **changes: object) -> ClusterSnapshot:
+        """``dataclasses.replace`` without its per-call introspection: the scheduler sets
+        ``placements_made`` on every round, and simulations run a round per event."""
+        new = object.__new__(ClusterSnapshot)
+        for name in ClusterSnapshot.__slots__:
+            object.__setattr__(new, name, changes.pop(name) if name in changes else getattr(self, name))
+        if changes:
+            raise TypeError(f"ClusterSnapshot has no field(s) {', '.join(changes)}")
+        return new
 
     @classmethod
     def from_views(
@@ -217,6 +232,8 @@ class ClusterSnapshot:
         running: Mapping[str, RunningJob] | None = None,
         placements_made: int = 0,
     ) -> ClusterSnapshot:
+        """``running`` gives the profiles and datasets of the jobs named in ``GpuView.jobs``
+        (those it lacks count as ``UNKNOWN_PROFILE``); only the sums per GPU are kept."""
         running = dict(running or {})
         node_numbers: dict[str, int] = {}
         sm = np.zeros(len(views))
@@ -253,11 +270,18 @@ class ClusterSnapshot:
             launch_seen_at=column(v.launch_seen_at for v in views),
             speed=column(v.speed for v in views),
             mem_settling_at=column(v.mem_settling_at for v in views),
+            gang_node=gang_nodes(tuple(v.id for v in views), column((node_numbers[v.id.node] for v in views), np.int64)),
+            has_mig_instances=any(v.id.mig is not None for v in views),
             sharing=sharing,
-            running=running,
             placements_made=placements_made,
             datasets={name: tuple(sorted(set(gpus))) for name, gpus in datasets.items()},
         )
+
+
+def gang_nodes(ids: Sequence[GpuId], node: np.ndarray) -> np.ndarray:
+    """Per GPU, the node number under which it may join a multi-GPU job: its node, or -1 for a
+    MIG instance (a CUDA process sees one MIG device, and NCCL does not run across instances)."""
+    return np.where(np.array([g.mig is not None for g in ids], dtype=bool), -1, node).astype(np.int64)
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,7 +289,6 @@ class Placement:
     job_id: str
     gpus: tuple[GpuId, ...]
     mem_mib: float | None = None  # the requirement it was placed with (MPS limits derive from it)
-    sm_share: float | None = None  # MPS active-thread fraction, when the policy sets one
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ the caller passes the cluster snapshot and the time, and persists every changed 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from sortedcontainers import SortedKeyList
 
@@ -27,37 +27,64 @@ class PolicyError(CollocateError):
 
 @dataclass(frozen=True, slots=True)
 class Capacity:
-    """The static shape of the cluster, to reject jobs no node could ever run."""
+    """The static shape of the cluster, to reject jobs no node could ever run.
 
-    nodes: tuple[tuple[int, float], ...]  # per node: (GPU count, largest GPU memory in MiB)
+    Hardware rules live here, read from the snapshot, so the simulator and the daemon admit the
+    same jobs: a GPU whose ``GpuId.mig`` names an instance is a MIG instance, which runs one
+    job's single device only (a CUDA process sees one MIG device and NCCL does not run across
+    MIG instances), so a multi-GPU job needs whole GPUs of one node.
+    """
+
+    nodes: tuple[tuple[int, float], ...]  # per node: (whole GPU count, largest whole GPU MiB)
+    largest_instance_mib: float = 0.0  # the largest MIG instance's memory; 0 when there is none
     _largest: tuple[float, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        # Largest GPU memory among nodes with at least k GPUs, for every k: O(1) checks.
+        # Largest GPU memory among nodes with at least k whole GPUs, for every k: O(1) checks.
         most = max((n for n, _ in self.nodes), default=0)
+        if self.largest_instance_mib:
+            most = max(most, 1)  # a 1-GPU job may take an instance
         largest = [0.0] * (most + 1)
         for count, mib in self.nodes:
             for k in range(1, count + 1):
                 largest[k] = max(largest[k], mib)
+        if self.largest_instance_mib:
+            largest[1] = max(largest[1], self.largest_instance_mib)
         object.__setattr__(self, "_largest", tuple(largest))
 
     @classmethod
     def of(cls, cluster: ClusterSnapshot) -> Capacity:
         shape: dict[int, tuple[int, float]] = {}
-        for node, total in zip(cluster.node.tolist(), cluster.total_mib.tolist()):
+        instance = 0.0
+        for gpu, node, total in zip(cluster.ids, cluster.node.tolist(), cluster.total_mib.tolist(), strict=True):
             count, largest = shape.get(node, (0, 0.0))
-            shape[node] = (count + 1, max(largest, total))
-        return cls(tuple(shape.values()))
+            if gpu.mig is not None:
+                instance = max(instance, total)
+                shape[node] = (count, largest)
+            else:
+                shape[node] = (count + 1, max(largest, total))
+        return cls(tuple(shape.values()), instance)
 
     def why_not(self, job: Job) -> str | None:
         if job.gpus < 1:
             return "a job needs at least 1 GPU"
         most_gpus = len(self._largest) - 1
         if job.gpus > most_gpus:
+            if self.largest_instance_mib:
+                return (
+                    f"needs {job.gpus} GPUs, but under MIG a job runs on one instance: a CUDA process "
+                    "sees a single MIG device and NCCL does not run across MIG instances"
+                    + (f" (the largest node has {most_gpus} whole GPUs)" if most_gpus > 1 else "")
+                )
             return f"needs {job.gpus} GPUs on one node but the largest node has {most_gpus}"
         if job.mem_mib is not None:
             largest = self._largest[job.gpus]
             if job.mem_mib > largest:
+                if job.gpus == 1 and largest == self.largest_instance_mib:
+                    return (
+                        f"needs {job.mem_mib:.0f} MiB but the largest MIG instance has "
+                        f"{largest:.0f} MiB"
+                    )
                 return (
                     f"needs {job.mem_mib:.0f} MiB per GPU but the largest GPU has {largest:.0f} MiB"
                 )
@@ -144,8 +171,8 @@ class Scheduler:
         """Run one policy round and mark the placed jobs running."""
         if not self._queue:
             return Plan()
-        if cluster.placements_made != self.placements_made:
-            cluster = replace(cluster, placements_made=self.placements_made)
+        if self.placements_made:  # the scheduler alone counts them; snapshot builders do not
+            cluster = cluster.evolve(placements_made=self.placements_made)
         plan = self.policy(self._queue, cluster)
         self._check(plan, cluster)
         self.waits = dict(plan.waits)
@@ -209,7 +236,7 @@ class Scheduler:
     def _release_dependents(self, job: Job) -> None:
         """Queue the jobs that waited only for ``job``, or cancel them all if it did not succeed
         (which cancels their own dependents in turn)."""
-        for dep_id in sorted(self._dependents.pop(job.id), key=lambda i: self.jobs[i].submit_time):
+        for dep_id in sorted(self._dependents.pop(job.id), key=lambda i: (self.jobs[i].submit_time, i)):
             waiter = self.jobs[dep_id]
             if waiter.state is not JobState.PENDING:
                 continue
@@ -235,6 +262,11 @@ class Scheduler:
             if len(set(p.gpus)) != job.gpus or not set(p.gpus) <= known:
                 raise PolicyError(
                     f"policy {self.policy.name} gave job {p.job_id} GPUs {p.gpus}; it needs {job.gpus}"
+                )
+            if job.gpus > 1 and any(g.mig is not None for g in p.gpus):
+                raise PolicyError(
+                    f"policy {self.policy.name} spread job {p.job_id} over GPUs {p.gpus}, which "
+                    "include a MIG instance: a multi-GPU job needs whole GPUs"
                 )
         for r in plan.rejections:
             job = self.jobs.get(r.job_id) if isinstance(r, Rejection) else None

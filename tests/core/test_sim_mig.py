@@ -21,7 +21,7 @@ from collocate.policies import make_policy
 from collocate.sim.engine import SimConfig, Simulation
 from collocate.sim.metrics import summarize
 from collocate.sim.mig import (
-    MigSimulation,
+    MigInstances,
     default_layout,
     layout_text,
     resolve_layout,
@@ -108,7 +108,7 @@ def test_a_layout_without_mig_sharing_is_refused():
 def test_instances_are_gpus_of_their_own_in_the_snapshot():
     sim = Simulation(parse_cluster("2x(2xA100-40GB)"), [job("a")], make_policy("exclusive"),
                      SimConfig(sharing=SharingMode.MIG, mig_layout="4g.20gb+2g.10gb+1g.10gb"))
-    assert isinstance(sim, MigSimulation)
+    assert isinstance(sim.devices, MigInstances)
     snap = sim._snapshot(0.0)
     assert snap.ids[:3] == (GpuId("node0", 0, "1.0"), GpuId("node0", 0, "2.0"), GpuId("node0", 0, "3.0"))
     assert len(snap) == 12 and snap.node.tolist() == [0] * 6 + [1] * 6
@@ -200,7 +200,7 @@ def test_jobs_larger_than_every_instance_are_rejected_up_front():
 # -- property ------------------------------------------------------------------------------------
 
 
-class _CheckedMig(MigSimulation):
+class _CheckedMig(Simulation):
     """Asserts after every launch that no instance holds more committed memory than it has."""
 
     def _launch(self, job_id, gpus, now, given_mib=None):
@@ -276,3 +276,25 @@ def test_cli_mig_errors_explain_the_fix(args, error, message):
     result = CliRunner().invoke(app, ["simulate", "--synthetic", "5", *args])
     assert isinstance(result.exception, error), result.output
     assert message in str(result.exception)
+
+
+# -- power ---------------------------------------------------------------------------------------
+
+
+def test_a_warming_job_draws_warm_up_power_on_its_instance_too():
+    """The engine's one power rule under MIG: a job in its first steps keeps its instance at the
+    warm-up level (``warmup_busy``, relative to the instance), so its GPU draws that share of it."""
+    from dataclasses import replace
+
+    def energy(warmup_busy):
+        model = replace(MODEL, warmup_busy=warmup_busy)
+        workload = Workload("w", 1, 60.0, 1000.0, {"peak": 1000.0}, JobProfile(0.2, 0.1), warmup_s=10.0)
+        cfg = SimConfig(sharing=SharingMode.MIG, mig_layout="3g.20gb+4g.20gb", interference=model, ramp_s=0.0)
+        result = Simulation(parse_cluster("1xA100-40GB"), [TraceJob("a", 0.0, workload)],
+                            make_policy("exclusive"), cfg).run()
+        assert records(result)["a"].last_gpus == "node0:0/1.0"  # the 3g instance
+        return result.energy_j
+
+    assert MODEL.warmup_busy > 0
+    extra = (A100.max_watts - A100.idle_watts) * (3 / 7 * MODEL.warmup_busy) ** MODEL.power_exponent
+    assert energy(MODEL.warmup_busy) - energy(0.0) == pytest.approx(10.0 * extra, rel=1e-9)

@@ -23,7 +23,7 @@ def test_mps_jobs_get_limits_from_their_estimate(daemons):
     env = dict(line.split("=", 1) for line in d.client.request("logs", id=job)["text"].splitlines())
     assert env["COLLOCATE_SHARING"] == "mps" and env["MY_VAR"] == "hello" and env["COLLOCATE_JOB_ID"] == job
     assert env["CUDA_VISIBLE_DEVICES"].startswith("GPU-emu-")
-    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == ""  # no cap unless a policy sets a share
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == ""  # no thread cap: no policy sets one
     # 6144 MiB declared, x 1.15 (an unmeasured requirement's least slack) + the 512 MiB margin
     assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=7578M"
 
@@ -32,12 +32,32 @@ def test_mig_instances_are_scheduled_as_gpus_of_their_own_size(daemons):
     d = daemons(gpus="emulated:1xA100-40GB:mig0=3g.20gb,4g.20gb")
     gpus = d.client.request("gpus")
     assert len(gpus) == 2 and all(g["uuid"].startswith("MIG-emu-") for g in gpus)
-    with pytest.raises(CollocateError, match="largest GPU has"):
+    with pytest.raises(CollocateError, match="largest MIG instance has"):
         d.submit(job_argv(1000, 0.2), mem="30GiB")  # fits an A100-40GB, not a 20 GB instance
     job = d.submit(job_argv(5000, 0.5), mem="6GiB")
     done = d.wait_state(job, "done")
     assert done["attempts"][0]["uuids"][0].startswith("MIG-emu-")
     assert 4900 <= done["attempts"][0]["peak_mib"] <= 5100
+
+
+def test_a_multi_gpu_job_is_never_spread_over_mig_instances(daemons):
+    """GPU 0 split into two instances, GPU 1 whole: two devices are free, but a 2-GPU job
+    cannot run on an instance (the core's admission rule, as in the simulator)."""
+    d = daemons(gpus="emulated:2xA100-40GB:mig0=3g.20gb,4g.20gb")
+    assert len(d.client.request("gpus")) == 3
+    with pytest.raises(CollocateError, match="NCCL does not run across MIG instances"):
+        d.submit(job_argv(1000, 0.2), mem="4GiB", gpus=2)
+    job = d.submit(job_argv(1000, 0.3), mem="4GiB")
+    assert d.wait_state(job, "done")["attempts"][0]["uuids"][0].startswith(("MIG-emu-", "GPU-emu-"))
+
+
+def test_a_multi_gpu_job_takes_whole_gpus_beside_mig_instances(daemons):
+    """GPU 0 split, GPUs 1 and 2 whole: the instances come first in the device list, but a
+    2-GPU job runs on the two whole GPUs."""
+    d = daemons(gpus="emulated:3xA100-40GB:mig0=3g.20gb,4g.20gb")
+    job = d.submit(job_argv(1000, 0.3), mem="4GiB", gpus=2)
+    uuids = d.wait_state(job, "done")["attempts"][0]["uuids"]
+    assert len(uuids) == 2 and all(u.startswith("GPU-emu-") for u in uuids)
 
 
 def test_logs_follow_until_the_job_ends(daemons, tmp_path):

@@ -107,11 +107,6 @@ def test_launch_plan_mps_limits_from_the_estimate(tmp_path):
     assert unknown.env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=30000M"  # the room it was given
     assert plan.env["COLLOCATE_EMULATED_DIR"] == "/emu" and plan.env["COLLOCATE_SHARING"] == "mps"
     assert plan.env["CUDA_MPS_PIPE_DIRECTORY"].startswith(str(tmp_path))
-    # a policy that sets an SM share gets it as the cap
-    capped = plan_launch(job, JobSpec(("x",), "/"), Placement("7", (GpuId("n", 0),), 6000.0, 0.25),
-                         ("GPU-a",), attempt=1, attempt_dir=tmp_path, sharing=SharingMode.MPS,
-                         emulated_dir=None, mps_dirs=MpsDirs.under(tmp_path))
-    assert capped.env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
 
 
 def test_store_round_trip(tmp_path):

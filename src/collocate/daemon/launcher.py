@@ -42,7 +42,7 @@ class LaunchPlan:
 def mps_env(job: Job, placement: Placement, dirs: MpsDirs) -> dict[str, str]:
     """Per-client MPS limits (``collocate.gpus.mps`` formats them).
 
-    Thread percentage: only when the policy set an ``sm_share``. A job's solo SM activity is
+    Thread percentage: never set (no policy caps threads). A job's solo SM activity is
     not a safe cap: on an H100 (2026-11-23, docs/gpu-validation.md) capping each job at its solo
     activity slowed jobs that ran alone by up to 1.9x (the transformer, capped at 91%), and the
     measured MPS interference model assumes uncapped clients. Pinned memory: the requirement's
@@ -50,7 +50,7 @@ def mps_env(job: Job, placement: Placement, dirs: MpsDirs) -> dict[str, str]:
     (``collocate.commitment.mps_limit_mib``, the rule the simulator applies too).
     """
     limit = mps_limit_mib(job.mem_mib, placement.mem_mib, job.mem_uncertainty, job.mem_source)
-    return mps_client_env(dirs=dirs, sm_share=placement.sm_share, mem_mib=limit, margin_mib=0.0,
+    return mps_client_env(dirs=dirs, mem_mib=limit, margin_mib=0.0,
                           devices=[str(i) for i in range(len(placement.gpus))])
 
 

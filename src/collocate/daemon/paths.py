@@ -48,10 +48,6 @@ class StateLayout:
         return self.root / "daemon.pid"
 
     @property
-    def emulated(self) -> Path:
-        return self.root / "emulated"
-
-    @property
     def daemon_log(self) -> Path:
         return self.root / "daemon.log"
 

@@ -143,8 +143,8 @@ class Service:
                                  hint="check `nvidia-smi`, or use --gpus emulated:4xA100-40GB")
         self.uuid_of = {d.id: d.uuid for d in self.monitor.devices}
         self.tracking = Tracking(self.layout.root, self.monitor.devices, self.config.tracking)
-        self.emulated_dir = self.layout.emulated if self.backend.name == "emulated" else None
-        if self.config.sharing is SharingMode.MPS and self.backend.name != "emulated":
+        self.emulated_dir = self.backend.emulated_state_dir
+        if self.config.sharing is SharingMode.MPS and self.backend.needs_mps_server:
             from collocate.gpus.mps import MpsControl
 
             self.mps = MpsControl(self.layout.root)

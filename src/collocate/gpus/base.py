@@ -7,6 +7,7 @@ the emulated backend instead of patching NVML calls.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 from collocate.model import GpuId
@@ -65,6 +66,12 @@ class DeviceSample:
 
 class GpuBackend(Protocol):
     name: str
+    #: Where jobs find emulated GPU state (the daemon exports it as ``COLLOCATE_EMULATED_DIR``);
+    #: None for real GPUs.
+    emulated_state_dir: Path | None
+    #: Whether MPS sharing needs NVIDIA's MPS control daemon (real GPUs; emulated jobs model MPS
+    #: themselves).
+    needs_mps_server: bool
 
     def devices(self) -> list[DeviceInfo]:
         """Schedulable devices; with MIG enabled, the MIG instances instead of their parent."""

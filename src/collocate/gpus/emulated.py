@@ -70,6 +70,7 @@ class EmulatedBackend:
     """GPUs that exist only in ``state_dir``; see the module docstring for the spec grammar."""
 
     name = "emulated"
+    needs_mps_server = False  # emulated jobs model MPS sharing themselves
 
     def __init__(
         self,
@@ -79,6 +80,7 @@ class EmulatedBackend:
     ) -> None:
         """Attach to existing state (what jobs and extra readers do); ``create`` makes it."""
         self.store = StateStore.open_existing(Path(state_dir))
+        self.emulated_state_dir: Path | None = Path(state_dir)
         self.model = interference or default_interference()
 
     @classmethod

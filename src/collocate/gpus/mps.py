@@ -81,8 +81,8 @@ def mps_client_env(
 ) -> dict[str, str]:
     """The environment a job gets under MPS (pure: the launcher merges it into the job's env).
 
-    ``sm_share`` and ``mem_mib`` come from the placement (``Placement.sm_share``/``mem_mib``);
-    either may be None, in which case that limit is not set.
+    ``mem_mib`` comes from the placement (``Placement.mem_mib``); ``sm_share`` is a thread cap
+    the daemon does not set (no policy asks for one). Either may be None: that limit is not set.
     """
     env = dirs.env()
     if sm_share is not None:

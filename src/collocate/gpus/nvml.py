@@ -108,6 +108,8 @@ class NvmlBackend:
     """Real GPUs of this machine as collocate devices. Raises ``NoGpuError`` without a driver."""
 
     name = "nvml"
+    emulated_state_dir = None
+    needs_mps_server = True
 
     def __init__(self, *, node: str, nvml: Any = None) -> None:
         if nvml is None:

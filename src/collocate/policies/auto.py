@@ -31,10 +31,11 @@ placement adds the most total training progress?" and answers with the interfere
   overloaded synthetic trace 28-32% longer (reserved GPUs drained half empty).
 * Jobs recovered from an out-of-memory crash come first in the queue and are placed like any
   other job with their raised memory requirement; they never stop the rest of the queue.
-* Under MIG each instance is a GPU of its own; jobs sharing an instance are scored with their
-  activity relative to its size. (Sending each job to the idle instance where it would run
-  fastest made simulated makespans 4-6% longer on carma-heavy-60, so idle instances are taken
-  in order, as whole GPUs are.)
+* A MIG instance is a GPU of its own; jobs sharing one are scored with their activity relative
+  to its size (the snapshot's per-GPU ``speed``), so the simulator and the daemon score
+  instances alike whatever sharing mode they were started with. (Sending each job to the idle
+  instance where it would run fastest made simulated makespans 4-6% longer on carma-heavy-60,
+  so idle instances are taken in order, as whole GPUs are.)
 * Jobs that read one shared dataset (``collocate submit --dataset``) are drawn together: a
   shared GPU hosting such jobs gets a small gain bonus, and idle GPUs on their node come first,
   since one ``collocate share`` producer serves them through node-local memory.
@@ -107,7 +108,7 @@ class Auto:
         if job.dataset in cluster.datasets:  # its producer's node first: batches are node-local
             same_node = np.isin(cluster.node[idle], cluster.node[list(cluster.datasets[job.dataset])])
             idle = np.concatenate([idle[same_node], idle[~same_node]])
-        alone = pick_on_one_node(idle, cluster.node, job.gpus)
+        alone = pick_on_one_node(idle, cluster.gang_node, job.gpus)
         if alone is not None and job.mem_mib is None:
             return alone, _PLACED  # unknown memory: an idle GPU while there is one
         min_gain = 1.0 - self.pack_tolerance if alone else self.min_gain
@@ -150,10 +151,9 @@ class Auto:
             pressure = params.per_sm * ledger.sm_sum[candidates]
             if params.per_dram:
                 pressure += params.per_dram * ledger.dram_sum[candidates]
-            if cluster.sharing is SharingMode.MIG:  # activity counts relative to each instance
+            if cluster.has_mig_instances:  # activity counts relative to each instance's SMs
                 pressure /= cluster.speed[candidates]
             candidates = candidates[pressure <= 1.0 / min_gain - 1.0 - params.base]
-        gain = ok = None
         if candidates.size:
             gain, ok = self._score(job, ledger, candidates)
             if job.dataset in cluster.datasets:
@@ -165,7 +165,7 @@ class Auto:
                                                  f"{min_gain:.2f} or slow a job over {self.max_slowdown:g}x")
         if job.gpus == 1:
             return [int(candidates[np.argmax(gain)])], _PLACED
-        return pick_on_one_node(candidates[np.argsort(-gain, kind="stable")], cluster.node, job.gpus), \
+        return pick_on_one_node(candidates[np.argsort(-gain, kind="stable")], cluster.gang_node, job.gpus), \
             gpus_wait(job, "with room")
 
     def _score(self, job: Job, ledger: Ledger, gpus: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -179,7 +179,7 @@ class Auto:
         a, d = job.profile.sm_activity, job.profile.dram_activity
         n = ledger.n_jobs[gpus].astype(float)  # >= 1: only busy GPUs are scored
         sm, dram = ledger.sm_sum[gpus], ledger.dram_sum[gpus]
-        if ledger.cluster.sharing is SharingMode.MIG:  # jobs time-slice one instance
+        if ledger.cluster.has_mig_instances:  # activity relative to an instance (f = 1 on whole GPUs)
             f = ledger.cluster.speed[gpus]
             a, d, sm, dram = np.minimum(1.0, a / f), np.minimum(1.0, d / f), sm / f, dram / f
         mean_sm, mean_dram = sm / n, dram / n
@@ -193,7 +193,8 @@ class Auto:
         return gain, ok
 
     def _params(self, mode: SharingMode) -> ModeParams:
-        # Jobs sharing one MIG instance time-slice it.
+        # Jobs sharing one MIG instance time-slice it (the simulator's MIG mode; the daemon says
+        # how it shares GPUs, instances included).
         return self.interference.modes[SharingMode.TIME_SLICING if mode is SharingMode.MIG else mode]
 
     def _reserve_for(self, job: Job, ledger: Ledger, keep: np.ndarray) -> None:
@@ -202,7 +203,7 @@ class Auto:
         cluster = ledger.cluster
         room = np.minimum(ledger.free_mib, cluster.total_mib - ledger.committed_mib)
         order = np.lexsort((-room, ledger.n_jobs))  # fewest jobs, then most room
-        gpus = pick_on_one_node(order[fits_alone(job, cluster)[order]] if job.mem_mib else order, cluster.node, job.gpus)
+        gpus = pick_on_one_node(order[fits_alone(job, cluster)[order]] if job.mem_mib else order, cluster.gang_node, job.gpus)
         if gpus is not None:
             if job.mem_mib is None:
                 keep[gpus] = cluster.total_mib[gpus]

@@ -116,6 +116,7 @@ def fits_alone(job: Job, cluster: ClusterSnapshot) -> np.ndarray | bool:
 def pick_on_one_node(candidates: np.ndarray, node: np.ndarray, count: int) -> list[int] | None:
     """The first ``count`` candidates (kept in their given order) that share one node.
 
+    ``node`` is the snapshot's ``gang_node``: a multi-GPU job never takes a MIG instance (-1).
     Nodes are tried in the order their first candidate appears, so a policy's preference order
     also decides the node. Returns None when no node has enough candidates.
     """
@@ -124,7 +125,7 @@ def pick_on_one_node(candidates: np.ndarray, node: np.ndarray, count: int) -> li
     if len(candidates) < count:
         return None
     nodes = node[candidates]
-    seen: set[int] = set()
+    seen: set[int] = {-1}  # MIG instances (gang_node -1) never join a multi-GPU job
     for n in nodes:
         n = int(n)
         if n in seen:
@@ -135,7 +136,3 @@ def pick_on_one_node(candidates: np.ndarray, node: np.ndarray, count: int) -> li
             return [int(i) for i in members[:count]]
     return None
 
-
-def gpus_per_node(cluster: ClusterSnapshot) -> int:
-    """The most GPUs any one node has: the largest job the cluster can ever run."""
-    return int(np.bincount(cluster.node).max()) if len(cluster) else 0

@@ -59,7 +59,7 @@ class Carma:
         for job in queue:
             available = ~ledger.in_flight(self.settle_s) & fits_alone(job, cluster)
             idle = np.flatnonzero(available & (ledger.n_jobs == 0))
-            gpus = pick_on_one_node(idle, cluster.node, job.gpus)
+            gpus = pick_on_one_node(idle, cluster.gang_node, job.gpus)
             if gpus is None and not job.recovered and job.mem_mib is not None:
                 gpus = self._collocate(job, ledger, available & ~busy)
             if gpus is None:
@@ -84,6 +84,7 @@ class Carma:
 
     def _collocate(self, job: Job, ledger: Ledger, eligible: np.ndarray) -> list[int] | None:
         cluster = ledger.cluster
+        assert job.mem_mib is not None  # only jobs of known size are collocated (see __call__)
         fits = ledger.free_mib - self.reserve_mib >= job.mem_mib + self.headroom_mib
         candidates = np.flatnonzero(eligible & fits)
         if self.order is CarmaOrder.BEST_FIT:
@@ -92,4 +93,4 @@ class Carma:
             candidates = candidates[np.argsort(-ledger.free_mib[candidates], kind="stable")]
         elif self.order is CarmaOrder.LEAST_UTILIZED:
             candidates = candidates[np.argsort(cluster.util_sm[candidates], kind="stable")]
-        return pick_on_one_node(candidates, cluster.node, job.gpus)
+        return pick_on_one_node(candidates, cluster.gang_node, job.gpus)

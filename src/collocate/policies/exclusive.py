@@ -19,7 +19,7 @@ class Exclusive:
     def __call__(self, queue: Sequence[Job], cluster: ClusterSnapshot) -> Plan:
         ledger = Ledger(cluster)
         for job in queue:
-            gpus = pick_on_one_node(np.flatnonzero((ledger.n_jobs == 0) & fits_alone(job, cluster)), cluster.node, job.gpus)
+            gpus = pick_on_one_node(np.flatnonzero((ledger.n_jobs == 0) & fits_alone(job, cluster)), cluster.gang_node, job.gpus)
             if gpus is None:
                 ledger.wait(job, gpus_wait(job))
                 break  # strict FIFO: the head waits, and so does everyone behind it

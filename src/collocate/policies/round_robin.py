@@ -28,12 +28,12 @@ class RoundRobin:
         for job in queue:
             available = ~ledger.in_flight(self.settle_s) & fits_alone(job, cluster)
             gpus = pick_on_one_node(
-                np.flatnonzero(available & (ledger.n_jobs == 0)), cluster.node, job.gpus
+                np.flatnonzero(available & (ledger.n_jobs == 0)), cluster.gang_node, job.gpus
             )
             if gpus is None:
                 cursor = (cluster.placements_made + len(ledger.placements)) % max(n, 1)
                 ring = np.roll(np.arange(n), -cursor)
-                gpus = pick_on_one_node(ring[available[ring]], cluster.node, job.gpus)
+                gpus = pick_on_one_node(ring[available[ring]], cluster.gang_node, job.gpus)
             if gpus is None:
                 ledger.wait(job, in_flight_wait(self.settle_s))
                 break

@@ -31,7 +31,7 @@ class Shares:
         for job in queue:
             open_slots = np.flatnonzero((ledger.n_jobs < self.slots_per_gpu) & fits_alone(job, cluster))
             least_loaded_first = open_slots[np.argsort(ledger.n_jobs[open_slots], kind="stable")]
-            gpus = pick_on_one_node(least_loaded_first, cluster.node, job.gpus)
+            gpus = pick_on_one_node(least_loaded_first, cluster.gang_node, job.gpus)
             if gpus is None:
                 ledger.wait(job, gpus_wait(job, f"with fewer than {self.slots_per_gpu} jobs"))
                 break

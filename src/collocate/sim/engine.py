@@ -17,10 +17,12 @@ What is simulated (everything else is the production code path):
   crashes out of memory (the job that allocates last is the one that fails, as on a real GPU)
   and goes through the recovery rules, restarting from scratch.
 
-Under ``SharingMode.MIG`` the GPUs are split into MIG instances that are scheduled as GPUs of
-their own; ``Simulation(...)`` then builds a ``collocate.sim.mig.MigSimulation``, which overrides
-the hooks below (devices, meters, admission) and four methods that stay hook-free here because
-they are the hot path of every other mode (``_rerate``, ``_advance``, ``_mark``, ``_snapshot``).
+What differs between sharing modes is a small strategy object (``collocate.sim.devices``):
+``WholeGpus``, or under ``SharingMode.MIG`` ``collocate.sim.mig.MigInstances``, whose GPUs are
+split into MIG instances that are scheduled as GPUs of their own. It says which devices there
+are, meters their physical GPUs' energy, busy time and memory, gives each instance's SM fraction
+(jobs on an instance are slowed relative to it) and whether solo profiles are learned there.
+Admission is the core's (``collocate.scheduler.Capacity`` reads MIG instances from the snapshot).
 
 Policies see estimates (``Job.mem_mib``, from the chosen estimator) while crashes follow the
 actual peaks, so the cost of a poor estimator shows up as out-of-memory crashes.
@@ -43,16 +45,17 @@ from collocate.interference import InterferenceModel, default_interference
 from collocate.model import (
     UNKNOWN_PROFILE,
     ClusterSnapshot,
-    GpuId,
     Job,
     JobProfile,
     JobState,
-    RunningJob,
     SharingMode,
+    gang_nodes,
 )
 from collocate.policies.base import Policy
 from collocate.recovery import ExitReport, Outcome, RecoveryRules
 from collocate.scheduler import Capacity, Scheduler
+from collocate.sim.devices import WholeGpus
+from collocate.sim.mig import MigInstances, resolve_layout
 from collocate.sim.trace import TraceJob, Workload
 
 # Event kinds, in the order they are handled at equal times: work done frees GPUs before new
@@ -167,20 +170,7 @@ class SimResult:
 
 
 class Simulation:
-    """One simulated run of ``trace`` under ``policy``.
-
-    Under ``SharingMode.MIG`` constructing a ``Simulation`` gives a ``MigSimulation`` (see
-    ``collocate.sim.mig``), so every caller has one entry point for every sharing mode.
-    """
-
-    capacity_type: type[Capacity] = Capacity  # admission rules (MIG admits 1-GPU jobs only)
-
-    def __new__(cls, nodes, trace, policy, config: SimConfig = SimConfig(), **_):
-        if cls is Simulation and config.sharing is SharingMode.MIG:
-            from collocate.sim.mig import MigSimulation
-
-            return super().__new__(MigSimulation)
-        return super().__new__(cls)
+    """One simulated run of ``trace`` under ``policy``, in every sharing mode."""
 
     def __init__(
         self,
@@ -201,13 +191,19 @@ class Simulation:
         self.policy = policy
         self._stable_s = stable_s_of(policy)
         self.progress = progress
-        ids, node_no, totals, speed = self._devices(nodes)
+        if config.sharing is SharingMode.MIG:
+            self.devices: WholeGpus = MigInstances(nodes, resolve_layout(config.mig_layout, nodes))
+        else:
+            self.devices = WholeGpus(nodes)
+        hw = self.devices
+        ids = hw.ids
         n = len(ids)
         self.ids = tuple(ids)
         self._index = {g: i for i, g in enumerate(self.ids)}
-        self.node = np.array(node_no, dtype=np.int64)
-        self.total = np.array(totals)
-        self.speed = np.array(speed)
+        self.node = np.array(hw.node, dtype=np.int64)
+        self.gang_node = gang_nodes(self.ids, self.node)
+        self.total = np.array(hw.total_mib)
+        self.speed = np.array(hw.speed)
         self.used = np.zeros(n)  # actually allocated memory
         self.committed = np.zeros(n)  # requirements of resident jobs
         self.n_jobs = np.zeros(n, dtype=np.int64)
@@ -221,19 +217,22 @@ class Simulation:
         self.dram_live = np.zeros(n)
         self.seen_at = np.full(n, -math.inf)  # newest job first seen (CARMA's guard)
         self.settling_at = np.full(n, -math.inf)  # memory last grew beyond its commitment
-        self.residents: list[set[str]] = [set() for _ in range(n)]
+        # Per device, its jobs in the order they came: a dict, not a set, so that every sum
+        # over them runs in the same order whatever PYTHONHASHSEED is (bit-exact results).
+        self.residents: list[dict[str, None]] = [{} for _ in range(n)]
         self.gpu_epoch = [0] * n  # bumped whenever a GPU's residents change (inference events)
-        self._meters(nodes)
+        hw.bind(self.sm_live, self.power_floor, self.used, config.interference.power_exponent)
+        self._advance = hw.advance  # the hot path: no extra call layer
         self.timelines: dict[str, list[tuple[float, float, float]]] = {
             str(ids[i]): [(0.0, 0.0, 0.0)] for i in range(min(n, config.timeline_gpus))
         }
 
         self.running: dict[str, _Running] = {}
-        self.scheduler = Scheduler(policy, self.capacity_type.of(self._snapshot(0.0)), rules=config.rules)
+        self.scheduler = Scheduler(policy, Capacity.of(self._snapshot(0.0)), rules=config.rules)
         self.records: dict[str, JobRecord] = {}
         self.peaks: dict[str, float] = {}
         self._history: dict[str | None, JobProfile] = {}  # command → learned profile
-        self._programs: dict[str, dict[str, JobProfile]] = {}  # program → command → profile
+        self._programs: dict[str | None, dict[str, JobProfile]] = {}  # program → command → profile
         self.events: list[tuple[float, int, int, str, int]] = []
         self._seq = 0
         self.decisions = 0
@@ -242,28 +241,6 @@ class Simulation:
         for tj in trace:
             self._push(tj.arrival_s, _ARRIVE, tj.id)
         self._by_id = {tj.id: tj for tj in trace}
-
-    # -- hardware hooks (overridden by MigSimulation) -----------------------------------------
-    def _devices(self, nodes: Sequence[NodeSpec]) -> tuple[list[GpuId], list[int], list[float], list[float]]:
-        """The schedulable GPUs: ids, node numbers, memory (MiB) and relative speed."""
-        ids, node_no, totals = [], [], []
-        for number, spec in enumerate(nodes):
-            for index in range(spec.count):
-                ids.append(GpuId(spec.name, index))
-                node_no.append(number)
-                totals.append(float(spec.gpu_type.memory_mib))
-        return ids, node_no, totals, [1.0] * len(ids)
-
-    def _meters(self, nodes: Sequence[NodeSpec]) -> None:
-        """Power parameters and the integrals since t=0 (energy, busy time, memory) of each
-        physical GPU, brought up to date lazily by ``_advance``."""
-        self.idle_w = np.array([s.gpu_type.idle_watts for s in nodes for _ in range(s.count)])
-        self.max_w = np.array([s.gpu_type.max_watts for s in nodes for _ in range(s.count)])
-        n = len(self.idle_w)
-        self.last_t = np.zeros(n)
-        self.energy = np.zeros(n)
-        self.busy_int = np.zeros(n)
-        self.mem_int = np.zeros(n)
 
     # -- event plumbing -----------------------------------------------------------------------
     def _push(self, t: float, kind: int, job_id: str, version: int = 0) -> None:
@@ -351,7 +328,7 @@ class Simulation:
     def _round(self, now: float) -> None:
         if self.cfg.profiles == "unknown":
             self._price_from_siblings()
-        plan = self.scheduler.schedule(self._snapshot(now, self.scheduler.placements_made))
+        plan = self.scheduler.schedule(self._snapshot(now))
         self.decisions += 1
         for wait in plan.waits.values():
             self.wait_counts[wait.kind.value] = self.wait_counts.get(wait.kind.value, 0) + 1
@@ -367,7 +344,7 @@ class Simulation:
     def _price_from_siblings(self) -> None:
         """Pending jobs nobody has measured take the median profile of their program's running
         commands that are measured or inferred, as the daemon does (``Service._price_from_siblings``)."""
-        live: dict[str, list[JobProfile]] = {}
+        live: dict[str | None, list[JobProfile]] = {}
         for run in self.running.values():
             program = self._by_id[run.job.id].workload.program
             if program is not None and (run.learned or run.inferred or run.job.profile_source != "assumed"):
@@ -402,7 +379,7 @@ class Simulation:
             self.sm_sum[i] += job.profile.sm_activity  # what the scheduler placed, starting or not
             self.dram_sum[i] += job.profile.dram_activity
             self.seen_at[i] = seen
-            self.residents[i].add(job_id)
+            self.residents[i][job_id] = None
         warms_later = workload.warmup_s > 0 and self.cfg.startup_s > 0
         limit = None
         if self.cfg.sharing is SharingMode.MPS:
@@ -569,7 +546,7 @@ class Simulation:
             self.dram_sum[i] -= job.profile.dram_activity
             if run.allocated:
                 self.used[i] -= run.peak_mib
-            self.residents[i].discard(job.id)
+            self.residents[i].pop(job.id, None)
             if not self.residents[i]:  # clear float drift; an empty GPU has nothing in flight
                 self.committed[i] = self.used[i] = self.sm_sum[i] = self.dram_sum[i] = 0.0
                 self.seen_at[i] = -math.inf
@@ -580,9 +557,10 @@ class Simulation:
 
     def _rerate(self, gpus: list[int], now: float) -> None:
         """Recompute the progress rate of every job sharing any of these GPUs."""
-        affected = {job_id for i in gpus for job_id in self.residents[i]}
+        affected = {job_id: None for i in gpus for job_id in self.residents[i]}  # ordered, no repeats
         model, mode = self.cfg.interference, self.cfg.sharing
-        learning = self.cfg.profiles in ("learned", "similar", "unknown")
+        instance = self.devices.fraction  # MIG: jobs are slowed relative to their instance
+        learning = self.cfg.profiles in ("learned", "similar", "unknown") and self.devices.learns_alone
         # A multi-GPU job's new rate changes what its other GPUs draw: meter them up to now first.
         beyond = [i for j in affected for i in self.running[j].gpus if i not in gpus]
         self._advance(beyond, now)
@@ -597,7 +575,10 @@ class Simulation:
                 others = [r.profile for o in self.residents[i]
                           if o != job_id and not (r := self.running[o]).starting]
                 crowded = crowded or bool(others)
-                slowdown = max(slowdown, model.slowdown(mode, run.profile, others))
+                if instance is None:
+                    slowdown = max(slowdown, model.slowdown(mode, run.profile, others))
+                else:
+                    slowdown = max(slowdown, model.instance_slowdown(run.profile, others, instance[i]))
             run.rate = 1.0 / slowdown
             run.version += 1
             self._push(now + max(run.work_left, 0.0) / run.rate, _FINISH, job_id, run.version)
@@ -625,23 +606,12 @@ class Simulation:
                 dram += run.profile.dram_activity * run.rate
             self.sm_live[i], self.dram_live[i], self.power_floor[i] = sm, dram, floor
 
-    def _advance(self, gpus: list[int], now: float) -> None:
-        """Integrate energy, busy time and memory of these GPUs up to ``now``."""
-        exponent = self.cfg.interference.power_exponent
-        for i in gpus:  # scalar loop: jobs hold few GPUs, and fancy indexing costs more
-            dt = now - self.last_t[i]
-            busy = min(1.0, self.sm_live[i])
-            drawn = max(busy, self.power_floor[i])  # a warming job draws above what it computes
-            self.energy[i] += (self.idle_w[i] + (self.max_w[i] - self.idle_w[i]) * drawn**exponent) * dt
-            self.busy_int[i] += busy * dt
-            self.mem_int[i] += self.used[i] / self.total[i] * dt
-            self.last_t[i] = now
-
     def _mark(self, gpus: list[int], now: float) -> None:
-        for i in gpus:
+        for i in gpus:  # memory and activity relative to each device (a MIG instance's own SMs)
             key = str(self.ids[i])
             if key in self.timelines:
-                self.timelines[key].append((now, float(self.used[i]), float(min(1.0, self.sm_live[i]))))
+                busy = min(1.0, self.sm_live[i] / self.speed[i])
+                self.timelines[key].append((now, float(self.used[i]), float(busy)))
 
     def _close(self, job: Job, now: float) -> None:
         record = self.records[job.id]
@@ -654,8 +624,10 @@ class Simulation:
         if record.spans and record.spans[-1][2] is None:
             record.spans[-1][2:] = [now, record.state]
 
-    def _snapshot(self, now: float, placements_made: int = 0) -> ClusterSnapshot:
-        busy = np.minimum(1.0, self.sm_live)
+    def _snapshot(self, now: float) -> ClusterSnapshot:
+        # A monitor reads a MIG device's activity relative to the instance's own SMs.
+        relative = self.devices.fraction is not None
+        busy = np.minimum(1.0, self.sm_live / self.speed if relative else self.sm_live)
         return ClusterSnapshot(
             now=now,
             ids=self.ids,
@@ -670,13 +642,13 @@ class Simulation:
             # in-flight guard (30 s) releases a GPU, so the current level stands in for it.
             util_sm=busy,
             util_occ=busy * OCCUPANCY_PER_SM,
-            util_dram=np.minimum(1.0, self.dram_live),
+            util_dram=np.minimum(1.0, self.dram_live / self.speed if relative else self.dram_live),
             launch_seen_at=_frozen(self.seen_at),
             speed=self.speed,
             mem_settling_at=_frozen(self.settling_at),
+            gang_node=self.gang_node,
+            has_mig_instances=relative,
             sharing=self.cfg.sharing,
-            running=_RunningView(self.running, self.ids),
-            placements_made=placements_made,
         )
 
     def _result(self, now: float) -> SimResult:
@@ -685,14 +657,15 @@ class Simulation:
         end = max(ends, default=now)
         self._advance(range(len(self.ids)), end)
         span = max(end - first, 1e-9)
-        g = len(self.energy)  # physical GPUs
+        meters = self.devices
+        g = len(meters.energy)  # physical GPUs
         return SimResult(
             policy=self.policy.name,
             records=list(self.records.values()),
             makespan_s=end - first,
-            energy_j=float(self.energy.sum()),
-            sm_util=float(self.busy_int.sum() / (g * span)),
-            mem_util=float(self.mem_int.sum() / (g * span)),
+            energy_j=float(meters.energy.sum()),
+            sm_util=float(meters.busy_int.sum() / (g * span)),
+            mem_util=float(meters.mem_int.sum() / (g * span)),
             gpu_count=g,
             decisions=self.decisions,
             timelines=self.timelines,
@@ -710,25 +683,3 @@ def _frozen(array: np.ndarray) -> np.ndarray:
 # SM occupancy is not in the catalogue; assume resident warps fill ~60% of the SM's slots when it
 # is active (typical of training kernels), awaiting measurement.
 OCCUPANCY_PER_SM = 0.6
-
-
-class _RunningView(dict):
-    """``snapshot.running`` built on demand: only the ``auto`` family reads it, and building
-    RunningJob objects for thousands of jobs every round would dominate a large simulation."""
-
-    def __init__(self, running: dict[str, _Running], ids: tuple[GpuId, ...]) -> None:
-        super().__init__()
-        self._running, self._ids = running, ids
-
-    def __missing__(self, job_id: str) -> RunningJob:
-        run = self._running[job_id]
-        return RunningJob(job_id, tuple(self._ids[i] for i in run.gpus), run.job.profile, run.job.mem_mib or 0.0)
-
-    def __contains__(self, job_id: object) -> bool:
-        return job_id in self._running
-
-    def __len__(self) -> int:
-        return len(self._running)
-
-    def __iter__(self):
-        return iter(self._running)

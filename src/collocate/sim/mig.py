@@ -18,18 +18,21 @@ The model, also what ``collocate emulate-job`` does on an emulated MIG instance:
 * instances never slow each other down (separate SMs, L2 slices and memory controllers);
 * a physical GPU draws its idle power once: ``idle + (max - idle) · min(1, Σ_instances
   f · busy)^exponent`` with ``busy = min(1, Σ a·rate / f)`` per instance (the realized activity,
-  as in ``engine.py``); SM and memory utilization are likewise per physical GPU (memory:
-  allocated MiB over the whole GPU's MiB);
+  as in ``engine.py``), at least the warm-up level (``InterferenceModel.warmup_busy``) on an
+  instance where a job warms up, as on a whole GPU; SM and memory utilization are likewise per
+  physical GPU (memory: allocated MiB over the whole GPU's MiB);
 * a job needing more than one GPU is rejected at admission: a CUDA process sees one MIG device
-  and NCCL does not run across MIG instances.
+  and NCCL does not run across MIG instances. That rule is the core's
+  (``collocate.scheduler.Capacity`` reads instances from the snapshot), so the daemon applies it
+  to real and emulated MIG devices too.
+
+``MigInstances`` is the engine's device strategy for this (see ``collocate.sim.devices``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
-
-import numpy as np
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from collocate.errors import InputError
 from collocate.gpus.mig_profiles import (
@@ -40,11 +43,8 @@ from collocate.gpus.mig_profiles import (
     profiles_for,
 )
 from collocate.gputypes import NodeSpec, gpu_type
-from collocate.model import ClusterSnapshot, GpuId, Job, SharingMode
-from collocate.policies.base import Policy
-from collocate.scheduler import Capacity
-from collocate.sim.engine import _FINISH, OCCUPANCY_PER_SM, SimConfig, Simulation
-from collocate.sim.trace import TraceJob
+from collocate.model import GpuId
+from collocate.sim.devices import WholeGpus
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,118 +146,47 @@ def layout_text(layout: dict[str, tuple[MigInstance, ...]]) -> dict[str, str]:
     return {t: "+".join(i.profile for i in instances) for t, instances in layout.items()}
 
 
-class MigCapacity(Capacity):
-    """Admission under MIG: one instance per job, and it must fit the largest instance."""
+class MigInstances(WholeGpus):
+    """Every physical GPU split into the instances of its type's layout, each a device."""
 
-    __slots__ = ()
+    learns_alone = False  # the daemon does not learn solo profiles on MIG instances
 
-    def why_not(self, job: Job) -> str | None:
-        if job.gpus > 1:
-            return (
-                f"needs {job.gpus} GPUs, but under MIG a job runs on one instance: a CUDA process "
-                "sees a single MIG device and NCCL does not run across MIG instances"
-            )
-        if job.gpus == 1 and job.mem_mib is not None and job.mem_mib > self._largest[1]:
-            return (
-                f"needs {job.mem_mib:.0f} MiB but the largest MIG instance has "
-                f"{self._largest[1]:.0f} MiB (see --mig-layout)"
-            )
-        return super().why_not(job)
-
-
-MIG_CONFIG = SimConfig(sharing=SharingMode.MIG)
-
-
-class MigSimulation(Simulation):
-    """``Simulation`` on MIG instances: devices, meters, admission and slowdown differ."""
-
-    capacity_type = MigCapacity
-
-    def __init__(
-        self,
-        nodes: Sequence[NodeSpec],
-        trace: Sequence[TraceJob],
-        policy: Policy,
-        config: SimConfig = MIG_CONFIG,
-        **kwargs,
-    ) -> None:
-        if config.sharing is not SharingMode.MIG:
-            raise InputError(
-                f"MigSimulation needs sharing mode mig, got {config.sharing.value}",
-                hint="use Simulation(...) for the other sharing modes",
-            )
-        self.layout = resolve_layout(config.mig_layout, nodes)
-        super().__init__(nodes, trace, policy, config, **kwargs)
-
-    def _devices(self, nodes):
-        ids, node_no, totals, speed = [], [], [], []
+    def __init__(self, nodes: Sequence[NodeSpec], layout: dict[str, tuple[MigInstance, ...]]) -> None:
+        self.layout = layout
         self.board: list[int] = []  # instance -> its physical GPU
         self.members: list[list[int]] = []  # physical GPU -> its instances
+        super().__init__(nodes)
+        self.fraction = self.speed  # plain floats: read per event
+        self.board_mib = [float(s.gpu_type.memory_mib) for s in nodes for _ in range(s.count)]
+
+    def _add_devices(self, nodes: Sequence[NodeSpec]) -> None:
         for number, spec in enumerate(nodes):
             for index in range(spec.count):
                 self.members.append([])
                 for n, instance in enumerate(self.layout[spec.gpu_type.name], start=1):
-                    self.members[-1].append(len(ids))
+                    self.members[-1].append(len(self.ids))
                     self.board.append(len(self.members) - 1)
-                    ids.append(GpuId(spec.name, index, f"{n}.0"))
-                    node_no.append(number)
-                    totals.append(instance.memory_mib)
-                    speed.append(instance.sm_fraction)
-        self._fraction = speed  # plain floats: read per event
-        return ids, node_no, totals, speed
+                    self._add(GpuId(spec.name, index, f"{n}.0"), number, instance.memory_mib, instance.sm_fraction)
 
-    def _meters(self, nodes):
-        super()._meters(nodes)  # per physical GPU already
-        self.board_mib = np.array([float(s.gpu_type.memory_mib) for s in nodes for _ in range(s.count)])
-
-    def _snapshot(self, now: float, placements_made: int = 0) -> ClusterSnapshot:
-        """A monitor reads a MIG device's activity relative to the instance's own SMs."""
-        snap = super()._snapshot(now, placements_made)
-        busy = np.minimum(1.0, self.sm_live / self.speed)
-        return replace(
-            snap, util_sm=busy, util_occ=busy * OCCUPANCY_PER_SM, util_dram=np.minimum(1.0, self.dram_live / self.speed)
-        )
-
-    def _mark(self, gpus, now: float) -> None:
-        for i in gpus:  # timelines show memory and activity relative to each instance
-            key = str(self.ids[i])
-            if key in self.timelines:
-                busy = min(1.0, self.sm_live[i] / self._fraction[i])
-                self.timelines[key].append((now, float(self.used[i]), float(busy)))
-
-    def _rerate(self, gpus, now: float) -> None:
-        """``Simulation._rerate`` with the per-instance slowdown (the base keeps its loop inline
-        because it is the hot path of every other sharing mode)."""
-        model = self.cfg.interference
-        for job_id in {job_id for i in gpus for job_id in self.residents[i]}:
-            run = self.running[job_id]
-            run.work_left -= (now - run.since) * run.rate
-            run.since = now
-            slowdown = 1.0
-            for i in run.gpus if not run.starting else ():
-                others = [r.profile for o in self.residents[i]
-                          if o != job_id and not (r := self.running[o]).starting]
-                slowdown = max(slowdown, model.instance_slowdown(run.profile, others, self._fraction[i]))
-            run.rate = 1.0 / slowdown
-            run.version += 1
-            self._push(now + max(run.work_left, 0.0) / run.rate, _FINISH, job_id, run.version)
-        self._realize(gpus)  # one instance per job: its boards were metered by the caller
-        self._mark(gpus, now)
-
-    def _advance(self, gpus, now: float) -> None:
-        """Integrate the physical GPUs of these instances up to ``now``."""
-        exponent = self.cfg.interference.power_exponent
+    def advance(self, gpus: Iterable[int], now: float) -> None:
+        """Integrate the physical GPUs of these instances up to ``now``: a GPU draws its idle
+        power once, and each instance adds its share ``f`` of the GPU's SMs times its busy
+        fraction (at least the warm-up level while a job on it warms up)."""
+        exponent, sm_live, floor, used, fraction = self._exponent, self._sm, self._floor, self._used, self.speed
         for i in gpus:
             b = self.board[i]
             dt = now - self.last_t[b]
             if dt <= 0.0:
                 continue
-            busy = used = 0.0
+            busy = drawn = mib = 0.0
             for k in self.members[b]:
-                busy += min(self._fraction[k], self.sm_live[k])  # f · min(1, Σa·rate / f)
-                used += self.used[k]
-            busy = min(1.0, busy)
-            self.energy[b] += (self.idle_w[b] + (self.max_w[b] - self.idle_w[b]) * busy**exponent) * dt
+                f = fraction[k]
+                active = min(f, sm_live[k])  # f · min(1, Σa·rate / f)
+                busy += active
+                drawn += max(active, f * floor[k])
+                mib += used[k]
+            busy, drawn = min(1.0, busy), min(1.0, drawn)
+            self.energy[b] += (self.idle_w[b] + (self.max_w[b] - self.idle_w[b]) * drawn**exponent) * dt
             self.busy_int[b] += busy * dt
-            self.mem_int[b] += used / self.board_mib[b] * dt
+            self.mem_int[b] += mib / self.board_mib[b] * dt
             self.last_t[b] = now
