@@ -49,11 +49,13 @@ from collocate.daemon.launcher import (
 )
 from collocate.daemon.monitor import Monitor, Tracked
 from collocate.daemon.paths import StateLayout, attempt_files
+from collocate.daemon.reaping import OrphanedJob, adopt_orphan, job_started, reap_strays
 from collocate.daemon.runner import read_tail
 from collocate.daemon.server import ApiServer, Peer
 from collocate.daemon.spec import JobSpec, validate_submit
 from collocate.daemon.store import Attempt, Store, with_profile
 from collocate.daemon.tracking import Tracking, TrackingConfig
+from collocate.daemon.faults import describe_error, is_disk_full
 from collocate.errors import CollocateError, InputError
 from collocate.gpus.base import GpuBackend
 from collocate.gpus.mps import MpsDirs
@@ -360,7 +362,10 @@ class Service:
                                          sharing=self.config.sharing)
         plan = self.scheduler.schedule(snapshot)
         for placement in plan.placements:
-            self._launch(placement, now)
+            try:
+                self._launch(placement, now)
+            except Exception as exc:  # confined to this job: the round goes on with the next
+                self._launch_failed(placement.job_id, exc)
 
     def _reap(self, now: float) -> None:
         for job_id, run in list(self.running.items()):
@@ -377,11 +382,21 @@ class Service:
                     _signal_group(run.attempt.pid, signal.SIGKILL)
                 continue
             self._ended(run, runner_status=status, adopted=run.proc is None)
+        reap_strays({r.proc.pid for r in self.running.values() if r.proc is not None}
+                    | {p.pid for p in self.datasets.producers.values()})
 
     def _ended(self, run: Running, *, runner_status: int | None, adopted: bool) -> None:
         """Classify an attempt whose runner is gone, record it, and let the scheduler recover."""
         a = run.attempt
         record = views.read_exit(Path(a.dir))
+        if record is None and not isinstance(run.proc, OrphanedJob):
+            orphan = adopt_orphan(Path(a.dir))  # the runner died; its job is our child now
+            if orphan is not None and orphan.poll() is None:
+                self.running[a.job_id] = replace(run, proc=orphan)  # watch the job itself
+                log.warning("job %s: its runner is gone; the daemon watches the job (pid %d)",
+                            a.job_id, orphan.pid)
+                return
+            record = views.read_exit(Path(a.dir))
         if record is not None:
             returncode, tail, end = record.get("returncode"), record.get("stderr_tail", ""), record.get("end")
             outcome, reason = classify(returncode, tail, cancelled=run.cancel_at is not None)
@@ -394,6 +409,10 @@ class Service:
                 outcome, reason = Outcome.LOST, "the daemon stopped before it launched the job; requeued"
             elif adopted:
                 outcome, reason = Outcome.LOST, "the job vanished while the daemon was down; requeued"
+            elif not job_started(Path(a.dir)):  # nothing of the job ran: safe to run it again
+                outcome = Outcome.LOST
+                reason = (f"the job's runner was {describe_status(runner_status or -9)} "
+                          "before it started the job; requeued")
             else:
                 outcome = Outcome.FAILED
                 reason = (f"the job's runner was {describe_status(runner_status or -9)} "
@@ -452,6 +471,20 @@ class Service:
             self.running[job.id] = run
             self._ensure_dataset(spec.dataset, [run])
 
+    def _launch_failed(self, job_id: str, exc: BaseException) -> None:
+        """A placement that raised before its runner started: end that attempt (and that job's
+        state) with the reason, so nothing stays ``running`` without a process."""
+        log.error("job %s: launch failed: %s", job_id, describe_error(exc))
+        reason = f"could not launch the job: {describe_error(exc)}"
+        outcome = Outcome.LOST if is_disk_full(exc) else Outcome.FAILED
+        run = self.running.get(job_id)
+        if run is not None:
+            self._finish(run, outcome, reason, None, "", time.time())
+            return
+        job = self.scheduler.jobs.get(job_id)
+        if job is not None and job.state is JobState.RUNNING:
+            self.scheduler.job_exited(job_id, ExitReport(outcome, None, reason))
+
     def _start_waiting(self) -> None:
         """Start the jobs whose producer is now ready; fail those whose producer failed."""
         waiting: dict[str, list[Running]] = {}
@@ -486,8 +519,10 @@ class Service:
         plan = replace(run.plan, env={**run.plan.env, **extra_env}) if extra_env else run.plan
         try:
             proc, started = start(plan)
-        except OSError as exc:
-            self._finish(run, Outcome.FAILED, f"could not start the job: {exc}", None, "", time.time())
+        except Exception as exc:  # confined to this job (a full disk requeues it: not its fault)
+            outcome = Outcome.LOST if is_disk_full(exc) else Outcome.FAILED
+            self._finish(run, outcome, f"could not start the job: {describe_error(exc)}", None, "",
+                         time.time())
             return
         job_id = run.attempt.job_id
         attempt = replace(run.attempt, pid=proc.pid, pid_started=started)

@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import re
+import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -123,6 +124,38 @@ def parse_env(items: list[str] | tuple[str, ...]) -> dict[str, str]:
     return env
 
 
+def check_env(env: dict[str, str]) -> None:
+    """What ``execve`` would refuse, refused now: a name that is empty or holds ``=`` or NUL, a
+    value with NUL. (``--env`` names are stricter still; the submitter's own environment may
+    hold any name the OS accepts.)"""
+    for name, value in env.items():
+        if not name or "=" in name or "\0" in name:
+            raise InputError(f"environment variable name {name!r} cannot be passed to a process",
+                             hint="names must be non-empty, without '=' or NUL bytes")
+        if "\0" in value:
+            raise InputError(f"environment variable {name} holds a NUL byte",
+                             hint="remove it; a process environment cannot carry NUL bytes")
+
+
+def check_cwd(cwd: str, uid: int, gid: int) -> None:
+    """The working directory must exist and be enterable *by the submitter*. A root daemon
+    checks as that user (a throwaway ``sh`` with their uid/gid and no supplementary groups),
+    so it neither admits a root-only directory nor tells whether one exists."""
+    if os.geteuid() == 0 and uid not in (-1, 0):
+        try:
+            usable = subprocess.run(
+                ["/bin/sh", "-c", 'cd -- "$1"', "sh", cwd], user=uid, group=gid if gid >= 0 else None,
+                extra_groups=[], env={}, cwd="/", stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10).returncode == 0
+        except (OSError, subprocess.SubprocessError):
+            usable = False
+    else:
+        usable = Path(cwd).is_dir() and os.access(cwd, os.X_OK)
+    if not usable:
+        raise InputError(f"working directory {cwd} does not exist or you cannot enter it",
+                         hint="pass an existing --cwd that you can enter")
+
+
 def validate_submit(args: dict[str, Any], *, uid: int, gid: int, user: str) -> SubmitRequest:
     """Check a ``submit`` request's fields; raises ``InputError`` on the first bad one."""
     argv = args.get("argv")
@@ -133,11 +166,13 @@ def validate_submit(args: dict[str, Any], *, uid: int, gid: int, user: str) -> S
         )
     if not argv[0].strip():
         raise InputError("the command's program name is empty", hint="check the text after --")
+    if any("\0" in a for a in argv):
+        raise InputError("the command contains a NUL byte, which no program can receive",
+                         hint="remove it from the arguments after --")
     cwd = args.get("cwd")
-    if not isinstance(cwd, str) or not os.path.isabs(cwd):
+    if not isinstance(cwd, str) or not os.path.isabs(cwd) or "\0" in cwd:
         raise InputError(f"--cwd must be an absolute directory, got {cwd!r}")
-    if not Path(cwd).is_dir():
-        raise InputError(f"working directory {cwd} does not exist", hint="pass an existing --cwd")
+    check_cwd(cwd, uid, gid)
     gpus = _int(args.get("gpus", 1), "--gpus", low=1)
     mem = args.get("mem")
     mem_mib = None if mem in (None, "") else parse_mib(mem)
@@ -155,6 +190,7 @@ def validate_submit(args: dict[str, Any], *, uid: int, gid: int, user: str) -> S
             raise InputError(f"--env {reserved} is set by the daemon for each launch", hint="drop it")
     env = {str(k): str(v) for k, v in base_env.items() if k not in RESERVED_ENV}
     env.update(user_env)
+    check_env(env)
     name = str(args.get("name") or default_name(argv))[:200]
     priority = _int(args.get("priority", 0), "--priority")
     source, uncertainty = str(args.get("mem_source") or "declared"), args.get("mem_uncertainty", 0.0)
