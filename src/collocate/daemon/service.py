@@ -48,11 +48,12 @@ from collocate.daemon.launcher import (
     start,
 )
 from collocate.daemon.monitor import Monitor, Tracked
+from collocate.daemon.protocol import check_logs_args
 from collocate.daemon.paths import StateLayout, attempt_files
 from collocate.daemon.reaping import OrphanedJob, adopt_orphan, job_started, reap_strays
 from collocate.daemon.runner import read_tail
 from collocate.daemon.server import ApiServer, Peer
-from collocate.daemon.spec import JobSpec, validate_submit
+from collocate.daemon.spec import JobSpec, submit_key, validate_submit
 from collocate.daemon.store import Attempt, Store, with_profile
 from collocate.daemon.tracking import Tracking, TrackingConfig
 from collocate.daemon.faults import describe_error, is_disk_full
@@ -251,6 +252,14 @@ class Service:
                 "dashboard": self.tracking.dashboard_url}
 
     def op_submit(self, args: dict, peer: Peer) -> dict:
+        stored = self.store.job_for_key(submit_key(args.get("key")))
+        if stored is not None:  # a retry of a submit that was stored
+            if stored[1].uid != peer.uid:
+                raise InputError("this submit key belongs to another user's job",
+                                 hint="send a fresh random key (collocate clients do)")
+            job = self.scheduler.jobs.get(stored[0].id, stored[0])
+            return {"id": job.id, "state": job.state.value, "mem_mib": job.mem_mib,
+                    "mem_source": job.mem_source}
         req = validate_submit(args, uid=peer.uid, gid=peer.gid, user=peer.user)
         if req.spec.dataset is not None:  # remembered per name, so the stored spec is complete
             factory = resolve_factory(req.spec, self.scheduler.jobs.values(), self.specs)
@@ -293,7 +302,7 @@ class Service:
     def op_logs(self, args: dict, peer: Peer) -> dict:
         job_id = self._job_id(args)
         self._check_owner(job_id, peer, "read the logs of")
-        return views.logs(self.store, job_id, args)
+        return views.logs(self.store, job_id, check_logs_args(args))
 
     def op_cancel(self, args: dict, peer: Peer) -> dict:
         job_id = self._job_id(args)

@@ -25,6 +25,7 @@ RESERVED_ENV = ("CUDA_VISIBLE_DEVICES", "COLLOCATE_JOB_ID", "COLLOCATE_ATTEMPT",
                 "COLLOCATE_SHARE_DIR")
 _FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 MAX_RETRIES = 100
+_KEY = re.compile(r"^[A-Za-z0-9_-]{8,128}$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +44,9 @@ class JobSpec:
     # restarted daemon can start the producer again from any one job's spec alone.
     dataset: str | None = None
     dataset_factory: str | None = None
+    # The client's idempotency key: a submit retried after a broken connection gets the job
+    # its first try stored (``Store.job_for_key``) instead of a duplicate.
+    submit_key: str | None = None
 
     @property
     def signature(self) -> str:
@@ -200,9 +204,19 @@ def validate_submit(args: dict[str, Any], *, uid: int, gid: int, user: str) -> S
         raise InputError(f"memory uncertainty must be a number in [0, 10], got {uncertainty!r}")
     dataset, factory = _dataset(args.get("dataset"), args.get("dataset_factory"))
     spec = JobSpec(tuple(argv), cwd, env, uid, gid, user, retry_failures=retries is not None,
-                   dataset=dataset, dataset_factory=factory)
+                   dataset=dataset, dataset_factory=factory, submit_key=submit_key(args.get("key")))
     return SubmitRequest(spec, gpus, mem_mib, name, priority, max_retries, source, float(uncertainty),
                          _after(args.get("after")))
+
+
+def submit_key(value: Any) -> str | None:
+    """The idempotency key in form: 8-128 of letters, digits, ``-`` and ``_``, or none."""
+    if value in (None, ""):
+        return None
+    if not isinstance(value, str) or not _KEY.match(value):
+        raise InputError(f"submit key {value!r} is not 8-128 letters, digits, '-' or '_'",
+                         hint="collocate clients make one per request; send a random hex string")
+    return value
 
 
 def _after(value: Any) -> tuple[str, ...]:

@@ -55,6 +55,7 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 # NVML's per-process utilization (another quantity, biased by warm-up and neighbours); that
 # column is no longer read, so a profile from before is not taken for a measured one.
 _ADDED_COLUMNS = {
+    "jobs": ("submit_key TEXT",),
     "attempts": ("solo_sm REAL", "solo_dram REAL"),
     "history": ("solo_sm REAL", "solo_dram REAL", "program TEXT"),
 }
@@ -119,6 +120,7 @@ class Store:
                 if column.split()[0] not in have:
                     self.db.execute(f"ALTER TABLE {table} ADD COLUMN {column}")
         self.db.execute("CREATE INDEX IF NOT EXISTS history_program ON history (program)")
+        self.db.execute("CREATE UNIQUE INDEX IF NOT EXISTS jobs_submit_key ON jobs (submit_key)")
 
     def close(self) -> None:
         self.db.close()
@@ -136,11 +138,20 @@ class Store:
         return str(n)
 
     def add_job(self, job: Job, spec: JobSpec) -> None:
+        """Store a submitted job, with its submit key in the same row (one atomic write)."""
         self.db.execute(
-            "INSERT INTO jobs (id, seq, job, spec, submitted, ended) VALUES (?, ?, ?, ?, ?, ?)",
+            "INSERT INTO jobs (id, seq, job, spec, submitted, ended, submit_key)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
             (job.id, int(job.id), job_to_json(job), spec.to_json(), job.submit_time,
-             time.time() if job.state.is_terminal else None),
+             time.time() if job.state.is_terminal else None, spec.submit_key),
         )
+
+    def job_for_key(self, key: str | None) -> tuple[Job, JobSpec, float | None] | None:
+        """The job a submit with this idempotency key already stored, if any."""
+        if not key:
+            return None
+        row = self.db.execute("SELECT job, spec, ended FROM jobs WHERE submit_key = ?", (key,)).fetchone()
+        return None if row is None else (job_from_json(row[0]), JobSpec.from_json(row[1]), row[2])
 
     def save_job(self, job: Job) -> None:
         """Persist a changed job (the scheduler's ``on_change`` hook lands here)."""
