@@ -8,7 +8,9 @@ A full disk shows up as ``OSError(ENOSPC)`` (or ``EDQUOT``) from file writes and
 from __future__ import annotations
 
 import errno
+import os
 import sqlite3
+from pathlib import Path
 
 from collocate.errors import CollocateError
 
@@ -47,3 +49,17 @@ def describe_error(exc: BaseException) -> str:
     if isinstance(exc, CollocateError):
         return str(exc.args[0]) if exc.args else type(exc).__name__
     return f"{type(exc).__name__}: {exc}"
+
+
+#: Below this much free space the daemon places no job: it could not record the launch.
+MIN_FREE_BYTES = 256 * 1024
+
+
+def disk_nearly_full(path: Path) -> bool:
+    """Whether the file system holding ``path`` has less than ``MIN_FREE_BYTES`` free (for
+    unprivileged writers: root's reserved blocks are not counted on)."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < MIN_FREE_BYTES

@@ -49,7 +49,10 @@ def write_record_until_written(path: Path, data: dict, *, retry_s: float = 1.0) 
                 return
             except OSError as exc:
                 error = exc
-        print(f"collocate: cannot write {path.name} ({error}); retrying", file=sys.stderr, flush=True)
+        try:
+            print(f"collocate: cannot write {path.name} ({error}); retrying", file=sys.stderr, flush=True)
+        except OSError:
+            pass  # stderr is on the same full disk
         time.sleep(retry_s)
 
 
@@ -116,7 +119,6 @@ def main(argv: list[str] | None = None) -> int:
     if stop_requested:  # the group signal may have come before the child existed
         os.kill(pid, stop_requested[0])
     returncode = wait_status(pid)
-    sys.stderr.flush()
     write_record_until_written(ns.dir / "exit.json",
                                {"returncode": returncode, "end": time.time(),
                                 "stderr_tail": read_tail(stderr_path)})

@@ -56,7 +56,7 @@ from collocate.daemon.server import ApiServer, Peer
 from collocate.daemon.spec import JobSpec, submit_key, validate_submit
 from collocate.daemon.store import Attempt, Store, with_profile
 from collocate.daemon.tracking import Tracking, TrackingConfig
-from collocate.daemon.faults import describe_error, is_disk_full
+from collocate.daemon.faults import describe_error, disk_full, disk_nearly_full, is_disk_full
 from collocate.errors import CollocateError, InputError
 from collocate.gpus.base import GpuBackend
 from collocate.gpus.mps import MpsDirs
@@ -217,8 +217,11 @@ class Service:
             if now >= next_tick:
                 try:
                     self.tick()
-                except Exception:
-                    log.exception("scheduling round failed")
+                except Exception as exc:
+                    if is_disk_full(exc):  # retried next round, once there is space
+                        log.error("scheduling round stopped: %s", disk_full(str(self.layout.root)))
+                    else:
+                        log.exception("scheduling round failed")
                 next_tick = max(next_tick + self.config.period_s, time.monotonic())
                 continue
             try:
@@ -367,6 +370,8 @@ class Service:
             self.datasets.reconcile(active_factories(self.scheduler.jobs.values(), self.specs))
         if self.store.get_flag("draining") or not self.scheduler.queue:
             return
+        if disk_nearly_full(self.layout.root):  # a launch could not be recorded: wait for space
+            return
         snapshot = self.monitor.snapshot([r.tracked for r in self.running.values()], now=now,
                                          sharing=self.config.sharing)
         plan = self.scheduler.schedule(snapshot)
@@ -486,13 +491,16 @@ class Service:
         log.error("job %s: launch failed: %s", job_id, describe_error(exc))
         reason = f"could not launch the job: {describe_error(exc)}"
         outcome = Outcome.LOST if is_disk_full(exc) else Outcome.FAILED
-        run = self.running.get(job_id)
-        if run is not None:
-            self._finish(run, outcome, reason, None, "", time.time())
-            return
-        job = self.scheduler.jobs.get(job_id)
-        if job is not None and job.state is JobState.RUNNING:
-            self.scheduler.job_exited(job_id, ExitReport(outcome, None, reason))
+        try:
+            run = self.running.get(job_id)
+            if run is not None:
+                self._finish(run, outcome, reason, None, "", time.time())
+                return
+            job = self.scheduler.jobs.get(job_id)
+            if job is not None and job.state is JobState.RUNNING:
+                self.scheduler.job_exited(job_id, ExitReport(outcome, None, reason))
+        except Exception as again:  # e.g. the disk is full: a restart settles it (_settle_unlaunched)
+            log.error("job %s: could not record the failed launch: %s", job_id, describe_error(again))
 
     def _start_waiting(self) -> None:
         """Start the jobs whose producer is now ready; fail those whose producer failed."""
