@@ -101,7 +101,8 @@ def reap_strays(known: set[int]) -> None:
 
     A child started by this daemon is either in ``known`` (runners, producers, orphaned jobs:
     their owners reap them) or a short-lived helper of another thread, which shares the
-    daemon's session; processes a job left behind belong to the job's session."""
+    daemon's session. A zombie in the session of a known runner is left alone too: it may be
+    a job whose runner was killed a moment ago, which ``adopt_orphan`` reaps for its status."""
     me, my_session = os.getpid(), os.getsid(0)
     try:
         children = psutil.Process(me).children()
@@ -111,7 +112,7 @@ def reap_strays(known: set[int]) -> None:
         if child.pid in known:
             continue
         try:
-            if child.status() != psutil.STATUS_ZOMBIE or os.getsid(child.pid) == my_session:
+            if child.status() != psutil.STATUS_ZOMBIE or os.getsid(child.pid) in (my_session, *known):
                 continue
             os.waitpid(child.pid, os.WNOHANG)
         except (psutil.Error, OSError):

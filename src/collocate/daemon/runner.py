@@ -108,14 +108,24 @@ def main(argv: list[str] | None = None) -> int:
     # The job inherits the runner's session and process group; signals reach both. Forked by
     # hand (the runner has no threads) so that privileges are dropped *before* the job's cwd is
     # entered, and nothing of the job's environment touches this root-side process.
+    # The job waits for a go byte until ``child.json`` names it: a job that runs is always
+    # recorded as started, so a runner killed at any moment never gets it run twice.
+    go_read, go_write = os.pipe()
     pid = os.fork()
     if pid == 0:
+        os.close(go_write)
+        if os.read(go_read, 1) != b"g":  # the runner died before recording it: do not run
+            os._exit(125)
+        os.close(go_read)
         exec_as(command, env, ns.cwd, ns.uid, ns.gid)
+    os.close(go_read)
     try:
         started = psutil.Process(pid).create_time()
     except psutil.Error:
         started = None
     write_json_atomic(ns.dir / "child.json", {"pid": pid, "started": started})
+    os.write(go_write, b"g")
+    os.close(go_write)
     if stop_requested:  # the group signal may have come before the child existed
         os.kill(pid, stop_requested[0])
     returncode = wait_status(pid)

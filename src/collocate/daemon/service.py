@@ -397,6 +397,7 @@ class Service:
                 continue
             self._ended(run, runner_status=status, adopted=run.proc is None)
         reap_strays({r.proc.pid for r in self.running.values() if r.proc is not None}
+                    | {r.attempt.pid for r in self.running.values() if r.attempt.pid}
                     | {p.pid for p in self.datasets.producers.values()})
 
     def _ended(self, run: Running, *, runner_status: int | None, adopted: bool) -> None:
