@@ -177,3 +177,19 @@ def test_bad_environment_fails_at_submit_and_never_blocks_a_round(daemons, tmp_p
         d.client.request("submit", argv=["/bin/echo", "a\0b"], cwd=str(tmp_path), mem="1GiB")
     ids = [d.submit(job_argv(300, 0.2), mem="1GiB") for _ in range(3)]
     assert all(d.wait_state(i, ("done", "failed"))["state"] == "done" for i in ids)
+
+
+def test_a_launch_failure_is_confined_to_its_job(daemons, tmp_path):
+    """Job 2's attempt dir cannot be made: job 2 fails with the reason; jobs placed in the same
+    round (1 and 3) run, and nothing stays running without a process, after a restart too."""
+    d = daemons()
+    d.client.request("drain")
+    ids = [d.submit(job_argv(300, 0.3), mem="1GiB") for _ in range(3)]
+    (d.state_dir / "jobs" / ids[1]).write_text("in the way")
+    d.client.request("resume")
+    states = {i: d.wait_state(i, ("done", "failed"))["state"] for i in ids}
+    assert states == {ids[0]: "done", ids[1]: "failed", ids[2]: "done"}
+    assert "could not start the job" in d.job(ids[1])["reason"]
+    d.kill()
+    d.start()
+    assert not d.client.request("ls")  # nothing pending or running

@@ -1,4 +1,4 @@
-"""The small wrapper process each job runs under: ``python -m collocate.daemon.runner``.
+"""The small wrapper process each job runs under (``collocate.daemon.runner``, started isolated).
 
 Why a wrapper: the daemon may be killed (even with SIGKILL) while jobs run. The runner, not the
 daemon, is the job's parent: it starts the command in its own session (so the whole job is one
@@ -6,6 +6,16 @@ process group the daemon can signal), waits for it, and writes the exit status, 
 stderr tail to ``exit.json`` atomically. A restarted daemon re-adopts a live runner (pid and
 process start time, recorded in ``runner.json`` and in SQLite) or reads the exit record of a job
 that ended while it was down. Nothing about the job is lost with the daemon's memory.
+
+The runner itself may be killed too, so its records are ordered to leave no gap: the job
+starts only once ``child.json`` names it (so a job that ran is never taken for one that did
+not), and its status is read with ``WNOWAIT`` and written to ``exit.json`` *before* the job is
+reaped (a runner killed in between leaves the job's zombie to the daemon, its subreaper:
+``collocate.daemon.reaping``). A full disk delays the record, never loses it.
+
+Isolation (``collocate.daemon.isolate``): a root daemon starts the runner with ``python -I``
+and a clean environment; the job's environment is read from a private file, and the job drops
+privileges before it enters its cwd and execs.
 
 The runner survives SIGTERM/SIGINT/SIGHUP itself: a cancel signals the whole process group, the
 job gets the signal, and the runner records how it ended. A signal that arrives before the job
