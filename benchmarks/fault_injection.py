@@ -122,15 +122,15 @@ def running_pids(d: Daemon, which: str) -> list[int]:
 
 def fill_disk(state: Path, hold_s: float) -> None:
     filler = state.parent / "filler"
-    with open(filler, "wb") as f:
-        try:
+    try:
+        with open(filler, "wb") as f:
             while True:
                 f.write(b"\0" * 65536)
                 f.flush()
-        except OSError:
-            pass
+    except OSError:
+        pass  # full (the file may not even have been created)
     time.sleep(hold_s)
-    filler.unlink()
+    filler.unlink(missing_ok=True)
 
 
 def run_round(d: Daemon, rng: random.Random, n: int, clients: int, ledger: Path, fault: str,
@@ -237,7 +237,7 @@ def main() -> None:
     disk = base / "disk"
     disk.mkdir()
     tmpfs = os.getuid() == 0 and subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=64m,mode=0700", "tmpfs", str(disk)]).returncode == 0
+        ["mount", "-t", "tmpfs", "-o", "size=512m,mode=0700", "tmpfs", str(disk)]).returncode == 0
     faults = FAULTS if tmpfs else FAULTS[:3]
     ledger = base / "ledger"
     d = Daemon(disk / "state", base / "daemon.out")
@@ -262,6 +262,7 @@ def main() -> None:
             if r % 10 == 0:
                 print(f"round {r}: {dict(stats)}", flush=True)
         stats["rounds"] = ns.rounds
+        stats["state_dir_mib"] = round(sum(p.stat().st_size for p in d.state.rglob("*") if p.is_file()) / 2**20)
     finally:
         d.kill()
         for record in d.state.glob("jobs/*/attempt-*/runner.json"):

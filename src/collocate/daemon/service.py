@@ -40,6 +40,7 @@ from collocate.daemon.datasets import (
     resolve_factory,
 )
 from collocate.daemon.failures import classify, describe_status, oom_lower_bound_mib
+from collocate.daemon.faults import describe_error, disk_full, disk_nearly_full, is_disk_full
 from collocate.daemon.launcher import (
     LaunchPlan,
     plan_launch,
@@ -48,15 +49,14 @@ from collocate.daemon.launcher import (
     start,
 )
 from collocate.daemon.monitor import Monitor, Tracked
-from collocate.daemon.protocol import check_logs_args
 from collocate.daemon.paths import StateLayout, attempt_files
+from collocate.daemon.protocol import check_logs_args
 from collocate.daemon.reaping import OrphanedJob, adopt_orphan, job_started, reap_strays
 from collocate.daemon.runner import read_tail
 from collocate.daemon.server import ApiServer, Peer
 from collocate.daemon.spec import JobSpec, submit_key, validate_submit
 from collocate.daemon.store import Attempt, Store, with_profile
 from collocate.daemon.tracking import Tracking, TrackingConfig
-from collocate.daemon.faults import describe_error, disk_full, disk_nearly_full, is_disk_full
 from collocate.errors import CollocateError, InputError
 from collocate.gpus.base import GpuBackend
 from collocate.gpus.mps import MpsDirs
