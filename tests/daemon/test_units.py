@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from collocate.daemon.isolate import bootstrap_argv
 from collocate.daemon.launcher import plan_launch
 from collocate.daemon.monitor import Monitor, Tracked
 from collocate.daemon.paths import ENV_STATE_DIR, resolve_state_dir
@@ -74,8 +75,11 @@ def test_launch_plan_is_exact(tmp_path):
     placement = Placement("7", (GpuId("n", 0), GpuId("n", 1)), 6000.0)
     plan = plan_launch(job, spec, placement, ("GPU-a", "GPU-b"), attempt=2, attempt_dir=tmp_path,
                        sharing=SharingMode.TIME_SLICING, emulated_dir=None, daemon_uid=0)
-    assert plan.argv == (sys.executable, "-m", "collocate.daemon.runner", "--dir", str(tmp_path),
-                         "--uid", "1000", "--gid", "100", "--", "python", "train.py")
+    assert plan.argv == (*bootstrap_argv("collocate.daemon.runner"), "--dir", str(tmp_path),
+                         "--uid", "1000", "--gid", "100", "--cwd", "/work",
+                         "--env-file", str(tmp_path / "env.json"), "--", "python", "train.py")
+    # the runner starts isolated: python -I, from the daemon's own installation
+    assert plan.argv[:3] == (sys.executable, "-I", "-c")
     assert plan.env == {"HOME": "/home/ada", "CUDA_VISIBLE_DEVICES": "GPU-a,GPU-b", "COLLOCATE_JOB_ID": "7",
                         "COLLOCATE_ATTEMPT": "2", "COLLOCATE_SHARING": "time-slicing"}
     assert (plan.uid, plan.gid, plan.cwd) == (1000, 100, "/work")  # root daemon: runs as the submitter

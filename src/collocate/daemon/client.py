@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import socket
+import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +19,19 @@ from collocate.errors import CollocateError
 
 CONNECT_TIMEOUT_S = 5.0
 REPLY_TIMEOUT_S = 90.0
+RETRY_FOR_S = 15.0  # how long a request is retried after a broken connection or a busy daemon
 
 
 class DaemonNotRunning(CollocateError):
     """No daemon listens on the state dir's socket."""
+
+
+class _Retry(Exception):
+    """A failure worth another try; ``error`` is raised when time is up."""
+
+    def __init__(self, error: CollocateError, *, sent: bool) -> None:
+        super().__init__(str(error))
+        self.error, self.sent = error, sent
 
 
 class Client:
@@ -37,18 +48,56 @@ class Client:
         self.tcp, self.token, self.timeout_s = tcp, token, timeout_s
 
     def request(self, op: str, **args: Any) -> Any:
+        """Send one request and return its result. Safe to retry, so it is retried: a submit
+        carries an idempotency ``key`` (the daemon answers a repeated key with the job it
+        already stored), and a connection that breaks before the reply, a full listen backlog
+        or a busy daemon are tried again for up to ``RETRY_FOR_S``."""
+        if op == "submit" and not args.get("key"):
+            args["key"] = uuid.uuid4().hex
         message: dict[str, Any] = {"op": op, "args": args}
-        if self.token is not None:
-            message["token"] = self.token
-        sock = self._connect()
+        protocol.encode(message)  # too big is an error now, not something to retry
+        deadline = time.monotonic() + RETRY_FOR_S
+        delay, sent = 0.05, False
+        while True:
+            try:
+                return self._request_once(message, sent_before=sent)
+            except _Retry as retry:
+                sent = sent or retry.sent
+                if time.monotonic() + delay > deadline:
+                    raise retry.error from None
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+    def _request_once(self, message: dict[str, Any], *, sent_before: bool) -> Any:
+        try:
+            sock = self._connect()
+        except DaemonNotRunning as exc:
+            if sent_before:  # it was there a moment ago: a restart, most likely
+                raise _Retry(exc, sent=True) from None
+            raise
+        except BlockingIOError as exc:  # the listen backlog is full
+            raise _Retry(CollocateError(
+                "the collocate daemon is overloaded: too many clients are connecting at once",
+                hint="retry in a moment, or submit from fewer processes at a time"), sent=False) from exc
         try:
             sock.settimeout(self.timeout_s)
+            if self.tcp is not None:  # the token goes first, on a line of its own
+                sock.sendall(protocol.encode({"token": self.token}))
             return protocol.call(sock, message)
         except TimeoutError as exc:
             raise CollocateError(
                 f"the daemon did not answer within {self.timeout_s:.0f} s",
                 hint=f"check it is healthy: see {self.state_dir / 'daemon.log'} or its terminal",
             ) from exc
+        except (ConnectionError, protocol.ProtocolError) as exc:
+            raise _Retry(CollocateError(
+                f"the connection to the daemon broke before it replied ({exc})",
+                hint="check the daemon is running (`collocate ls`); a repeated submit is safe"),
+                sent=True) from None
+        except CollocateError as exc:
+            if str(exc.args[0] if exc.args else "").startswith(("the daemon is busy", "the daemon is shutting down")):
+                raise _Retry(exc, sent=True) from None
+            raise
         finally:
             sock.close()
 
@@ -73,6 +122,9 @@ class Client:
                 "`collocate serve --gpus emulated:4xA100-40GB`), or pass the --state-dir / "
                 "COLLOCATE_STATE_DIR it uses",
             ) from exc
+        except BlockingIOError:
+            sock.close()
+            raise
         except PermissionError as exc:
             sock.close()
             raise CollocateError(

@@ -6,8 +6,8 @@ instead of each running its own DataLoader. The daemon owns that producer's life
 * at submit, ``resolve_factory`` fills in the ``module:factory`` from earlier jobs of the same
   name (only the first job has to give it) and refuses a different one while the dataset is in
   use: two factories cannot share one name;
-* at launch, ``ensure`` starts the producer (the job's cwd and environment, so the factory
-  imports as it would in the job) and returns at once; the loop asks ``ensure`` again each
+* at launch, ``ensure`` starts the producer (as the job's user, in the job's cwd and
+  environment, so the factory imports as it would in the job; ``producer_launcher``) and returns at once; the loop asks ``ensure`` again each
   round until the first batch is ready (then the job starts, with ``COLLOCATE_DATASET`` and
   ``COLLOCATE_SHARE_DIR``, which ``SharedLoader`` reads) or the producer failed or ran out of
   ``ready_timeout_s``. Why never block: a factory may take many seconds to build its loader,
@@ -37,6 +37,7 @@ from pathlib import Path
 
 import psutil
 
+from collocate.daemon.isolate import CLEAN_ENV, bootstrap_argv, write_env_file
 from collocate.daemon.launcher import process_matches
 from collocate.daemon.spec import JobSpec
 from collocate.errors import CollocateError, InputError
@@ -180,7 +181,10 @@ class Datasets:
         try:
             self.share_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
             pspec = ProducerSpec(factory, name, state_dir=str(self.share_dir))
-            handle = start_producer(pspec, log_path=logfile, cwd=spec.cwd, env=dict(spec.env))
+            env_file = self.share_dir / f"{name}.env"
+            write_env_file(env_file, spec.env)
+            handle = start_producer(pspec, log_path=logfile, cwd=self.share_dir, env=dict(CLEAN_ENV),
+                                    argv_prefix=producer_launcher(spec, env_file))
         except ProducerExistsError:
             status = probe(name, self.share_dir, timeout=PROBE_TIMEOUT_S)
             if status is None:
@@ -273,6 +277,16 @@ class Datasets:
                 os.kill(p.pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+def producer_launcher(spec: JobSpec, env_file: Path) -> tuple[str, ...]:
+    """How a producer starts: like a job, as the job's user (a root daemon), in the job's cwd
+    entered as that user, with the job's environment; the factory's module is imported only
+    there, never in a process with the daemon's privileges."""
+    as_other = os.geteuid() == 0 and spec.uid not in (-1, 0)
+    as_user = ("--uid", str(spec.uid), "--gid", str(spec.gid)) if as_other else ()
+    return (*bootstrap_argv("collocate.daemon.isolate"), *as_user, "--cwd", spec.cwd,
+            "--env-file", str(env_file), "--")
 
 
 def _write_record(path: Path, pid: int) -> None:

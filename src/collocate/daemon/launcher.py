@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import psutil
 
 from collocate.commitment import mps_limit_mib
+from collocate.daemon.isolate import CLEAN_ENV, bootstrap_argv, write_env_file
 from collocate.daemon.paths import attempt_files
 from collocate.daemon.spec import JobSpec
 from collocate.gpus.mps import MpsDirs, mps_client_env
@@ -25,6 +25,7 @@ from collocate.model import Job, Placement, SharingMode
 from collocate.monitor.job_metrics import metrics_env
 
 ENV_EMULATED_DIR = "COLLOCATE_EMULATED_DIR"  # the emulated backend's contract with its jobs
+ENV_FILE = "env.json"  # the job's environment for the runner; removed once read
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,8 +84,8 @@ def plan_launch(
     if not as_other:  # where log_metric() appends; a job run as another user cannot write the
         env.update(metrics_env(attempt_dir))  # state dir, so it gets none (log_metric: no-op)
     as_user = ("--uid", str(spec.uid), "--gid", str(spec.gid)) if as_other else ()
-    argv = (sys.executable, "-m", "collocate.daemon.runner", "--dir", str(attempt_dir), *as_user,
-            "--", *spec.argv)
+    argv = (*bootstrap_argv("collocate.daemon.runner"), "--dir", str(attempt_dir), *as_user,
+            "--cwd", spec.cwd, "--env-file", str(attempt_dir / ENV_FILE), "--", *spec.argv)
     return LaunchPlan(argv, env, spec.cwd, attempt_dir,
                       spec.uid if as_other else None, spec.gid if as_other else None)
 
@@ -92,18 +93,20 @@ def plan_launch(
 def start(plan: LaunchPlan) -> tuple[subprocess.Popen, float]:
     """Start the runner; returns its Popen and process start time. Raises OSError on failure.
 
-    The runner runs as the daemon's user, so it can always write its records; it drops to the
-    submitting user only for the job itself (``--uid/--gid``). Log files are opened here and
-    inherited, so the job needs no access to the state dir.
+    The runner runs as the daemon's user, so it can always write its records, isolated
+    (``collocate.daemon.isolate``: ``python -I``, a clean environment, the attempt dir as its
+    cwd); it drops to the submitting user (``--uid/--gid``) and only then enters the job's cwd
+    and takes the job's environment (from a 0600 file it removes). Log files are opened here
+    and inherited, so the job needs no access to the state dir.
     """
     plan.dir.mkdir(parents=True, exist_ok=True)
     files = attempt_files(plan.dir)
-    argv = list(plan.argv)
-    with open(files["stdout"], "ab") as out, open(files["stderr"], "ab") as err:
+    write_env_file(plan.dir / ENV_FILE, plan.env)
+    with _open_log(files["stdout"]) as out, _open_log(files["stderr"]) as err:
         proc = subprocess.Popen(
-            argv,
-            cwd=plan.cwd,
-            env=dict(plan.env),
+            list(plan.argv),
+            cwd=plan.dir,
+            env=dict(CLEAN_ENV),
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=err,
@@ -115,6 +118,11 @@ def start(plan: LaunchPlan) -> tuple[subprocess.Popen, float]:
     except psutil.Error:
         started = 0.0  # exited already; the exit record tells the rest
     return proc, started
+
+
+def _open_log(path: Path):
+    """Append-only, never through a symlink, private to the daemon's user."""
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600), "ab")
 
 
 def process_matches(pid: int | None, started: float | None, tolerance_s: float = 0.05) -> bool:

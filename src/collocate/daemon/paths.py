@@ -9,6 +9,7 @@ the API socket and every job's logs and environment.
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,23 +64,64 @@ class StateLayout:
         """Make the directory private (0700), or group-traversable (0710) for a shared daemon.
 
         With ``allow_gid`` (``serve --group``) the group must reach the socket; everything else
-        (``jobs/``, the database) stays private: jobs write only to inherited log descriptors.
+        (``jobs/``, the database, the logs) stays private: jobs write only to inherited log
+        descriptors, and what group members may read is served through the API. A directory
+        someone else could have prepared is refused (``check_ownership``), and files an older
+        version left readable are made private.
         """
         try:
             self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+            check_ownership(self.root)
             jobs = self.root / "jobs"
             jobs.mkdir(mode=0o700, exist_ok=True)
-            os.chmod(jobs, 0o700)
+            os.chmod(jobs, 0o700, follow_symlinks=False)
             if allow_gid is None:
                 os.chmod(self.root, 0o700)
             else:
                 os.chown(self.root, -1, allow_gid)
                 os.chmod(self.root, 0o710)
+            for entry in os.scandir(self.root):
+                if entry.is_file(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_mode & 0o077:
+                    os.chmod(entry.path, 0o600, follow_symlinks=False)
         except OSError as exc:
             raise CollocateError(
                 f"cannot create state directory {self.root}: {exc}",
                 hint="pass a writable local directory with --state-dir or COLLOCATE_STATE_DIR",
             ) from exc
+
+
+def check_ownership(root: Path) -> None:
+    """Refuse a state dir another user could have planted files or symlinks in.
+
+    The directory must be owned by the daemon's user, be no symlink, and have no symlink in
+    it; a group- or world-writable one is made private only while empty (nothing planted yet).
+    A root daemon also refuses a path through a directory another user may change (not owned
+    by root, or writable by others without the sticky bit): they could swap the state dir.
+    """
+    st = os.lstat(root)
+    euid = os.geteuid()
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise _unsafe(root, "it is a symbolic link or not a directory")
+    if st.st_uid != euid:
+        raise _unsafe(root, f"it is owned by uid {st.st_uid}, not by the daemon's user (uid {euid})")
+    entries = list(os.scandir(root))
+    if st.st_mode & 0o022 and entries:
+        raise _unsafe(root, f"it is writable by others (mode {stat.S_IMODE(st.st_mode):o}) and not empty")
+    for entry in entries:
+        if entry.is_symlink():
+            raise _unsafe(root, f"{entry.name} in it is a symbolic link")
+    if euid != 0:
+        return
+    for parent in root.parents:
+        pst = os.stat(parent)
+        if pst.st_uid not in (0, euid) or (pst.st_mode & 0o022 and not pst.st_mode & stat.S_ISVTX):
+            raise _unsafe(root, f"{parent} may be changed by another user")
+
+
+def _unsafe(root: Path, why: str) -> CollocateError:
+    return CollocateError(f"refusing state directory {root}: {why}",
+                          hint="use a directory that only the daemon's user can write, "
+                               "e.g. a fresh one created by that user (mode 0700)")
 
 
 def attempt_files(directory: Path) -> dict[str, Path]:

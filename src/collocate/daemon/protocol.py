@@ -2,8 +2,10 @@
 
 Why newline JSON: a client in any language (or ``socat``) can speak it, there is nothing to
 unpickle, and a message boundary survives partial reads. Requests are ``{"op": NAME, "args":
-{...}, "token": "..."}`` (the token only on TCP); replies are ``{"ok": true, "result": ...}`` or
-``{"ok": false, "error": MESSAGE, "hint": HINT}``.
+{...}}``; replies are ``{"ok": true, "result": ...}`` or ``{"ok": false, "error": MESSAGE,
+"hint": HINT}``. On TCP the first line is ``{"token": "..."}`` alone (at most ``MAX_AUTH_BYTES``),
+so the daemon reads nothing large from a peer before it knows the peer holds the token. A
+``submit`` carries a ``key`` (random, from the client) that makes retrying it safe.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from typing import Any
 from collocate.errors import CollocateError, InputError
 
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # a submit carries the client's environment; logs are capped
+#: A TCP client's first line, ``{"token": "..."}``: read with this limit before anything else.
+MAX_AUTH_BYTES = 4096
 
 OPS = ("ping", "submit", "ls", "show", "logs", "cancel", "gpus", "drain", "resume")
 
@@ -35,19 +39,39 @@ def decode(line: bytes) -> dict[str, Any]:
         message = json.loads(line)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ProtocolError(f"not a JSON message: {exc}") from exc
+    except RecursionError:  # the C decoder's depth guard: a request is never deeply nested
+        raise ProtocolError("message nested too deeply") from None
     if not isinstance(message, dict):
         raise ProtocolError("a message must be a JSON object")
     return message
 
 
-def read_message(rfile) -> dict[str, Any] | None:
-    """Read one line from a binary file object; None at a clean end of stream."""
-    line = rfile.readline(MAX_MESSAGE_BYTES + 1)
+def read_message(rfile, limit: int = MAX_MESSAGE_BYTES) -> dict[str, Any] | None:
+    """Read one line (at most ``limit`` bytes) from a binary file object; None at a clean end."""
+    line = rfile.readline(limit + 1)
     if not line:
         return None
-    if len(line) > MAX_MESSAGE_BYTES or not line.endswith(b"\n"):
+    if len(line) > limit or not line.endswith(b"\n"):
         raise ProtocolError("message too long or truncated")
     return decode(line)
+
+
+def check_logs_args(args: dict[str, Any]) -> dict[str, Any]:
+    """A ``logs`` request's offset (a whole number >= 0) and attempt (>= 1, or none), checked
+    as input rather than failing inside the read."""
+    out = dict(args)
+    for key, low, default in (("offset", 0, 0), ("attempt", 1, None)):
+        value = args.get(key, default)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | str) or not str(value).strip().isdigit():
+            raise InputError(f"logs {key} must be a whole number, got {value!r}",
+                             hint="--attempt N counts from 1; offsets are byte positions from 0")
+        number = int(value)
+        if number < low or number > 1 << 62:
+            raise InputError(f"logs {key} must be at least {low}, got {number}")
+        out[key] = number
+    return out
 
 
 def check_request(message: dict[str, Any]) -> tuple[str, dict[str, Any]]:

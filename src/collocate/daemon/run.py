@@ -7,19 +7,24 @@ scheduling: ``collocate serve`` calls it; tests and the demo start ``collocate s
 from __future__ import annotations
 
 import logging
+import os
 import signal
 from collections.abc import Callable
+from typing import TextIO
 
+from collocate.daemon.reaping import become_subreaper
 from collocate.daemon.service import ServeConfig, Service, log
 
 
 def run_daemon(config: ServeConfig, *, on_ready: Callable[[Service], None] | None = None) -> None:
     """Open, serve until SIGTERM/SIGINT, close. Jobs keep running across a daemon stop."""
+    os.umask(0o077)  # every state file private to the daemon's user (jobs get their own umask)
+    become_subreaper()  # a killed runner's job becomes our child: its exit is not lost
     service = Service(config)
     handler: logging.Handler | None = None
     try:
         service.layout.create(allow_gid=config.allow_gid)
-        handler = logging.FileHandler(service.layout.daemon_log)
+        handler = logging.StreamHandler(open_log(service.layout.daemon_log))
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
         handler.setLevel(logging.INFO)
         log.addHandler(handler)
@@ -39,3 +44,10 @@ def run_daemon(config: ServeConfig, *, on_ready: Callable[[Service], None] | Non
         if handler is not None:
             log.removeHandler(handler)
             handler.close()
+            handler.stream.close()
+
+
+def open_log(path) -> TextIO:
+    """``daemon.log`` for appending: created 0600, never through a planted symlink."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    return os.fdopen(fd, "a", buffering=1)

@@ -1,4 +1,4 @@
-"""The small wrapper process each job runs under: ``python -m collocate.daemon.runner``.
+"""The small wrapper process each job runs under (``collocate.daemon.runner``, started isolated).
 
 Why a wrapper: the daemon may be killed (even with SIGKILL) while jobs run. The runner, not the
 daemon, is the job's parent: it starts the command in its own session (so the whole job is one
@@ -6,6 +6,16 @@ process group the daemon can signal), waits for it, and writes the exit status, 
 stderr tail to ``exit.json`` atomically. A restarted daemon re-adopts a live runner (pid and
 process start time, recorded in ``runner.json`` and in SQLite) or reads the exit record of a job
 that ended while it was down. Nothing about the job is lost with the daemon's memory.
+
+The runner itself may be killed too, so its records are ordered to leave no gap: the job
+starts only once ``child.json`` names it (so a job that ran is never taken for one that did
+not), and its status is read with ``WNOWAIT`` and written to ``exit.json`` *before* the job is
+reaped (a runner killed in between leaves the job's zombie to the daemon, its subreaper:
+``collocate.daemon.reaping``). A full disk delays the record, never loses it.
+
+Isolation (``collocate.daemon.isolate``): a root daemon starts the runner with ``python -I``
+and a clean environment; the job's environment is read from a private file, and the job drops
+privileges before it enters its cwd and execs.
 
 The runner survives SIGTERM/SIGINT/SIGHUP itself: a cancel signals the whole process group, the
 job gets the signal, and the runner records how it ended. A signal that arrives before the job
@@ -18,21 +28,42 @@ import argparse
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from collocate.daemon.isolate import exec_as, read_env_file
 
 TAIL_BYTES = 16 * 1024  # how much of stderr is kept with an attempt and inspected for OOM
 
 
 def write_json_atomic(path: Path, data: dict) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
         json.dump(data, f)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def write_record_until_written(path: Path, data: dict, *, retry_s: float = 1.0) -> None:
+    """Write the exit record, waiting out a full disk (ENOSPC) rather than losing it: the job's
+    zombie is kept until then, so its status is never lost, and the daemon sees the job as
+    running until the record is there. Without the stderr tail if only a smaller file fits."""
+    smaller = {k: v for k, v in data.items() if k != "stderr_tail"}
+    while True:
+        for record in (data, smaller):
+            try:
+                write_json_atomic(path, record)
+                return
+            except OSError as exc:
+                error = exc
+        try:
+            print(f"collocate: cannot write {path.name} ({error}); retrying", file=sys.stderr, flush=True)
+        except OSError:
+            pass  # stderr is on the same full disk
+        time.sleep(retry_s)
 
 
 def read_tail(path: Path, limit: int = TAIL_BYTES) -> str:
@@ -46,11 +77,27 @@ def read_tail(path: Path, limit: int = TAIL_BYTES) -> str:
         return ""
 
 
+def wait_status(pid: int) -> int:
+    """The child's exit status, *without* reaping it (``WNOWAIT``): until the runner has written
+    ``exit.json`` the job stays a zombie, so if the runner is killed in between, the job is
+    re-parented to the daemon (a child subreaper), which reaps it and gets the same status."""
+    while True:
+        try:
+            info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+        except InterruptedError:
+            continue
+        if info is None:
+            continue
+        return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="collocate.daemon.runner")
     parser.add_argument("--dir", required=True, type=Path, help="the attempt's folder")
     parser.add_argument("--uid", type=int, default=None, help="run the job as this user")
     parser.add_argument("--gid", type=int, default=None, help="with this group")
+    parser.add_argument("--cwd", required=True, help="the job's working directory (entered as the job's user)")
+    parser.add_argument("--env-file", required=True, type=Path, help="the job's environment (JSON, removed once read)")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     ns = parser.parse_args(argv)
     command = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
@@ -62,40 +109,40 @@ def main(argv: list[str] | None = None) -> int:
 
     write_json_atomic(ns.dir / "runner.json",
                       {"pid": me, "started": psutil.Process(me).create_time(), "at": time.time()})
+    env = read_env_file(ns.env_file)
     stderr_path = ns.dir / "stderr.log"
     if stop_requested:  # cancelled before the job even started
         write_json_atomic(ns.dir / "exit.json", {"returncode": -stop_requested[0], "end": time.time(),
                                                   "stderr_tail": ""})
         return 0
+    # The job inherits the runner's session and process group; signals reach both. Forked by
+    # hand (the runner has no threads) so that privileges are dropped *before* the job's cwd is
+    # entered, and nothing of the job's environment touches this root-side process.
+    # The job waits for a go byte until ``child.json`` names it: a job that runs is always
+    # recorded as started, so a runner killed at any moment never gets it run twice.
+    go_read, go_write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(go_write)
+        if os.read(go_read, 1) != b"g":  # the runner died before recording it: do not run
+            os._exit(125)
+        os.close(go_read)
+        exec_as(command, env, ns.cwd, ns.uid, ns.gid)
+    os.close(go_read)
     try:
-        # The job inherits the runner's session and process group; signals reach both.
-        child = subprocess.Popen(
-            command,
-            stdin=subprocess.DEVNULL,
-            restore_signals=True,  # our Python-level handlers are reset to default by exec
-            user=ns.uid,
-            group=None if ns.gid is None or ns.gid < 0 else ns.gid,
-            extra_groups=[] if ns.uid is not None else None,  # no root supplementary groups
-        )
-    except OSError as exc:
-        print(f"collocate: cannot start {command[0]!r}: {exc}", file=sys.stderr, flush=True)
-        write_json_atomic(ns.dir / "exit.json",
-                          {"returncode": 127, "end": time.time(), "stderr_tail": read_tail(stderr_path),
-                           "error": str(exc)})
-        return 127
-    write_json_atomic(ns.dir / "child.json", {"pid": child.pid})
+        started = psutil.Process(pid).create_time()
+    except psutil.Error:
+        started = None
+    write_json_atomic(ns.dir / "child.json", {"pid": pid, "started": started})
+    os.write(go_write, b"g")
+    os.close(go_write)
     if stop_requested:  # the group signal may have come before the child existed
-        child.send_signal(stop_requested[0])
-    while True:
-        try:
-            returncode = child.wait()
-            break
-        except InterruptedError:
-            continue
-    sys.stderr.flush()
-    write_json_atomic(ns.dir / "exit.json",
-                      {"returncode": returncode, "end": time.time(),
-                       "stderr_tail": read_tail(stderr_path)})
+        os.kill(pid, stop_requested[0])
+    returncode = wait_status(pid)
+    write_record_until_written(ns.dir / "exit.json",
+                               {"returncode": returncode, "end": time.time(),
+                                "stderr_tail": read_tail(stderr_path)})
+    os.waitpid(pid, 0)  # only now: the record is safe
     return 0
 
 

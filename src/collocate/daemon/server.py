@@ -4,8 +4,13 @@ Who may talk to the daemon: on the Unix socket, the kernel tells us the peer's u
 (``SO_PEERCRED``); a request is served only for the daemon's own user, root, or a member of the
 configured group. The socket file is mode 0600 (0660 with a group) inside the 0700 state dir, so
 the file system refuses others first and the credential check is the second lock. TCP has no
-peer credentials, so every TCP request must carry the token from ``--token-file`` (compared in
-constant time); jobs submitted over TCP run as the daemon's user.
+peer credentials, so a TCP client's first line must be ``{"token": "..."}`` with the token from
+``--token-file`` (compared in constant time), read with a 4 KiB limit and a 10 s timeout before
+anything else; jobs submitted over TCP run as the daemon's user.
+
+Bounds: at most 256 connections served at once on the Unix socket (64 on TCP, where the rest
+are turned away at once), a listen backlog of 1024, and every connection closed after 120 s
+idle, so neither a crowd of clients nor slow or silent peers exhaust the daemon.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from collocate.daemon import protocol
+from collocate.daemon.faults import describe_error, disk_full, is_disk_full
 from collocate.errors import CollocateError
 
 
@@ -46,6 +52,10 @@ class Peer:
 
 class Refused(CollocateError):
     """A peer that may not use this daemon."""
+
+
+class Busy(CollocateError):
+    """Every connection slot is taken; try again."""
 
 
 def peer_of(sock: socket.socket) -> Peer:
@@ -74,6 +84,10 @@ def authorize(peer: Peer, *, daemon_uid: int, allow_gid: int | None) -> None:
     )
 
 
+AUTH_TIMEOUT_S = 10.0  # a TCP peer must send its token line within this
+IDLE_TIMEOUT_S = 120.0  # any connection idle this long between requests is closed
+LISTEN_BACKLOG = 1024  # connections the kernel queues while every slot is busy (capped by somaxconn)
+
 Handler = Callable[[str, dict[str, Any], Peer], Any]
 
 
@@ -82,15 +96,22 @@ class _Connection(socketserver.StreamRequestHandler):
 
     def handle(self) -> None:
         api: ApiServer = self.server.api
+        self.request.settimeout(AUTH_TIMEOUT_S if self.request.family != socket.AF_UNIX else api.idle_timeout_s)
         try:
             peer = api.peer_for(self.request)
-        except Refused as exc:
-            self.request.settimeout(5.0)  # read the request first, so the client gets the reply
-            try:
-                protocol.read_message(self.rfile)
-            except (OSError, protocol.ProtocolError):
-                pass
+            if peer.tcp:  # nothing big is read, and nothing is parsed, before the token
+                api.check_token((protocol.read_message(self.rfile, protocol.MAX_AUTH_BYTES) or {}).get("token"))
+                self.request.settimeout(api.idle_timeout_s)
+        except (Refused, protocol.ProtocolError) as exc:
+            if self.request.family == socket.AF_UNIX:
+                self.request.settimeout(5.0)  # read the request first, so the client gets the reply
+                try:
+                    protocol.read_message(self.rfile, protocol.MAX_AUTH_BYTES)
+                except (OSError, protocol.ProtocolError):
+                    pass
             self._reply(protocol.error(exc))
+            return
+        except OSError:  # silent or gone before it authenticated
             return
         while True:
             try:
@@ -98,18 +119,19 @@ class _Connection(socketserver.StreamRequestHandler):
             except protocol.ProtocolError as exc:
                 self._reply(protocol.error(exc))
                 return
+            except OSError:  # idle past idle_timeout_s, or the peer went away
+                return
             if message is None:
                 return
             try:
-                if peer.tcp:
-                    api.check_token(message.get("token"))
                 op, args = protocol.check_request(message)
                 reply = protocol.ok(api.handler(op, args, peer))
             except CollocateError as exc:
                 reply = protocol.error(exc)
             except Exception as exc:
-                reply = protocol.error(CollocateError(f"internal error: {type(exc).__name__}: {exc}",
-                                                      hint="see the daemon's log"))
+                reply = protocol.error(CollocateError(f"internal error: {describe_error(exc)}",
+                                                      hint="see the daemon's log")
+                                       if not is_disk_full(exc) else disk_full("the daemon's state"))
             if not self._reply(reply):
                 return
 
@@ -122,16 +144,50 @@ class _Connection(socketserver.StreamRequestHandler):
             return False
 
 
-class _UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+class _Capped:
+    """At most ``max_connections`` connections served at once (each holds a thread). A new one
+    waits up to ``slot_wait_s`` for a slot in the accept loop (the kernel's backlog holds the
+    rest), then gets a "busy" reply; the client retries."""
+
+    max_connections = 256
+    slot_wait_s = 5.0
+
+    def server_activate(self) -> None:
+        self._slots = threading.BoundedSemaphore(self.max_connections)
+        super().server_activate()  # type: ignore[misc]
+
+    def process_request(self, request, client_address) -> None:
+        if not self._slots.acquire(timeout=self.slot_wait_s):
+            try:
+                request.settimeout(1.0)
+                request.sendall(protocol.encode(protocol.error(Busy(
+                    "the daemon is busy: too many open connections",
+                    hint="retry in a moment; collocate clients retry by themselves"))))
+            except OSError:
+                pass
+            self.shutdown_request(request)  # type: ignore[attr-defined]
+            return
+        super().process_request(request, client_address)  # type: ignore[misc]
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)  # type: ignore[misc]
+        finally:
+            self._slots.release()
+
+
+class _UnixServer(_Capped, socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
-    request_queue_size = 128
+    request_queue_size = LISTEN_BACKLOG
     api: ApiServer
 
 
-class _TcpServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
+class _TcpServer(_Capped, socketserver.ThreadingMixIn, socketserver.TCPServer):
     daemon_threads = True
     allow_reuse_address = True
-    request_queue_size = 128
+    request_queue_size = LISTEN_BACKLOG
+    max_connections = 64  # unauthenticated peers hold at most this many threads...
+    slot_wait_s = 0.0  # ...and are turned away at once beyond it
     api: ApiServer
 
 
@@ -146,6 +202,7 @@ class ApiServer:
         allow_gid: int | None = None,
         tcp: tuple[str, int] | None = None,
         token: str | None = None,
+        idle_timeout_s: float = IDLE_TIMEOUT_S,
     ) -> None:
         if tcp is not None and not token:
             raise CollocateError("a TCP listener needs a token", hint="pass --token-file FILE")
@@ -154,6 +211,7 @@ class ApiServer:
         self.allow_gid = allow_gid
         self.daemon_uid = os.getuid()
         self.token = token
+        self.idle_timeout_s = idle_timeout_s
         self._servers: list[socketserver.BaseServer] = []
         self._threads: list[threading.Thread] = []
         self._tcp_address = tcp

@@ -42,6 +42,7 @@ from collocate.daemon.datasets import (
     resolve_factory,
 )
 from collocate.daemon.failures import classify, describe_status, oom_lower_bound_mib
+from collocate.daemon.faults import describe_error, disk_full, disk_nearly_full, is_disk_full
 from collocate.daemon.launcher import (
     LaunchPlan,
     plan_launch,
@@ -51,9 +52,11 @@ from collocate.daemon.launcher import (
 )
 from collocate.daemon.monitor import Monitor, Tracked
 from collocate.daemon.paths import StateLayout, attempt_files
+from collocate.daemon.protocol import check_logs_args
+from collocate.daemon.reaping import OrphanedJob, adopt_orphan, job_started, reap_strays
 from collocate.daemon.runner import read_tail
 from collocate.daemon.server import ApiServer, Peer
-from collocate.daemon.spec import JobSpec, validate_submit
+from collocate.daemon.spec import JobSpec, submit_key, validate_submit
 from collocate.daemon.store import Attempt, Store, with_profile
 from collocate.daemon.tracking import Tracking, TrackingConfig
 from collocate.errors import CollocateError, InputError
@@ -221,8 +224,11 @@ class Service:
             if now >= next_tick:
                 try:
                     self.tick()
-                except Exception:
-                    log.exception("scheduling round failed")
+                except Exception as exc:
+                    if is_disk_full(exc):  # retried next round, once there is space
+                        log.error("scheduling round stopped: %s", disk_full(str(self.layout.root)))
+                    else:
+                        log.exception("scheduling round failed")
                 next_tick = max(next_tick + self.config.period_s, time.monotonic())
                 continue
             try:
@@ -256,6 +262,14 @@ class Service:
                 "dashboard": self.tracking.dashboard_url}
 
     def op_submit(self, args: dict, peer: Peer) -> dict:
+        stored = self.store.job_for_key(submit_key(args.get("key")))
+        if stored is not None:  # a retry of a submit that was stored
+            if stored[1].uid != peer.uid:
+                raise InputError("this submit key belongs to another user's job",
+                                 hint="send a fresh random key (collocate clients do)")
+            job = self.scheduler.jobs.get(stored[0].id, stored[0])
+            return {"id": job.id, "state": job.state.value, "mem_mib": job.mem_mib,
+                    "mem_source": job.mem_source}
         req = validate_submit(args, uid=peer.uid, gid=peer.gid, user=peer.user)
         if req.spec.dataset is not None:  # remembered per name, so the stored spec is complete
             factory = resolve_factory(req.spec, self.scheduler.jobs.values(), self.specs)
@@ -300,7 +314,7 @@ class Service:
     def op_logs(self, args: dict, peer: Peer) -> dict:
         job_id = self._job_id(args)
         self._check_owner(job_id, peer, "read the logs of")
-        return views.logs(self.store, job_id, args)
+        return views.logs(self.store, job_id, check_logs_args(args))
 
     def op_cancel(self, args: dict, peer: Peer) -> dict:
         job_id = self._job_id(args)
@@ -372,12 +386,17 @@ class Service:
             self.datasets.reconcile(active_factories(self.scheduler.jobs.values(), self.specs))
         if self.store.get_flag("draining") or not self.scheduler.queue:
             return
+        if disk_nearly_full(self.layout.root):  # a launch could not be recorded: wait for space
+            return
         self._price_from_siblings()
         snapshot = self.monitor.snapshot([r.tracked for r in self.running.values()], now=now,
                                          sharing=self.config.sharing)
         plan = self.scheduler.schedule(snapshot)
         for placement in plan.placements:
-            self._launch(placement, now)
+            try:
+                self._launch(placement, now)
+            except Exception as exc:  # confined to this job: the round goes on with the next
+                self._launch_failed(placement.job_id, exc)
 
     def _price_from_siblings(self) -> None:
         """Pending jobs nobody has measured take the profile their running siblings (the same
@@ -408,11 +427,22 @@ class Service:
                     _signal_group(run.attempt.pid, signal.SIGKILL)
                 continue
             self._ended(run, runner_status=status, adopted=run.proc is None)
+        reap_strays({r.proc.pid for r in self.running.values() if r.proc is not None}
+                    | {r.attempt.pid for r in self.running.values() if r.attempt.pid}
+                    | {p.pid for p in self.datasets.producers.values()})
 
     def _ended(self, run: Running, *, runner_status: int | None, adopted: bool) -> None:
         """Classify an attempt whose runner is gone, record it, and let the scheduler recover."""
         a = run.attempt
         record = views.read_exit(Path(a.dir))
+        if record is None and not isinstance(run.proc, OrphanedJob):
+            orphan = adopt_orphan(Path(a.dir))  # the runner died; its job is our child now
+            if orphan is not None and orphan.poll() is None:
+                self.running[a.job_id] = replace(run, proc=orphan)  # watch the job itself
+                log.warning("job %s: its runner is gone; the daemon watches the job (pid %d)",
+                            a.job_id, orphan.pid)
+                return
+            record = views.read_exit(Path(a.dir))
         if record is not None:
             returncode, tail, end = record.get("returncode"), record.get("stderr_tail", ""), record.get("end")
             outcome, reason = classify(returncode, tail, cancelled=run.cancel_at is not None)
@@ -425,6 +455,10 @@ class Service:
                 outcome, reason = Outcome.LOST, "the daemon stopped before it launched the job; requeued"
             elif adopted:
                 outcome, reason = Outcome.LOST, "the job vanished while the daemon was down; requeued"
+            elif not job_started(Path(a.dir)):  # nothing of the job ran: safe to run it again
+                outcome = Outcome.LOST
+                reason = (f"the job's runner was {describe_status(runner_status or -9)} "
+                          "before it started the job; requeued")
             else:
                 outcome = Outcome.FAILED
                 reason = (f"the job's runner was {describe_status(runner_status or -9)} "
@@ -483,6 +517,23 @@ class Service:
             self.running[job.id] = run
             self._ensure_dataset(spec.dataset, [run])
 
+    def _launch_failed(self, job_id: str, exc: BaseException) -> None:
+        """A placement that raised before its runner started: end that attempt (and that job's
+        state) with the reason, so nothing stays ``running`` without a process."""
+        log.error("job %s: launch failed: %s", job_id, describe_error(exc))
+        reason = f"could not launch the job: {describe_error(exc)}"
+        outcome = Outcome.LOST if is_disk_full(exc) else Outcome.FAILED
+        try:
+            run = self.running.get(job_id)
+            if run is not None:
+                self._finish(run, outcome, reason, None, "", time.time())
+                return
+            job = self.scheduler.jobs.get(job_id)
+            if job is not None and job.state is JobState.RUNNING:
+                self.scheduler.job_exited(job_id, ExitReport(outcome, None, reason))
+        except Exception as again:  # e.g. the disk is full: a restart settles it (_settle_unlaunched)
+            log.error("job %s: could not record the failed launch: %s", job_id, describe_error(again))
+
     def _start_waiting(self) -> None:
         """Start the jobs whose producer is now ready; fail those whose producer failed."""
         waiting: dict[str, list[Running]] = {}
@@ -517,8 +568,10 @@ class Service:
         plan = replace(run.plan, env={**run.plan.env, **extra_env}) if extra_env else run.plan
         try:
             proc, started = start(plan)
-        except OSError as exc:
-            self._finish(run, Outcome.FAILED, f"could not start the job: {exc}", None, "", time.time())
+        except Exception as exc:  # confined to this job (a full disk requeues it: not its fault)
+            outcome = Outcome.LOST if is_disk_full(exc) else Outcome.FAILED
+            self._finish(run, outcome, f"could not start the job: {describe_error(exc)}", None, "",
+                         time.time())
             return
         job_id = run.attempt.job_id
         attempt = replace(run.attempt, pid=proc.pid, pid_started=started)

@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import re
+import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ RESERVED_ENV = ("CUDA_VISIBLE_DEVICES", "COLLOCATE_JOB_ID", "COLLOCATE_ATTEMPT",
                 "COLLOCATE_SHARE_DIR")
 _FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 MAX_RETRIES = 100
+_KEY = re.compile(r"^[A-Za-z0-9_-]{8,128}$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +44,9 @@ class JobSpec:
     # restarted daemon can start the producer again from any one job's spec alone.
     dataset: str | None = None
     dataset_factory: str | None = None
+    # The client's idempotency key: a submit retried after a broken connection gets the job
+    # its first try stored (``Store.job_for_key``) instead of a duplicate.
+    submit_key: str | None = None
 
     @property
     def signature(self) -> str:
@@ -123,6 +128,38 @@ def parse_env(items: list[str] | tuple[str, ...]) -> dict[str, str]:
     return env
 
 
+def check_env(env: dict[str, str]) -> None:
+    """What ``execve`` would refuse, refused now: a name that is empty or holds ``=`` or NUL, a
+    value with NUL. (``--env`` names are stricter still; the submitter's own environment may
+    hold any name the OS accepts.)"""
+    for name, value in env.items():
+        if not name or "=" in name or "\0" in name:
+            raise InputError(f"environment variable name {name!r} cannot be passed to a process",
+                             hint="names must be non-empty, without '=' or NUL bytes")
+        if "\0" in value:
+            raise InputError(f"environment variable {name} holds a NUL byte",
+                             hint="remove it; a process environment cannot carry NUL bytes")
+
+
+def check_cwd(cwd: str, uid: int, gid: int) -> None:
+    """The working directory must exist and be enterable *by the submitter*. A root daemon
+    checks as that user (a throwaway ``sh`` with their uid/gid and no supplementary groups),
+    so it neither admits a root-only directory nor tells whether one exists."""
+    if os.geteuid() == 0 and uid not in (-1, 0):
+        try:
+            usable = subprocess.run(
+                ["/bin/sh", "-c", 'cd -- "$1"', "sh", cwd], user=uid, group=gid if gid >= 0 else None,
+                extra_groups=[], env={}, cwd="/", stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10).returncode == 0
+        except (OSError, subprocess.SubprocessError):
+            usable = False
+    else:
+        usable = Path(cwd).is_dir() and os.access(cwd, os.X_OK)
+    if not usable:
+        raise InputError(f"working directory {cwd} does not exist or you cannot enter it",
+                         hint="pass an existing --cwd that you can enter")
+
+
 def validate_submit(args: dict[str, Any], *, uid: int, gid: int, user: str) -> SubmitRequest:
     """Check a ``submit`` request's fields; raises ``InputError`` on the first bad one."""
     argv = args.get("argv")
@@ -133,11 +170,13 @@ def validate_submit(args: dict[str, Any], *, uid: int, gid: int, user: str) -> S
         )
     if not argv[0].strip():
         raise InputError("the command's program name is empty", hint="check the text after --")
+    if any("\0" in a for a in argv):
+        raise InputError("the command contains a NUL byte, which no program can receive",
+                         hint="remove it from the arguments after --")
     cwd = args.get("cwd")
-    if not isinstance(cwd, str) or not os.path.isabs(cwd):
+    if not isinstance(cwd, str) or not os.path.isabs(cwd) or "\0" in cwd:
         raise InputError(f"--cwd must be an absolute directory, got {cwd!r}")
-    if not Path(cwd).is_dir():
-        raise InputError(f"working directory {cwd} does not exist", hint="pass an existing --cwd")
+    check_cwd(cwd, uid, gid)
     gpus = _int(args.get("gpus", 1), "--gpus", low=1)
     mem = args.get("mem")
     mem_mib = None if mem in (None, "") else parse_mib(mem)
@@ -155,6 +194,7 @@ def validate_submit(args: dict[str, Any], *, uid: int, gid: int, user: str) -> S
             raise InputError(f"--env {reserved} is set by the daemon for each launch", hint="drop it")
     env = {str(k): str(v) for k, v in base_env.items() if k not in RESERVED_ENV}
     env.update(user_env)
+    check_env(env)
     name = str(args.get("name") or default_name(argv))[:200]
     priority = _int(args.get("priority", 0), "--priority")
     source, uncertainty = str(args.get("mem_source") or "declared"), args.get("mem_uncertainty", 0.0)
@@ -164,9 +204,19 @@ def validate_submit(args: dict[str, Any], *, uid: int, gid: int, user: str) -> S
         raise InputError(f"memory uncertainty must be a number in [0, 10], got {uncertainty!r}")
     dataset, factory = _dataset(args.get("dataset"), args.get("dataset_factory"))
     spec = JobSpec(tuple(argv), cwd, env, uid, gid, user, retry_failures=retries is not None,
-                   dataset=dataset, dataset_factory=factory)
+                   dataset=dataset, dataset_factory=factory, submit_key=submit_key(args.get("key")))
     return SubmitRequest(spec, gpus, mem_mib, name, priority, max_retries, source, float(uncertainty),
                          _after(args.get("after")))
+
+
+def submit_key(value: Any) -> str | None:
+    """The idempotency key in form: 8-128 of letters, digits, ``-`` and ``_``, or none."""
+    if value in (None, ""):
+        return None
+    if not isinstance(value, str) or not _KEY.match(value):
+        raise InputError(f"submit key {value!r} is not 8-128 letters, digits, '-' or '_'",
+                         hint="collocate clients make one per request; send a random hex string")
+    return value
 
 
 def _after(value: Any) -> tuple[str, ...]:

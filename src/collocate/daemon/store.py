@@ -20,13 +20,18 @@ Tables:
 from __future__ import annotations
 
 import json
+import os
+import sqlite3
 import time
+import uuid
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 from collocate.activity import program_prior
+from collocate.daemon.faults import disk_full, is_disk_full
 from collocate.daemon.spec import JobSpec
+from collocate.errors import CollocateError
 from collocate.model import UNKNOWN_PROFILE, Job, JobProfile, JobState
 from collocate.sqlite import open_wal
 
@@ -55,6 +60,7 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 # NVML's per-process utilization (another quantity, biased by warm-up and neighbours); that
 # column is no longer read, so a profile from before is not taken for a measured one.
 _ADDED_COLUMNS = {
+    "jobs": ("submit_key TEXT",),
     "attempts": ("solo_sm REAL", "solo_dram REAL"),
     "history": ("solo_sm REAL", "solo_dram REAL", "program TEXT"),
 }
@@ -112,13 +118,83 @@ class Store:
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self.db = open_wal(self.path, _SCHEMA, what="job store")
-        for table, columns in _ADDED_COLUMNS.items():
-            have = {row[1] for row in self.db.execute(f"PRAGMA table_info({table})")}
-            for column in columns:
-                if column.split()[0] not in have:
-                    self.db.execute(f"ALTER TABLE {table} ADD COLUMN {column}")
-        self.db.execute("CREATE INDEX IF NOT EXISTS history_program ON history (program)")
+        self._refuse_lost_store()
+        try:
+            self.db = open_wal(self.path, _SCHEMA, what="job store")
+        except CollocateError as exc:
+            if isinstance(exc.__cause__, sqlite3.Error):
+                raise self._unusable(exc.__cause__) from None
+            raise
+        try:
+            check = self.db.execute("PRAGMA quick_check").fetchone()
+            if check is None or check[0] != "ok":
+                raise sqlite3.DatabaseError(check[0] if check else "quick_check gave nothing")
+            for table, columns in _ADDED_COLUMNS.items():
+                have = {row[1] for row in self.db.execute(f"PRAGMA table_info({table})")}
+                for column in columns:
+                    if column.split()[0] not in have:
+                        self.db.execute(f"ALTER TABLE {table} ADD COLUMN {column}")
+            self.db.execute("CREATE INDEX IF NOT EXISTS history_program ON history (program)")
+            self.db.execute("CREATE UNIQUE INDEX IF NOT EXISTS jobs_submit_key ON jobs (submit_key)")
+            self._mark()
+        except sqlite3.Error as exc:
+            self.db.close()
+            raise self._unusable(exc) from None
+
+    @property
+    def _marker(self) -> Path:
+        """``collocate.sqlite.id``: the store's random id, kept beside it. It outlives a store
+        that is deleted or emptied, which is how such a loss is told from a first start."""
+        return self.path.with_name(self.path.name + ".id")
+
+    def _refuse_lost_store(self) -> None:
+        """A missing or empty store where jobs existed would reuse job id 1 (and show the old
+        job 1's logs for the new one): refuse, and say so."""
+        if self.path.exists() and self.path.stat().st_size > 0:
+            return
+        jobs = self.path.parent / "jobs"
+        had_jobs = self._marker.exists() or (jobs.is_dir() and any(jobs.iterdir()))
+        if had_jobs:
+            state = "empty" if self.path.exists() else "missing"
+            raise CollocateError(
+                f"the job store {self.path} is {state}, but this state dir had jobs "
+                f"({self._marker.name} or {jobs} say so)",
+                hint="restore collocate.sqlite from a backup; or move the state dir aside and start "
+                     "on a fresh one (starting here would reuse job ids and mix old and new logs)")
+
+    def _mark(self) -> None:
+        """Give the store an id (once) and check the marker beside it names the same one; the
+        write doubles as the check that the file is writable (a read-only store is refused)."""
+        row = self.db.execute("SELECT value FROM meta WHERE key = 'store_id'").fetchone()
+        store_id = row[0] if row else uuid.uuid4().hex
+        try:
+            marked = self._marker.read_text().strip()
+        except FileNotFoundError:
+            marked = None
+        if marked is not None and marked != store_id:
+            raise CollocateError(
+                f"the job store {self.path} is not the one this state dir used "
+                f"(id {store_id}, {self._marker.name} says {marked})",
+                hint="put the original collocate.sqlite back, or start on a fresh state dir")
+        self.db.execute("INSERT INTO meta VALUES ('store_id', ?) ON CONFLICT (key) DO UPDATE SET"
+                        " value = excluded.value", (store_id,))
+        if marked is None:
+            fd = os.open(self._marker, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(store_id + "\n")
+
+    def _unusable(self, exc: sqlite3.Error) -> CollocateError:
+        text = str(exc)
+        writable = all(os.access(p, os.W_OK) for p in (self.path, self.path.parent) if p.exists())
+        if "readonly" in text or not writable:
+            return CollocateError(f"the job store {self.path} is read-only: {text}",
+                                  hint="make it (and its directory) writable by the daemon's user")
+        if is_disk_full(exc):
+            return disk_full(str(self.path))
+        damaged = any(w in text for w in ("malformed", "not a database", "corrupt", "quick_check", "***"))
+        return CollocateError(f"the job store {self.path} is {'corrupt' if damaged else 'unusable'}: {text}",
+                              hint="restore collocate.sqlite from a backup, or move the state dir "
+                                   "aside and start on a fresh one")
 
     def close(self) -> None:
         self.db.close()
@@ -136,11 +212,20 @@ class Store:
         return str(n)
 
     def add_job(self, job: Job, spec: JobSpec) -> None:
+        """Store a submitted job, with its submit key in the same row (one atomic write)."""
         self.db.execute(
-            "INSERT INTO jobs (id, seq, job, spec, submitted, ended) VALUES (?, ?, ?, ?, ?, ?)",
+            "INSERT INTO jobs (id, seq, job, spec, submitted, ended, submit_key)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
             (job.id, int(job.id), job_to_json(job), spec.to_json(), job.submit_time,
-             time.time() if job.state.is_terminal else None),
+             time.time() if job.state.is_terminal else None, spec.submit_key),
         )
+
+    def job_for_key(self, key: str | None) -> tuple[Job, JobSpec, float | None] | None:
+        """The job a submit with this idempotency key already stored, if any."""
+        if not key:
+            return None
+        row = self.db.execute("SELECT job, spec, ended FROM jobs WHERE submit_key = ?", (key,)).fetchone()
+        return None if row is None else (job_from_json(row[0]), JobSpec.from_json(row[1]), row[2])
 
     def save_job(self, job: Job) -> None:
         """Persist a changed job (the scheduler's ``on_change`` hook lands here)."""

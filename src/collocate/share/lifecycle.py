@@ -138,15 +138,19 @@ class ProducerHandle:
 
 
 def start_producer(spec: ProducerSpec, *, log_path: str | os.PathLike[str] | None = None,
-                   cwd: str | os.PathLike[str] | None = None, env: dict[str, str] | None = None) -> ProducerHandle:
-    """Launch ``spec`` as a subprocess (argv list, no shell); refuses if the name is already served."""
+                   cwd: str | os.PathLike[str] | None = None, env: dict[str, str] | None = None,
+                   argv_prefix: tuple[str, ...] = ()) -> ProducerHandle:
+    """Launch ``spec`` as a subprocess (argv list, no shell); refuses if the name is already served.
+
+    ``argv_prefix`` runs the producer through a launcher (the daemon's ``collocate.daemon.isolate``,
+    which drops to the job's user before the factory's code is imported)."""
     existing = probe(spec.name, spec.state_dir)
     if existing is not None:
         from collocate.share.errors import ProducerExistsError
 
         raise ProducerExistsError(f"producer {spec.name!r} is already running (pid {existing.pid})",
                                   hint="reuse it, or stop it before starting another")
-    argv = spec.argv()
+    argv = [*argv_prefix, *spec.argv()]
     if log_path is None:
         process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
                                    stdin=subprocess.DEVNULL, cwd=cwd, env=env, start_new_session=True)

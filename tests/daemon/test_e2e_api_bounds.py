@@ -1,0 +1,145 @@
+"""The API under hostile or crowded clients (issue 19, findings 4, 10, 11), with real sockets."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from pathlib import Path
+
+import psutil
+import pytest
+from daemon_harness import job_argv, wait_for
+
+from collocate.daemon.client import Client
+from collocate.daemon.server import ApiServer
+from collocate.errors import CollocateError
+
+TOKEN = "a-long-random-test-token-0123456789"
+
+
+def _tcp_daemon(daemons, tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    return daemons("--tcp", f"127.0.0.1:{port}", "--token-file", str(token_file)), port
+
+
+def _reply(sock: socket.socket) -> bytes:
+    sock.settimeout(30)
+    try:
+        return sock.makefile("rb").readline()
+    except OSError:
+        return b""
+
+
+def test_unauthenticated_tcp_peers_cannot_grow_the_daemon(daemons, tmp_path):
+    """Big lines before the token are cut at 4 KiB; 200 such peers cost the daemon little."""
+    d, port = _tcp_daemon(daemons, tmp_path)
+    rss_before = psutil.Process(d.proc.pid).memory_info().rss
+    junk = b"x" * (1 << 20)  # 1 MiB, no newline
+    replies = []
+    for _ in range(4):  # 4 waves of 50 (the TCP listener serves at most 64 at once)
+        socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(50)]
+        for s in socks:
+            try:
+                s.sendall(junk)
+            except OSError:
+                pass  # the daemon hung up after 4 KiB: what we want
+        replies += [_reply(s) for s in socks]
+        for s in socks:
+            s.close()
+    grown_mib = (psutil.Process(d.proc.pid).memory_info().rss - rss_before) / 2**20
+    assert grown_mib < 64, grown_mib  # it read ~4 KiB of each 1 MiB line, not the line
+    assert any(b"too long" in r for r in replies)
+    good = Client(d.state_dir, tcp=("127.0.0.1", port), token=TOKEN)
+    assert good.request("ping")["pid"] == d.proc.pid
+    with pytest.raises(CollocateError, match="token"):
+        Client(d.state_dir, tcp=("127.0.0.1", port), token="wrong-token-wrong-token-wrong").request("ls")
+
+
+def test_silent_tcp_peers_get_no_more_than_their_share(daemons, tmp_path):
+    """64 silent peers fill the TCP slots: the next peer is told the daemon is busy at once, and
+    a real client (which retries) gets through once the silent ones time out (10 s)."""
+    d, port = _tcp_daemon(daemons, tmp_path)
+    silent = [socket.create_connection(("127.0.0.1", port)) for _ in range(64)]
+    try:
+        wait_for(lambda: len([c for c in psutil.Process(d.proc.pid).net_connections("tcp")
+                              if c.status == psutil.CONN_ESTABLISHED]) >= 64, 30, "the daemon to accept them")
+        extra = socket.create_connection(("127.0.0.1", port))
+        assert b"busy" in _reply(extra)
+        extra.close()
+        good = Client(d.state_dir, tcp=("127.0.0.1", port), token=TOKEN)
+        assert good.request("ping")["pid"] == d.proc.pid
+    finally:
+        for s in silent:
+            s.close()
+
+
+def test_idle_unix_connections_are_closed(tmp_path):
+    server = ApiServer(tmp_path / "api.sock", lambda op, args, peer: "pong", idle_timeout_s=0.5)
+    server.start()
+    try:
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(str(tmp_path / "api.sock"))
+            s.settimeout(30)
+            assert s.recv(1) == b""  # closed by the daemon, not by our timeout
+    finally:
+        server.stop()
+
+
+def test_300_clients_at_once_all_get_answers(daemons):
+    d = daemons()
+    results: list[object] = []
+
+    def ask() -> None:
+        try:
+            results.append(Client(d.state_dir, timeout_s=60).request("ls"))
+        except Exception as exc:  # noqa: BLE001 - collected and asserted on below
+            results.append(exc)
+
+    threads = [threading.Thread(target=ask) for _ in range(300)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    errors = [r for r in results if isinstance(r, Exception)]
+    assert not errors and len(results) == 300, errors[:3]
+
+
+def test_a_repeated_submit_key_gives_the_stored_job(daemons, tmp_path):
+    d = daemons()
+    args = dict(argv=job_argv(300, 0.2), cwd=str(tmp_path), mem="1GiB", key="retry-key-0001")
+    first = d.client.request("submit", **args)
+    again = d.client.request("submit", **args)
+    assert again["id"] == first["id"]
+    assert [r["id"] for r in d.client.request("ls", all=True)] == [first["id"]]
+    d.kill()
+    d.start()  # the key is in SQLite, not only in memory
+    assert d.client.request("submit", **args)["id"] == first["id"]
+    assert d.client.request("submit", **{**args, "key": "another-key-0002"})["id"] != first["id"]
+
+
+def test_bad_logs_arguments_and_deep_json_get_clear_errors(daemons, tmp_path):
+    d = daemons()
+    job = d.submit(job_argv(300, 0.2), mem="1GiB")
+    d.wait_state(job, "done")
+    for bad, what in (({"offset": -1}, "offset"), ({"offset": "abc"}, "offset"),
+                      ({"attempt": 0}, "attempt"), ({"attempt": "x"}, "attempt"),
+                      ({"offset": 1.5}, "offset")):
+        with pytest.raises(CollocateError, match=f"logs {what} must be") as err:
+            d.client.request("logs", id=job, **bad)
+        assert "internal error" not in str(err.value)
+    deep = b"[" * 200_000 + b"]" * 200_000 + b"\n"
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(str(d.state_dir / "collocate.sock"))
+        s.sendall(deep)
+        reply = json.loads(_reply(s))
+    assert not reply["ok"] and "nested too deeply" in reply["error"]
+    assert d.client.request("ping")["pid"] == d.proc.pid
+    log = d.read_log() + Path(d.state_dir / "daemon.log").read_text()
+    assert "RecursionError" not in log and "Traceback" not in log
+
+
