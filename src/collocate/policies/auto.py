@@ -79,7 +79,9 @@ class Auto:
             if gpus is not None:
                 ledger.place(job, gpus)
             elif not keep.any() and cluster.now - job.submit_time >= self.reserve_after_s:
-                self._reserve_for(job, ledger, keep)
+                reserved = self._reserve_for(job, ledger, keep)
+                if reserved is not None:  # its room is free: it starts now, gates or not
+                    ledger.place(job, reserved)
         return ledger.plan()
 
     def _choose(self, job: Job, ledger: Ledger, usable: np.ndarray, keep: np.ndarray) -> list[int] | None:
@@ -167,15 +169,27 @@ class Auto:
         # Jobs sharing one MIG instance time-slice it.
         return self.interference.modes[SharingMode.TIME_SLICING if mode is SharingMode.MIG else mode]
 
-    def _reserve_for(self, job: Job, ledger: Ledger, keep: np.ndarray) -> None:
+    def _reserve_for(self, job: Job, ledger: Ledger, keep: np.ndarray) -> list[int] | None:
         """Keep room for ``job`` on the GPUs it would fit soonest: others may still share them,
-        but only while the room it needs stays free, so the GPUs fill up no further for it."""
+        but only while the room it needs stays free, so the GPUs fill up no further for it.
+
+        Where that room is already free, return those GPUs instead: a job blocked this long
+        starts there whatever the gain and slowdown gates say, or it could wait forever for a
+        GPU whose residents a gate dislikes (8-GPU jobs waited 32x longer than under
+        carma-lug on a synthetic trace)."""
         cluster = ledger.cluster
         room = np.minimum(ledger.free_mib, cluster.total_mib - ledger.committed_mib)
-        order = np.lexsort((-room, ledger.n_jobs))  # fewest jobs, then most room
+        if job.mem_mib is None:
+            need = cluster.total_mib
+            free_now = ledger.n_jobs == 0
+        else:
+            need = job.mem_mib * (1.0 + self.uncertainty_margin * job.mem_uncertainty) + self.headroom_mib + self.reserve_mib
+            free_now = room >= need
+        order = np.lexsort((-room, ledger.n_jobs, ~free_now))  # free now, fewest jobs, most room
         gpus = pick_on_one_node(order[fits_alone(job, cluster)[order]] if job.mem_mib else order, cluster.node, job.gpus)
-        if gpus is not None:
-            if job.mem_mib is None:
-                keep[gpus] = cluster.total_mib[gpus]
-            else:
-                keep[gpus] = job.mem_mib * (1.0 + self.uncertainty_margin * job.mem_uncertainty) + self.headroom_mib + self.reserve_mib
+        if gpus is None:
+            return None
+        if free_now[gpus].all():
+            return gpus
+        keep[gpus] = need if job.mem_mib is not None else cluster.total_mib[gpus]
+        return None
