@@ -85,6 +85,9 @@ def assumed_profile(model: str, dataset: str = "") -> JobProfile:
     if base is None:
         return JobProfile()
     scale = doc["datasets"].get(dataset, {}).get("scale", 1.0)
+    level = doc.get("level", {})
+    if model not in level.get("measured", ()):
+        scale *= level.get("scale", 1.0)  # the A100 level of CARMA's published runs
     return JobProfile(round(base["sm"] * scale, 4), round(base["dram"] * scale, 4))
 
 
