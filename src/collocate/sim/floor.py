@@ -31,7 +31,9 @@ per GPU, that may sit in different mixes and progress at different rates (a real
 at its slowest shard, on one node); that only lowers the bound, so it stays valid.
 
 Not modelled by the floor: arrivals beyond the arrival floor (the LP sees all work at time 0),
-start-up phases, memory ramp-up and the estimators' margins (mixes fit the measured peaks).
+memory ramp-up and the estimators' margins (mixes fit the measured peaks), which only make real
+schedules slower; and start-up or warm-up phases (``--startup-s``, a trace's ``warmup_s``), which
+run beside anything at full speed, so with them the model floor is no longer a strict bound.
 """
 
 from __future__ import annotations
@@ -85,6 +87,8 @@ def floors(
     per_node = max(n.count for n in nodes)
     fits = [j for j in jobs if j.workload.gpus <= per_node
             and j.workload.peak_mib <= max(n.gpu_type.memory_mib for n in nodes)]
+    if not fits:
+        raise InputError("no job of the trace fits the cluster", hint="check --cluster against the jobs' GPUs and peaks")
     gpus = sum(n.count for n in nodes)
     arrival = max(j.arrival_s - first + j.workload.duration_s for j in fits)
     longest = max(j.workload.duration_s for j in fits)
