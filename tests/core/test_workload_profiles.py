@@ -27,3 +27,25 @@ def test_published_a100_measurements_are_not_scaled():
     assert assumed_profile("dlrm", "criteo-terabyte") == JobProfile(0.05, 0.10)
     scale = _assumed_profiles()["level"]["scale"]
     assert assumed_profile("resnet50", "imagenet").sm_activity == pytest.approx(0.80 * scale, abs=1e-4)
+
+
+def test_cifar_resnet_profiles_are_derived_from_the_h100_bench_and_carmas_epoch_times(shared_data):
+    import csv
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    summary = repo / "benchmarks/results/bench-h100-80gb-hbm3-2026-11-22/summary.csv"
+    bench = next(r for r in csv.DictReader(summary.open()) if r["scenario"] == "alone:resnet18-cifar")
+    sm, dram, rate = (float(bench[k]) for k in ("gpu_sm_activity", "gpu_dram_activity", "samples_per_s"))
+    packaged = _assumed_profiles()["workloads"]
+    catalogue = load_catalogue(shared_data / "carma-workloads.csv")
+    cost = {"resnet18": 1.0, "resnet34": 2.0}  # GFLOPs per image relative to ResNet-18
+    rows = [r for r in csv.DictReader((shared_data / "carma-workloads.csv").open())
+            if r["model"] in cost and r["dataset"] == "cifar-100"]
+    assert len(rows) == len(packaged) == 12
+    for row in rows:
+        images_per_s = 50_000 / (float(row["epoch_minutes"]) * 60)
+        expected = min(0.95, sm * 2.2 * cost[row["model"]] * images_per_s / rate)
+        assert packaged[row["name"]]["sm"] == pytest.approx(expected, abs=6e-4)
+        assert packaged[row["name"]]["dram"] == pytest.approx(expected * dram / sm, abs=6e-4)
+        assert catalogue[row["name"]].profile.sm_activity == packaged[row["name"]]["sm"]

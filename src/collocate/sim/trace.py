@@ -91,6 +91,12 @@ def assumed_profile(model: str, dataset: str = "") -> JobProfile:
     return JobProfile(round(base["sm"] * scale, 4), round(base["dram"] * scale, 4))
 
 
+def _workload_profile(name: str) -> JobProfile | None:
+    """A catalogue row's profile derived from a measurement, if it has one (data/workload_profiles.toml)."""
+    row = _assumed_profiles().get("workloads", {}).get(name)
+    return None if row is None else JobProfile(row["sm"], row["dram"])
+
+
 def load_catalogue(path: Path) -> dict[str, Workload]:
     """Read a workload catalogue in the format of ``carma-workloads.csv``."""
     required = ("name", "gpus", "epoch_minutes", "epochs", "peak_mib")
@@ -112,7 +118,7 @@ def load_catalogue(path: Path) -> dict[str, Workload]:
             duration_s=minutes * 60.0,
             peak_mib=estimates["peak"],
             estimates=estimates,
-            profile=assumed_profile(row.get("model", ""), row.get("dataset", "")),
+            profile=_workload_profile(name) or assumed_profile(row.get("model", ""), row.get("dataset", "")),
             program=f"{row['model']}|{row.get('dataset', '')}" if row.get("model") else None,
         )
     return catalogue
