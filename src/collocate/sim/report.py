@@ -62,10 +62,9 @@ def write_jobs_csv(results: Sequence[SimResult], path: Path) -> None:
 
 def write_plots(results: Sequence[SimResult], out: Path) -> list[Path]:
     """JCT CDF per policy, and per policy the memory and SM timelines of the first GPUs."""
-    import matplotlib
+    from collocate.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     import numpy as np
 
     written = []
