@@ -28,11 +28,15 @@ estimate and declaration, and the daemon's ``ls`` rows (state, reason, wait) eve
 run's measured solo durations, peaks and activities (``--profiles unknown``: what a fresh daemon
 knows); without an exclusive run in the folder it is skipped with a note.
 
-Device time: one call of <= 10 minutes cannot hold all six runs, so the runbook splits them:
-``--runs exclusive,auto-mps`` (prepares the trace; ~8 min on an H100), then
-``--from <first call's folder> --runs auto-ts,carma-magm-mps,auto-mps-history`` (~7 min).
-Every run is skipped, with a note, when ``--budget-s`` cannot hold it; ``--quick`` trains 12 jobs
-for 8 s each. ``--dry-run`` does it all on the CPU: emulated H100, 3 tiny plain-PyTorch jobs.
+Device time: one call of <= 10 minutes cannot hold all the runs, so the runbook splits them
+(``round.sh D1`` and ``D2``): ``--runs exclusive,auto-mps`` (prepares the trace; about 9 minutes
+on an H100 by the estimates above), then ``--from <D1's folder> --runs
+auto-mps-history,carma-magm-mps,auto-ts`` (about 8 minutes). The second submission is compared
+with the first exclusive run (exclusive places one job at a time whatever it knows);
+``exclusive-history`` measures that baseline again where time allows. Every run is skipped, with
+a note, when ``--budget-s`` cannot hold it; ``--quick`` trains 12 jobs for 6 s each. ``--dry-run``
+does it all on the CPU: emulated H100, 3 tiny plain-PyTorch jobs holding their estimate of
+emulated memory (``FIRST_RUN_EMULATED_MIB``, outside the command, so not in its signature).
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from collocate.bench.minitrace_run import cancel_all
 from collocate.daemon.child import DaemonProcess
 
 HERE = Path(__file__).resolve().parent
@@ -93,7 +98,7 @@ def prepare(out: Path, *, dry: bool, quick: bool, train_s: float, gpu_type: str)
     """Time each model alone, size its steps, and estimate every job's memory with the CLI."""
     chosen = DRY if dry else [TRACE[i] for i in QUICK] if quick else TRACE
     if dry:
-        train_s = min(train_s, 0.3)
+        train_s = min(train_s, 2.0)  # the daemon samples each second: a peak needs a few
     pairs = sorted({(m, b) for m, b, _ in chosen})
     calib = subprocess.run([sys.executable, str(WORKDIR / "first_run_job.py"), "--calibrate",
                             ",".join(f"{m}:{b}" for m, b in pairs), "--warmup", "2" if dry else "5",
@@ -154,7 +159,7 @@ def estimate_all(pairs: list[tuple[str, int]], *, gpu_type: str, dry: bool) -> d
 # ---------------------------------------------------------------- one run
 
 
-def run_one(name: str, trace: dict[str, Any], out: Path, *, gpus: str, history: Path | None,
+def run_one(name: str, trace: dict[str, Any], out: Path, *, gpus: str, dry: bool, history: Path | None,
             timeout_s: float, snapshot_s: float, settle: list[str]) -> dict[str, Any]:
     policy, sharing, _ = RUNS[name]
     run_dir = out / name
@@ -174,6 +179,8 @@ def run_one(name: str, trace: dict[str, Any], out: Path, *, gpus: str, history: 
         procs = []
         for job in trace["jobs"]:
             mem = [] if job["declared_mib"] is None else ["--mem", f"{job['declared_mib']}MiB"]
+            if dry:  # the tiny CPU job holds its estimate on the emulated GPU (not in the signature)
+                mem += ["--env", f"FIRST_RUN_EMULATED_MIB={job['estimate_mib']}"]
             argv = cli("submit", "--state-dir", str(state), *mem, "--name", job["name"], "--cwd",
                        trace["workdir"], "--", *job["argv"])
             procs.append((job, subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
@@ -211,6 +218,11 @@ def run_one(name: str, trace: dict[str, Any], out: Path, *, gpus: str, history: 
                 break
             time.sleep(0.5)
         details = [daemon.client.request("show", id=i) for i in ids]
+    except BaseException:
+        # Interrupted (round.sh's step limit sends SIGINT) or failed: the jobs run in their own
+        # sessions and would outlive the daemon, so cancel them first.
+        cancel_all(daemon, log)
+        raise
     finally:
         snaps.close()
         daemon.stop()
@@ -364,13 +376,14 @@ def expected_s(name: str, trace: dict) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--runs", default="exclusive,auto-mps,auto-ts,carma-magm-mps,auto-mps-history,exclusive-history")
+    parser.add_argument("--runs", default="exclusive,auto-mps,auto-ts,carma-magm-mps,auto-mps-history",
+                        help=f"in this order, from: {', '.join(RUNS)}")
     parser.add_argument("--from", dest="source", type=Path, help="an earlier call's --out: its trace.json "
                         "(same commands, no new estimates) and history.sqlite")
     parser.add_argument("--budget-s", type=float, default=540.0, help="skip runs that would end after this")
-    parser.add_argument("--train-s", type=float, default=12.0, help="seconds of training per job alone")
+    parser.add_argument("--train-s", type=float, default=10.0, help="seconds of training per job alone")
     parser.add_argument("--snapshot-s", type=float, default=3.0)
-    parser.add_argument("--quick", action="store_true", help="12 jobs of 8 s training")
+    parser.add_argument("--quick", action="store_true", help="12 jobs of 6 s training")
     parser.add_argument("--dry-run", action="store_true", help="CPU: emulated H100, 3 tiny jobs")
     parser.add_argument("--param", action="append", default=[], help="passed to every collocating daemon")
     args = parser.parse_args(argv)
@@ -392,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
         notes.append(f"trace, estimates and history from {args.source.name}; its runs are repeated in this summary")
     else:
         gpu_type = "H100-80GB" if args.dry_run else gpu_type_here()
-        trace = prepare(args.out, dry=args.dry_run, quick=args.quick, train_s=8.0 if args.quick else args.train_s,
+        trace = prepare(args.out, dry=args.dry_run, quick=args.quick, train_s=6.0 if args.quick else args.train_s,
                         gpu_type=gpu_type)
         runs, history = [], args.out / "history.sqlite"
     for name in runs_wanted:
@@ -407,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         settle = args.param if RUNS[name][0] != "exclusive" else []
         timeout = max(30.0, left - 15) if not args.dry_run else 120.0
-        runs.append(run_one(name, trace, args.out, gpus=gpus, history=history if with_history else None,
+        runs.append(run_one(name, trace, args.out, gpus=gpus, dry=args.dry_run, history=history if with_history else None,
                             timeout_s=timeout, snapshot_s=args.snapshot_s, settle=settle))
         r = runs[-1]
         log(f"{name}: makespan {r['makespan_s']} s, {r['done']}/{r['jobs']} done, most at once {r['most_at_once']}, "

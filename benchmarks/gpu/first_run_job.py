@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -265,15 +266,40 @@ def device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def hold_emulated_memory() -> Callable[[], None]:
+    """CPU dry runs only: hold ``FIRST_RUN_EMULATED_MIB`` on the emulated GPUs the daemon gave this
+    job, as a CUDA job holds real memory, so the daemon measures a peak and keeps it as history.
+    Imports collocate only then; returns the release (a no-op without the variable)."""
+    mib = os.environ.get("FIRST_RUN_EMULATED_MIB")
+    if not mib:
+        return lambda: None
+    from collocate.gpus.emulate_job import oom_message, resolve_devices
+    from collocate.gpus.emulated import state_dir_from_env
+    from collocate.gpus.emulated_state import StateStore, process_start_time
+
+    store = StateStore.open_existing(state_dir_from_env())
+    pid = os.getpid()
+    for ordinal, dev in enumerate(resolve_devices(os.environ.get("CUDA_VISIBLE_DEVICES"), store.devices())):
+        refusal = store.claim(dev.uuid, pid, process_start_time(pid) or 0.0, float(mib), 0.5, 0.2)
+        if refusal is not None:
+            store.release(pid)
+            raise SystemExit(oom_message(refusal, ordinal, pid))
+    return lambda: store.release(pid)
+
+
 def train(name: str, batch_size: int, steps: int, lr: float) -> dict[str, Any]:
     dev = device()
     t0 = time.monotonic()
-    trainer = Trainer(name, batch_size, lr, dev)
-    t_start = time.monotonic()
-    loss = torch.zeros(())
-    for _ in range(steps):
-        loss = trainer.step()
-    trainer.sync()
+    release = hold_emulated_memory()
+    try:
+        trainer = Trainer(name, batch_size, lr, dev)
+        t_start = time.monotonic()
+        loss = torch.zeros(())
+        for _ in range(steps):
+            loss = trainer.step()
+        trainer.sync()
+    finally:
+        release()
     if not torch.isfinite(loss):  # synthetic data should never give one
         raise SystemExit(f"{name}: the loss is not finite after {steps} steps")
     t_end = time.monotonic()
