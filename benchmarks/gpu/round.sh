@@ -30,7 +30,7 @@
 # --rehearse runs on a machine without a GPU: tiny CPU workloads, fake NVML, emulated GPUs, the
 # scripts' dry runs, and a virtual environment that sees only the packages of the device image
 # (device_packages.txt) plus those the wheels carry, so a missing import shows here first. OUT
-# defaults to a new temporary folder; ROUND_BUDGET defaults to 150 s (240 s for B calls).
+# defaults to a new temporary folder; ROUND_BUDGET defaults to 150 s (240 s for B and D calls).
 set -euo pipefail
 
 REHEARSE=${DRY:-0}
@@ -62,7 +62,7 @@ esac
 T0=$(date +%s)
 if [[ $REHEARSE == 1 ]]; then
   BUDGET=${ROUND_BUDGET:-150}
-  [[ $CALL != B* ]] || BUDGET=${ROUND_BUDGET:-240}  # two emulated replays of 12 jobs
+  [[ $CALL != [BD]* ]] || BUDGET=${ROUND_BUDGET:-240}  # two emulated replays (D: and estimates)
   OUT=${OUT:-$(mktemp -d /tmp/round-rehearsal-XXXXXX)}
 else
   BUDGET=${ROUND_BUDGET:-555}

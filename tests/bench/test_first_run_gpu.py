@@ -8,6 +8,7 @@ submission with the first run's history. What the GPU session would find broken 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +22,9 @@ GPU = ROOT / "benchmarks" / "gpu"
 @pytest.mark.slow
 def test_the_dry_run_estimates_submits_and_reports_a_first_run_and_a_second_with_history(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    env = {"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    # the jobs run `python3` from PATH, as a user's would: this interpreter's first
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    env = {"PYTHONPATH": str(ROOT / "src"), "PATH": path, "HOME": str(tmp_path)}
     res = subprocess.run([sys.executable, str(GPU / "first_run_gpu.py"), "--dry-run", "--runs",
                           "exclusive,auto-mps-history", "--out", str(out)],
                          capture_output=True, text=True, timeout=400, env=env, check=False)
