@@ -24,7 +24,7 @@ recovered, every job's end state, per-job peak (NVML, from the daemon's attempts
 estimate and declaration, and the daemon's ``ls`` rows (state, reason, wait) every
 ``--snapshot-s`` seconds. ``--out`` gets ``summary.json``, ``summary.md``, ``trace.json``,
 ``history.sqlite`` (after the exclusive run) and one folder per run (``snapshots.jsonl``,
-``jobs.json``, ``daemon.log``). The simulator's prediction for the first runs uses the exclusive
+``jobs.json``, ``daemon.log``, ``job-logs/``: the end of each attempt's output). The simulator's prediction for the first runs uses the exclusive
 run's measured solo durations, peaks and activities (``--profiles unknown``: what a fresh daemon
 knows); without an exclusive run in the folder it is skipped with a note.
 
@@ -228,11 +228,25 @@ def run_one(name: str, trace: dict[str, Any], out: Path, *, gpus: str, dry: bool
         snaps.close()
         daemon.stop()
     (run_dir / "jobs.json").write_text(json.dumps(details, indent=1) + "\n")
+    keep_logs(details, run_dir / "job-logs")
     summary = summarize(name, details, ids, most=most, timed_out=timed_out)
     if name == "exclusive":  # the history of the second submission
         copy_db(state / "collocate.sqlite", out / "history.sqlite")
     shutil.rmtree(state, ignore_errors=True)
     return summary
+
+
+def keep_logs(details: list[dict], dest: Path, tail: int = 4096) -> None:
+    """The end of each attempt's stdout and stderr (the job's JSON result, or its traceback): the
+    state directory they live in is removed after the run."""
+    dest.mkdir(exist_ok=True)
+    for d in details:
+        for a in d.get("attempts") or []:
+            for kind in ("stdout", "stderr"):
+                src = Path(a["dir"]) / f"{kind}.log"
+                if src.is_file() and src.stat().st_size:
+                    data = src.read_bytes()[-tail:]
+                    (dest / f"{d['name']}-{a['n']}.{kind}").write_bytes(data)
 
 
 def copy_db(src: Path, dst: Path) -> None:

@@ -49,5 +49,8 @@ def test_the_dry_run_estimates_submits_and_reports_a_first_run_and_a_second_with
     snaps = [json.loads(line) for line in (out / "exclusive" / "snapshots.jsonl").read_text().splitlines()]
     waits = [r for s in snaps for r in s["rows"] if r["state"] == "pending"]
     assert waits and all(r["reason"] for r in waits)
+    # each job trained and said so on its stdout, kept after the daemon's state is gone
+    logs = sorted((out / "exclusive" / "job-logs").glob("*.stdout"))
+    assert len(logs) == len(jobs) and all('"train_s"' in p.read_text() for p in logs)
     assert "DRY RUN" in (out / "summary.md").read_text()
     assert doc["simulator"] and doc["simulator"][0]["run"] == "exclusive"
