@@ -119,12 +119,15 @@ def prepare(out: Path, *, dry: bool, quick: bool, train_s: float, gpu_type: str,
         declare = "estimate"
         if (k if dry else model) in special:
             declare = special.pop(k if dry else model)
-            declared = None if declare == "no --mem" else round(est["mib"] / 2)
+            declared = None if declare == "no --mem" or declared is None else round(declared / 2)
+        if est["mib"] is None:
+            declare = "no --mem: the estimate failed"
         jobs.append({"name": f"{model}-{k:02d}", "model": model, "batch_size": batch, "lr": lr,
                      "steps": steps, "solo_step_s": round(cal["step_s"], 5),
                      "calib_reserved_mib": cal["torch_reserved_peak_mib"],
                      "estimate_mib": est["mib"], "estimate_upper_mib": est.get("upper_mib"),
-                     "estimate_method": est.get("method"), "declared": declare,
+                     "estimate_method": est.get("method"), "estimate_command": est["command"],
+                     "estimate_error": est.get("error"), "declared": declare,
                      "declared_mib": declared,
                      "argv": [job_python, "first_run_job.py", "--model", model, "--batch-size",
                               str(batch), "--steps", str(steps), "--lr", f"{lr:g}"]})
@@ -146,12 +149,14 @@ def estimate_all(pairs: list[tuple[str, int]], *, gpu_type: str, dry: bool) -> d
                    "--precision", MODELS[model].precision, "--format", "json")
         t = time.monotonic()
         res = subprocess.run(argv, cwd=WORKDIR, env=env, capture_output=True, text=True, check=False)
-        if res.returncode != 0:
-            raise SystemExit(f"`{' '.join(argv[2:])}` failed:\n{res.stderr[-3000:]}")
+        command = " ".join(["collocate", *argv[3:]])
+        if res.returncode != 0:  # as a user would, submit without --mem; the summary says why
+            log(f"`{command}` failed (exit {res.returncode}):\n{res.stderr[-2000:]}")
+            return {"mib": None, "method": None, "error": res.stderr.strip()[-500:], "command": command}
         est = json.loads(res.stdout)
         log(f"estimate {model} b{batch}: {est['mib']:.0f} MiB ({est['method']}, {time.monotonic() - t:.0f} s)")
         return {"mib": round(est["mib"]), "upper_mib": est.get("upper_mib"), "method": est.get("method"),
-                "command": " ".join(["collocate", *argv[3:]])}
+                "command": command}
 
     with ThreadPoolExecutor(len(pairs) if dry else 6) as pool:
         return dict(zip(pairs, pool.map(one, pairs), strict=True))
@@ -180,7 +185,7 @@ def run_one(name: str, trace: dict[str, Any], out: Path, *, gpus: str, dry: bool
         procs = []
         for job in trace["jobs"]:
             mem = [] if job["declared_mib"] is None else ["--mem", f"{job['declared_mib']}MiB"]
-            if dry:  # the tiny CPU job holds its estimate on the emulated GPU (not in the signature)
+            if dry and job["estimate_mib"]:  # the tiny CPU job holds its estimate on the emulated GPU (not in the signature)
                 mem += ["--env", f"FIRST_RUN_EMULATED_MIB={job['estimate_mib']}"]
             argv = cli("submit", "--state-dir", str(state), *mem, "--name", job["name"], "--cwd",
                        trace["workdir"], "--", *job["argv"])
@@ -268,7 +273,7 @@ def summarize(name: str, details: list[dict], ids: dict[str, dict], *, most: int
             "name": d["name"], "state": d["state"], "declared": job["declared"],
             "declared_mib": job["declared_mib"], "estimate_mib": job["estimate_mib"],
             "mem_mib": d["mem_mib"], "mem_source": d["mem_source"], "peak_mib": max(peaks) if peaks else None,
-            "peak_vs_estimate": round(max(peaks) / job["estimate_mib"], 3) if peaks else None,
+            "peak_vs_estimate": round(max(peaks) / job["estimate_mib"], 3) if peaks and job["estimate_mib"] else None,
             "attempts": len(attempts), "oom_crashes": d["oom_crashes"],
             "solo_sm": next((a["solo_sm"] for a in reversed(attempts) if a.get("solo_sm") is not None), None),
             "solo_dram": next((a["solo_dram"] for a in reversed(attempts) if a.get("solo_dram") is not None), None),
@@ -307,7 +312,7 @@ def simulate(runs: list[dict], gpu_type: str) -> tuple[list[dict], str]:
         est = {} if j["declared_mib"] is None else {"declared": float(j["declared_mib"])}
         prof = JobProfile(j["solo_sm"] if j["solo_sm"] is not None else 0.5,
                           j["solo_dram"] if j["solo_dram"] is not None else 0.2)
-        w = Workload(j["name"], 1, j["last_run_s"], float(j["peak_mib"] or j["estimate_mib"]), est, prof)
+        w = Workload(j["name"], 1, j["last_run_s"], float(j["peak_mib"] or j["estimate_mib"] or 0.0), est, prof)
         trace.append(TraceJob(j["name"], 0.0, w))
     out = []
     for r in runs:
@@ -376,7 +381,7 @@ def report(out: Path, env: dict, trace: dict, runs: list[dict], sims: list[dict]
     for j in trace["jobs"]:
         p = peaks.get(j["name"])
         lines.append(f"| {j['name']} | {j['declared']} | {j['estimate_mib']} | {p or 'n/a'} | "
-                     f"{round(p / j['estimate_mib'], 2) if p else 'n/a'} | {j['steps']} | {j['solo_step_s'] * 1000:.1f} |")
+                     f"{round(p / j['estimate_mib'], 2) if p and j['estimate_mib'] else 'n/a'} | {j['steps']} | {j['solo_step_s'] * 1000:.1f} |")
     lines += [""] + [f"- {n}" for n in notes]
     (out / "summary.md").write_text("\n".join(lines) + "\n")
 
