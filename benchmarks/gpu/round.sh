@@ -9,6 +9,8 @@
 #   bash benchmarks/gpu/round.sh B3 <M> <policy>         mini-trace: <policy> + auto, MPS
 #   bash benchmarks/gpu/round.sh C1 [<csv>]              estimator ground truth, C1_JOBS (4) at once
 #   bash benchmarks/gpu/round.sh C2                      shared loading on the GPU (share_gpu.py)
+#   bash benchmarks/gpu/round.sh D1                      first run without history: exclusive, auto MPS
+#   bash benchmarks/gpu/round.sh D2 <D>                  D1's trace: auto MPS with history, carma-magm, auto TS
 #   bash benchmarks/gpu/round.sh CHECK                   versions and imports only
 #
 #   bash benchmarks/gpu/round.sh --rehearse <CALL> ...   (or DRY=1) the same plumbing on a CPU
@@ -28,7 +30,7 @@
 # --rehearse runs on a machine without a GPU: tiny CPU workloads, fake NVML, emulated GPUs, the
 # scripts' dry runs, and a virtual environment that sees only the packages of the device image
 # (device_packages.txt) plus those the wheels carry, so a missing import shows here first. OUT
-# defaults to a new temporary folder; ROUND_BUDGET defaults to 150 s (240 s for B calls).
+# defaults to a new temporary folder; ROUND_BUDGET defaults to 150 s (240 s for B and D calls).
 set -euo pipefail
 
 REHEARSE=${DRY:-0}
@@ -49,9 +51,10 @@ for i in "${!ARGS[@]}"; do
   if [[ "$a" == /* && ! -e "$a" && "$a" == */benchmarks/* ]]; then ARGS[$i]=benchmarks/${a#*/benchmarks/}; fi
 done
 
-usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 case "$CALL" in
-  A1|C2|CHECK) [[ ${#ARGS[@]} -eq 0 ]] || usage ;;
+  A1|C2|D1|CHECK) [[ ${#ARGS[@]} -eq 0 ]] || usage ;;
+  D2) [[ ${#ARGS[@]} -eq 1 && -f "${ARGS[0]}/trace.json" ]] || { echo "D2 needs D1's folder <D> (with trace.json)" >&2; usage; } ;;
   A2|A3) [[ ${#ARGS[@]} -eq 1 && -f "${ARGS[0]}/results.jsonl" ]] || { echo "$CALL needs a bench folder with results.jsonl" >&2; usage; } ;;
   B2|B3) [[ ${#ARGS[@]} -eq 2 && -f "${ARGS[0]}/jobs.json" ]] || { echo "$CALL needs <M> (with jobs.json) and a policy" >&2; usage; } ;;
   B1) [[ ${#ARGS[@]} -eq 1 && -f "${ARGS[0]}/jobs.json" ]] || { echo "B1 needs <M> (with jobs.json)" >&2; usage; } ;;
@@ -62,7 +65,7 @@ esac
 T0=$(date +%s)
 if [[ $REHEARSE == 1 ]]; then
   BUDGET=${ROUND_BUDGET:-150}
-  [[ $CALL != B* ]] || BUDGET=${ROUND_BUDGET:-240}  # two emulated replays of 12 jobs
+  [[ $CALL != [BD]* ]] || BUDGET=${ROUND_BUDGET:-240}  # two emulated replays (D: and estimates)
   OUT=${OUT:-$(mktemp -d /tmp/round-rehearsal-XXXXXX)}
 else
   BUDGET=${ROUND_BUDGET:-555}
@@ -301,6 +304,19 @@ call_C2() {
     --budget $(($(left) - 60))
 }
 
+# Issue 16's first run of real jobs (first_run_gpu.py): D1 prepares the trace (solo timings,
+# `collocate estimate` per job) and runs exclusive and auto under MPS on fresh daemons; D2 runs the
+# same commands again with D1's exclusive history, then the runs without history that D1 had no
+# time for. The script skips a run its budget cannot hold.
+first_run() {
+  local dry=()
+  [[ $REHEARSE == 0 ]] || dry=(--dry-run)
+  step first-run $(($(left) - 10)) python3 "$GPU/sigrun.py" "$GPU/first_run_gpu.py" "${dry[@]}" \
+    --out "$W/first_run" --budget-s $(($(left) - 25)) "$@"
+}
+call_D1() { first_run --runs exclusive,auto-mps ${FIRST_RUN_ARGS:-}; }
+call_D2() { first_run --from "${ARGS[0]}" --runs auto-mps-history,carma-magm-mps,auto-ts ${FIRST_RUN_ARGS:-}; }
+
 call_CHECK() { :; }
 
 # ---------------------------------------------------------------- summary and packing
@@ -335,6 +351,9 @@ summary() {
         "$PY" -c 'import csv,sys,collections; r=list(csv.DictReader(open(sys.argv[1]))); print(len(r), "rows:", dict(collections.Counter(x["status"] for x in r)))' "$W/estimator_ground_truth.csv"
       fi
       grep -h "budget of" "$LOG" 2>/dev/null | tail -1 || true
+      ;;
+    D*)
+      [[ ! -f "$W/first_run/summary.md" ]] || cat "$W/first_run/summary.md"
       ;;
     C2)
       [[ ! -f "$W/share_gpu.json" ]] || "$PY" -c 'import json,sys; d=json.load(open(sys.argv[1])); print("correctness:", d["correctness"]); [print("-", r) for r in d["throughput"]]' "$W/share_gpu.json"
