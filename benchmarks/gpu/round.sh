@@ -311,7 +311,7 @@ call_C2() {
 first_run() {
   local dry=()
   [[ $REHEARSE == 0 ]] || dry=(--dry-run)
-  step first-run $(($(left) - 10)) python3 "$GPU/sigrun.py" "$GPU/first_run_gpu.py" "${dry[@]}" \
+  step first-run $(($(left) - 10)) "$PY" "$GPU/sigrun.py" "$GPU/first_run_gpu.py" "${dry[@]}" \
     --out "$W/first_run" --budget-s $(($(left) - 25)) "$@"
 }
 call_D1() { first_run --runs exclusive,auto-mps ${FIRST_RUN_ARGS:-}; }
