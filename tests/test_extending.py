@@ -1,6 +1,6 @@
 """The extension points of docs/extending.md, each shown working: a new policy registered and
 run in the simulator, a new GPU backend opened by name and scheduled on by the daemon's monitor
-and the core, and a new monitoring sink fed by ``Monitoring``."""
+and the core, and a new monitoring sink fed by ``UsageMonitor``."""
 
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 
 from collocate import policies
-from collocate.daemon.monitor import Monitor
+from collocate.daemon.gpu_watch import GpuWatch
 from collocate.errors import InputError
 from collocate.gpus import registry
 from collocate.gpus.base import DeviceInfo, DeviceSample
 from collocate.gputypes import parse_cluster
 from collocate.model import ClusterSnapshot, GpuId, Job, JobProfile, Plan, SharingMode
-from collocate.monitor.service import Monitoring
+from collocate.monitor.service import UsageMonitor
 from collocate.monitor.sinks.base import JobInfo
 from collocate.policies.base import Ledger, pick_on_one_node
 from collocate.scheduler import Capacity, Scheduler
@@ -84,7 +84,7 @@ class TwoFakeGpus:
 def test_a_new_backend_is_opened_by_name_and_scheduled_on(monkeypatch, tmp_path):
     monkeypatch.setitem(registry.BACKENDS, "fake", lambda arg, state_dir, node: TwoFakeGpus(node))
     backend = registry.open_backend("fake", state_dir=tmp_path, node="here")
-    monitor = Monitor(backend, window=3)
+    monitor = GpuWatch(backend, window=3)
     monitor.refresh([], now=0.0)
     snapshot = monitor.snapshot([], now=0.0, sharing=SharingMode.TIME_SLICING)
     scheduler = Scheduler(policies.make_policy("exclusive"), Capacity.of(snapshot))
@@ -121,7 +121,7 @@ class Recorder:
 def test_a_new_sink_receives_ticks_and_job_events(tmp_path: Path):
     backend = TwoFakeGpus("here")
     sink = Recorder()
-    monitoring = Monitoring(tmp_path, backend.devices(), sinks=[sink])
+    monitoring = UsageMonitor(tmp_path, backend.devices(), sinks=[sink])
     monitoring.job_started(JobInfo("1"))
     monitoring.tick(backend.sample(), {}, now=1.0)
     monitoring.job_ended("1", "done")

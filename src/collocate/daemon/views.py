@@ -18,7 +18,7 @@ from collocate.errors import InputError
 from collocate.model import Job, JobState, Wait
 
 if TYPE_CHECKING:
-    from collocate.daemon.monitor import Monitor
+    from collocate.daemon.gpu_watch import GpuWatch
 
 LOG_CHUNK_BYTES = 256 * 1024
 
@@ -158,7 +158,7 @@ def complete_utf8(data: bytes) -> bytes:
     return data
 
 
-def gpu_rows(monitor: Monitor, running: Mapping[str, Any], now: float) -> list[dict[str, Any]]:
+def gpu_rows(monitor: GpuWatch, running: Mapping[str, Any], now: float) -> list[dict[str, Any]]:
     """Each GPU: its reading, its jobs, and the memory they commit (``collocate.commitment``)."""
     jobs_on: dict[str, list[str]] = {}
     committed: dict[str, float] = {}
