@@ -1,9 +1,14 @@
 """The extension points of docs/extending.md, each shown working: a new policy registered and
-run in the simulator, a new GPU backend opened by name and scheduled on by the daemon's monitor
-and the core, and a new monitoring sink fed by ``UsageMonitor``."""
+run in the simulator, a new GPU backend opened by name and scheduled on by the daemon's GPU
+watch and the core, a new monitoring sink fed by ``UsageMonitor``, and a new executor that the
+daemon runs a real job through."""
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +18,10 @@ import numpy as np
 import pytest
 
 from collocate import policies
+from collocate.daemon.executor import LocalExecutor
 from collocate.daemon.gpu_watch import GpuWatch
+from collocate.daemon.server import Peer
+from collocate.daemon.service import ServeConfig, Service
 from collocate.errors import InputError
 from collocate.gpus import registry
 from collocate.gpus.base import DeviceInfo, DeviceSample
@@ -128,3 +136,54 @@ def test_a_new_sink_receives_ticks_and_job_events(tmp_path: Path):
     monitoring.close()
     assert sink.events == [("started", "1"), ("tick", 2), ("ended", "1", "done"), ("closed",)]
     assert monitoring.status()["degraded"] is False
+
+
+# -- an executor --------------------------------------------------------------------------------
+
+
+class CountingExecutor(LocalExecutor):
+    """Toy executor: runs attempts on this machine, as ``LocalExecutor``, and counts what the
+    daemon asks of it (an executor for other machines would forward each call to a node)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: dict[str, int] = {}
+
+    def _count(self, what: str) -> None:
+        self.calls[what] = self.calls.get(what, 0) + 1
+
+    def start(self, plan):
+        self._count("start")
+        return super().start(plan)
+
+    def poll(self, handle, pid, started):
+        self._count("poll")
+        return super().poll(handle, pid, started)
+
+    def read_trees(self, roots, now, gpu_pids):
+        self._count("read_trees")
+        return super().read_trees(roots, now, gpu_pids)
+
+
+def test_a_new_executor_runs_the_daemons_jobs(tmp_path: Path):
+    executor = CountingExecutor()
+    service = Service(ServeConfig(tmp_path / "state", policy="exclusive", period_s=0.05),
+                      backend=TwoFakeGpus("here"), executor=executor)
+    service.open()
+    loop = threading.Thread(target=service.serve_forever, daemon=True)
+    loop.start()
+    try:
+        me = Peer(os.getuid(), os.getgid())
+        job = service.call("submit", {"argv": [sys.executable, "-c", "pass"], "cwd": str(tmp_path),
+                                      "mem": 1000}, me)
+        deadline = time.monotonic() + 60
+        while (state := service.call("show", {"id": job["id"]}, me)["state"]) not in ("done", "failed"):
+            assert time.monotonic() < deadline, "the job did not end within 60 s"
+            time.sleep(0.05)
+    finally:
+        service.stop()
+        loop.join(timeout=10)
+        service.close()
+    assert state == "done"
+    assert executor.calls["start"] == 1 and executor.calls["poll"] >= 1
+    assert executor.calls["read_trees"] >= 1

@@ -95,8 +95,8 @@ def job_detail(store: Store, job_id: str, *, running: Mapping[str, Any] | None =
 
 def _profile(job: Job, run: Any) -> dict[str, Any]:
     """The solo activity the policies use for this job, and where it comes from."""
-    learned = None if run is None else run.tracked.learned
-    inferred = None if run is None else run.tracked.inferred
+    learned = None if run is None else run.watched.learned
+    inferred = None if run is None else run.watched.inferred
     if learned is not None:
         profile, source = learned, "measured alone in this attempt"
     elif inferred is not None and job.profile_source == "assumed":
@@ -163,11 +163,11 @@ def gpu_rows(monitor: GpuWatch, running: Mapping[str, Any], now: float) -> list[
     jobs_on: dict[str, list[str]] = {}
     committed: dict[str, float] = {}
     for job_id, run in running.items():
-        for uuid in run.tracked.uuids:
+        for uuid in run.watched.uuids:
             jobs_on.setdefault(uuid, []).append(job_id)
             total = monitor.by_uuid[uuid].total_mib if uuid in monitor.by_uuid else 0.0
-            committed[uuid] = committed.get(uuid, 0.0) + run.tracked.ramp.committed(total, now)
-    held = {uuid: {j: _held_mib(running[j].tracked.pids, monitor.last.get(uuid)) for j in ids}
+            committed[uuid] = committed.get(uuid, 0.0) + run.watched.ramp.committed(total, now)
+    held = {uuid: {j: _held_mib(running[j].watched.pids, monitor.last.get(uuid)) for j in ids}
             for uuid, ids in jobs_on.items()}
     rows = []
     for d in monitor.devices:
