@@ -1,21 +1,29 @@
 # Two entry points for a fresh machine: `make demo` (the main job) and `make test`.
+# One virtual environment, two install levels: the demo needs only the base package; the tests
+# add PyTorch (CPU-only where the machine offers it), MLflow, matplotlib and the test tools.
 PY ?= python3
-VENV := .venv
+VENV ?= .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+BASE := $(VENV)/.installed-base
+DEV := $(VENV)/.installed-dev
 
 .PHONY: demo test install
 
-$(STAMP): pyproject.toml
+$(BIN)/python:
 	$(PY) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev]'
+
+$(BASE): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e .
 	touch $@
 
-install: $(STAMP)
+$(DEV): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $@ $(BASE)
 
-demo: $(STAMP)
+install: $(DEV)
+
+demo: $(BASE)
 	$(BIN)/collocate demo
 
-test: $(STAMP)
+test: $(DEV)
 	$(BIN)/python -m pytest -q

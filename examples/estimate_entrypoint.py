@@ -7,8 +7,8 @@ the estimator replaces the tensors by fake ones, so nothing large is allocated.
 
 From the repository root:
 
-    PYTHONPATH=examples collocate estimate estimate_entrypoint:build --batch-size 64
-    PYTHONPATH=examples collocate estimate estimate_entrypoint:build -b 64 \
+    collocate estimate examples.estimate_entrypoint:build --batch-size 64
+    collocate estimate examples.estimate_entrypoint:build -b 64 \
         --optimizer adamw --precision bf16 --gpu H100-80GB --format json
     python examples/estimate_entrypoint.py
 """

@@ -45,12 +45,15 @@ NEEDS: dict[str, list[str]] = {
     "B": ["collocate.daemon.service", "collocate.daemon.runner", "collocate.bench.minitrace_run"],
     "C1": ["collocate.estimate.entrypoint", "collocate.estimate.trace"],
     "C2": ["PIL", "collocate.share", "tensorsocket", "zmq", "tornado"],
+    "D": ["collocate.daemon.service", "collocate.estimate.trace", "collocate.bench.minitrace_run"],
 }
 # Imported when present; a missing one is reported with what it costs, and is not fatal.
 _C1 = "C1 skips its configurations"
 _C2 = "C2 cannot run: carry .whl (benchmarks/gpu/fetch_wheels.sh)"
+_D = "D1/D2's GPU trace cannot run (the rehearsal's tiny jobs do not need it)"
 OPTIONAL: dict[str, dict[str, str]] = {
     "C1": {"torchvision": _C1, "timm": _C1, "transformers": _C1},
+    "D": {"torchvision": _D, "timm": _D, "transformers": _D},
     "CHECK": {"torchvision": _C1, "timm": _C1, "transformers": _C1,
               "tensorsocket": _C2, "zmq": _C2, "tornado": _C2},
 }
@@ -70,7 +73,7 @@ def device_names() -> set[str]:
 
 # ------------------------------------------------------------------ imports
 def imports(call: str) -> int:
-    key = call if call in NEEDS else call[:1] if call[:1] in ("A", "B") else call
+    key = call if call in NEEDS else call[:1] if call[:1] in ("A", "B", "D") else call
     wanted = COMMON + NEEDS.get(key, [])
     optional = OPTIONAL.get(key, {})
     missing, lines = [], []

@@ -2,18 +2,18 @@
 # Rehearse every device call of RUNBOOK.md on this CPU machine, in order, with the same unpack
 # and CPU steps between them, into a temporary results folder (never benchmarks/results):
 #
-#   bash benchmarks/gpu/rehearse_all.sh [CALL...]     # default: A1 A2 B1 B2 B3 C1 C1 C2
+#   bash benchmarks/gpu/rehearse_all.sh [CALL...]     # default: A1 A2 B1 B2 B3 C1 C1 C2 D1 D2
 #
 # Each call runs `round.sh --rehearse` with a fresh $OUT (as the device empties it), then
-# `unpack.sh` reads it back as it would read the tool's files_at. About 12 minutes on 2 cores.
+# `unpack.sh` reads it back as it would read the tool's files_at. About 16 minutes on 2 cores (D1 and D2: 2-2.5 min each).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$ROOT"
 GPU=benchmarks/gpu
 export RESULTS=${RESULTS:-$(mktemp -d /tmp/rehearsal-results-XXXXXX)}
 CALLS=("$@")
-((${#CALLS[@]})) || CALLS=(A1 A2 B1 B2 B3 C1 C1 C2)
-B="" M="" CSV="" POLICY=carma-magm
+((${#CALLS[@]})) || CALLS=(A1 A2 B1 B2 B3 C1 C1 C2 D1 D2)
+B="" M="" CSV="" D="" POLICY=carma-magm
 times=()
 
 call() {  # call CALL ARGS...: one rehearsed device call, then unpack
@@ -60,6 +60,12 @@ for c in "${CALLS[@]}"; do
       fi
       ;;
     C2) call C2 ;;
+    D1)
+      call D1
+      D=$(echo "$UNPACKED" | sed -n 's/^D=//p')
+      [[ "$D" == /* ]] || D=$ROOT/$D
+      ;;
+    D2) call D2 "$D" ;;
     CHECK) call CHECK ;;
     *) echo "unknown call $c" >&2; exit 2 ;;
   esac

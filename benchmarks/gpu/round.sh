@@ -9,6 +9,8 @@
 #   bash benchmarks/gpu/round.sh B3 <M> <policy>         mini-trace: <policy> + auto, MPS
 #   bash benchmarks/gpu/round.sh C1 [<csv>]              estimator ground truth, C1_JOBS (4) at once
 #   bash benchmarks/gpu/round.sh C2                      shared loading on the GPU (share_gpu.py)
+#   bash benchmarks/gpu/round.sh D1                      first run without history: exclusive, auto MPS
+#   bash benchmarks/gpu/round.sh D2 <D>                  D1's trace: auto MPS with history, carma-magm, auto TS
 #   bash benchmarks/gpu/round.sh CHECK                   versions and imports only
 #
 #   bash benchmarks/gpu/round.sh --rehearse <CALL> ...   (or DRY=1) the same plumbing on a CPU
@@ -28,10 +30,13 @@
 # --rehearse runs on a machine without a GPU: tiny CPU workloads, fake NVML, emulated GPUs, the
 # scripts' dry runs, and a virtual environment that sees only the packages of the device image
 # (device_packages.txt) plus those the wheels carry, so a missing import shows here first. OUT
-# defaults to a new temporary folder; ROUND_BUDGET defaults to 150 s (240 s for B calls).
+# defaults to a new temporary folder; ROUND_BUDGET defaults to 150 s (240 s for B and D calls).
 set -euo pipefail
 
 REHEARSE=${DRY:-0}
+# The interpreter every step runs (PYTHON, e.g. a virtual environment's, else python3 from PATH);
+# a rehearsal swaps it for its restricted venv built over this one.
+PY=${PYTHON:-python3}
 if [[ "${1:-}" == "--rehearse" ]]; then REHEARSE=1; shift; fi
 CALL=${1:-}
 shift || true
@@ -46,9 +51,10 @@ for i in "${!ARGS[@]}"; do
   if [[ "$a" == /* && ! -e "$a" && "$a" == */benchmarks/* ]]; then ARGS[$i]=benchmarks/${a#*/benchmarks/}; fi
 done
 
-usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 case "$CALL" in
-  A1|C2|CHECK) [[ ${#ARGS[@]} -eq 0 ]] || usage ;;
+  A1|C2|D1|CHECK) [[ ${#ARGS[@]} -eq 0 ]] || usage ;;
+  D2) [[ ${#ARGS[@]} -eq 1 && -f "${ARGS[0]}/trace.json" ]] || { echo "D2 needs D1's folder <D> (with trace.json)" >&2; usage; } ;;
   A2|A3) [[ ${#ARGS[@]} -eq 1 && -f "${ARGS[0]}/results.jsonl" ]] || { echo "$CALL needs a bench folder with results.jsonl" >&2; usage; } ;;
   B2|B3) [[ ${#ARGS[@]} -eq 2 && -f "${ARGS[0]}/jobs.json" ]] || { echo "$CALL needs <M> (with jobs.json) and a policy" >&2; usage; } ;;
   B1) [[ ${#ARGS[@]} -eq 1 && -f "${ARGS[0]}/jobs.json" ]] || { echo "B1 needs <M> (with jobs.json)" >&2; usage; } ;;
@@ -59,7 +65,7 @@ esac
 T0=$(date +%s)
 if [[ $REHEARSE == 1 ]]; then
   BUDGET=${ROUND_BUDGET:-150}
-  [[ $CALL != B* ]] || BUDGET=${ROUND_BUDGET:-240}  # two emulated replays of 12 jobs
+  [[ $CALL != [BD]* ]] || BUDGET=${ROUND_BUDGET:-240}  # two emulated replays (D: and estimates)
   OUT=${OUT:-$(mktemp -d /tmp/round-rehearsal-XXXXXX)}
 else
   BUDGET=${ROUND_BUDGET:-555}
@@ -140,9 +146,9 @@ prepare() {
   mkdir -p "$W"
   if [[ $REHEARSE == 1 ]]; then
     if compgen -G ".whl/*.whl" >/dev/null; then
-      python3 "$GPU/envcheck.py" wheels .whl || note "the wheel check failed"
+      "$PY" "$GPU/envcheck.py" wheels .whl || note "the wheel check failed"
       # The device's install, for CPython 3.12 (the device's python3), into a scratch target.
-      if ! python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SCRATCH/site312" \
+      if ! "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SCRATCH/site312" \
         --python-version 3.12 --implementation cp --only-binary=:all: --platform manylinux_2_28_x86_64 \
         --platform manylinux_2_26_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux1_x86_64 \
         .whl/*.whl >"$SCRATCH/pip.log" 2>&1; then
@@ -159,13 +165,14 @@ prepare() {
           || note "the carried wheels do not import under $py312"
       fi
     fi
-    python3 "$GPU/envcheck.py" venv "$SCRATCH/venv" .whl
+    "$PY" "$GPU/envcheck.py" venv "$SCRATCH/venv" .whl
+    PY=$SCRATCH/venv/bin/python3
     export PATH=$SCRATCH/venv/bin:$PATH
     export PYTHONPATH=$ROOT/src
   else
     export PYTHONPATH=$ROOT/src
     if compgen -G ".whl/*.whl" >/dev/null; then
-      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+      "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
       export PYTHONPATH=/tmp/site:$ROOT/src
       echo "installed the carried wheels into /tmp/site: $(cd .whl && ls *.whl | tr '\n' ' ')"
     fi
@@ -176,19 +183,19 @@ prepare() {
   fi
   local gpu=--gpu
   [[ $REHEARSE == 0 ]] || gpu=""
-  python3 "$GPU/envcheck.py" imports "$CALL" $gpu --meta "$W/meta.env" "${ARGS[*]:-}" "$REHEARSE" \
+  "$PY" "$GPU/envcheck.py" imports "$CALL" $gpu --meta "$W/meta.env" "${ARGS[*]:-}" "$REHEARSE" \
     || { note "imports missing (or no GPU visible): the call cannot run"; return 1; }
   # The command line parses its options with this machine's typer (not the version pinned here).
-  python3 -m collocate.cli bench run --list --workloads dlrm --copies 1,2 --no-mixes >/dev/null \
+  "$PY" -m collocate.cli bench run --list --workloads dlrm --copies 1,2 --no-mixes >/dev/null \
     || { note "collocate's command line fails here (typer/click version?)"; return 1; }
 }
 
 # ---------------------------------------------------------------- the calls
 call_A1() {
   if [[ $REHEARSE == 1 ]]; then
-    step probe 60 python3 "$GPU/sigrun.py" "$GPU/nvml_probe.py" --dry-run --out "$W/probe"
+    step probe 60 "$PY" "$GPU/sigrun.py" "$GPU/nvml_probe.py" --dry-run --out "$W/probe"
   else
-    step probe 150 python3 "$GPU/sigrun.py" "$GPU/nvml_probe.py" --out "$W/probe"
+    step probe 150 "$PY" "$GPU/sigrun.py" "$GPU/nvml_probe.py" --out "$W/probe"
   fi
   bench_run
 }
@@ -208,10 +215,10 @@ bench_run() {
   if [[ $REHEARSE == 1 ]]; then
     # A1 stops early on purpose, so that A2 rehearses the resume
     [[ $CALL != A1 ]] || budget=$((budget < 45 ? budget : 45))
-    step bench "$limit" python3 "$GPU/sigrun.py" -m collocate.cli bench run --device cpu --seconds 1 --warmup 0.3 \
+    step bench "$limit" "$PY" "$GPU/sigrun.py" -m collocate.cli bench run --device cpu --seconds 1 --warmup 0.3 \
       --workloads resnet18-cifar,dlrm --copies 1,2 --no-mixes --out "$W/bench" --budget "$budget" "$@"
   else
-    step bench "$limit" python3 "$GPU/sigrun.py" -m collocate.cli bench run --seconds 8 --warmup 4 --out "$W/bench" \
+    step bench "$limit" "$PY" "$GPU/sigrun.py" -m collocate.cli bench run --seconds 8 --warmup 4 --out "$W/bench" \
       --budget "$budget" "$@"
   fi
 }
@@ -240,16 +247,16 @@ sys.exit(max(codes.values()))
 # collocated runs end sooner), cut where needed so the later runs keep theirs.
 mini_runs() {
   local m=${ARGS[0]} specs=("$@") n=$# i t p s spec sum nominal per=30  # per: daemon start and stop (~10 s measured)
-  sum=$(python3 -c 'import json,sys; print(int(sum(j["duration_s"] for j in json.load(open(sys.argv[1]))["jobs"])))' "$m/jobs.json")
+  sum=$("$PY" -c 'import json,sys; print(int(sum(j["duration_s"] for j in json.load(open(sys.argv[1]))["jobs"])))' "$m/jobs.json")
   if [[ $REHEARSE == 1 ]]; then
-    nominal=$((sum * 12 / 10 / 20 + 4 * $(python3 -c 'import json,sys; print(len(json.load(open(sys.argv[1]))["jobs"]))' "$m/jobs.json") + 15))
+    nominal=$((sum * 12 / 10 / 20 + 4 * $("$PY" -c 'import json,sys; print(len(json.load(open(sys.argv[1]))["jobs"]))' "$m/jobs.json") + 15))
   else
     nominal=$((sum * 15 / 10 + 30))  # jobs.json of 2026-11-22 leaves out the first steps' cost (~30%)
   fi
   echo "trace $m: solo durations add up to ${sum} s; nominal --timeout ${nominal} s per run"
   local dev=cuda
   [[ $REHEARSE == 0 ]] || dev=cpu
-  step warm-up 90 python3 -c "$WARM_PY" "$m/jobs.json" "$dev"
+  step warm-up 90 "$PY" -c "$WARM_PY" "$m/jobs.json" "$dev"
   if [[ $REHEARSE == 0 ]] && ((n * (nominal + per) + 20 > $(left))); then
     note "the trace is long for $n runs in one call (solo durations add up to ${sum} s; up to about $(((($(left) - 20) / n - per - 20) * 10 / 12)) s fit): the runs get shorter timeouts and may not finish"
   fi
@@ -266,10 +273,10 @@ mini_runs() {
     local extra=()
     [[ $p == exclusive ]] || extra=(--param "settle_s=${SETTLE_S:-5}")
     if [[ $REHEARSE == 1 ]]; then
-      step "$p-$s" $((t + per)) python3 "$GPU/sigrun.py" -m collocate.cli bench minitrace run "$m/jobs.json" --policy "$p" \
+      step "$p-$s" $((t + per)) "$PY" "$GPU/sigrun.py" -m collocate.cli bench minitrace run "$m/jobs.json" --policy "$p" \
         --sharing "$s" --gpus emulated:1xH100-80GB --emulate --time-scale 0.05 --out "$W/$p-$s" --timeout "$t" "${extra[@]}"
     else
-      step "$p-$s" $((t + per)) python3 "$GPU/sigrun.py" -m collocate.cli bench minitrace run "$m/jobs.json" --policy "$p" \
+      step "$p-$s" $((t + per)) "$PY" "$GPU/sigrun.py" -m collocate.cli bench minitrace run "$m/jobs.json" --policy "$p" \
         --sharing "$s" --gpus nvml --out "$W/$p-$s" --timeout "$t" "${extra[@]}"
     fi
   done
@@ -286,16 +293,29 @@ call_C1() {
   local resume=() dry=()
   [[ ${#ARGS[@]} -eq 0 ]] || resume=(--resume "${ARGS[0]}")
   [[ $REHEARSE == 0 ]] || dry=(--dry-run)
-  step estimator $(($(left) - 10)) python3 "$GPU/sigrun.py" "$GPU/estimator_ground_truth.py" "${dry[@]}" \
+  step estimator $(($(left) - 10)) "$PY" "$GPU/sigrun.py" "$GPU/estimator_ground_truth.py" "${dry[@]}" \
     --out "$W/estimator_ground_truth.csv" --budget $(($(left) - 30)) --jobs "${C1_JOBS:-4}" "${resume[@]}"
 }
 
 call_C2() {
   local dry=()
   [[ $REHEARSE == 0 ]] || dry=(--dry-run)
-  step share $(($(left) - 10)) python3 "$GPU/sigrun.py" "$GPU/share_gpu.py" "${dry[@]}" --out "$W/share_gpu.json" \
+  step share $(($(left) - 10)) "$PY" "$GPU/sigrun.py" "$GPU/share_gpu.py" "${dry[@]}" --out "$W/share_gpu.json" \
     --budget $(($(left) - 60))
 }
+
+# Issue 16's first run of real jobs (first_run_gpu.py): D1 prepares the trace (solo timings,
+# `collocate estimate` per job) and runs exclusive and auto under MPS on fresh daemons; D2 runs the
+# same commands again with D1's exclusive history, then the runs without history that D1 had no
+# time for. The script skips a run its budget cannot hold.
+first_run() {
+  local dry=()
+  [[ $REHEARSE == 0 ]] || dry=(--dry-run)
+  step first-run $(($(left) - 10)) "$PY" "$GPU/sigrun.py" "$GPU/first_run_gpu.py" "${dry[@]}" \
+    --out "$W/first_run" --budget-s $(($(left) - 25)) "$@"
+}
+call_D1() { first_run --runs exclusive,auto-mps ${FIRST_RUN_ARGS:-}; }
+call_D2() { first_run --from "${ARGS[0]}" --runs auto-mps-history,carma-magm-mps,auto-ts ${FIRST_RUN_ARGS:-}; }
 
 call_CHECK() { :; }
 
@@ -323,17 +343,20 @@ summary() {
       local d
       for d in "$W"/*/; do
         [[ -f "$d/summary.json" ]] || continue
-        echo "- $(basename "$d"): $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print({k: d.get(k) for k in ("done","jobs","failed","timed_out","makespan_min","mean_jct_min","sm_util","oom_crashes")})' "$d/summary.json")"
+        echo "- $(basename "$d"): $("$PY" -c 'import json,sys; d=json.load(open(sys.argv[1])); print({k: d.get(k) for k in ("done","jobs","failed","timed_out","makespan_min","mean_jct_min","sm_util","oom_crashes")})' "$d/summary.json")"
       done
       ;;
     C1)
       if [[ -f "$W/estimator_ground_truth.csv" ]]; then
-        python3 -c 'import csv,sys,collections; r=list(csv.DictReader(open(sys.argv[1]))); print(len(r), "rows:", dict(collections.Counter(x["status"] for x in r)))' "$W/estimator_ground_truth.csv"
+        "$PY" -c 'import csv,sys,collections; r=list(csv.DictReader(open(sys.argv[1]))); print(len(r), "rows:", dict(collections.Counter(x["status"] for x in r)))' "$W/estimator_ground_truth.csv"
       fi
       grep -h "budget of" "$LOG" 2>/dev/null | tail -1 || true
       ;;
+    D*)
+      [[ ! -f "$W/first_run/summary.md" ]] || cat "$W/first_run/summary.md"
+      ;;
     C2)
-      [[ ! -f "$W/share_gpu.json" ]] || python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("correctness:", d["correctness"]); [print("-", r) for r in d["throughput"]]' "$W/share_gpu.json"
+      [[ ! -f "$W/share_gpu.json" ]] || "$PY" -c 'import json,sys; d=json.load(open(sys.argv[1])); print("correctness:", d["correctness"]); [print("-", r) for r in d["throughput"]]' "$W/share_gpu.json"
       ;;
   esac
   if [[ $REHEARSE == 0 ]]; then

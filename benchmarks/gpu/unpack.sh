@@ -7,6 +7,8 @@
 #   bash benchmarks/gpu/unpack.sh C1 <files_at> [<csv>]  -> benchmarks/results/estimator_ground_truth-<device>-<date>.csv
 #                                                          (or <csv>, the file C1 resumed from)
 #   bash benchmarks/gpu/unpack.sh C2 <files_at>          -> benchmarks/results/share_gpu-<device>-<date>.json
+#   bash benchmarks/gpu/unpack.sh D1 <files_at>          -> prints D=benchmarks/results/first_run-<device>-<date>
+#   bash benchmarks/gpu/unpack.sh D2 <files_at> <D>      -> D2's runs into <D>; its summary.{json,md} has D1's runs too
 #
 # <files_at> is the folder the `run` tool's reply names. The device and date come from the call's
 # meta.env. Every call's summary and log go to benchmarks/results/gpu-rounds/<date>-<device>-<CALL>.{md,log}
@@ -86,6 +88,13 @@ case "$CALL" in
     J=$RESULTS/share_gpu-$DEVICE_SLUG-$DATE.json
     cp "$TMP/share_gpu.json" "$J"
     echo "JSON=$J"
+    ;;
+  D1 | D2)
+    D=${DEST:-$RESULTS/first_run-$DEVICE_SLUG-$DATE}
+    [[ $CALL == D1 || -n "$DEST" ]] || { echo "D2 needs <D>" >&2; exit 1; }
+    mkdir -p "$D"
+    [[ ! -d "$TMP/first_run" ]] || cp -r "$TMP/first_run/." "$D/"
+    echo "D=${D#"$ROOT"/}"
     ;;
   CHECK) ;;
   *) echo "unknown call $CALL" >&2; exit 2 ;;

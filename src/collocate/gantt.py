@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from collocate.plotting import pyplot
+
 MARKERS = {"oom": ("X", "#d62728", "OOM crash"), "failed": ("x", "black", "failed")}
 MAX_LABELS = 150  # beyond this many bars, job labels would only be ink
 
@@ -43,7 +45,7 @@ def lanes(spans: Sequence[tuple[str, tuple[float, float]]]
 
 def draw_gantt(ax: Any, bars: Sequence[Bar], *, title: str, xlabel: str = "time (min)") -> None:
     """Draw ``bars`` on the matplotlib axes ``ax``: a row per GPU (in order of first use)."""
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     rows = sorted({b.gpu for b in bars}, key=natural)
     colours = plt.get_cmap("tab20")

@@ -122,7 +122,7 @@ def test_wheel_check(tmp_path: Path, capsys) -> None:
 
 def test_round_script_refuses_bad_calls_and_touches_no_gpu_settings(tmp_path: Path) -> None:
     env = {**os.environ, "OUT": str(tmp_path)}
-    for argv in (["A2", str(tmp_path / "nothing")], ["B1", str(tmp_path)], ["Z9"]):
+    for argv in (["A2", str(tmp_path / "nothing")], ["B1", str(tmp_path)], ["D2", str(tmp_path)], ["Z9"]):
         proc = subprocess.run(["bash", str(GPU / "round.sh"), "--rehearse", *argv], env=env,
                               capture_output=True, text=True, timeout=30, check=False)
         assert proc.returncode == 2, argv
@@ -140,7 +140,8 @@ def test_round_script_refuses_bad_calls_and_touches_no_gpu_settings(tmp_path: Pa
 
 def test_round_check_rehearsal_packs_and_unpacks(tmp_path: Path) -> None:
     out, results = tmp_path / "out", tmp_path / "results"
-    env = {**os.environ, "OUT": str(out), "ROUND_BUDGET": "60", "RESULTS": str(results)}
+    env = {**os.environ, "OUT": str(out), "ROUND_BUDGET": "60", "RESULTS": str(results),
+           "PYTHON": sys.executable}  # this test's interpreter, never whatever python3 PATH finds
     proc = subprocess.run(["bash", str(GPU / "round.sh"), "--rehearse", "CHECK"], env=env,
                           capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]

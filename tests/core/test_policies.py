@@ -171,3 +171,16 @@ def test_auto_puts_jobs_of_one_shared_dataset_together():
     assert placed(make_policy("auto")([other], cluster)) == {"o": ["n0:1"]}  # an idle GPU
     big = job("big", mem=30 * GIB, profile=JobProfile(0.9, 0.4), dataset="imagenet")
     assert placed(make_policy("auto")([big], cluster)) == {"big": ["n1:1"]}  # idle GPU on its node
+
+
+def test_a_job_blocked_past_its_reservation_time_starts_once_its_room_is_free_gates_or_not():
+    heavy = JobProfile(0.9, 0.5)
+    running = {f"h{i}": RunningJob(f"h{i}", (GpuId("n0", i),), heavy, 4 * GIB) for i in range(2)}
+    views = [gpu(i, free=30 * GIB, committed=4 * GIB, jobs=[f"h{i}"]) for i in range(2)]
+    gang = job("gang", mem=4 * GIB, gpus=2, profile=heavy, submit_time=0.0)
+    # beside heavy residents the slowdown gate refuses it while it is young...
+    young = ClusterSnapshot.from_views(views, running=running, now=600.0)
+    assert placed(make_policy("auto")([gang], young)) == {}
+    # ...and once it waited reserve_after_s, its free room is enough
+    old = ClusterSnapshot.from_views(views, running=running, now=1800.0)
+    assert placed(make_policy("auto")([gang], old)) == {"gang": ["n0:0", "n0:1"]}

@@ -28,11 +28,18 @@ from collocate.gpus.emulated_state import process_start_time
 
 CHROMIUM = os.environ.get("COLLOCATE_CHROMIUM") or shutil.which("chromium") or shutil.which(
     "chromium-browser")
-if CHROMIUM is None:
+# .ci/run sets COLLOCATE_REQUIRE_BROWSER=1: there a missing browser or driver fails, never skips.
+if os.environ.get("COLLOCATE_REQUIRE_BROWSER") == "1":
+    if CHROMIUM is None:
+        pytest.fail("COLLOCATE_REQUIRE_BROWSER=1 but no chromium on PATH (apt-get install -y chromium)",
+                    pytrace=False)
+    import playwright.sync_api as playwright_sync
+elif CHROMIUM is None:
     pytest.skip("no chromium on PATH (CI installs Debian's: apt-get install -y chromium)",
                 allow_module_level=True)
-playwright_sync = pytest.importorskip("playwright.sync_api",
-                                      reason="pip install playwright (the browser test driver)")
+else:
+    playwright_sync = pytest.importorskip("playwright.sync_api",
+                                          reason="pip install playwright (the browser test driver)")
 
 from collocate.web.app import create_app
 from collocate.web.server import serve_in_thread

@@ -212,10 +212,9 @@ def markdown(records: Sequence[dict[str, Any]], source: str = "results.jsonl") -
 
 def write_plots(records: Sequence[dict[str, Any]], out_dir: Path) -> list[Path]:
     """slowdown.png (per job, TS vs MPS) and scaling.png (aggregate throughput vs copies)."""
-    import matplotlib
+    from collocate.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     env = env_of(records)
     subtitle = (f"{env.get('device_name')} · driver {env.get('driver') or 'n/a'} · CUDA "

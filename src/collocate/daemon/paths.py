@@ -81,6 +81,8 @@ class StateLayout:
                 os.chown(self.root, -1, allow_gid)
                 os.chmod(self.root, 0o710)
             for entry in os.scandir(self.root):
+                if entry.path == str(self.dashboard_token):
+                    continue  # a secret found readable may have leaked: refused at start, not mended
                 if entry.is_file(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_mode & 0o077:
                     os.chmod(entry.path, 0o600, follow_symlinks=False)
         except OSError as exc:

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
+import sys
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 from collocate.errors import CollocateError, InputError, UnknownNameError
@@ -60,6 +63,16 @@ def check_choice(kind: str, value: str | None, valid: tuple[str, ...]) -> str | 
     return v
 
 
+def import_from_here(mod_name: str) -> ModuleType:
+    """Import ``mod_name`` with the current directory on ``sys.path``, as ``python -m`` and
+    ``python script.py`` users expect: ``collocate estimate mymod:build`` run beside ``mymod.py``
+    finds it, as ``submit --estimate`` (a ``python -m`` child started there) always did."""
+    here = os.getcwd()
+    if "" not in sys.path and here not in sys.path:
+        sys.path.insert(0, here)  # kept: the entry point may import its siblings later
+    return importlib.import_module(mod_name)
+
+
 def resolve(entry: str | Callable[..., Any]) -> Callable[..., Any]:
     """Turn ``"pkg.module:function"`` into the callable; pass callables through."""
     if callable(entry):
@@ -76,12 +89,12 @@ def resolve(entry: str | Callable[..., Any]) -> Callable[..., Any]:
             hint="write it as 'package.module:function'",
         )
     try:
-        module = importlib.import_module(mod_name)
+        module = import_from_here(mod_name)
     except ImportError as exc:
         raise InputError(
-            f"cannot import module {mod_name!r} of entry point {entry!r}: {exc}",
-            hint="check the spelling, run from the project directory or add it to PYTHONPATH, "
-            "and install the module's dependencies",
+            f"cannot import module {mod_name!r} of entry point {entry!r} from {os.getcwd()}: {exc}",
+            hint="check the spelling, run from the directory that holds the module (or its "
+            "package) or add that directory to PYTHONPATH, and install the module's dependencies",
         ) from exc
     except Exception as exc:
         raise CollocateError(

@@ -132,7 +132,10 @@ def primary_output(out: Any) -> Any:
 
 
 def default_loss(output: Any, targets: Any) -> Any:
-    """Cross-entropy for integer targets, mean squared error otherwise (issue #4's default)."""
+    """The loss of an entry point that returns none (issue #4's default): cross-entropy for
+    integer targets, with the classes on the last dimension (classifiers, language models) or on
+    dimension 1 as ``F.cross_entropy`` takes them (dense prediction: (N, C, H, W) logits and (N,
+    H, W) targets); mean squared error against same-sized float targets."""
     import torch
     import torch.nn.functional as F
 
@@ -142,8 +145,26 @@ def default_loss(output: Any, targets: Any) -> Any:
     if targets is None:
         return out.float().pow(2).mean()
     if not targets.is_floating_point():
-        return F.cross_entropy(out.reshape(-1, out.shape[-1]).float(), targets.reshape(-1))
-    return F.mse_loss(out.float(), targets.float())
+        if out.dim() >= 2 and targets.shape == out.shape[:-1]:
+            return F.cross_entropy(out.reshape(-1, out.shape[-1]).float(), targets.reshape(-1))
+        if out.dim() >= 2 and targets.shape == (out.shape[0], *out.shape[2:]):
+            return F.cross_entropy(out.float(), targets)
+        raise _no_default_loss(out, targets, "integer class targets of shape (N, ...) for "
+                               "logits with the classes last or on dimension 1")
+    if targets.numel() != out.numel():
+        raise _no_default_loss(out, targets, "float targets with as many elements as the output")
+    return F.mse_loss(out.float(), targets.float().reshape(out.shape))
+
+
+def _no_default_loss(out: Any, targets: Any, expected: str) -> Exception:
+    from collocate.errors import InputError
+
+    return InputError(
+        f"no default loss for an output of shape {tuple(out.shape)} and targets of shape "
+        f"{tuple(targets.shape)} (the default expects {expected})",
+        hint="return the loss you train with as the entry point's fourth item: "
+        "(model, batch, optimizer, loss_fn), loss_fn(output, targets) -> scalar tensor",
+    )
 
 
 def prefer_foreach(optimizer: Any) -> None:

@@ -160,10 +160,9 @@ def _cell(text: str) -> str:
 
 
 def _plots(out: Path, series: list[dict[str, Any]], jobs: list[JobSummary]) -> list[Path]:
-    import matplotlib
+    from collocate.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     by_gpu: dict[str, list[dict[str, Any]]] = {}
     for r in series:

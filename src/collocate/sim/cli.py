@@ -84,6 +84,15 @@ def simulate(
         ),
     ] = "trace",
     seed: Annotated[int, typer.Option(help="Seed for synthetic traces.")] = 0,
+    floor: Annotated[
+        bool,
+        typer.Option(
+            "--floor",
+            help="Also compute lower bounds on the makespan (arrival, SM and the model's fluid LP "
+            "floor; needs scipy) and each policy's share of the exclusive-to-floor gap; see "
+            "docs/simulator.md.",
+        ),
+    ] = False,
     out: Annotated[Path | None, typer.Option(help="Folder for per-job CSV and PNG plots.")] = None,
     format: Annotated[OutputFormat, typer.Option("--format", help="table or json.")] = OutputFormat.table,
 ) -> None:
@@ -182,6 +191,7 @@ def simulate(
             sim = Simulation(nodes, jobs, p, config, progress=lambda done, total, task=task: progress.update(task, completed=done))
             results.append(sim.run())
     summaries = [summarize(r) for r in results]
+    floor_doc = _floor_doc(jobs, nodes, mode, summaries) if floor else None
 
     written: list[Path] = []
     if out:
@@ -200,6 +210,7 @@ def simulate(
             **({"profiles": profiles} if profiles != "trace" else {}),
             **({"mig_layout": layout} if layout else {}),
             "policies": [s.as_dict() for s in summaries],
+            **({"floor": floor_doc} if floor_doc else {}),
             "files": [str(p) for p in written],
         }
         typer.echo(json.dumps(doc, indent=2))
@@ -211,5 +222,42 @@ def simulate(
         title = printable(f"{source} on {cluster} ({sharing_text}, estimator: {estimator})")
         plain = Console(width=max(terminal.width, 120), markup=False, emoji=False)  # a file name is not markup
         plain.print(table(summaries, title))
+        if floor_doc:
+            typer.echo(_floor_text(floor_doc))
         for path in written:
             typer.echo(f"wrote {path}")
+
+
+def _floor_doc(jobs, nodes, mode, summaries) -> dict:
+    """Floors in minutes and, when `exclusive` was compared, each policy's share of the gap
+    between exclusive's makespan and each floor."""
+    from collocate.sim.floor import floors, gap_closed
+
+    f = floors(jobs, nodes, mode)
+    minutes = {k.replace("_s", "_min"): (None if v is None else round(v / 60.0, 2))
+               for k, v in f.as_dict().items() if k.endswith("_s")}
+    doc: dict = {**minutes, "mixes": f.mixes, "job_types": f.job_types}
+    exclusive = next((s.makespan_min for s in summaries if s.policy == "exclusive"), None)
+    best = max(v for v in (minutes["sm_floor_min"], minutes["model_floor_min"], minutes["arrival_floor_min"]) if v)
+    doc["floor_min"] = best
+    if exclusive is not None:
+        doc["gap_closed"] = {
+            s.policy: {
+                "model": round(gap_closed(s.makespan_min, exclusive, minutes["model_floor_min"]), 3)
+                if minutes["model_floor_min"] else None,
+                "sm": round(gap_closed(s.makespan_min, exclusive, minutes["sm_floor_min"]), 3),
+            }
+            for s in summaries
+        }
+    return doc
+
+
+def _floor_text(doc: dict) -> str:
+    lines = [
+        f"floors (min): arrival {doc['arrival_floor_min']}, SM {doc['sm_floor_min']}, model "
+        f"{doc['model_floor_min']} (certified; LP {doc['model_lp_min']}, {doc['mixes']} mixes)"
+    ]
+    for name, gap in doc.get("gap_closed", {}).items():
+        model = "n/a" if gap["model"] is None else f"{gap['model']:.0%}"
+        lines.append(f"  {name}: closes {model} of the exclusive-to-model-floor gap, {gap['sm']:.0%} to the SM floor")
+    return "\n".join(lines)

@@ -73,10 +73,9 @@ def _round(value: float | None) -> float | str:
 
 def write_plots(results: Sequence[SimResult], out: Path) -> list[Path]:
     """JCT CDF per policy, and per policy a Gantt chart of who ran on which GPU when."""
-    import matplotlib
+    from collocate.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     import numpy as np
 
     written = []

@@ -85,7 +85,16 @@ def assumed_profile(model: str, dataset: str = "") -> JobProfile:
     if base is None:
         return JobProfile()
     scale = doc["datasets"].get(dataset, {}).get("scale", 1.0)
+    level = doc.get("level", {})
+    if model not in level.get("measured", ()):
+        scale *= level.get("scale", 1.0)  # the A100 level of CARMA's published runs
     return JobProfile(round(base["sm"] * scale, 4), round(base["dram"] * scale, 4))
+
+
+def _workload_profile(name: str) -> JobProfile | None:
+    """A catalogue row's profile derived from a measurement, if it has one (data/workload_profiles.toml)."""
+    row = _assumed_profiles().get("workloads", {}).get(name)
+    return None if row is None else JobProfile(row["sm"], row["dram"])
 
 
 def load_catalogue(path: Path) -> dict[str, Workload]:
@@ -109,7 +118,7 @@ def load_catalogue(path: Path) -> dict[str, Workload]:
             duration_s=minutes * 60.0,
             peak_mib=estimates["peak"],
             estimates=estimates,
-            profile=assumed_profile(row.get("model", ""), row.get("dataset", "")),
+            profile=_workload_profile(name) or assumed_profile(row.get("model", ""), row.get("dataset", "")),
             program=f"{row['model']}|{row.get('dataset', '')}" if row.get("model") else None,
         )
     return catalogue
