@@ -6,7 +6,7 @@ script's worker would), four per GPU, each job also appending one line of its ow
 second. Every period the script does what the daemon's tick does for monitoring:
 
 1. ``backend.sample()`` (the emulated backend: SQLite, claim liveness, energy integration);
-2. ``Sampler.observe`` (process trees with psutil, attribution, metric files);
+2. ``UsageSampler.observe`` (process trees with psutil, attribution, metric files);
 3. ``MonitorStore.write`` (one transaction) and ``PrometheusSink.write``.
 
 CPU time of each part is measured with ``time.process_time`` (this process only; the jobs'
@@ -40,7 +40,7 @@ from _machine import machine
 from collocate.gpus.emulated import EmulatedBackend
 from collocate.gpus.emulated_state import process_start_time
 from collocate.monitor.job_metrics import log_metric
-from collocate.monitor.sampler import JobRef, Sampler
+from collocate.monitor.sampler import UsageJob, UsageSampler
 from collocate.monitor.sinks.prometheus import PrometheusSink
 from collocate.monitor.store import MonitorStore
 
@@ -49,7 +49,7 @@ MLFLOW = "mlflow_write"  # measured apart, with --mlflow: an optional sink, not 
 
 
 def start_jobs(backend: EmulatedBackend, n_jobs: int, n_gpus: int, workdir: Path
-               ) -> tuple[list[subprocess.Popen], list[int], dict[str, JobRef]]:
+               ) -> tuple[list[subprocess.Popen], list[int], dict[str, UsageJob]]:
     procs, children, refs = [], [], {}
     for i in range(n_jobs):
         # root: sh running a child sleep that holds the GPU memory, like a DataLoader worker tree
@@ -64,7 +64,7 @@ def start_jobs(backend: EmulatedBackend, n_jobs: int, n_gpus: int, workdir: Path
         if refusal is not None:
             raise SystemExit(f"claim refused: {refusal}")
         procs.append(proc)
-        refs[str(i + 1)] = JobRef(proc.pid, user=f"user{i % 3}", name=f"job{i + 1}",
+        refs[str(i + 1)] = UsageJob(proc.pid, user=f"user{i % 3}", name=f"job{i + 1}",
                                   metrics_file=workdir / f"m{i + 1}.jsonl")
     return procs, children, refs
 
@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> dict:
 
         backend = NvmlBackend(node=socket.gethostname())
         refs = {}
-    sampler = Sampler.for_backend(backend)
+    sampler = UsageSampler.for_backend(backend)
     store = MonitorStore(workdir / "monitor.sqlite")
     prom = PrometheusSink()
     mlflow_sink = None

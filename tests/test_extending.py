@@ -1,9 +1,14 @@
 """The extension points of docs/extending.md, each shown working: a new policy registered and
-run in the simulator, a new GPU backend opened by name and scheduled on by the daemon's monitor
-and the core, and a new monitoring sink fed by ``Monitoring``."""
+run in the simulator, a new GPU backend opened by name and scheduled on by the daemon's GPU
+watch and the core, a new monitoring sink fed by ``UsageMonitor``, and a new executor that the
+daemon runs a real job through."""
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,13 +18,16 @@ import numpy as np
 import pytest
 
 from collocate import policies
-from collocate.daemon.monitor import Monitor
+from collocate.daemon.executor import LocalExecutor
+from collocate.daemon.gpu_watch import GpuWatch
+from collocate.daemon.server import Peer
+from collocate.daemon.service import ServeConfig, Service
 from collocate.errors import InputError
 from collocate.gpus import registry
 from collocate.gpus.base import DeviceInfo, DeviceSample
 from collocate.gputypes import parse_cluster
 from collocate.model import ClusterSnapshot, GpuId, Job, JobProfile, Plan, SharingMode
-from collocate.monitor.service import Monitoring
+from collocate.monitor.service import UsageMonitor
 from collocate.monitor.sinks.base import JobInfo
 from collocate.policies.base import Ledger, pick_on_one_node
 from collocate.scheduler import Capacity, Scheduler
@@ -84,7 +92,7 @@ class TwoFakeGpus:
 def test_a_new_backend_is_opened_by_name_and_scheduled_on(monkeypatch, tmp_path):
     monkeypatch.setitem(registry.BACKENDS, "fake", lambda arg, state_dir, node: TwoFakeGpus(node))
     backend = registry.open_backend("fake", state_dir=tmp_path, node="here")
-    monitor = Monitor(backend, window=3)
+    monitor = GpuWatch(backend, window=3)
     monitor.refresh([], now=0.0)
     snapshot = monitor.snapshot([], now=0.0, sharing=SharingMode.TIME_SLICING)
     scheduler = Scheduler(policies.make_policy("exclusive"), Capacity.of(snapshot))
@@ -121,10 +129,61 @@ class Recorder:
 def test_a_new_sink_receives_ticks_and_job_events(tmp_path: Path):
     backend = TwoFakeGpus("here")
     sink = Recorder()
-    monitoring = Monitoring(tmp_path, backend.devices(), sinks=[sink])
+    monitoring = UsageMonitor(tmp_path, backend.devices(), sinks=[sink])
     monitoring.job_started(JobInfo("1"))
     monitoring.tick(backend.sample(), {}, now=1.0)
     monitoring.job_ended("1", "done")
     monitoring.close()
     assert sink.events == [("started", "1"), ("tick", 2), ("ended", "1", "done"), ("closed",)]
     assert monitoring.status()["degraded"] is False
+
+
+# -- an executor --------------------------------------------------------------------------------
+
+
+class CountingExecutor(LocalExecutor):
+    """Toy executor: runs attempts on this machine, as ``LocalExecutor``, and counts what the
+    daemon asks of it (an executor for other machines would forward each call to a node)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: dict[str, int] = {}
+
+    def _count(self, what: str) -> None:
+        self.calls[what] = self.calls.get(what, 0) + 1
+
+    def start(self, plan):
+        self._count("start")
+        return super().start(plan)
+
+    def poll(self, handle, pid, started):
+        self._count("poll")
+        return super().poll(handle, pid, started)
+
+    def read_trees(self, roots, now, gpu_pids):
+        self._count("read_trees")
+        return super().read_trees(roots, now, gpu_pids)
+
+
+def test_a_new_executor_runs_the_daemons_jobs(tmp_path: Path):
+    executor = CountingExecutor()
+    service = Service(ServeConfig(tmp_path / "state", policy="exclusive", period_s=0.05),
+                      backend=TwoFakeGpus("here"), executor=executor)
+    service.open()
+    loop = threading.Thread(target=service.serve_forever, daemon=True)
+    loop.start()
+    try:
+        me = Peer(os.getuid(), os.getgid())
+        job = service.call("submit", {"argv": [sys.executable, "-c", "pass"], "cwd": str(tmp_path),
+                                      "mem": 1000}, me)
+        deadline = time.monotonic() + 60
+        while (state := service.call("show", {"id": job["id"]}, me)["state"]) not in ("done", "failed"):
+            assert time.monotonic() < deadline, "the job did not end within 60 s"
+            time.sleep(0.05)
+    finally:
+        service.stop()
+        loop.join(timeout=10)
+        service.close()
+    assert state == "done"
+    assert executor.calls["start"] == 1 and executor.calls["poll"] >= 1
+    assert executor.calls["read_trees"] >= 1

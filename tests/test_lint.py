@@ -15,6 +15,7 @@ CORE = [
     "src/collocate/recovery.py",
     "src/collocate/interference.py",
     "src/collocate/activity.py",
+    "src/collocate/knowledge.py",
     "src/collocate/policies",
     "src/collocate/sim/engine.py",
     "src/collocate/sim/devices.py",

@@ -1,6 +1,6 @@
 """What a running job holds against its GPUs' memory, and when that is still settling.
 
-One rule for every world: the policies' per-round ledger, the daemon's monitor and the
+One rule for every world: the policies' per-round ledger, the daemon's GPU watch and the
 simulator all charge memory through it.
 
 * A job whose requirement is known (declared with ``--mem``, estimated, from history, or raised

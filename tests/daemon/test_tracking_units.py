@@ -9,7 +9,7 @@ import pytest
 
 from collocate.daemon.cli import _tracking_config
 from collocate.daemon.render import measured_lines, tracking_line
-from collocate.daemon.tracking import Tracking, TrackingConfig, parse_dashboard
+from collocate.daemon.tracking import DaemonTracking, TrackingConfig, parse_dashboard
 from collocate.errors import CollocateError, InputError
 from collocate.gpus.base import DeviceInfo
 from collocate.model import GpuId
@@ -50,7 +50,7 @@ def test_mlflow_options_pick_the_local_store_or_a_uri():
 
 def test_a_failing_sampler_never_raises_into_the_loop(tmp_path, caplog):
     device = DeviceInfo(GpuId("n", 0), "GPU-x", "A100-40GB", 40960.0, 108)
-    tracking = Tracking(tmp_path, [device], TrackingConfig())
+    tracking = DaemonTracking(tmp_path, [device], TrackingConfig())
 
     def broken(*args, **kwargs):
         raise RuntimeError("sampler bug")
@@ -83,5 +83,5 @@ def test_an_mlflow_uri_mlflow_refuses_is_a_clear_error(tmp_path):
     pytest.importorskip("mlflow")
     device = DeviceInfo(GpuId("n", 0), "GPU-x", "A100-40GB", 40960.0, 108)
     with pytest.raises(CollocateError, match="cannot track in MLflow at bogus://x") as err:
-        Tracking(tmp_path, [device], TrackingConfig(mlflow_uri="bogus://x"))
+        DaemonTracking(tmp_path, [device], TrackingConfig(mlflow_uri="bogus://x"))
     assert "--mlflow-uri" in str(err.value)

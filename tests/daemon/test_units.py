@@ -11,15 +11,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from collocate.daemon.gpu_watch import GpuWatch, WatchedJob
 from collocate.daemon.isolate import bootstrap_argv
 from collocate.daemon.launcher import plan_launch
-from collocate.daemon.monitor import Monitor, Tracked
 from collocate.daemon.paths import ENV_STATE_DIR, resolve_state_dir
 from collocate.daemon.spec import JobSpec, default_name, parse_env, validate_submit
 from collocate.daemon.store import Attempt, Store, job_from_json, job_to_json
 from collocate.errors import InputError
 from collocate.gpus.base import DeviceInfo, DeviceSample, ProcessUsage
 from collocate.gpus.mps import MpsDirs
+from collocate.knowledge import ProfileKnowledge
 from collocate.model import GpuId, Job, JobProfile, JobState, Placement, SharingMode
 
 
@@ -157,20 +158,21 @@ def test_store_opens_a_file_from_before_solo_profiles(tmp_path):
     store.record_history("sig", 2600.0, JobProfile(0.5, 0.25))
     assert store.history("sig") == (2600.0, JobProfile(0.5, 0.25))
     store.record_history("sig", 2600.0, JobProfile(0.5, 0.25), program="prog")
-    assert store.program_profile("prog") == JobProfile(0.5, 0.25)  # the migrated column works
+    assert ProfileKnowledge(store).program_prior("prog") == JobProfile(0.5, 0.25)  # the migrated column works
     store.close()
     assert Store(path).history("sig") == (2600.0, JobProfile(0.5, 0.25))  # reopening adds nothing
 
 
 def test_program_profile_is_the_median_of_its_measured_commands(tmp_path):
     store = Store(tmp_path / "db.sqlite")
-    assert store.program_profile("p") is None
+    assert ProfileKnowledge(store).program_prior("p") is None
     store.record_history("a", 1000.0, JobProfile(0.2, 0.1), program="p")
     store.record_history("b", 1000.0, None, program="p")  # never measured alone: no vote
     store.record_history("c", 1000.0, JobProfile(0.6, 0.3), program="p")
     store.record_history("d", 1000.0, JobProfile(0.5, 0.2), program="p")
     store.record_history("e", 1000.0, JobProfile(0.9, 0.9), program="q")  # another program
-    assert store.program_profile("p") == JobProfile(0.5, 0.2)
+    assert ProfileKnowledge(store).known("new", "p") == (JobProfile(0.5, 0.2), "similar")
+    assert ProfileKnowledge(store).known("c", "p") == (JobProfile(0.6, 0.3), "history")
     store.close()
 
 
@@ -216,9 +218,9 @@ class _Backend:
 def test_monitor_attributes_memory_and_commits_by_the_one_rule():
     samples = [DeviceSample("GPU-0", 0.0, 5000, 35000, sm_activity=0.5, processes=(ProcessUsage(11, 5000, 0.5),)),
                DeviceSample("GPU-1", 0.0, 0, 40000, sm_activity=0.0)]
-    mon = Monitor(_Backend(samples), window=5)
-    seen = Tracked(Job("1", mem_mib=6000), ("GPU-0",), 1, pids=frozenset({10, 11}))
-    unseen = Tracked(Job("2", mem_mib=None), ("GPU-1",), 2, pids=frozenset({20}))
+    mon = GpuWatch(_Backend(samples), window=5)
+    seen = WatchedJob(Job("1", mem_mib=6000), ("GPU-0",), 1, pids=frozenset({10, 11}))
+    unseen = WatchedJob(Job("2", mem_mib=None), ("GPU-1",), 2, pids=frozenset({20}))
     mon.refresh([seen, unseen], now=100.0)
     assert seen.seen_at == 100.0 and seen.peak_mib == 5000
     snap = mon.snapshot([seen, unseen], now=101.0, sharing=SharingMode.TIME_SLICING)
@@ -314,9 +316,9 @@ def test_dataset_factory_is_remembered_and_conflicts_refused():
 
 
 def test_monitor_tells_the_policy_which_gpus_read_which_dataset():
-    mon = Monitor(_Backend([]), window=5)
-    a = Tracked(Job("1", mem_mib=1000, dataset="cifar"), ("GPU-1",), 1)
-    b = Tracked(Job("2", mem_mib=1000), ("GPU-0",), 2)
+    mon = GpuWatch(_Backend([]), window=5)
+    a = WatchedJob(Job("1", mem_mib=1000, dataset="cifar"), ("GPU-1",), 1)
+    b = WatchedJob(Job("2", mem_mib=1000), ("GPU-0",), 2)
     snap = mon.snapshot([a, b], now=1.0, sharing=SharingMode.TIME_SLICING)
     assert dict(snap.datasets) == {"cifar": (1,)}
 
@@ -342,7 +344,7 @@ def test_policies_see_a_mig_instance_at_its_share_of_the_gpu(tmp_path):
     from collocate.gpus.emulated import EmulatedBackend
 
     backend = EmulatedBackend.create(tmp_path, "2xA100-40GB:mig1=3g.20gb,4g.20gb", node="n0")
-    snap = Monitor(backend, window=5).snapshot([], now=1.0, sharing=SharingMode.MIG)
+    snap = GpuWatch(backend, window=5).snapshot([], now=1.0, sharing=SharingMode.MIG)
     assert [round(s, 3) for s in snap.speed] == [1.0, round(42 / 98, 3), round(56 / 98, 3)]
 
 
@@ -369,7 +371,7 @@ def _solo_monitor(is_helper=lambda pid: False):
             return [whole, part]
 
     backend = Backend([])
-    return backend, Monitor(backend, window=5, is_helper=is_helper)
+    return backend, GpuWatch(backend, window=5, is_helper=is_helper)
 
 
 def _reading(uuid, sm, *procs, dram=0.3):
@@ -379,7 +381,7 @@ def _reading(uuid, sm, *procs, dram=0.3):
 
 def test_monitor_learns_the_solo_profile_after_warm_up_and_only_alone():
     backend, mon = _solo_monitor(is_helper=lambda pid: pid == 99)
-    job = Tracked(Job("1", mem_mib=6000), ("GPU-0",), 1, pids=frozenset({10}))
+    job = WatchedJob(Job("1", mem_mib=6000), ("GPU-0",), 1, pids=frozenset({10}))
     now = 0.0
 
     def feed(*readings):
@@ -405,7 +407,7 @@ def test_monitor_learns_the_solo_profile_after_warm_up_and_only_alone():
 
 def test_monitor_does_not_learn_on_a_mig_slice():
     backend, mon = _solo_monitor()
-    job = Tracked(Job("1", mem_mib=3000), ("GPU-1",), 1, pids=frozenset({10}))
+    job = WatchedJob(Job("1", mem_mib=3000), ("GPU-1",), 1, pids=frozenset({10}))
     backend.samples = [_reading("GPU-1", 1.0, (10, 900))]
     for t in range(30):
         mon.refresh([job], now=float(t))

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from collocate.monitor.job_metrics import log_metric
-from collocate.monitor.sampler import JobRef, Sampler
+from collocate.monitor.sampler import UsageJob, UsageSampler
 
 from .conftest import NODE
 
@@ -18,8 +18,8 @@ def test_two_jobs_sharing_a_gpu_split_its_energy_exactly(backend, claimer, tmp_p
     b = claimer(0, 2000, 0.2)
     c = claimer(1, 1000, 0.5)
     metrics = tmp_path / "m.jsonl"
-    jobs = {"1": JobRef(a.pid, user="ann", metrics_file=metrics), "2": b.pid, "3": c.pid}
-    sampler = Sampler.for_backend(backend)
+    jobs = {"1": UsageJob(a.pid, user="ann", metrics_file=metrics), "2": b.pid, "3": c.pid}
+    sampler = UsageSampler.for_backend(backend)
     first = sampler.tick(backend, jobs)
     assert all(g.energy_j is None for g in first.gpus)  # no interval yet...
     assert {j.job_id: j.gpu_mem_mib for j in first.jobs} == {"1": 4000, "2": 2000, "3": 1000}
@@ -43,7 +43,7 @@ def test_two_jobs_sharing_a_gpu_split_its_energy_exactly(backend, claimer, tmp_p
 
 def test_gone_job_and_empty_gpu(backend, claimer):
     a = claimer(0, 1000, 0.5)
-    sampler = Sampler.for_backend(backend)
+    sampler = UsageSampler.for_backend(backend)
     sampler.tick(backend, {"1": a.pid})
     a.kill()
     a.wait()

@@ -1,16 +1,16 @@
-"""`Monitoring` end to end on the emulated backend; a failing store degrades, never raises."""
+"""`UsageMonitor` end to end on the emulated backend; a failing store degrades, never raises."""
 
 from __future__ import annotations
 
 import sqlite3
 
-from collocate.monitor.service import Monitoring
+from collocate.monitor.service import UsageMonitor
 from collocate.monitor.sinks.base import JobInfo
 
 
 def test_ticks_reach_the_store_and_a_broken_store_only_degrades(backend, claimer, tmp_path):
     job = claimer(0, 3000, 0.5)
-    mon = Monitoring(tmp_path, backend.devices())
+    mon = UsageMonitor(tmp_path, backend.devices())
     mon.job_started(JobInfo("1"))
     for _ in range(3):
         mon.tick(backend.sample(), {"1": job.pid})

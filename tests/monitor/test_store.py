@@ -7,7 +7,7 @@ import pytest
 from collocate.gpus.base import DeviceInfo, DeviceSample, ProcessUsage
 from collocate.model import GpuId
 from collocate.monitor.job_metrics import MetricPoint
-from collocate.monitor.sampler import JobRef, Sampler, Tick
+from collocate.monitor.sampler import Tick, UsageJob, UsageSampler
 from collocate.monitor.store import MonitorStore, Retention
 
 UUID = "GPU-t-0"
@@ -16,14 +16,14 @@ DEVICE = DeviceInfo(GpuId("n", 0), UUID, "A100-40GB", 40_536, 108)
 
 def run_ticks(store: MonitorStore, n: int, *, t0: float = 1000.0, dt: float = 1.0) -> list[Tick]:
     """n ticks of one GPU at a steady 300 W (counter) shared by jobs 1 (0.6 SM) and 2 (0.2 SM)."""
-    sampler = Sampler([DEVICE])
+    sampler = UsageSampler([DEVICE])
     procs = (ProcessUsage(101, 3000, 0.6), ProcessUsage(202, 1000, 0.2))
     ticks = []
     for i in range(n):
         t = t0 + i * dt
         s = DeviceSample(UUID, t, 4000, 36_536, 1.0, 0.8, None, 0.1, 300.0, 300.0 * i * dt, procs)
         # the pids are not real processes: owner_of falls back to the given root pids
-        tick = sampler.observe([s], {"1": JobRef(101, user="ann"), "2": JobRef(202, user="bob")},
+        tick = sampler.observe([s], {"1": UsageJob(101, user="ann"), "2": UsageJob(202, user="bob")},
                                now=t)
         if i == 1:
             tick = Tick(tick.time, tick.gpus, tick.jobs, (MetricPoint("1", t, "loss", 0.3, 7),))

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from collocate.bench.minitrace import MiniJob
-from collocate.bench.sampling import Sampler, sample_dict
+from collocate.bench.sampling import BenchSampler, sample_dict
 from collocate.daemon.child import DaemonProcess
 from collocate.errors import CollocateError, InputError
 
@@ -96,7 +96,7 @@ def run_minitrace(
         backend = _sampling_backend(gpus, state)
         uuid = backend.devices()[0].uuid
         limit = timeout_s or (sum(j.duration_s for j in jobs) * time_scale * 3 + 300)
-        with Sampler(backend, uuid, period_s=period_s) as sampler:
+        with BenchSampler(backend, uuid, period_s=period_s) as sampler:
             t0 = time.monotonic()
             for job in sorted(jobs, key=lambda j: j.arrival_s):
                 delay = t0 + job.arrival_s * time_scale - time.monotonic()
@@ -215,7 +215,7 @@ def _ls_cli(python: str, state: Path) -> list[dict[str, Any]] | None:
         return None
 
 
-def summarize_run(rows: Sequence[dict[str, Any]], sampler: Sampler, ids: dict[str, str], *,
+def summarize_run(rows: Sequence[dict[str, Any]], sampler: BenchSampler, ids: dict[str, str], *,
                   policy: str, sharing: str, emulate: bool) -> dict[str, Any]:
     """Makespan, JCT, SM activity, energy, OOM crashes: the simulator's summary fields."""
     ours = [r for r in rows if r["id"] in ids]

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from collocate.bench.plan import ALONE, Scenario, estimate_seconds
-from collocate.bench.sampling import Sampler, sample_dict, summarize
+from collocate.bench.sampling import BenchSampler, sample_dict, summarize
 from collocate.errors import CollocateError
 from collocate.gpus.base import GpuBackend
 
@@ -157,7 +157,7 @@ def run_scenario(
     procs = _Procs()
     started = time.time()
     status, reason = "ok", ""
-    with Sampler(backend, uuid, period_s=opts.period_s) as sampler:
+    with BenchSampler(backend, uuid, period_s=opts.period_s) as sampler:
         try:
             for name, files in jobs:
                 procs.start(worker_argv(opts, name, files), env, files["stdout"], files["stderr"])
@@ -262,7 +262,7 @@ def fits(scenario: Scenario, need: Mapping[str, float], total_mib: float) -> str
 
 def idle_record(backend: GpuBackend, uuid: str, seconds: float = IDLE_SECONDS) -> dict[str, Any]:
     """The GPU with nothing of ours running: idle power for the power model."""
-    with Sampler(backend, uuid, period_s=0.25) as sampler:
+    with BenchSampler(backend, uuid, period_s=0.25) as sampler:
         time.sleep(seconds)
     return {"scenario": "idle", "kind": "idle", "sharing": "none", "workloads": [], "copies": 0,
             "status": "ok", "reason": "", "gpu": summarize(sampler.samples), "jobs": []}

@@ -18,7 +18,7 @@ from collocate.gpus.base import DeviceSample, GpuBackend
 DEFAULT_PERIOD_S = 0.5
 
 
-class Sampler:
+class BenchSampler:
     """A background thread calling ``backend.sample()`` every ``period_s`` for one device."""
 
     def __init__(self, backend: GpuBackend, uuid: str, *, period_s: float = DEFAULT_PERIOD_S) -> None:
@@ -28,7 +28,7 @@ class Sampler:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="gpu-sampler", daemon=True)
 
-    def __enter__(self) -> Sampler:
+    def __enter__(self) -> BenchSampler:
         self._thread.start()
         return self
 
@@ -81,7 +81,7 @@ def summarize(samples: Sequence[DeviceSample], pids: Sequence[int] = ()) -> dict
         elif all(s.power_watts is not None for s in samples):
             energy = sum(
                 (b.time - a.time) * (a.power_watts + b.power_watts) / 2.0  # type: ignore[operator]
-                for a, b in zip(samples, samples[1:])
+                for a, b in zip(samples, samples[1:], strict=False)
             )
             source = "power integral"
     out["energy_joules"], out["energy_source"] = energy, source

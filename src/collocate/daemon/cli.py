@@ -127,7 +127,7 @@ def serve(
     )
 
     def ready(service) -> None:
-        typer.echo(f"collocate daemon: {len(service.monitor.devices)} GPU(s) ({service.backend.name}), "
+        typer.echo(f"collocate daemon: {len(service.watch.devices)} GPU(s) ({service.backend.name}), "
                    f"policy {policy}, state {service.layout.root}", err=True)
         server, secret = service.tracking.dashboard_server, service.tracking.dashboard_token
         if server is not None:  # a generated token is printed once, like Jupyter's

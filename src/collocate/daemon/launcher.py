@@ -137,11 +137,3 @@ def process_matches(pid: int | None, started: float | None, tolerance_s: float =
     except psutil.Error:
         return False
 
-
-def process_tree(pid: int) -> set[int]:
-    """``pid`` and its descendants (the job's processes, for memory attribution)."""
-    try:
-        p = psutil.Process(pid)
-        return {pid, *(c.pid for c in p.children(recursive=True))}
-    except psutil.Error:
-        return set()

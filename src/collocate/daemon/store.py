@@ -28,15 +28,11 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from collocate.activity import program_prior
 from collocate.daemon.faults import disk_full, is_disk_full
 from collocate.daemon.spec import JobSpec
 from collocate.errors import CollocateError
 from collocate.model import UNKNOWN_PROFILE, Job, JobProfile, JobState
 from collocate.sqlite import open_wal
-
-#: How many of a program's measured commands its prior profile is the median of.
-PROGRAM_PRIOR_RUNS = 20
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -286,14 +282,19 @@ class Store:
             (signature, peak_mib, time.time(), sm, dram, program),
         )
 
-    def program_profile(self, program: str) -> JobProfile | None:
-        """The median solo profile of the program's most recent measured commands (at most
-        ``PROGRAM_PRIOR_RUNS``): a guess for one of its commands that has none of its own."""
+    def program_profiles(self, program: str, limit: int) -> list[JobProfile]:
+        """The solo profiles of the program's ``limit`` most recent measured commands
+        (``collocate.knowledge.ProfileStore``)."""
         rows = self.db.execute(
             "SELECT solo_sm, solo_dram FROM history WHERE program = ? AND solo_sm IS NOT NULL"
-            " ORDER BY updated DESC LIMIT ?", (program, PROGRAM_PRIOR_RUNS),
+            " ORDER BY updated DESC LIMIT ?", (program, limit),
         ).fetchall()
-        return program_prior([JobProfile(sm, dram) for sm, dram in rows])
+        return [JobProfile(sm, dram) for sm, dram in rows]
+
+    def command_profile(self, command: str) -> JobProfile | None:
+        """The solo profile of the last run of this signature that had one."""
+        known = self.history(command)
+        return None if known is None else known[1]
 
     def history(self, signature: str) -> tuple[float, JobProfile | None] | None:
         """The measured peak of the last successful run with this signature, and the solo

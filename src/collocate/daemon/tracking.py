@@ -1,6 +1,6 @@
-"""The daemon's monitoring: ``Monitoring`` (sampler, store, sinks) and the optional dashboard.
+"""The daemon's monitoring: ``UsageMonitor`` (sampler, store, sinks) and the optional dashboard.
 
-``Tracking`` is the only place the daemon's loop touches ``collocate.monitor`` and
+``DaemonTracking`` is the only place the daemon's loop touches ``collocate.monitor`` and
 ``collocate.web``, so ``service.py`` stays about scheduling. Why every call here is wrapped:
 monitoring is bookkeeping, scheduling is the daemon's job. The sinks are already behind
 ``GuardedSink`` (a failing store or MLflow degrades tracking, visible in ``status()``), but the
@@ -91,11 +91,11 @@ class LoopRequester:
         return self._call(op, args, self._peer)
 
 
-class Tracking:
+class DaemonTracking:
     """Monitoring for one daemon; every method is safe to call and never raises into the loop."""
 
     def __init__(self, state_dir: Path, devices: list, config: TrackingConfig) -> None:
-        from collocate.monitor.service import Monitoring
+        from collocate.monitor.service import UsageMonitor
         from collocate.monitor.sinks.prometheus import PrometheusSink
 
         self.config = config
@@ -122,15 +122,16 @@ class Tracking:
                                      hint="check --mlflow-uri, or use --mlflow alone for the "
                                      "local store under the state dir") from exc
             log.info("tracking jobs in MLflow at %s", uri)
-        self.mon = Monitoring(state_dir, devices, sinks=sinks)
+        self.mon = UsageMonitor(state_dir, devices, sinks=sinks)
 
     def _sink_status(self) -> list[dict[str, Any]]:
         return self.mon.status()["tracking"]
 
     # -- the loop's calls ---------------------------------------------------------------------
-    def tick(self, samples: list, jobs: Mapping[str, Any]) -> None:
-        """One sampling period, on the samples the scheduler's monitor already read."""
-        self._guard("tick", self.mon.tick, samples, jobs)
+    def tick(self, samples: list, jobs: Mapping[str, Any], trees: Mapping[str, Any] | None = None
+             ) -> None:
+        """One sampling period, on the samples and process trees the loop already read."""
+        self._guard("tick", lambda: self.mon.tick(samples, jobs, trees=trees))
 
     def job_started(self, info: Any) -> None:
         self._guard("job_started", self.mon.job_started, info)

@@ -18,7 +18,7 @@ from collocate.errors import InputError
 from collocate.model import Job, JobState, Wait
 
 if TYPE_CHECKING:
-    from collocate.daemon.monitor import Monitor
+    from collocate.daemon.gpu_watch import GpuWatch
 
 LOG_CHUNK_BYTES = 256 * 1024
 
@@ -95,8 +95,8 @@ def job_detail(store: Store, job_id: str, *, running: Mapping[str, Any] | None =
 
 def _profile(job: Job, run: Any) -> dict[str, Any]:
     """The solo activity the policies use for this job, and where it comes from."""
-    learned = None if run is None else run.tracked.learned
-    inferred = None if run is None else run.tracked.inferred
+    learned = None if run is None else run.watched.learned
+    inferred = None if run is None else run.watched.inferred
     if learned is not None:
         profile, source = learned, "measured alone in this attempt"
     elif inferred is not None and job.profile_source == "assumed":
@@ -158,16 +158,16 @@ def complete_utf8(data: bytes) -> bytes:
     return data
 
 
-def gpu_rows(monitor: Monitor, running: Mapping[str, Any], now: float) -> list[dict[str, Any]]:
+def gpu_rows(monitor: GpuWatch, running: Mapping[str, Any], now: float) -> list[dict[str, Any]]:
     """Each GPU: its reading, its jobs, and the memory they commit (``collocate.commitment``)."""
     jobs_on: dict[str, list[str]] = {}
     committed: dict[str, float] = {}
     for job_id, run in running.items():
-        for uuid in run.tracked.uuids:
+        for uuid in run.watched.uuids:
             jobs_on.setdefault(uuid, []).append(job_id)
             total = monitor.by_uuid[uuid].total_mib if uuid in monitor.by_uuid else 0.0
-            committed[uuid] = committed.get(uuid, 0.0) + run.tracked.ramp.committed(total, now)
-    held = {uuid: {j: _held_mib(running[j].tracked.pids, monitor.last.get(uuid)) for j in ids}
+            committed[uuid] = committed.get(uuid, 0.0) + run.watched.ramp.committed(total, now)
+    held = {uuid: {j: _held_mib(running[j].watched.pids, monitor.last.get(uuid)) for j in ids}
             for uuid, ids in jobs_on.items()}
     rows = []
     for d in monitor.devices:

@@ -1,6 +1,6 @@
 """Per-job monitoring: sampling, energy attribution on shared GPUs, storage, sinks, reports.
 
-The daemon drives it (``sampler.Sampler`` once per tick, ``store.MonitorStore`` to keep it,
+The daemon drives it (``sampler.UsageSampler`` once per tick, ``store.MonitorStore`` to keep it,
 ``sinks`` to export it); jobs only need ``log_metric`` to add their own metrics. See
 ``docs/monitoring.md``. Importing this package is cheap: no web, MLflow or plotting imports.
 """

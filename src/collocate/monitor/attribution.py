@@ -21,7 +21,7 @@ The rule, for one device and one interval between two consecutive samples ``s0``
    on. It is split *equally* among the owners present (occupancy time: holding memory on the GPU
    keeps it from being given to someone else, busy or not). With no owner it goes to ``IDLE``.
    ``P_idle`` comes from the device type when known, else it is the lowest power seen on that
-   device so far (see ``Sampler``); without it ``E_s = 0``.
+   device so far (see ``UsageSampler``); without it ``E_s = 0``.
 4. **Dynamic part** ``E_d = E - E_s``: split in proportion to the owners' ``u``; when no owner
    reports utilization (all ``u == 0`` or unknown) it is split equally; with no owner, ``IDLE``.
    **Helpers and readings that miss jobs.** Under MPS the driver charges every client's SM

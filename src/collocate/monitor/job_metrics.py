@@ -3,7 +3,7 @@
 A job calls ``collocate.monitor.log_metric("loss", 0.31, step=100)``. The daemon sets
 ``COLLOCATE_METRICS_FILE`` in the job's environment to a file in the attempt's directory; each
 call appends one JSON line ``{"t": <unix time>, "key": "loss", "value": 0.31, "step": 100}``
-there, and the daemon's ``Sampler`` picks new lines up on its next tick (``MetricsTail``).
+there, and the daemon's ``UsageSampler`` picks new lines up on its next tick (``MetricsTail``).
 
 Why a file and not a socket: appending a short line is atomic (``O_APPEND``, well under
 ``PIPE_BUF``), needs no connection, works for any language (``echo '{"key":...}' >> "$F"``)

@@ -1,4 +1,4 @@
-"""CPU, host memory and I/O of each job's whole process tree, read with psutil.
+"""CPU, host memory and I/O of each job's whole process tree, read from ``/proc``.
 
 Why a tree and not a pid: a training job is a launcher (the daemon's runner), a Python process,
 its DataLoader workers and whatever they spawn; the GPU work and most of the CPU work happen in

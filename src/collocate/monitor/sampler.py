@@ -1,11 +1,13 @@
 """The daemon's one sampler: per-GPU and per-job records, once per tick, no threads of its own.
 
-The daemon's loop calls ``Sampler.tick(backend, jobs)`` each period (or ``Sampler.observe`` with
-the ``DeviceSample``s it already read, so the GPUs are read once per tick, not twice). ``jobs``
-maps each running job id to its root pid (the runner), or to a ``JobRef`` carrying its user,
-name and metrics file. One call:
+The daemon's loop calls ``UsageSampler.observe`` each period with the ``DeviceSample``s and the
+jobs' process trees it already read for its GPU watch, so the GPUs and the trees are read once
+per tick, not twice (``UsageSampler.tick(backend, jobs)`` reads both itself, for standalone use).
+``jobs`` maps each running job id to its root pid (the runner), or to a ``UsageJob`` carrying its
+user, name and metrics file. One call:
 
-1. reads each job's process tree with psutil (CPU, host memory, I/O; ``process_tree``);
+1. reads each job's process tree from ``/proc`` unless given (CPU, host memory, I/O;
+   ``process_tree``);
 2. maps every GPU process to the job whose tree holds it and splits each device's interval
    between the previous and this sample among jobs (``attribution``; idle power from the GPU
    type when known, else the lowest power seen on that device);
@@ -29,11 +31,11 @@ from collocate.gpus.mps import is_mps_server
 from collocate.gputypes import gpu_type
 from collocate.monitor.attribution import IDLE, OTHER, Attribution, attribute
 from collocate.monitor.job_metrics import MetricPoint, MetricsTail
-from collocate.monitor.process_tree import EMPTY, TreeReader
+from collocate.monitor.process_tree import EMPTY, TreeReader, TreeUsage
 
 
 @dataclass(frozen=True, slots=True)
-class JobRef:
+class UsageJob:
     """A running job as the sampler needs it; only ``root_pid`` is required."""
 
     root_pid: int
@@ -56,7 +58,7 @@ class JobGpuShare:
 
 
 @dataclass(frozen=True, slots=True)
-class JobRecord:
+class UsageRecord:
     job_id: str
     time: float
     user: str
@@ -114,12 +116,12 @@ class GpuRecord:
 class Tick:
     time: float
     gpus: tuple[GpuRecord, ...]
-    jobs: tuple[JobRecord, ...]
+    jobs: tuple[UsageRecord, ...]
     metrics: tuple[MetricPoint, ...] = ()
     attributions: tuple[Attribution, ...] = field(default=(), repr=False)
 
 
-class Sampler:
+class UsageSampler:
     """See the module docstring. One per daemon; owns the previous sample of every device."""
 
     def __init__(self, devices: Sequence[DeviceInfo], *,
@@ -135,21 +137,24 @@ class Sampler:
         self._metrics = MetricsTail()
 
     @classmethod
-    def for_backend(cls, backend: GpuBackend, **kwargs: object) -> Sampler:
+    def for_backend(cls, backend: GpuBackend, **kwargs: object) -> UsageSampler:
         return cls(backend.devices(), **kwargs)  # type: ignore[arg-type]
 
-    def tick(self, backend: GpuBackend, jobs: Mapping[str, int | JobRef],
+    def tick(self, backend: GpuBackend, jobs: Mapping[str, int | UsageJob],
              now: float | None = None) -> Tick:
         """Read the backend once and ``observe`` it."""
         return self.observe(backend.sample(), jobs, now)
 
-    def observe(self, samples: Sequence[DeviceSample], jobs: Mapping[str, int | JobRef],
-                now: float | None = None) -> Tick:
-        """Turn one reading of every device plus the running jobs into a ``Tick``."""
+    def observe(self, samples: Sequence[DeviceSample], jobs: Mapping[str, int | UsageJob],
+                now: float | None = None, *, trees: Mapping[str, TreeUsage] | None = None) -> Tick:
+        """Turn one reading of every device plus the running jobs into a ``Tick``. ``trees``:
+        the jobs' process trees when the caller read them already this tick (the daemon's
+        loop reads them once for its GPU watch and for this), else they are read here."""
         now = time.time() if now is None else now
-        refs = {j: r if isinstance(r, JobRef) else JobRef(int(r)) for j, r in jobs.items()}
+        refs = {j: r if isinstance(r, UsageJob) else UsageJob(int(r)) for j, r in jobs.items()}
         gpu_pids = {p.pid for s in samples for p in s.processes}
-        trees = self._trees.read({j: r.root_pid for j, r in refs.items()}, now, gpu_pids)
+        if trees is None:
+            trees = self._trees.read({j: r.root_pid for j, r in refs.items()}, now, gpu_pids)
         owner_of = {pid: job_id for job_id, t in trees.items() for pid in t.pids}
         for job_id, ref in refs.items():  # a root that just exited may still hold GPU memory
             owner_of.setdefault(ref.root_pid, job_id)
@@ -179,7 +184,7 @@ class Sampler:
         job_records = []
         for job_id, ref in refs.items():
             t = trees.get(job_id, EMPTY)
-            job_records.append(JobRecord(job_id, now, ref.user, ref.name, len(t.pids), t.cpu_s,
+            job_records.append(UsageRecord(job_id, now, ref.user, ref.name, len(t.pids), t.cpu_s,
                                          t.cpu_percent, t.rss_mib, t.read_bytes, t.write_bytes,
                                          tuple(shares[job_id])))
         return Tick(now, tuple(gpu_records), tuple(job_records), tuple(metrics),

@@ -1,6 +1,6 @@
-"""``Monitoring``: the one object the daemon holds for sampling, storage and sinks.
+"""``UsageMonitor``: the one object the daemon holds for sampling, storage and sinks.
 
-It wires the pieces in the order a tick needs them: ``Sampler.observe`` on the samples the
+It wires the pieces in the order a tick needs them: ``UsageSampler.observe`` on the samples the
 daemon's loop already read, then the store and every sink, each behind ``GuardedSink``, so a
 full disk or an unreachable MLflow degrades tracking (visible in ``status()``) and never raises
 into the scheduling loop. Sampling itself does raise on programming errors; the daemon's loop
@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from collocate.gpus.base import DeviceInfo, DeviceSample
-from collocate.monitor.sampler import JobRef, Sampler, Tick
+from collocate.monitor.process_tree import TreeUsage
+from collocate.monitor.sampler import Tick, UsageJob, UsageSampler
 from collocate.monitor.sinks.base import JobInfo, Sink, SinkSet
 from collocate.monitor.store import MonitorStore, Retention, monitor_db_path
 
@@ -40,22 +41,23 @@ class StoreSink:
         self.store.close()
 
 
-class Monitoring:
-    """Sampler + store + sinks for one daemon. Call from the daemon's loop thread only
+class UsageMonitor:
+    """UsageSampler + store + sinks for one daemon. Call from the daemon's loop thread only
     (``status`` and the store's reads are safe from other threads)."""
 
     def __init__(self, state_dir: Path, devices: Sequence[DeviceInfo], *,
                  sinks: Sequence[Sink] = (), retention: Retention | None = None,
                  idle_watts: Mapping[str, float] | None = None) -> None:
         self.store = MonitorStore(monitor_db_path(state_dir), retention=retention)
-        self.sampler = Sampler(devices, idle_watts=idle_watts)
+        self.sampler = UsageSampler(devices, idle_watts=idle_watts)
         self.sinks = SinkSet([StoreSink(self.store), *sinks])
         self.last: Tick | None = None
 
-    def tick(self, samples: Sequence[DeviceSample], jobs: Mapping[str, int | JobRef],
-             now: float | None = None) -> Tick:
-        """One sampling period: attribute, store, export. Returns the tick for the dashboard."""
-        tick = self.sampler.observe(samples, jobs, now)
+    def tick(self, samples: Sequence[DeviceSample], jobs: Mapping[str, int | UsageJob],
+             now: float | None = None, *, trees: Mapping[str, TreeUsage] | None = None) -> Tick:
+        """One sampling period: attribute, store, export. Returns the tick for the dashboard.
+        ``trees``: the jobs' process trees, when the caller read them this tick."""
+        tick = self.sampler.observe(samples, jobs, now, trees=trees)
         self.sinks.write(tick)
         self.last = tick
         return tick

@@ -37,11 +37,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from collocate.activity import INFER_AFTER_S, MIN_SOLO_SAMPLES, infer_assumed, program_prior
+from collocate.activity import INFER_AFTER_S, MIN_SOLO_SAMPLES, infer_assumed
 from collocate.commitment import MemoryRamp, committed_mib, mps_limit_mib, stable_s_of
 from collocate.errors import CollocateError, InputError
 from collocate.gputypes import NodeSpec
 from collocate.interference import InterferenceModel, default_interference
+from collocate.knowledge import MemoryProfiles, ProfileKnowledge, Sibling, sibling_priors
 from collocate.model import (
     UNKNOWN_PROFILE,
     ClusterSnapshot,
@@ -115,7 +116,7 @@ class SimConfig:
 
 
 @dataclass
-class JobRecord:
+class SimJobRecord:
     id: str
     name: str
     gpus: int
@@ -133,7 +134,7 @@ class JobRecord:
 
 
 @dataclass
-class _Running:
+class SimRun:
     job: Job
     gpus: list[int]
     peak_mib: float
@@ -158,7 +159,7 @@ class _Running:
 @dataclass
 class SimResult:
     policy: str
-    records: list[JobRecord]
+    records: list[SimJobRecord]
     makespan_s: float
     energy_j: float
     sm_util: float  # time-averaged busy fraction over all (physical) GPUs
@@ -227,12 +228,12 @@ class Simulation:
             str(ids[i]): [(0.0, 0.0, 0.0)] for i in range(min(n, config.timeline_gpus))
         }
 
-        self.running: dict[str, _Running] = {}
+        self.running: dict[str, SimRun] = {}
         self.scheduler = Scheduler(policy, Capacity.of(self._snapshot(0.0)), rules=config.rules)
-        self.records: dict[str, JobRecord] = {}
+        self.records: dict[str, SimJobRecord] = {}
         self.peaks: dict[str, float] = {}
-        self._history: dict[str | None, JobProfile] = {}  # command → learned profile
-        self._programs: dict[str | None, dict[str, JobProfile]] = {}  # program → command → profile
+        self.profiles = MemoryProfiles()  # what runs measured alone, as the daemon's history
+        self.knowledge = ProfileKnowledge(self.profiles)
         self.events: list[tuple[float, int, int, str, int]] = []
         self._seq = 0
         self.decisions = 0
@@ -291,12 +292,9 @@ class Simulation:
         and where it comes from (``Job.profile_source``)."""
         if self.cfg.profiles == "trace":
             return w.profile, "trace"
-        known = self._history.get(w.command)
-        if known is not None:
-            return known, "history"
-        siblings = self._programs.get(w.program, {}) if self.cfg.profiles in ("similar", "unknown") else {}
-        prior = program_prior(list(siblings.values()))
-        return (prior, "similar") if prior is not None else (UNKNOWN_PROFILE, "assumed")
+        profile, source = self.knowledge.known(
+            w.command, w.program, similar=self.cfg.profiles in ("similar", "unknown"))
+        return (profile, source) if profile is not None else (UNKNOWN_PROFILE, "assumed")
 
     # -- events -----------------------------------------------------------------------------
     def _arrive(self, job_id: str, now: float) -> bool:
@@ -318,7 +316,7 @@ class Simulation:
             profile_source=source,
         )
         self.peaks[job_id] = w.peak_mib
-        self.records[job_id] = JobRecord(job_id, w.name, w.gpus, now, w.peak_mib, mem)
+        self.records[job_id] = SimJobRecord(job_id, w.name, w.gpus, now, w.peak_mib, mem)
         job = self.scheduler.submit(job)
         if job.state is JobState.REJECTED:
             self._close(job, now)
@@ -343,20 +341,14 @@ class Simulation:
 
     def _price_from_siblings(self) -> None:
         """Pending jobs nobody has measured take the median profile of their program's running
-        commands that are measured or inferred, as the daemon does (``Service._price_from_siblings``)."""
-        live: dict[str | None, list[JobProfile]] = {}
-        for run in self.running.values():
-            program = self._by_id[run.job.id].workload.program
-            if program is not None and (run.learned or run.inferred or run.job.profile_source != "assumed"):
-                live.setdefault(program, []).append(run.job.profile)
-        if not live:
-            return
-        for job in list(self.scheduler.queue):
-            if job.profile_source != "assumed":
-                continue
-            prior = program_prior(live.get(self._by_id[job.id].workload.program, []))
-            if prior is not None:
-                self.scheduler.update(job.evolve(profile=prior, profile_source="similar"))
+        commands that are measured or inferred (``knowledge.sibling_priors``, as the daemon)."""
+        live = [Sibling(self._by_id[run.job.id].workload.program, run.job.profile,
+                        measured=bool(run.learned or run.inferred
+                                      or run.job.profile_source != "assumed"))
+                for run in self.running.values()]
+        for job in sibling_priors(self.scheduler.queue, live,
+                                  lambda job_id: self._by_id[job_id].workload.program):
+            self.scheduler.update(job)
 
     def _launch(self, job_id: str, gpus: list[int], now: float, given_mib: float | None = None) -> None:
         job = self.scheduler.jobs[job_id]
@@ -384,7 +376,7 @@ class Simulation:
         limit = None
         if self.cfg.sharing is SharingMode.MPS:
             limit = mps_limit_mib(job.mem_mib, given_mib, job.mem_uncertainty, job.mem_source)
-        run = _Running(
+        run = SimRun(
             job, gpus, self.peaks[job_id], held, workload.profile, ramp, limit, starting=starting,
             warming=workload.warmup_s > 0 and not warms_later, work_left=workload.duration_s, since=now,
         )
@@ -438,7 +430,7 @@ class Simulation:
         self._recommit(run, now)
         return True
 
-    def _recommit(self, run: _Running, now: float) -> None:
+    def _recommit(self, run: SimRun, now: float) -> None:
         """Charge what ``run`` commits now (``MemoryRamp``) and when its GPUs last grew."""
         held = run.ramp.committed(float(self.total[run.gpus[0]]), now)
         for i in run.gpus:
@@ -526,16 +518,13 @@ class Simulation:
         self._stop(run, now)
         command = self._by_id[job_id].workload.command
         if run.learned and command is not None:  # the daemon's history, for the same command
-            self._history[command] = run.profile
-            program = self._by_id[job_id].workload.program
-            if program is not None:
-                self._programs.setdefault(program, {})[command] = run.profile
+            self.profiles.record(command, self._by_id[job_id].workload.program, run.profile)
         job = self.scheduler.job_exited(job_id, ExitReport(Outcome.SUCCEEDED))
         self._close(job, now)
         return True
 
     # -- state changes ----------------------------------------------------------------------
-    def _stop(self, run: _Running, now: float) -> None:
+    def _stop(self, run: SimRun, now: float) -> None:
         gpus = run.gpus
         self._advance(gpus, now)
         job = run.job

@@ -1,6 +1,6 @@
 """Live GPU readings turned into what the scheduler core needs: a ``ClusterSnapshot``.
 
-Each sampling period the monitor reads the backend once, pushes SM activity, SM occupancy and
+Each sampling period the watch reads the backend once, pushes SM activity, SM occupancy and
 DRAM activity into per-GPU sliding windows (``WINDOW_SAMPLES`` long, as the risk filter
 expects), and attributes per-process memory to jobs (a job's processes are its runner's process
 tree). From that it builds ``GpuView``s: each job commits its memory by the one rule of
@@ -41,8 +41,8 @@ from collocate.policies.risk import WINDOW_SAMPLES, summarize_window
 
 
 @dataclass(slots=True)
-class Tracked:
-    """A running job as the monitor follows it."""
+class WatchedJob:
+    """A running job as the GPU watch follows it: its processes, memory ramp and activity."""
 
     job: Job
     uuids: tuple[str, ...]
@@ -91,7 +91,7 @@ class _Readings:
     has_dram: bool = True
 
 
-class Monitor:
+class GpuWatch:
     def __init__(self, backend: GpuBackend, *, window: int = WINDOW_SAMPLES,
                  is_helper: Callable[[int], bool] = is_mps_server,
                  sharing: ModeParams | None = None) -> None:
@@ -111,26 +111,36 @@ class Monitor:
         self._dram: dict[str, deque[float]] = {d.uuid: deque(maxlen=window) for d in self.devices}
         self.last: dict[str, DeviceSample] = {}
 
-    def refresh(self, tracked: Iterable[Tracked], now: float) -> None:
+    def refresh(self, tracked: Iterable[WatchedJob], now: float) -> None:
         """Read the backend once, update the windows and each tracked job's memory and SM."""
-        for s in self.backend.sample():
+        self.read()
+        self.attribute(tracked, now)
+
+    def read(self) -> list[DeviceSample]:
+        """Read the backend once and update the windows; the samples, for the usage monitor."""
+        samples = self.backend.sample()
+        for s in samples:
             if s.uuid not in self._sm:
                 continue
             self.last[s.uuid] = s
             self._sm[s.uuid].append(_sm(s))
             self._occ[s.uuid].append(s.sm_occupancy or 0.0)
             self._dram[s.uuid].append(s.dram_activity or 0.0)
+        return list(self.last.values())
+
+    def attribute(self, tracked: Iterable[WatchedJob], now: float) -> None:
+        """Each job's memory and solo activity from the last reading (its ``pids`` current)."""
         tracked = list(tracked)
         for t in tracked:
             self._attribute(t, now)
         if self.sharing is not None:
             self._infer(tracked, now)
 
-    def _infer(self, tracked: Sequence[Tracked], now: float) -> None:
+    def _infer(self, tracked: Sequence[WatchedJob], now: float) -> None:
         """Price each GPU's unmeasured jobs by its readings once its newest job has warmed up:
         the mean reading since then, over at least ``MIN_SOLO_SAMPLES`` samples. A job on
         several GPUs takes the heaviest of their answers."""
-        on_gpu: dict[str, list[Tracked]] = {}
+        on_gpu: dict[str, list[WatchedJob]] = {}
         for t in tracked:
             for uuid in t.uuids:
                 on_gpu.setdefault(uuid, []).append(t)
@@ -166,7 +176,7 @@ class Monitor:
             if id(t) in inferred:
                 t.inferred = inferred[id(t)]
 
-    def _attribute(self, t: Tracked, now: float) -> None:
+    def _attribute(self, t: WatchedJob, now: float) -> None:
         held, alone, sm, dram = 0.0, True, 0.0, None
         for uuid in t.uuids:
             sample = self.last.get(uuid)
@@ -187,7 +197,7 @@ class Monitor:
             if alone:
                 t.solo.observe(sm, dram)
 
-    def _alone(self, t: Tracked, sample: DeviceSample) -> bool:
+    def _alone(self, t: WatchedJob, sample: DeviceSample) -> bool:
         """Whether this reading is the job's alone: a whole GPU, and no other process on it
         holds memory but the job's own and helpers (see ``is_helper``)."""
         if self.by_uuid[sample.uuid].sm_fraction < 1.0:
@@ -199,9 +209,9 @@ class Monitor:
         return summarize_window(self._sm[uuid], self._occ[uuid], self._dram[uuid])
 
     def snapshot(
-        self, tracked: Sequence[Tracked], *, now: float, sharing: SharingMode
+        self, tracked: Sequence[WatchedJob], *, now: float, sharing: SharingMode
     ) -> ClusterSnapshot:
-        on_gpu: dict[str, list[Tracked]] = {d.uuid: [] for d in self.devices}
+        on_gpu: dict[str, list[WatchedJob]] = {d.uuid: [] for d in self.devices}
         for t in tracked:
             for uuid in t.uuids:
                 on_gpu.setdefault(uuid, []).append(t)
@@ -240,7 +250,7 @@ def _requirement(job: Job, unknown: float) -> float:
     return unknown if job.mem_mib is None else job.mem_mib
 
 
-def _launch_seen_at(here: Sequence[Tracked]) -> float:
+def _launch_seen_at(here: Sequence[WatchedJob]) -> float:
     """When the newest job on a GPU was first seen holding memory there (``inf`` until then)."""
     if not here:
         return -math.inf

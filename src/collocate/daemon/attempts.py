@@ -1,0 +1,272 @@
+"""The placed attempts the loop follows, from launch to recorded end.
+
+``Attempts`` owns ``running`` (job id → ``LiveAttempt``) and every change to it: launching a
+placement (through the ``Executor``), parking a job whose ``--dataset`` producer is still
+starting, reaping runners that ended, classifying each end (``classify_end``), recording it and
+telling the scheduler, and cancelling. Nothing here waits on a child process: a job whose
+producer is still starting keeps its GPUs in ``running`` with ``waiting`` set, and a later round
+launches it once the producer is ready (or fails it with the producer's error), so one slow
+loader never holds up the requests, the other jobs or a cancel.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from collocate.daemon.datasets import Datasets, ProducerStartError
+from collocate.daemon.executor import Executor
+from collocate.daemon.failures import classify, describe_status, oom_lower_bound_mib
+from collocate.daemon.faults import describe_error, is_disk_full
+from collocate.daemon.gpu_watch import WatchedJob
+from collocate.daemon.launcher import LaunchPlan, plan_launch
+from collocate.daemon.paths import StateLayout
+from collocate.daemon.spec import JobSpec
+from collocate.daemon.store import Attempt, Store
+from collocate.daemon.tracking import DaemonTracking
+from collocate.gpus.mps import MpsDirs
+from collocate.model import JobState, Placement, SharingMode
+from collocate.monitor.sinks.base import JobInfo
+from collocate.recovery import ExitReport, Outcome
+from collocate.scheduler import Scheduler
+
+log = logging.getLogger("collocate.daemon")
+
+
+@dataclass(slots=True)
+class LiveAttempt:
+    """A placed attempt the loop watches until it ends: launched, or still waiting for its
+    dataset's producer (``waiting``; it holds its GPUs meanwhile, and has no process yet)."""
+
+    attempt: Attempt
+    watched: WatchedJob  # what the GPU watch follows of it (memory, activity)
+    handle: Any = None  # the executor's handle when this daemon started it; None when re-adopted
+    cancel_at: float | None = None  # when the user asked to cancel it
+    plan: LaunchPlan | None = None  # what to start once its producer is ready
+    waiting: str | None = None  # the dataset whose producer it waits for
+
+    @property
+    def why_waiting(self) -> str | None:
+        return None if self.waiting is None else f"waiting for dataset producer {self.waiting}"
+
+
+def classify_end(record: dict[str, Any] | None, *, cancelled: bool, adopted: bool, launched: bool,
+                 job_started: bool, runner_status: int | None) -> tuple[Outcome, str]:
+    """Why an attempt whose runner is gone ended: its exit record when there is one, else what
+    is known of how far it got (nothing of a job that never started counts against it)."""
+    if record is not None:
+        return classify(record.get("returncode"), record.get("stderr_tail", ""), cancelled=cancelled)
+    if cancelled:
+        return Outcome.CANCELLED, "cancelled by the user"
+    if adopted and not launched:  # e.g. it was waiting for its dataset's producer
+        return Outcome.LOST, "the daemon stopped before it launched the job; requeued"
+    if adopted:
+        return Outcome.LOST, "the job vanished while the daemon was down; requeued"
+    status = describe_status(runner_status or -9)
+    if not job_started:  # nothing of the job ran: safe to run it again
+        return Outcome.LOST, f"the job's runner was {status} before it started the job; requeued"
+    return Outcome.FAILED, f"the job's runner was {status} before it could record the exit"
+
+
+def cancel_key(job_id: str) -> str:
+    return f"cancel:{job_id}"
+
+
+class Attempts:
+    def __init__(self, *, config: Any, layout: StateLayout, store: Store, scheduler: Scheduler,
+                 specs: dict[str, JobSpec], executor: Executor, datasets: Datasets,
+                 tracking: DaemonTracking, uuid_of: dict, emulated_dir: Path | None,
+                 mps: Any, stable_s: float) -> None:
+        self.config, self.layout, self.store, self.scheduler = config, layout, store, scheduler
+        self.specs, self.executor, self.datasets, self.tracking = specs, executor, datasets, tracking
+        self.uuid_of, self.emulated_dir, self.mps, self.stable_s = uuid_of, emulated_dir, mps, stable_s
+        self.running: dict[str, LiveAttempt] = {}
+        self._placed_seq = 0
+
+    def watch(self, job: Any, uuids: tuple[str, ...]) -> WatchedJob:
+        """A new ``WatchedJob``, newest on its GPUs (the in-flight guard's order)."""
+        self._placed_seq += 1
+        return WatchedJob(job, uuids, self._placed_seq, self.stable_s)
+
+    # -- launching ---------------------------------------------------------------------------
+    def launch(self, placement: Placement, now: float) -> None:
+        job = self.scheduler.jobs[placement.job_id]
+        spec = self.specs[job.id]
+        uuids = tuple(self.uuid_of[g] for g in placement.gpus)
+        adir = self.layout.attempt_dir(job.id, job.attempts)
+        attempt = Attempt(job.id, job.attempts, now, tuple(str(g) for g in placement.gpus), uuids,
+                          str(adir), mem_mib=placement.mem_mib)
+        self.store.add_attempt(attempt)
+        mps_dirs = None
+        if self.config.sharing is SharingMode.MPS:  # emulated GPUs: the same env, no MPS server
+            mps_dirs = self.mps.dirs if self.mps is not None else MpsDirs.under(self.layout.root)
+        plan = plan_launch(job, spec, placement, uuids, attempt=job.attempts, attempt_dir=adir,
+                           sharing=self.config.sharing, emulated_dir=self.emulated_dir,
+                           mps_dirs=mps_dirs)
+        run = LiveAttempt(attempt, self.watch(job, uuids), plan=plan)
+        if spec.dataset is None:
+            self._start(run)
+        else:  # it holds its GPUs (in ``running``) while its producer starts
+            self.running[job.id] = run
+            self._ensure_dataset(spec.dataset, [run])
+
+    def launch_failed(self, job_id: str, exc: BaseException) -> None:
+        """A placement that raised before its runner started: end that attempt (and that job's
+        state) with the reason, so nothing stays ``running`` without a process."""
+        log.error("job %s: launch failed: %s", job_id, describe_error(exc))
+        reason = f"could not launch the job: {describe_error(exc)}"
+        outcome = Outcome.LOST if is_disk_full(exc) else Outcome.FAILED
+        try:
+            run = self.running.get(job_id)
+            if run is not None:
+                self.finish(run, outcome, reason, None, "", time.time())
+                return
+            job = self.scheduler.jobs.get(job_id)
+            if job is not None and job.state is JobState.RUNNING:
+                self.scheduler.job_exited(job_id, ExitReport(outcome, None, reason))
+        except Exception as again:  # e.g. the disk is full: a restart settles it
+            log.error("job %s: could not record the failed launch: %s", job_id, describe_error(again))
+
+    def start_waiting(self) -> None:
+        """Start the jobs whose producer is now ready; fail those whose producer failed."""
+        waiting: dict[str, list[LiveAttempt]] = {}
+        for run in self.running.values():
+            if run.waiting is not None:
+                waiting.setdefault(run.waiting, []).append(run)
+        for name, runs in waiting.items():
+            self._ensure_dataset(name, runs)
+
+    def _ensure_dataset(self, name: str, runs: list[LiveAttempt]) -> None:
+        """Ask (never wait) whether dataset ``name``'s producer serves; start, fail or park ``runs``."""
+        try:
+            ready = self.datasets.ensure(self.specs[runs[0].attempt.job_id])
+        except Exception as exc:  # a producer must never take the loop down
+            if not isinstance(exc, ProducerStartError):
+                log.exception("producer of dataset %r", name)
+                exc = ProducerStartError(f"could not start the producer of dataset {name!r}: {exc}")
+            for run in runs:
+                self.finish(run, Outcome.FAILED, str(exc), None, "", time.time())
+            return
+        for run in runs:
+            if ready:
+                run.waiting = None
+                self._start(run, extra_env=self.datasets.job_env(name))
+            elif run.waiting is None:
+                run.waiting = name
+                log.info("job %s: %s", run.attempt.job_id, run.why_waiting)
+
+    def _start(self, run: LiveAttempt, extra_env: dict[str, str] | None = None) -> None:
+        """Start a placed attempt's runner; it joins ``running`` (or fails if it cannot start)."""
+        assert run.plan is not None
+        plan = replace(run.plan, env={**run.plan.env, **extra_env}) if extra_env else run.plan
+        try:
+            handle, pid, started = self.executor.start(plan)
+        except Exception as exc:  # confined to this job (a full disk requeues it: not its fault)
+            outcome = Outcome.LOST if is_disk_full(exc) else Outcome.FAILED
+            self.finish(run, outcome, f"could not start the job: {describe_error(exc)}", None, "",
+                        time.time())
+            return
+        job_id = run.attempt.job_id
+        attempt = replace(run.attempt, pid=pid, pid_started=started)
+        self.store.update_attempt(attempt)
+        run.watched.pids = frozenset({pid})
+        self.running[job_id] = LiveAttempt(attempt, run.watched, handle)
+        self.track_start(job_id)
+
+    def track_start(self, job_id: str) -> None:
+        """Tell the sinks a job (re)started, with the jobs already on its GPUs."""
+        run, spec = self.running[job_id], self.specs[job_id]
+        mine = set(run.watched.uuids)
+        neighbours = sorted((j for j, r in self.running.items()
+                             if j != job_id and mine & set(r.watched.uuids)), key=_job_key)
+        self.tracking.job_started(JobInfo(
+            job_id, run.watched.job.name, spec.user, tuple(spec.argv), run.attempt.gpus,
+            self.config.sharing.value, self.config.policy, tuple(neighbours)))
+
+    # -- ending ------------------------------------------------------------------------------
+    def cancel(self, run: LiveAttempt) -> None:
+        """Ask a running attempt to stop: SIGTERM now, SIGKILL after the grace period."""
+        if run.cancel_at is not None:
+            return
+        run.cancel_at = time.time()
+        # Remembered in the store first, so a daemon restarted before the job exits still
+        # records the end as a cancel rather than a failure (exit 143).
+        self.store.set_flag(cancel_key(run.attempt.job_id), True)
+        self.executor.signal(run.attempt.pid, signal.SIGTERM)
+
+    def reap(self, now: float) -> None:
+        """End the attempts whose runner is gone; kill those past their cancel's grace."""
+        for run in list(self.running.values()):
+            if run.waiting is not None:
+                continue
+            alive, status = self.executor.poll(run.handle, run.attempt.pid, run.attempt.pid_started)
+            if alive:
+                if run.cancel_at is not None and now - run.cancel_at > self.config.cancel_grace_s:
+                    self.executor.signal(run.attempt.pid, signal.SIGKILL)
+                continue
+            self.ended(run, runner_status=status, adopted=run.handle is None)
+        self.executor.collect({r.handle.pid for r in self.running.values() if r.handle is not None}
+                              | {r.attempt.pid for r in self.running.values() if r.attempt.pid}
+                              | {p.pid for p in self.datasets.producers.values()})
+
+    def ended(self, run: LiveAttempt, *, runner_status: int | None, adopted: bool) -> None:
+        """Classify an attempt whose runner is gone, record it, and let the scheduler recover."""
+        a, adir = run.attempt, Path(run.attempt.dir)
+        record = self.executor.exit_record(adir)
+        if record is None and not self.executor.is_orphan(run.handle):
+            orphan = self.executor.adopt_orphan(adir)  # the runner died; its job is ours now
+            if orphan is not None and orphan.poll() is None:
+                self.running[a.job_id] = replace(run, handle=orphan)  # watch the job itself
+                log.warning("job %s: its runner is gone; the daemon watches the job (pid %d)",
+                            a.job_id, orphan.pid)
+                return
+            record = self.executor.exit_record(adir)
+        if record is not None:
+            returncode, tail, end = record.get("returncode"), record.get("stderr_tail", ""), record.get("end")
+        else:
+            self.executor.signal(a.pid, signal.SIGKILL)  # what is left of the job must not run on
+            returncode, tail, end = None, self.executor.stderr_tail(adir), time.time()
+        outcome, reason = classify_end(
+            record, cancelled=run.cancel_at is not None, adopted=adopted,
+            launched=a.pid is not None,
+            job_started=record is None and not adopted and self.executor.job_started(adir),
+            runner_status=runner_status)
+        self.finish(run, outcome, reason, returncode, tail, end or time.time())
+
+    def finish(self, run: LiveAttempt, outcome: Outcome, reason: str, returncode: int | None,
+               tail: str, end: float) -> None:
+        t = run.watched
+        peak = t.peak_mib if t.peak_mib > 0 else None
+        observed = peak
+        if outcome is Outcome.OOM:
+            bound = oom_lower_bound_mib(tail)
+            if bound is not None:
+                observed = max(peak or 0.0, bound)
+        learned = t.learned
+        a = replace(run.attempt, end=end, returncode=returncode, outcome=outcome.value,
+                    reason=reason, peak_mib=peak,
+                    solo_sm=None if learned is None else learned.sm_activity,
+                    solo_dram=None if learned is None else learned.dram_activity)
+        self.store.update_attempt(a)
+        self.store.clear_flag(cancel_key(a.job_id))
+        self.running.pop(a.job_id, None)
+        spec = self.specs[a.job_id]
+        job = self.scheduler.job_exited(a.job_id, ExitReport(outcome, observed, reason))
+        if learned is not None and job.state is JobState.PENDING:  # its next attempt starts known
+            job = self.scheduler.update(job.evolve(profile=learned, profile_source="history"))
+        if outcome is Outcome.SUCCEEDED and peak is not None:
+            self.store.record_history(spec.signature, peak, learned, spec.program)
+        if job.state.is_terminal:  # a requeued job keeps its tracking run for the next attempt
+            self.tracking.job_ended(a.job_id, job.state.value)
+        solo = ("not measured alone" if learned is None else
+                f"SM {learned.sm_activity:.2f}, DRAM {learned.dram_activity:.2f} alone")
+        log.info("job %s attempt %d: %s (%s) -> %s; activity %s", a.job_id, a.n, outcome.value,
+                 reason, job.state.value, solo)
+
+
+def _job_key(job_id: str) -> tuple[int, str]:
+    return (int(job_id), job_id) if job_id.isdigit() else (1 << 62, job_id)

@@ -1,0 +1,79 @@
+"""Restart recovery: pick up where the previous daemon left off, never running a job twice.
+
+At start the daemon reloads every job, then looks at each attempt that has no end: a live runner
+with the recorded pid *and* process start time is re-adopted; a runner that ended while the
+daemon was down left ``exit.json``, which is read as if the exit happened now; a runner that
+vanished without a record is LOST (its process group is killed, the job requeued, the attempt
+marked). A job that is RUNNING with no open attempt (the daemon died between two of its writes)
+is settled from its last attempt. A job is therefore never run twice and never dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from collocate.daemon.attempts import Attempts, LiveAttempt, cancel_key
+from collocate.daemon.executor import Executor
+from collocate.daemon.store import Attempt, Store
+from collocate.model import Job, JobState
+from collocate.recovery import ExitReport, Outcome
+from collocate.scheduler import Scheduler
+
+log = logging.getLogger("collocate.daemon")
+
+
+def restore(store: Store, scheduler: Scheduler, attempts: Attempts, executor: Executor) -> None:
+    """Reload the jobs into ``scheduler`` and ``attempts.specs``; re-adopt, end or settle each
+    attempt the previous daemon left open."""
+    rows = store.jobs()
+    attempts.specs.update({job.id: spec for job, spec, _ in rows})
+    scheduler.restore(job for job, _, _ in rows)
+    open_attempts = {a.job_id: a for a in store.open_attempts()}
+    for job_id, a in sorted(open_attempts.items(), key=lambda kv: kv[1].start):
+        job = scheduler.jobs.get(job_id)
+        if job is None or job.state is not JobState.RUNNING:
+            store.update_attempt(replace(a, end=time.time(), outcome=Outcome.LOST.value,
+                                         reason="closed at restart"))
+            continue
+        a = _fill_pid(store, executor, a)
+        run = LiveAttempt(a, attempts.watch(job, a.uuids))
+        if store.get_flag(cancel_key(job_id)):
+            run.cancel_at = time.time()  # asked before the restart; the grace period restarts
+        if executor.matches(a.pid, a.pid_started):
+            attempts.running[job_id] = run
+            attempts.track_start(job_id)
+            log.info("re-adopted job %s (runner pid %s)", job_id, a.pid)
+        else:
+            attempts.ended(run, runner_status=None, adopted=True)
+    adopted = {j: r.attempt.pid or 0 for j, r in attempts.running.items()}
+    for job_id, tree in executor.read_trees(adopted, time.time(), frozenset()).items():
+        attempts.running[job_id].watched.pids = tree.pids  # its processes, before the first round
+    for job in list(scheduler.jobs.values()):
+        if job.state is JobState.RUNNING and job.id not in attempts.running and job.id not in open_attempts:
+            _settle_unlaunched(store, scheduler, job)
+
+
+def _settle_unlaunched(store: Store, scheduler: Scheduler, job: Job) -> None:
+    """A RUNNING job with no open attempt: the daemon died between two of its writes."""
+    history = store.attempts(job.id)
+    last = history[-1] if history else None
+    if last is not None and last.n == job.attempts and last.outcome:
+        report = ExitReport(Outcome(last.outcome), last.peak_mib, last.reason or "")
+    else:  # placed but never launched: not the job's fault
+        report = ExitReport(Outcome.LOST, None, "placed but never launched")
+    scheduler.job_exited(job.id, report)
+
+
+def _fill_pid(store: Store, executor: Executor, a: Attempt) -> Attempt:
+    """An attempt whose pid was not yet stored: take it from the runner's own record."""
+    if a.pid is not None:
+        return a
+    started = executor.started_record(Path(a.dir))
+    if started is None:
+        return a
+    a = replace(a, pid=int(started["pid"]), pid_started=float(started["started"]))
+    store.update_attempt(a)
+    return a

@@ -1,0 +1,106 @@
+"""One scheduling round of the daemon's loop: sample → reap → price → schedule → launch.
+
+Each period (1 s by default) the round reads the GPUs once and each job's process tree once (the
+``Executor``'s ``/proc`` reader), and both readings feed both consumers: the ``GpuWatch``
+(memory and activity per job, for the scheduler's snapshot) and the usage monitor (per-job
+CPU, host memory, energy, for the store, sinks and dashboard). Then it reaps attempts that
+ended, starts those whose dataset producer is ready, prices unmeasured pending jobs from their
+running siblings, asks the same ``Scheduler`` the simulator uses for a plan, and launches it.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from collocate.daemon.attempts import Attempts
+from collocate.daemon.datasets import Datasets, active_factories
+from collocate.daemon.executor import Executor
+from collocate.daemon.faults import disk_nearly_full
+from collocate.daemon.gpu_watch import GpuWatch
+from collocate.daemon.paths import StateLayout
+from collocate.daemon.spec import JobSpec
+from collocate.daemon.store import Store
+from collocate.daemon.tracking import DaemonTracking
+from collocate.interference import InterferenceModel
+from collocate.knowledge import Sibling, sibling_priors
+from collocate.monitor.job_metrics import METRICS_FILE_NAME
+from collocate.monitor.process_tree import TreeUsage
+from collocate.monitor.sampler import UsageJob
+from collocate.scheduler import Scheduler
+
+
+class SchedulingRound:
+    def __init__(self, *, config: Any, layout: StateLayout, store: Store, scheduler: Scheduler,
+                 specs: dict[str, JobSpec], watch: GpuWatch, tracking: DaemonTracking,
+                 attempts: Attempts, executor: Executor, datasets: Datasets,
+                 interference: InterferenceModel) -> None:
+        self.config, self.layout, self.store, self.scheduler = config, layout, store, scheduler
+        self.specs, self.watch, self.tracking, self.attempts = specs, watch, tracking, attempts
+        self.executor, self.datasets, self.interference = executor, datasets, interference
+
+    def run(self) -> None:
+        now = time.time()
+        running = self.attempts.running
+        samples = self.watch.read()
+        trees = self._read_trees(samples, now)
+        self.watch.attribute([r.watched for r in running.values()], now)
+        self.tracking.tick(samples, self._usage_jobs(), trees)
+        self.attempts.reap(now)
+        self.attempts.start_waiting()
+        if self.datasets.producers:  # stop producers whose last job ended (done, failed, cancelled)
+            self.datasets.reconcile(active_factories(self.scheduler.jobs.values(), self.specs))
+        if self.store.get_flag("draining") or not self.scheduler.queue:
+            return
+        if disk_nearly_full(self.layout.root):  # a launch could not be recorded: wait for space
+            return
+        self._price_from_siblings()
+        snapshot = self.watch.snapshot([r.watched for r in running.values()], now=now,
+                                       sharing=self.config.sharing)
+        plan = self.scheduler.schedule(snapshot)
+        for placement in plan.placements:
+            try:
+                self.attempts.launch(placement, now)
+            except Exception as exc:  # confined to this job: the round goes on with the next
+                self.attempts.launch_failed(placement.job_id, exc)
+
+    def _read_trees(self, samples: list, now: float) -> dict[str, TreeUsage]:
+        """Every launched job's process tree, read once; the watch attributes GPU memory by it
+        for each job whose runner still runs (an ended one keeps its last processes)."""
+        launched = {j: r for j, r in self.attempts.running.items() if r.attempt.pid}
+        gpu_pids = {p.pid for s in samples for p in s.processes}
+        trees = self.executor.read_trees({j: r.attempt.pid or 0 for j, r in launched.items()},
+                                         now, gpu_pids)
+        for job_id, run in launched.items():
+            if run.handle is None or run.handle.poll() is None:
+                tree = trees.get(job_id)
+                run.watched.pids = tree.pids if tree is not None else frozenset()
+        return trees
+
+    def _price_from_siblings(self) -> None:
+        """Pending jobs nobody has measured take the profile their running siblings show now
+        (``knowledge.sibling_priors``, the rule the simulator applies too)."""
+        live = [Sibling(self.specs[job_id].program, run.watched.profile,
+                        measured=not run.watched.assumed or run.watched.inferred is not None)
+                for job_id, run in self.attempts.running.items()]
+        for job in sibling_priors(self.scheduler.queue, live,
+                                  lambda job_id: self.specs[job_id].program):
+            self.scheduler.update(job)
+
+    def _usage_jobs(self) -> dict[str, UsageJob]:
+        """Running jobs as the usage sampler sees them: the runner's tree, owner, name, metrics
+        file, and the SM activity each is expected to draw beside its neighbours (the
+        interference model's split of a GPU reading that per-process counters miss, as under
+        MPS)."""
+        launched = {j: run for j, run in self.attempts.running.items() if run.attempt.pid}
+        profiles = {j: run.watched.profile for j, run in launched.items()}
+        jobs = {}
+        for job_id, run in launched.items():
+            mine = set(run.watched.uuids)
+            others = [profiles[o] for o, r in launched.items() if o != job_id and mine & set(r.watched.uuids)]
+            rate = 1.0 / self.interference.slowdown(self.config.sharing, profiles[job_id], others)
+            jobs[job_id] = UsageJob(run.attempt.pid or 0, self.specs[job_id].user,
+                                    run.watched.job.name, Path(run.attempt.dir) / METRICS_FILE_NAME,
+                                    expected_sm=profiles[job_id].sm_activity * rate)
+        return jobs
