@@ -309,6 +309,7 @@ class WaitKind(StrEnum):
     QUEUE = "queue"  # a job ahead of it must start first (strict order, or beyond the scan depth)
     DEPENDENCY = "dependency"  # a job it runs --after has not ended yet
     DRAIN = "drain"  # the daemon is draining: nothing new starts
+    DISK = "disk"  # the daemon's disk is (nearly) full: a launch could not be recorded
 
 
 @dataclass(frozen=True, slots=True)

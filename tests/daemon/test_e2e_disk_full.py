@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from daemon_harness import Daemon
+from daemon_harness import Daemon, wait_for
 
 from collocate.errors import CollocateError
 
@@ -57,6 +57,30 @@ def test_a_job_that_succeeds_on_a_full_disk_is_recorded_done(small_disk, tmp_pat
         later = d.submit(["/bin/true"], mem="1GiB")
         assert d.wait_state(later, ("done", "failed"))["state"] == "done"
         assert len(d.job(job)["attempts"]) == 1  # and it ran once
+    finally:
+        d.kill()
+        for pid in d.runner_pids():
+            try:
+                os.killpg(pid, 9)
+            except OSError:
+                pass
+
+
+def test_a_pending_job_says_it_waits_for_disk_space(small_disk, tmp_path):
+    d = Daemon(small_disk / "state", ["--gpus", "emulated:1xA100-40GB", "--period", "0.1"])
+    d.start()
+    try:
+        flag = tmp_path / "go"
+        holder = d.submit(["/bin/sh", "-c", f"while [ ! -e {flag} ]; do sleep 0.05; done"], mem="39GiB")
+        d.wait_state(holder, "running")
+        waiting = d.submit(["/bin/true"], mem="10GiB")
+        wait_for(lambda: d.job(waiting)["wait"] == "memory", 10, "a round to price the waiting job")
+        filler = _fill(small_disk)
+        row = d.job(waiting)
+        assert row["wait"] == "disk" and "full" in row["reason"], row
+        filler.unlink()
+        flag.touch()
+        assert d.wait_state(waiting, ("done", "failed"), timeout=30)["state"] == "done"
     finally:
         d.kill()
         for pid in d.runner_pids():

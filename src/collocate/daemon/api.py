@@ -16,6 +16,7 @@ from typing import Any
 from collocate.daemon import views
 from collocate.daemon.attempts import Attempts
 from collocate.daemon.datasets import resolve_factory
+from collocate.daemon.faults import disk_nearly_full
 from collocate.daemon.gpu_watch import GpuWatch
 from collocate.daemon.paths import StateLayout
 from collocate.daemon.protocol import check_logs_args
@@ -137,10 +138,16 @@ class Api:
         return {"draining": False}
 
     def _why_waiting(self, job_id: str) -> Wait | None:
-        """Why a pending job waits: the drain, else what the scheduler's last round said."""
+        """Why a pending job waits: the drain or a full disk (the round places nothing then),
+        else what the scheduler's last round said."""
         wait = self.scheduler.why_waiting(job_id)
-        if wait is not None and wait.kind is not WaitKind.DEPENDENCY and self.store.get_flag("draining"):
+        if wait is None or wait.kind is WaitKind.DEPENDENCY:
+            return wait
+        if self.store.get_flag("draining"):
             return Wait(WaitKind.DRAIN, "the daemon is draining: `collocate resume` starts jobs again")
+        if disk_nearly_full(self.layout.root):
+            return Wait(WaitKind.DISK, f"the disk holding {self.layout.root} is (nearly) full: "
+                                       "jobs start again once space is freed")
         return wait
 
     def _check_owner(self, job_id: str, peer: Peer, action: str) -> None:
