@@ -116,3 +116,18 @@ def test_bad_options_get_a_collocate_error_naming_what_is_wanted(tmp_path):
         assert message in out.stderr and hint in out.stderr, (args, out.stderr)
         assert "Traceback" not in out.stderr and "Input should be" not in out.stderr
     assert run("ls", "--help").returncode == 0
+
+
+def test_a_jobs_own_words_cannot_forge_or_colour_daemon_log_lines(daemons):
+    """The reason logged for a failed attempt quotes the job's stderr: escape sequences and
+    bidirectional overrides in it arrive in ``daemon.log`` as visible escapes, never as terminal
+    sequences for whoever reads the log."""
+    d = daemons()
+    evil = "first\nlast \x1b]0;pwned\x07 \x1b[2J\u202eforged"
+    job = d.submit([sys.executable, "-c", f"import sys; sys.stderr.write({evil!r}); sys.exit(3)"],
+                   mem="1GiB")
+    d.wait_state(job, ("failed", "done"))
+    log = (d.state_dir / "daemon.log").read_text()
+    assert f"job {job} attempt 1" in log
+    assert "\x1b" not in log and "\x07" not in log and "\u202e" not in log
+    assert "last \\x1b]0;pwned\\x07 \\x1b[2J\\u202eforged" in log  # the job's words, shown not sent

@@ -15,6 +15,7 @@ from typing import Annotated, Any
 import typer
 
 from collocate.errors import CollocateError, InputError
+from collocate.safetext import PrintableLogFormatter
 
 StateDirOpt = Annotated[
     Path | None,
@@ -117,7 +118,7 @@ def serve(
     tracking = _tracking_config(dashboard, token, mlflow, mlflow_uri, dashboard_auth=dashboard_token)
     stream = logging.StreamHandler()  # the file log in the state dir always gets INFO
     stream.setLevel(logging.INFO if verbose else logging.WARNING)
-    stream.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    stream.setFormatter(PrintableLogFormatter())
     logging.getLogger().addHandler(stream)
     config = ServeConfig(
         state_dir=resolve_state_dir(state_dir), gpus=gpus, policy=policy, policy_params=params,

@@ -14,6 +14,7 @@ from typing import TextIO
 
 from collocate.daemon.reaping import become_subreaper
 from collocate.daemon.service import ServeConfig, Service, log
+from collocate.safetext import PrintableLogFormatter
 
 
 def run_daemon(config: ServeConfig, *, on_ready: Callable[[Service], None] | None = None) -> None:
@@ -25,7 +26,7 @@ def run_daemon(config: ServeConfig, *, on_ready: Callable[[Service], None] | Non
     try:
         service.layout.create(allow_gid=config.allow_gid)
         handler = logging.StreamHandler(open_log(service.layout.daemon_log))
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        handler.setFormatter(PrintableLogFormatter())
         handler.setLevel(logging.INFO)
         log.addHandler(handler)
         if log.getEffectiveLevel() > logging.INFO:
