@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -131,3 +132,14 @@ def test_a_jobs_own_words_cannot_forge_or_colour_daemon_log_lines(daemons):
     assert f"job {job} attempt 1" in log
     assert "\x1b" not in log and "\x07" not in log and "\u202e" not in log
     assert "last \\x1b]0;pwned\\x07 \\x1b[2J\\u202eforged" in log  # the job's words, shown not sent
+
+
+def test_cancel_of_a_job_that_ended_before_a_restart_says_so(daemons):
+    """The daemon answers for ended jobs from its store (the CLI no longer fetches the history)."""
+    d = daemons()
+    done = d.submit(["/bin/true"], mem="1GiB")
+    d.wait_state(done, "done")
+    d.kill(signal.SIGTERM)
+    d.start()
+    out = cli(d, "cancel", done)
+    assert out.returncode == 0 and out.stdout.strip() == f"{done}: already done, nothing to cancel", out

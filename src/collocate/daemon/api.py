@@ -108,9 +108,12 @@ class Api:
     def op_cancel(self, args: dict, peer: Peer) -> dict:
         job_id = self._job_id(args)
         self._check_owner(job_id, peer, "cancel")
-        job = self.scheduler.jobs.get(job_id)
+        stored = self.store.job(job_id) if job_id not in self.scheduler.jobs else None
+        job = self.scheduler.jobs.get(job_id) or (stored[0] if stored else None)
         if job is None:
             raise InputError(f"job {job_id} is not known to this daemon")
+        if job.state.is_terminal:
+            return {"id": job_id, "state": job.state.value, "ended": True}
         run = self.attempts.running.get(job_id)
         if job.state is JobState.RUNNING and run is not None:
             if run.waiting is not None:  # no process yet: nothing to signal

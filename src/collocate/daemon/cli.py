@@ -369,9 +369,8 @@ def cancel(
     if not ids and not all_ and name is None:
         raise InputError("which jobs?", hint="give ids (7, 3-7, 3,5,9), --name GLOB or --all")
     client = _client(state_dir)
-    known = {r["id"]: r for r in client.request("ls", all=True)}
-    if not ids:
-        chosen = filter_rows(list(known.values()), states=set(ACTIVE), users={me()}, name=name)
+    if not ids:  # only active jobs can be chosen: the history is not fetched
+        chosen = filter_rows(client.request("ls"), states=set(ACTIVE), users={me()}, name=name)
         ids = [r["id"] for r in chosen]
         if not ids:
             what = "to cancel" if name is None else f"has a name matching {printable(name)}"
@@ -379,15 +378,14 @@ def cancel(
             return
     failed = 0
     for job_id in ids:
-        row = known.get(job_id)
-        if row is not None and row["state"] not in ACTIVE:
-            typer.echo(f"{job_id}: already {row['state']}, nothing to cancel")
-            continue
         try:
             result = client.request("cancel", id=job_id)
         except CollocateError as exc:
             failed += 1
             typer.echo(f"{job_id}: not cancelled: {printable(exc, multiline=True)}", err=True)
+            continue
+        if result.get("ended"):
+            typer.echo(f"{printable(job_id)}: already {printable(result['state'])}, nothing to cancel")
             continue
         typer.echo(f"{printable(result['id'])}: {printable(result['state'])}")
     if failed:
