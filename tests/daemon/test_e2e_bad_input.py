@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import socket
@@ -122,44 +121,3 @@ def test_tcp_needs_the_token(daemons, tmp_path):
     for token in ("wrong-token-wrong-token-wrong", None):
         with pytest.raises(CollocateError, match="token"):
             Client(d.state_dir, tcp=("127.0.0.1", port), token=token).request("ls")
-
-
-def _has_group(name: str) -> bool:
-    import grp
-
-    try:
-        return grp.getgrnam(name).gr_gid == 65534
-    except KeyError:
-        return False
-
-
-@pytest.mark.skipif(os.getuid() != 0 or not _has_group("nogroup"), reason="needs a root daemon and nogroup")
-def test_root_daemon_runs_a_group_members_job_as_that_user(daemons):
-    """A root daemon with --group: a member submits over the socket; the job runs as the member."""
-    base = Path(tempfile.mkdtemp(prefix="collocate-test-"))
-    os.chmod(base, 0o755)
-    work = base / "work"
-    work.mkdir()
-    os.chmod(work, 0o777)
-    try:
-        d = daemons("--group", "nogroup", name=str(base / "state"))
-        code = (
-            "import json, os, socket, sys\n"
-            "os.setgroups([]); os.setgid(65534); os.setuid(65534)\n"
-            "s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])\n"
-            "req = {'op': 'submit', 'args': {'argv': ['/bin/sh', '-c', 'id -u; touch mine'], 'cwd': sys.argv[2],"
-            " 'mem': '1GiB', 'base_env': {'PATH': '/usr/bin:/bin'}}}\n"
-            "s.sendall(json.dumps(req).encode() + b'\\n')\n"
-            "print(s.makefile('rb').readline().decode())\n"
-        )
-        out = subprocess.run([sys.executable, "-c", code, str(d.state_dir / "collocate.sock"), str(work)],
-                             capture_output=True, text=True, timeout=30, check=False)
-        assert '"ok":true' in out.stdout, out.stdout + out.stderr
-        job = json.loads(out.stdout)["result"]["id"]
-        done = d.wait_state(job, ("done", "failed"))
-        assert done["state"] == "done", done
-        assert done["user"] == "nobody"
-        assert d.client.request("logs", id=job)["text"].strip() == "65534"
-        assert os.stat(work / "mine").st_uid == 65534
-    finally:
-        shutil.rmtree(base, ignore_errors=True)

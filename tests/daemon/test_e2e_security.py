@@ -193,3 +193,17 @@ def test_a_launch_failure_is_confined_to_its_job(daemons, tmp_path):
     d.kill()
     d.start()
     assert not d.client.request("ls")  # nothing pending or running
+
+
+def test_root_daemon_runs_a_group_members_job_as_that_user(shared):
+    """A member submits over the socket; the job runs as the member, in the member's cwd."""
+    d, work = shared
+    reply = submit_as_nobody(d, argv=["/bin/sh", "-c", "id -u; touch mine"], cwd=str(work),
+                             base_env={"PATH": "/usr/bin:/bin"})
+    assert reply["ok"], reply
+    job = reply["result"]["id"]
+    done = d.wait_state(job, ("done", "failed"))
+    assert done["state"] == "done", done
+    assert done["user"] == "nobody"
+    assert d.client.request("logs", id=job)["text"].strip() == "65534"
+    assert os.stat(work / "mine").st_uid == 65534
