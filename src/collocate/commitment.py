@@ -13,7 +13,8 @@ simulator all charge memory through it.
   enforces the requirement's upper bound, ``upper_bound_mib``.)
 * A job whose memory nobody knows commits its whole GPU while it ramps, so nothing is packed
   beside memory that is still growing. Once its memory has been stable for ``stable_s`` (the
-  policy's ``settle_s``, ``STABLE_S`` by default) it commits its observed peak plus a margin, and the rest of the GPU is free for others. PyTorch
+  policy's ``settle_s``, ``STABLE_S`` by default) it commits its observed peak plus a margin,
+  and the rest of the GPU is free for others. PyTorch
   jobs reach their peak within their first steps: on an H100 the mini-trace's jobs held their
   peak from the first 2-20 s of a run (docs/gpu-validation.md), so 30 s without growth is a
   conservative sign that the peak is reached.

@@ -135,7 +135,8 @@ def _run(plan, *, device: str, seconds: float, warmup: float, precision: str, gp
         if device == "cuda":
             from collocate.gpus.mps import MpsControl
 
-            mps_factory = lambda: MpsControl(Path(tempfile.mkdtemp(prefix="cbmps-")))
+            def mps_factory() -> MpsControl:  # a private MPS directory per scenario
+                return MpsControl(Path(tempfile.mkdtemp(prefix="cbmps-")))
         opts = RunOptions(device=device, seconds=seconds, warmup=warmup, precision=precision,
                           period_s=period)
         records = run_plan(plan, backend=backend, uuid=target.uuid, total_mib=target.total_mib,

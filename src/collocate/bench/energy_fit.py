@@ -66,4 +66,4 @@ def fit_exponent(folder: Path, grid=GRID) -> dict:
     sse = (np.log(table / measured) ** 2).sum(axis=1)
     best = int(np.argmin(sse))
     return {"exponent": grid[best], "rms_log_error": math.sqrt(sse[best] / len(runs)),
-            "runs": [{**r, "simulated_kwh": round(float(s), 6)} for r, s in zip(runs, table[best])]}
+            "runs": [{**r, "simulated_kwh": round(float(s), 6)} for r, s in zip(runs, table[best], strict=True)]}

@@ -158,7 +158,7 @@ def markdown(records: Sequence[dict[str, Any]], source: str = "results.jsonl") -
         modes = by_body[body]
         names = list(dict.fromkeys(r["workload"] for m in modes.values() for r in m))
 
-        def cell(mode: str, what: str) -> str:
+        def cell(mode: str, what: str, modes: dict = modes, names: list = names) -> str:
             group = modes.get(mode, [])
             if not group:
                 return "-"

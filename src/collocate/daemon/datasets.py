@@ -7,7 +7,8 @@ instead of each running its own DataLoader. The daemon owns that producer's life
   name (only the first job has to give it) and refuses a different one while the dataset is in
   use: two factories cannot share one name;
 * at launch, ``ensure`` starts the producer (as the job's user, in the job's cwd and
-  environment, so the factory imports as it would in the job; ``producer_launcher``) and returns at once; the loop asks ``ensure`` again each
+  environment, so the factory imports as it would in the job; ``producer_launcher``) and
+  returns at once; the loop asks ``ensure`` again each
   round until the first batch is ready (then the job starts, with ``COLLOCATE_DATASET`` and
   ``COLLOCATE_SHARE_DIR``, which ``SharedLoader`` reads) or the producer failed or ran out of
   ``ready_timeout_s``. Why never block: a factory may take many seconds to build its loader,

@@ -14,7 +14,6 @@ import typer
 from collocate.errors import InputError
 from collocate.estimate.base import Estimate
 
-
 #: Show the expandable-segments tip when it would save at least 10%.
 EXPANDABLE_HINT = 0.9
 

@@ -134,7 +134,10 @@ def _markdown(since: float | None, jobs: list[JobSummary], users: list[dict[str,
               gpus: list[dict[str, Any]]) -> str:
     span = ("whole history" if since is None
             else f"since {datetime.fromtimestamp(since):%Y-%m-%d %H:%M}")
-    pct = lambda x: "-" if x is None else f"{100 * x:.0f}%"
+
+    def pct(x: float | None) -> str:
+        return "-" if x is None else f"{100 * x:.0f}%"
+
     lines = [f"# collocate report ({span})", "", "## Per user", "",
              "| user | jobs | GPU-hours | energy (Wh) | CPU-hours |", "|---|---|---|---|---|"]
     lines += [f"| {_cell(u['user'])} | {u['jobs']} | {u['gpu_hours']:.3f} | {u['energy_wh']:.2f} |"

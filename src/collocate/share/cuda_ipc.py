@@ -59,7 +59,7 @@ class CudaRingWriter:
         return [[_b64(v) for v in buf.untyped_storage()._share_cuda_()] for buf in self._buffers]
 
     def write(self, slot: int, seq: int, tensors: list[torch.Tensor], count: int) -> None:
-        for dst, src in zip(self._dst[slot], tensors):
+        for dst, src in zip(self._dst[slot], tensors, strict=True):
             dst[:count].copy_(src, non_blocking=True)
         torch.cuda.current_stream(self.device).synchronize()
 
@@ -108,7 +108,7 @@ class CudaRingReader:
     def copy(self, pieces: list[tuple[int, int, int]], out: list[torch.Tensor], at: int = 0) -> None:
         """Copy samples [lo, hi) of each (slot, lo, hi) in turn into rows ``at``... of ``out``."""
         for slot, lo, hi in pieces:
-            for dst, src in zip(out, self.views(slot, lo, hi)):
+            for dst, src in zip(out, self.views(slot, lo, hi), strict=True):
                 dst[at:at + hi - lo].copy_(src)
             at += hi - lo
 

@@ -107,7 +107,7 @@ class Layout:
                 f"batch {index} has {count} samples but slots hold {self.capacity} (the first batch's size)",
                 hint="make the first batch the largest (e.g. a fixed batch_size) or pass capacity= to serve()",
             )
-        for f, t in zip(self.fields, tensors):
+        for f, t in zip(self.fields, tensors, strict=True):
             if _dtype_name(t) != f.dtype or tuple(t.shape[1:]) != f.shape:
                 raise LayoutError(
                     f"batch {index} field {f.key!r} is {_dtype_name(t)}{list(t.shape[1:])} per sample, "
@@ -125,7 +125,7 @@ class Layout:
         if self.kind == "tensor":
             return tensors[0]
         if self.kind == "dict":
-            return {f.key: t for f, t in zip(self.fields, tensors)}
+            return {f.key: t for f, t in zip(self.fields, tensors, strict=True)}
         return tuple(tensors) if self.kind == "tuple" else list(tensors)
 
 

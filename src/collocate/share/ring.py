@@ -99,7 +99,7 @@ class RingWriter:
         base = slot * self.layout.slot_bytes
         _SEQ.pack_into(self._map, base, WRITING)
         jobs: list[tuple[int, int, int]] = []
-        for field, addr, dst, src in zip(self.layout.fields, self._addr[slot], self._dst[slot], tensors):
+        for field, addr, dst, src in zip(self.layout.fields, self._addr[slot], self._dst[slot], tensors, strict=True):
             nbytes = field.sample_bytes * count
             if _plain(src, nbytes):
                 if nbytes:
@@ -252,7 +252,7 @@ class RingReader:
         n = sum(hi - lo for _, lo, hi in pieces)
         if at < 0 or any(not t.is_contiguous() or len(t) < at + n for t in out):
             raise ValueError(f"rows [{at}, {at + n}) do not fit the output tensors")
-        for f, t in zip(self.layout.fields, out):
+        for f, t in zip(self.layout.fields, out, strict=True):
             dst = t.data_ptr() + at * f.sample_bytes
             for slot, lo, hi in pieces:
                 nbytes = (hi - lo) * f.sample_bytes

@@ -142,7 +142,8 @@ function renderGpus(gpus) {
       el("div", {"class": "sub"}, mib(used) + " / " + mib(g.total_mib) + " used"),
       el("div", {"class": "bar"}, el("div", {"class": frac > 0.9 ? "hot" : "",
                                               style: "width:" + (100 * frac).toFixed(1) + "%"})),
-      el("div", {"class": "sub"}, "SM " + pct(g.util) + " | jobs: " + (held.join(", ") || (g.jobs || []).map(j => "#" + j).join(", ") || "none")),
+      el("div", {"class": "sub"}, "SM " + pct(g.util) + " | jobs: "
+        + (held.join(", ") || (g.jobs || []).map(j => "#" + j).join(", ") || "none")),
       chart([{points: hist.map(p => [p.t, p.util])}], {title: "SM activity (%)", max: 1, fmt: v => Math.round(100 * v) + "%"}),
       chart([{points: hist.map(p => [p.t, p.used_mib]), color: "#3a7bd5"}],
             {title: "memory used", max: g.total_mib, fmt: mib}));
