@@ -74,8 +74,10 @@ def install(venv: Path, version: str) -> dict:
     empty_mb = dir_bytes(venv) / 1e6
     config = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "config", "list"], capture_output=True,
                             text=True, check=False).stdout.split()
+    sources = [c.split("=", 1)[1].strip("'") for c in config if "index" in c or "find-links" in c]
     return {"venv_seconds": round(venv_seconds, 1), "empty_venv_mb": round(empty_mb, 1),
-            "pip_config": [c for c in config if "index" in c or "find-links" in c],
+            # only local sources (a wheel folder, file:// indexes): the times include no download
+            "pip_local_sources_only": bool(sources) and all(s.startswith(("/", "file://")) for s in sources),
             "ray": timed_pip(venv, f"ray=={version}")}
 
 
@@ -86,12 +88,17 @@ def free_port() -> int:
 
 
 def marked(mark: str) -> list[psutil.Process]:
+    """The processes whose environment holds the marker. Read raw: Ray's process titles
+    (``ray::DashboardAgent``...) overwrite the start of the environment block, after which
+    ``psutil.Process.environ()`` returns nothing."""
+    needle = f"{MARK}={mark}".encode()
     out = []
     for proc in psutil.process_iter():
         try:
-            if proc.environ().get(MARK) == mark:
-                out.append(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            with open(f"/proc/{proc.pid}/environ", "rb") as handle:
+                if needle in handle.read().split(b"\0"):
+                    out.append(proc)
+        except OSError:
             continue
     return out
 
@@ -202,8 +209,8 @@ def write(result: dict) -> Path:
         for key in ("ray", "ray_default_extra"):
             r = i[key]
             lines.append(f"| `pip install {r['requirement']}` | {r['seconds']} | {r['added_mb']} | {r['used_pip_cache']} |")
-        lines += ["", f"pip's sources: {', '.join(f'`{c}`' for c in i['pip_config']) or 'PyPI'} "
-                  "(a local wheel mirror means no download time is included).", ""]
+        lines += ["", "pip read wheels from local sources only (a wheel folder and file:// indexes): no download time "
+                  "is included." if i["pip_local_sources_only"] else "pip downloaded from its configured indexes.", ""]
     s, mem, idle = c["start_seconds"], c["memory"], c["idle"]
     lines += [
         f"Cluster: `ray {result['ray_version']}`, head + 2 workers started one after another on this machine, "
