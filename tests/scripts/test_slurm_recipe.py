@@ -91,12 +91,13 @@ def test_head_then_each_worker_after_the_previous_joined_then_the_collocate_head
     assert proc.returncode == 0, proc.stderr
     starts = [i for i, line in enumerate(log) if line.startswith("srun")]
     common = "srun --nodes=1 --ntasks=1 --overlap -w"
-    ray = 'ray start --block --resources={"collocate": 1} --disable-usage-stats'
+    ray = 'ray start --block --resources={"collocate": 1} --num-gpus=0 --labels=collocate-node='
     assert [log[i] for i in starts] == [
         f"{common} n1 hostname --ip-address",
-        f"{common} n1 {ray} --head --node-ip-address=10.0.0.1 --port=6379 --include-dashboard=false",
-        f"{common} n2 {ray} --address=10.0.0.1:6379",
-        f"{common} n3 {ray} --address=10.0.0.1:6379",
+        f"{common} n1 {ray}n1 --disable-usage-stats --head --node-ip-address=10.0.0.1 --port=6379 "
+        "--include-dashboard=false",
+        f"{common} n2 {ray}n2 --disable-usage-stats --address=10.0.0.1:6379",
+        f"{common} n3 {ray}n3 --disable-usage-stats --address=10.0.0.1:6379",
     ]
     assert log[0] == "scontrol show hostnames n[1-3]"
     # one after another: node k starts only after `ray status` saw the k-1 before it
@@ -117,7 +118,8 @@ def test_settings_come_from_the_environment(tmp_path: Path) -> None:
                            COLLOCATE_RAY_START_ARGS="--num-cpus=4")
     assert proc.returncode == 0, proc.stderr
     assert ("srun --nodes=1 --ntasks=1 --overlap -w n3 --gpus-per-node=2 ray start --block "
-            '--resources={"collocate": 1} --disable-usage-stats --num-cpus=4 --address=10.0.0.1:7000') in log
+            '--resources={"collocate": 1} --num-gpus=0 --labels=collocate-node=n3 --disable-usage-stats '
+            "--num-cpus=4 --address=10.0.0.1:7000") in log
     assert log[-1] == f"collocate serve --ray 10.0.0.1:7000 --state-dir {tmp_path}/state --gpus emulated:2xA100-40GB"
 
 
@@ -208,6 +210,7 @@ def test_a_real_three_node_ray_cluster_on_this_machine(tmp_path: Path) -> None:
         # the status the head would start with: three live nodes, each with the collocate resource
         status = log.split("collocate serve", 1)[1]
         assert len(re.findall(r"^ 1 node_", status, re.M)) == 3 and "0.0/3.0 collocate" in status, status
+        assert "GPU" not in status  # Ray holds no GPUs: collocate keeps its own accounting
         deadline = time.monotonic() + 60  # the killed `ray start --block` steps stop their nodes
         while ray_processes(ray_tmp) and time.monotonic() < deadline:
             time.sleep(0.5)
