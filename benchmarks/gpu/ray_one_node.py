@@ -2,7 +2,8 @@
 
     python benchmarks/gpu/ray_one_node.py --out DIR [--dry-run]
 
-1. ``ray start --head --resources '{"collocate": 1}'`` with token authentication
+1. ``ray start --head --num-gpus=0 --resources '{"collocate": 1}' --labels=collocate-node=gpu0``
+   (docs/multi-node.md's flags) with token authentication
    (``RAY_AUTH_MODE=token``, a fresh token in ``RAY_AUTH_TOKEN``), no dashboard, private
    ``HOME`` and ``RAY_TMPDIR``;
 2. ``collocate serve --ray auto --gpus nvml`` (the head; its agent on this node owns NVML);
@@ -51,7 +52,8 @@ def ray_cli(*args: str) -> list[str]:
 def start_ray(env: dict[str, str], log: Path) -> str:
     port = 6390
     with open(log, "ab") as out:
-        subprocess.run(ray_cli("start", "--head", f"--port={port}", "--num-cpus=4", '--resources={"collocate": 1}',
+        subprocess.run(ray_cli("start", "--head", f"--port={port}", "--num-cpus=4", "--num-gpus=0",
+                               '--resources={"collocate": 1}', "--labels=collocate-node=gpu0",
                                "--include-dashboard=false", "--disable-usage-stats"),
                        env=env, stdout=out, stderr=subprocess.STDOUT, check=True, timeout=180)
     return f"127.0.0.1:{port}"
