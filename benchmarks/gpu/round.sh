@@ -331,7 +331,7 @@ call_E1() {
   local dry=()
   [[ $REHEARSE == 0 ]] || dry=(--dry-run)
   step ray-one-node $(($(left) - 10)) "$PY" "$GPU/sigrun.py" "$GPU/ray_one_node.py" "${dry[@]}" \
-    --out "$W/ray_one_node" --timeout-s $(($(left) - 150))
+    --out "$W/ray_one_node" --timeout-s $(($(left) - 60))
 }
 
 call_CHECK() { :; }
