@@ -5,8 +5,8 @@
                                                         # (--gpu: fail without CUDA; --meta:
                                                         # write the call's meta.env)
     python3 benchmarks/gpu/envcheck.py wheels .whl      # the carried wheels fit the device
-    python3 benchmarks/gpu/envcheck.py venv DIR         # rehearsal: a venv that sees only the
-                                                        # device image's packages (+ .whl)
+    python3 benchmarks/gpu/envcheck.py venv DIR [WHEELDIR...]  # rehearsal: a venv that sees only
+                                                        # the device image's packages (+ wheels)
 
 ``imports`` runs first in every device call, so a missing package ends the call in seconds
 instead of minutes into it. ``wheels`` checks, without installing, that every wheel in the folder
@@ -46,6 +46,7 @@ NEEDS: dict[str, list[str]] = {
     "C1": ["collocate.estimate.entrypoint", "collocate.estimate.trace"],
     "C2": ["PIL", "collocate.share", "tensorsocket", "zmq", "tornado"],
     "D": ["collocate.daemon.service", "collocate.estimate.trace", "collocate.bench.minitrace_run"],
+    "E": ["ray", "collocate.daemon.service", "collocate.cluster"],  # collocate.cluster: h-ray's head/agent
 }
 # Imported when present; a missing one is reported with what it costs, and is not fatal.
 _C1 = "C1 skips its configurations"
@@ -73,7 +74,7 @@ def device_names() -> set[str]:
 
 # ------------------------------------------------------------------ imports
 def imports(call: str) -> int:
-    key = call if call in NEEDS else call[:1] if call[:1] in ("A", "B", "D") else call
+    key = call if call in NEEDS else call[:1] if call[:1] in ("A", "B", "D", "E") else call
     wanted = COMMON + NEEDS.get(key, [])
     optional = OPTIONAL.get(key, {})
     missing, lines = [], []
@@ -218,12 +219,10 @@ def _top_entries(dist: md.Distribution) -> set[str]:
     return tops
 
 
-def venv(target: Path, wheel_dir: Path | None) -> int:
+def venv(target: Path, wheel_dirs: list[Path]) -> int:
     """A venv over this interpreter whose site-packages holds links to allowed dists only."""
     allowed = device_names()
-    carried = set()
-    if wheel_dir is not None and wheel_dir.is_dir():
-        carried = {norm(_wheel_tags(f)[0]) for f in wheel_dir.glob("*.whl")}
+    carried = {norm(_wheel_tags(f)[0]) for d in wheel_dirs if d.is_dir() for f in d.glob("*.whl")}
     if not (target / "bin" / "python3").exists():
         subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(target)], check=True)
     site = Path(subprocess.run([str(target / "bin" / "python3"), "-c",
@@ -297,7 +296,7 @@ def main(argv: list[str]) -> int:
     if len(argv) >= 2 and argv[0] == "wheels":
         return wheels(Path(argv[1]))
     if len(argv) >= 2 and argv[0] == "venv":
-        return venv(Path(argv[1]), Path(argv[2]) if len(argv) > 2 else None)
+        return venv(Path(argv[1]), [Path(a) for a in argv[2:]])
     print(__doc__)
     return 2
 

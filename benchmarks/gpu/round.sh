@@ -11,13 +11,14 @@
 #   bash benchmarks/gpu/round.sh C2                      shared loading on the GPU (share_gpu.py)
 #   bash benchmarks/gpu/round.sh D1                      first run without history: exclusive, auto MPS
 #   bash benchmarks/gpu/round.sh D2 <D>                  D1's trace: auto MPS with history, carma-magm, auto TS
+#   bash benchmarks/gpu/round.sh E1                      issue 20: one-node Ray cluster, serve --ray (carry .whl-ray)
 #   bash benchmarks/gpu/round.sh CHECK                   versions and imports only
 #
 #   bash benchmarks/gpu/round.sh --rehearse <CALL> ...   (or DRY=1) the same plumbing on a CPU
 #
 # Every call: prints versions (python, torch, CUDA, driver, GPU) and checks the imports it needs
-# (envcheck.py) before spending time; installs the carried wheels (.whl, named in `carry`) into
-# /tmp/site; runs its steps under a time budget (ROUND_BUDGET, default 540 s from the start, for a
+# (envcheck.py) before spending time; installs the carried wheels (.whl, and .whl-ray for E calls,
+# named in `carry`) into /tmp/site; runs its steps under a time budget (ROUND_BUDGET, default 540 s from the start, for a
 # `run` with timeout_s 600), each step stopped by SIGINT at its limit so the harness cleans up;
 # then kills whatever its steps left running (found by a per-call tag in their environment, MPS
 # daemons asked to quit), and packs $OUT/w into $OUT/<CALL>.tgz beside $OUT/<CALL>.md (summary)
@@ -51,9 +52,9 @@ for i in "${!ARGS[@]}"; do
   if [[ "$a" == /* && ! -e "$a" && "$a" == */benchmarks/* ]]; then ARGS[$i]=benchmarks/${a#*/benchmarks/}; fi
 done
 
-usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 case "$CALL" in
-  A1|C2|D1|CHECK) [[ ${#ARGS[@]} -eq 0 ]] || usage ;;
+  A1|C2|D1|E1|CHECK) [[ ${#ARGS[@]} -eq 0 ]] || usage ;;
   D2) [[ ${#ARGS[@]} -eq 1 && -f "${ARGS[0]}/trace.json" ]] || { echo "D2 needs D1's folder <D> (with trace.json)" >&2; usage; } ;;
   A2|A3) [[ ${#ARGS[@]} -eq 1 && -f "${ARGS[0]}/results.jsonl" ]] || { echo "$CALL needs a bench folder with results.jsonl" >&2; usage; } ;;
   B2|B3) [[ ${#ARGS[@]} -eq 2 && -f "${ARGS[0]}/jobs.json" ]] || { echo "$CALL needs <M> (with jobs.json) and a policy" >&2; usage; } ;;
@@ -139,6 +140,8 @@ step() {
 }
 
 FAILED=0
+WHEEL_DIRS=(.whl)
+[[ $CALL != E* ]] || WHEEL_DIRS+=(.whl-ray)  # Ray's 45 MiB travel only with the calls that use them
 
 # ---------------------------------------------------------------- environment
 prepare() {
@@ -165,16 +168,20 @@ prepare() {
           || note "the carried wheels do not import under $py312"
       fi
     fi
-    "$PY" "$GPU/envcheck.py" venv "$SCRATCH/venv" .whl
+    "$PY" "$GPU/envcheck.py" venv "$SCRATCH/venv" "${WHEEL_DIRS[@]}"
     PY=$SCRATCH/venv/bin/python3
     export PATH=$SCRATCH/venv/bin:$PATH
     export PYTHONPATH=$ROOT/src
   else
     export PYTHONPATH=$ROOT/src
-    if compgen -G ".whl/*.whl" >/dev/null; then
-      "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-      export PYTHONPATH=/tmp/site:$ROOT/src
-      echo "installed the carried wheels into /tmp/site: $(cd .whl && ls *.whl | tr '\n' ' ')"
+    local wheels=() d
+    for d in "${WHEEL_DIRS[@]}"; do
+      if compgen -G "$d/*.whl" >/dev/null; then wheels+=("$d"/*.whl); fi
+    done
+    if ((${#wheels[@]})); then
+      "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "${wheels[@]}"
+      export PYTHONPATH=/tmp/site:$ROOT/src PATH=/tmp/site/bin:$PATH
+      echo "installed the carried wheels into /tmp/site: ${wheels[*]##*/}"
     fi
     nvidia-smi --query-gpu=name,driver_version,memory.total,compute_mode,mig.mode.current --format=csv || true
     local apps
@@ -317,6 +324,16 @@ first_run() {
 call_D1() { first_run --runs exclusive,auto-mps ${FIRST_RUN_ARGS:-}; }
 call_D2() { first_run --from "${ARGS[0]}" --runs auto-mps-history,carma-magm-mps,auto-ts ${FIRST_RUN_ARGS:-}; }
 
+# Issue 20 (ray_one_node.py): a one-node Ray cluster on this machine (token auth, the collocate
+# resource), `collocate serve --ray auto --gpus nvml`, two short real jobs; checks they ran on the
+# real GPU and NVML measured them. Needs h-ray's `serve --ray` (collocate.cluster) and .whl-ray.
+call_E1() {
+  local dry=()
+  [[ $REHEARSE == 0 ]] || dry=(--dry-run)
+  step ray-one-node $(($(left) - 10)) "$PY" "$GPU/sigrun.py" "$GPU/ray_one_node.py" "${dry[@]}" \
+    --out "$W/ray_one_node" --timeout-s $(($(left) - 60))
+}
+
 call_CHECK() { :; }
 
 # ---------------------------------------------------------------- summary and packing
@@ -354,6 +371,9 @@ summary() {
       ;;
     D*)
       [[ ! -f "$W/first_run/summary.md" ]] || cat "$W/first_run/summary.md"
+      ;;
+    E*)
+      [[ ! -f "$W/ray_one_node/summary.json" ]] || "$PY" -c 'import json,sys; d=json.load(open(sys.argv[1])); [print("-", "ok" if v else "FAIL", k) for k, v in d["checks"].items()]; print("jobs:", [(j["name"], j["state"], [(a["uuids"], a.get("peak_mib")) for a in j["attempts"]]) for j in d["jobs"]])' "$W/ray_one_node/summary.json"
       ;;
     C2)
       [[ ! -f "$W/share_gpu.json" ]] || "$PY" -c 'import json,sys; d=json.load(open(sys.argv[1])); print("correctness:", d["correctness"]); [print("-", r) for r in d["throughput"]]' "$W/share_gpu.json"

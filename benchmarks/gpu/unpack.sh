@@ -9,6 +9,7 @@
 #   bash benchmarks/gpu/unpack.sh C2 <files_at>          -> benchmarks/results/share_gpu-<device>-<date>.json
 #   bash benchmarks/gpu/unpack.sh D1 <files_at>          -> prints D=benchmarks/results/first_run-<device>-<date>
 #   bash benchmarks/gpu/unpack.sh D2 <files_at> <D>      -> D2's runs into <D>; its summary.{json,md} has D1's runs too
+#   bash benchmarks/gpu/unpack.sh E1 <files_at>          -> benchmarks/results/ray_one_node-<device>-<date>/
 #
 # <files_at> is the folder the `run` tool's reply names. The device and date come from the call's
 # meta.env. Every call's summary and log go to benchmarks/results/gpu-rounds/<date>-<device>-<CALL>.{md,log}
@@ -95,6 +96,12 @@ case "$CALL" in
     mkdir -p "$D"
     [[ ! -d "$TMP/first_run" ]] || cp -r "$TMP/first_run/." "$D/"
     echo "D=${D#"$ROOT"/}"
+    ;;
+  E1)
+    E=$RESULTS/ray_one_node-$DEVICE_SLUG-$DATE
+    mkdir -p "$E"
+    [[ ! -d "$TMP/ray_one_node" ]] || cp -r "$TMP/ray_one_node/." "$E/"
+    echo "E=${E#"$ROOT"/}"
     ;;
   CHECK) ;;
   *) echo "unknown call $CALL" >&2; exit 2 ;;

@@ -22,6 +22,7 @@ from typing import Any
 from collocate.errors import CollocateError
 from collocate.gpus.base import DeviceInfo, DeviceSample, ProcessUsage
 from collocate.gpus.mig_profiles import profile_from_device_name, profile_from_slices
+from collocate.gpus.visible import Visible, select_devices
 from collocate.gputypes import GPU_TYPES, type_name_from_product
 from collocate.model import GpuId
 
@@ -105,13 +106,17 @@ class _Device:
 
 
 class NvmlBackend:
-    """Real GPUs of this machine as collocate devices. Raises ``NoGpuError`` without a driver."""
+    """Real GPUs of this machine as collocate devices. Raises ``NoGpuError`` without a driver.
+
+    ``visible`` keeps only the GPUs a job scheduler gave us (``gpus/visible.py``); ``GpuId``
+    indices stay NVML's, and jobs are given UUIDs, so they name the same GPU either way.
+    """
 
     name = "nvml"
     emulated_state_dir = None
     needs_mps_server = True
 
-    def __init__(self, *, node: str, nvml: Any = None) -> None:
+    def __init__(self, *, node: str, nvml: Any = None, visible: Visible | None = None) -> None:
         if nvml is None:
             import pynvml as nvml  # the one place collocate imports NVML
         self.nvml, self.node = nvml, node
@@ -124,7 +129,9 @@ class NvmlBackend:
         except OSError as exc:
             raise NoGpuError(f"no NVIDIA driver found: {exc}", hint=EMULATED_HINT) from exc
         try:
-            self._devices = self._discover()
+            found = self._discover()
+            allowed = {i.uuid for i in select_devices(visible, [d.info for d in found])}
+            self._devices = [d for d in found if d.info.uuid in allowed]
         except BaseException as exc:
             self._shutdown()
             if not isinstance(exc, nvml.NVMLError):

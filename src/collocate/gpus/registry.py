@@ -6,6 +6,7 @@ open a backend from one string and errors list the valid names.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,8 +21,9 @@ SPEC_HELP = (
 
 def _nvml(arg: str, state_dir: Path, node: str) -> GpuBackend:
     from collocate.gpus.nvml import NvmlBackend
+    from collocate.gpus.visible import visible_from_env
 
-    return NvmlBackend(node=node)
+    return NvmlBackend(node=node, visible=visible_from_env(os.environ))
 
 
 def _emulated(arg: str, state_dir: Path, node: str) -> GpuBackend:
@@ -33,13 +35,13 @@ def _emulated(arg: str, state_dir: Path, node: str) -> GpuBackend:
 
 
 def _auto(arg: str, state_dir: Path, node: str) -> GpuBackend:
-    from collocate.gpus.nvml import NvmlBackend, nvml_available
+    from collocate.gpus.nvml import nvml_available
 
     if not nvml_available():
         raise NoGpuError(
             "no GPU found: the NVIDIA driver (NVML) is not available", hint=EMULATED_HINT
         )
-    return NvmlBackend(node=node)
+    return _nvml(arg, state_dir, node)
 
 
 BACKENDS: dict[str, Callable[[str, Path, str], GpuBackend]] = {
