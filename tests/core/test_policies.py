@@ -173,14 +173,29 @@ def test_auto_puts_jobs_of_one_shared_dataset_together():
     assert placed(make_policy("auto")([big], cluster)) == {"big": ["n1:1"]}  # idle GPU on its node
 
 
-def test_a_job_blocked_past_its_reservation_time_starts_once_its_room_is_free_gates_or_not():
+def test_a_blocked_multi_gpu_job_starts_once_its_room_is_free_gates_or_not():
     heavy = JobProfile(0.9, 0.5)
     running = {f"h{i}": RunningJob(f"h{i}", (GpuId("n0", i),), heavy, 4 * GIB) for i in range(2)}
     views = [gpu(i, free=30 * GIB, committed=4 * GIB, jobs=[f"h{i}"]) for i in range(2)]
     gang = job("gang", mem=4 * GIB, gpus=2, profile=heavy, submit_time=0.0)
-    # beside heavy residents the slowdown gate refuses it while it is young...
+    single = job("single", mem=4 * GIB, profile=heavy, submit_time=0.0)
     young = ClusterSnapshot.from_views(views, running=running, now=600.0)
-    assert placed(make_policy("auto")([gang], young)) == {}
-    # ...and once it waited reserve_after_s, its free room is enough
+    # beside heavy residents the gates refuse a young single-GPU job...
+    assert placed(make_policy("auto")([single], young)) == {}
+    # ...but a gang is reserved for at once (backfill would keep its GPUs from freeing together)
+    assert placed(make_policy("auto")([gang], young)) == {"gang": ["n0:0", "n0:1"]}
+    # A single-GPU job keeps the gates even once it waited reserve_after_s (only its room is
+    # reserved): an idle GPU always passes them
     old = ClusterSnapshot.from_views(views, running=running, now=1800.0)
-    assert placed(make_policy("auto")([gang], old)) == {"gang": ["n0:0", "n0:1"]}
+    assert placed(make_policy("auto")([single], old)) == {}
+
+
+def test_backfill_never_lands_on_a_blocked_gangs_gpus():
+    # The gang needs 30 GiB on two GPUs of one node: n0:0 has a 20 GiB resident, n0:1 is idle.
+    # It is reserved for at once, so the small job behind it gets neither of them, not even
+    # the idle one; a GPU on another node is fair game.
+    views = [gpu(0, free=20 * GIB, committed=20 * GIB, jobs=["x"]), gpu(1), gpu(0, node="n1")]
+    cluster = ClusterSnapshot.from_views(views, now=60.0)
+    queue = [job("gang", mem=30 * GIB, gpus=2, submit_time=0.0),
+             job("small", mem=2 * GIB, profile=JobProfile(0.1, 0.1), submit_time=10.0)]
+    assert placed(make_policy("auto")(queue, cluster)) == {"small": ["n1:0"]}
