@@ -11,6 +11,8 @@ the geometric mean of those ratios, how many traces lose more than 1%, the worst
 are worse than exclusive. Families:
 
 * ``carma``: carma-heavy-60 and carma-mix-90 on 4xA100-40GB;
+* ``carma-estimators``: the same traces with the estimates CARMA compared (horus, faketensor,
+  gpumemnet: policies see the estimate, crashes follow the peak);
 * ``small-a``: 90 synthetic jobs on 4xA100-40GB at load 1.5, seeds 100-115 (rules were designed
   on these);
 * ``small-b``: the same at load 1.2, seeds 200-215 (used to choose between two rules);
@@ -39,6 +41,7 @@ from collocate.sim.synth import synthetic_trace
 from collocate.sim.trace import load_catalogue, load_trace
 
 CARMA = ("carma-ff", "carma-bf", "carma-magm", "carma-lug")
+FAMILIES = ("carma", "carma-estimators", "small-a", "small-b", "small-c", "large")
 
 
 def synthetic(jobs: int, cluster: str, seed: int, load: float):
@@ -48,10 +51,12 @@ def synthetic(jobs: int, cluster: str, seed: int, load: float):
 
 
 def family(name: str, data: Path):
-    """(label, cluster, trace) of each trace of a family."""
-    if name == "carma":
+    """(label, cluster, trace, estimator) of each trace of a family."""
+    if name.startswith("carma"):
         catalogue = load_catalogue(data / "carma-workloads.csv")
-        return [(t, "4xA100-40GB", load_trace(data / f"{t}.csv", catalogue)) for t in ("carma-heavy-60", "carma-mix-90")]
+        estimators = ("horus", "faketensor", "gpumemnet") if name == "carma-estimators" else ("peak",)
+        return [(f"{t} {e}", "4xA100-40GB", load_trace(data / f"{t}.csv", catalogue), e)
+                for t in ("carma-heavy-60", "carma-mix-90") for e in estimators]
     grids = {
         "small-a": [(90, "4xA100-40GB", s, 1.5) for s in range(100, 116)],
         "small-b": [(90, "4xA100-40GB", s, 1.2) for s in range(200, 216)],
@@ -59,12 +64,12 @@ def family(name: str, data: Path):
         "large": [(600, "8xA100-40GB", 1, 0.9), (600, "8xA100-40GB", 2, 0.9), (600, "8xA100-40GB", 7, 0.6),
                   (600, "8xA100-40GB", 7, 1.2), (600, "2x(8xH100-80GB)", 7, 1.2), (600, "2x(8xH100-80GB)", 8, 0.9)],
     }
-    return [(f"{n} jobs {c} seed {s} load {load}", c, synthetic(n, c, s, load)) for n, c, s, load in grids[name]]
+    return [(f"{n} jobs {c} seed {s} load {load}", c, synthetic(n, c, s, load), "peak") for n, c, s, load in grids[name]]
 
 
-def case(label: str, cluster: str, jobs, sharing: str, auto) -> dict:
+def case(label: str, cluster: str, jobs, estimator: str, sharing: str, auto) -> dict:
     nodes = parse_cluster(cluster)
-    config = SimConfig(sharing=SharingMode(sharing))
+    config = SimConfig(sharing=SharingMode(sharing), estimator=estimator)
     rows = {p: summarize(Simulation(nodes, jobs, make_policy(p), config).run()) for p in ("exclusive", *CARMA)}
     mine = Simulation(nodes, jobs, auto, config).run()
     s = summarize(mine)
@@ -98,15 +103,15 @@ def summary(rows: list[dict]) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", type=Path, default=Path("../shared/data"))
-    ap.add_argument("--family", action="append", choices=("carma", "small-a", "small-b", "small-c", "large"))
+    ap.add_argument("--family", action="append", choices=FAMILIES)
     ap.add_argument("--param", action="append", default=[])
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     auto = make_policy("auto", **parse_params(args.param))
     doc: dict = {"params": parse_params(args.param), "families": {}}
-    for name in args.family or ["carma", "small-a", "small-b", "small-c", "large"]:
-        rows = [case(label, cluster, jobs, sharing, auto)
-                for label, cluster, jobs in family(name, args.data) for sharing in ("time-slicing", "mps")]
+    for name in args.family or FAMILIES:
+        rows = [case(label, cluster, jobs, estimator, sharing, auto)
+                for label, cluster, jobs, estimator in family(name, args.data) for sharing in ("time-slicing", "mps")]
         doc["families"][name] = {
             "summary": {sharing: summary([r for r in rows if r["sharing"] == sharing]) for sharing in ("time-slicing", "mps")},
             "cases": rows,
