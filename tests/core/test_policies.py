@@ -199,3 +199,15 @@ def test_backfill_never_lands_on_a_blocked_gangs_gpus():
     queue = [job("gang", mem=30 * GIB, gpus=2, submit_time=0.0),
              job("small", mem=2 * GIB, profile=JobProfile(0.1, 0.1), submit_time=10.0)]
     assert placed(make_policy("auto")(queue, cluster)) == {"small": ["n1:0"]}
+
+def test_a_gang_started_past_the_gates_goes_where_it_interferes_least():
+    # Both nodes have room for the gang; neither passes the (raised) gain gate. The gang starts
+    # at once anyway, beside the light residents, not on the node with more room.
+    heavy, light = JobProfile(0.9, 0.5), JobProfile(0.1, 0.05)
+    running = {f"{kind}{i}": RunningJob(f"{kind}{i}", (GpuId(node, i),), profile, 4 * GIB)
+               for kind, node, profile in (("h", "n0", heavy), ("l", "n1", light)) for i in range(2)}
+    views = [gpu(i, node="n0", free=30 * GIB, committed=4 * GIB, jobs=[f"h{i}"]) for i in range(2)]
+    views += [gpu(i, node="n1", free=29 * GIB, committed=4 * GIB, jobs=[f"l{i}"]) for i in range(2)]
+    cluster = ClusterSnapshot.from_views(views, running=running, now=60.0)
+    gang = job("gang", mem=4 * GIB, gpus=2, profile=heavy, submit_time=0.0)
+    assert placed(make_policy("auto", min_gain=0.5)([gang], cluster)) == {"gang": ["n1:0", "n1:1"]}
