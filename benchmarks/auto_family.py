@@ -17,8 +17,11 @@ than 1% to the best of the other three. Families:
 * ``small-a``: 90 synthetic jobs on 4xA100-40GB at load 1.5, seeds 100-115 (rules were designed
   on these);
 * ``small-b``: the same at load 1.2, seeds 200-215 (used to choose between two rules);
-* ``small-c``: 120 jobs on 2x(4xA100-40GB) at load 1.0, seeds 300-315 (not looked at while
-  designing);
+* ``small-c``: 120 jobs on 2x(4xA100-40GB) at load 1.0, seeds 300-315 (held out from the first
+  two rules; used once, to drop a third);
+* ``small-d``: 120 jobs on 3x(4xA100-40GB) at load 1.1, seeds 400-415 (where the gang placement
+  rule was found);
+* ``small-e``: 100 jobs on 2x(4xH100-80GB) at load 1.3, seeds 500-515 (held out from every rule);
 * ``large``: 600 synthetic jobs, 8xA100-40GB (seeds 1, 2 at load 0.9; seed 7 at 0.6 and 1.2) and
   2x(8xH100-80GB) (seed 7 at 1.2, seed 8 at 0.9).
 
@@ -42,7 +45,7 @@ from collocate.sim.synth import synthetic_trace
 from collocate.sim.trace import load_catalogue, load_trace
 
 CARMA = ("carma-ff", "carma-bf", "carma-magm", "carma-lug")
-FAMILIES = ("carma", "carma-estimators", "small-a", "small-b", "small-c", "large")
+FAMILIES = ("carma", "carma-estimators", "small-a", "small-b", "small-c", "small-d", "small-e", "large")
 
 
 def synthetic(jobs: int, cluster: str, seed: int, load: float):
@@ -62,6 +65,8 @@ def family(name: str, data: Path):
         "small-a": [(90, "4xA100-40GB", s, 1.5) for s in range(100, 116)],
         "small-b": [(90, "4xA100-40GB", s, 1.2) for s in range(200, 216)],
         "small-c": [(120, "2x(4xA100-40GB)", s, 1.0) for s in range(300, 316)],
+        "small-d": [(120, "3x(4xA100-40GB)", s, 1.1) for s in range(400, 416)],
+        "small-e": [(100, "2x(4xH100-80GB)", s, 1.3) for s in range(500, 516)],
         "large": [(600, "8xA100-40GB", 1, 0.9), (600, "8xA100-40GB", 2, 0.9), (600, "8xA100-40GB", 7, 0.6),
                   (600, "8xA100-40GB", 7, 1.2), (600, "2x(8xH100-80GB)", 7, 1.2), (600, "2x(8xH100-80GB)", 8, 0.9)],
     }
