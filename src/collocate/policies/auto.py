@@ -36,7 +36,8 @@ placement adds the most total training progress?" and answers with the interfere
   waiting ``reserve_after_s``: it needs its GPUs' room free at the same time, which backfill
   onto them would postpone without bound (EASY backfilling reserves for the head at once for
   the same reason). Its GPUs take no new job, and it starts as soon as its room there is free,
-  gates or not, so it cannot starve. Waiting ``reserve_after_s`` first made mix-90's 2-GPU jobs
+  gates or not, so it cannot starve; among GPUs with room free now it takes those where the
+  model predicts the least interference. Waiting ``reserve_after_s`` first made mix-90's 2-GPU jobs
   start up to 45 min later than under CARMA (docs/simulator.md).
 * Jobs recovered from an out-of-memory crash come first in the queue and are placed like any
   other job with their raised memory requirement; they never stop the rest of the queue.
