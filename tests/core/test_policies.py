@@ -200,6 +200,7 @@ def test_backfill_never_lands_on_a_blocked_gangs_gpus():
              job("small", mem=2 * GIB, profile=JobProfile(0.1, 0.1), submit_time=10.0)]
     assert placed(make_policy("auto")(queue, cluster)) == {"small": ["n1:0"]}
 
+
 def test_a_gang_started_past_the_gates_goes_where_it_interferes_least():
     # Both nodes have room for the gang; neither passes the (raised) gain gate. The gang starts
     # at once anyway, beside the light residents, not on the node with more room.

@@ -37,8 +37,8 @@ placement adds the most total training progress?" and answers with the interfere
   onto them would postpone without bound (EASY backfilling reserves for the head at once for
   the same reason). Its GPUs take no new job, and it starts as soon as its room there is free,
   gates or not, so it cannot starve; among GPUs with room free now it takes those where the
-  model predicts the least interference. Waiting ``reserve_after_s`` first made mix-90's 2-GPU jobs
-  start up to 45 min later than under CARMA (docs/simulator.md).
+  model predicts the least interference. Waiting ``reserve_after_s`` first made mix-90's 2-GPU
+  jobs start up to 40 min later than under carma-bf (docs/simulator.md).
 * Jobs recovered from an out-of-memory crash come first in the queue and are placed like any
   other job with their raised memory requirement; they never stop the rest of the queue.
 * A MIG instance is a GPU of its own; jobs sharing one are scored with their activity relative
