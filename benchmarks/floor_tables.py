@@ -5,8 +5,10 @@
 
 CARMA traces on 4xA100-40GB (time-slicing and MPS) and, with --synthetic, 600 synthetic jobs on
 8xA100-40GB (seed 2 at load 0.9, seed 1 at load 0.9). With --grid instead: issue 21's synthetic
-grid, 600 and 5,000 jobs on 8xA100-40GB and 2x(8xH100-80GB) at loads 0.6, 0.9 and 1.2 (seed
---seed, 3 by default: one no rule was designed on). Writes OUT.json and OUT.md. Needs scipy
+grid, 600 and 5,000 jobs (--sizes) on 8xA100-40GB and 2x(8xH100-80GB) at loads 0.6, 0.9 and
+1.2 (seed --seed, 3 by default: one no rule was designed on). The model floor of a 5,000-job
+trace takes minutes per case on a 2-core machine; `benchmarks/auto_family.py --family grid-5000`
+compares the policies on those traces without floors. Writes OUT.json and OUT.md. Needs scipy
 (the model floor). Deterministic, CPU only.
 """
 
@@ -70,6 +72,7 @@ def main() -> None:
     ap.add_argument("--synthetic", action="store_true")
     ap.add_argument("--grid", action="store_true")
     ap.add_argument("--seed", type=int, default=3)
+    ap.add_argument("--sizes", default="600,5000", help="--grid: trace sizes, comma-separated")
     ap.add_argument("--out", type=Path, default=Path(f"benchmarks/results/floor_tables-{datetime.date.today()}"))
     args = ap.parse_args()
     catalogue = load_catalogue(args.data / "carma-workloads.csv")
@@ -78,7 +81,8 @@ def main() -> None:
         jobs = load_trace(args.data / f"{trace}.csv", catalogue)
         for sharing in ("time-slicing", "mps"):
             cases.append(run_case(trace, jobs, "4xA100-40GB", sharing, CARMA_POLICIES))
-    for n, cluster, load in GRID if args.grid else ():
+    sizes = {int(x) for x in args.sizes.split(",")}
+    for n, cluster, load in [g for g in GRID if g[0] in sizes] if args.grid else ():
         nodes = parse_cluster(cluster)
         jobs = synthetic_trace(n, gpus=sum(x.count for x in nodes), gpu_mem_mib=min(x.gpu_type.memory_mib for x in nodes),
                                max_gpus_per_job=max(x.count for x in nodes), seed=args.seed, load=load)
