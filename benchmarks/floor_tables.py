@@ -4,7 +4,11 @@
         [--out benchmarks/results/floor_tables-DATE]
 
 CARMA traces on 4xA100-40GB (time-slicing and MPS) and, with --synthetic, 600 synthetic jobs on
-8xA100-40GB (seed 2 at load 0.9, seed 1 at load 0.9). Writes OUT.json and OUT.md. Needs scipy
+8xA100-40GB (seed 2 at load 0.9, seed 1 at load 0.9). With --grid instead: issue 21's synthetic
+grid, 600 and 5,000 jobs (--sizes) on 8xA100-40GB and 2x(8xH100-80GB) at loads 0.6, 0.9 and
+1.2 (seed --seed, 3 by default: one no rule was designed on). The model floor of a 5,000-job
+trace takes minutes per case on a 2-core machine; `benchmarks/auto_family.py --family grid-5000`
+compares the policies on those traces without floors. Writes OUT.json and OUT.md. Needs scipy
 (the model floor). Deterministic, CPU only.
 """
 
@@ -27,7 +31,9 @@ from collocate.sim.trace import load_catalogue, load_trace
 
 CARMA_POLICIES = ("exclusive", "shares", "declared-memory", "round-robin", "carma-ff", "carma-bf",
                   "carma-magm", "carma-lug", "auto")
-SYNTH_POLICIES = ("exclusive", "carma-ff", "carma-magm", "carma-lug", "auto")
+SYNTH_POLICIES = ("exclusive", "carma-ff", "carma-bf", "carma-magm", "carma-lug", "auto")
+GRID = [(n, cluster, load) for n in (600, 5000) for cluster in ("8xA100-40GB", "2x(8xH100-80GB)")
+        for load in (0.6, 0.9, 1.2)]
 
 
 def run_case(label, jobs, cluster, sharing, policies):
@@ -64,14 +70,25 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", type=Path, default=Path("../shared/data"))
     ap.add_argument("--synthetic", action="store_true")
+    ap.add_argument("--grid", action="store_true")
+    ap.add_argument("--seed", type=int, default=3)
+    ap.add_argument("--sizes", default="600,5000", help="--grid: trace sizes, comma-separated")
     ap.add_argument("--out", type=Path, default=Path(f"benchmarks/results/floor_tables-{datetime.date.today()}"))
     args = ap.parse_args()
     catalogue = load_catalogue(args.data / "carma-workloads.csv")
     cases = []
-    for trace in ("carma-heavy-60", "carma-mix-90"):
+    for trace in () if args.grid else ("carma-heavy-60", "carma-mix-90"):
         jobs = load_trace(args.data / f"{trace}.csv", catalogue)
         for sharing in ("time-slicing", "mps"):
             cases.append(run_case(trace, jobs, "4xA100-40GB", sharing, CARMA_POLICIES))
+    sizes = {int(x) for x in args.sizes.split(",")}
+    for n, cluster, load in [g for g in GRID if g[0] in sizes] if args.grid else ():
+        nodes = parse_cluster(cluster)
+        jobs = synthetic_trace(n, gpus=sum(x.count for x in nodes), gpu_mem_mib=min(x.gpu_type.memory_mib for x in nodes),
+                               max_gpus_per_job=max(x.count for x in nodes), seed=args.seed, load=load)
+        for sharing in ("time-slicing", "mps"):
+            cases.append(run_case(f"{n} synthetic jobs, seed {args.seed}, load {load}", jobs, cluster, sharing, SYNTH_POLICIES))
+            print(cases[-1]["case"], cluster, sharing, flush=True)
     if args.synthetic:
         for seed in (2, 1):
             jobs = synthetic_trace(600, gpus=8, gpu_mem_mib=40_536.0, max_gpus_per_job=8, seed=seed, load=0.9)

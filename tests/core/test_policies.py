@@ -173,14 +173,42 @@ def test_auto_puts_jobs_of_one_shared_dataset_together():
     assert placed(make_policy("auto")([big], cluster)) == {"big": ["n1:1"]}  # idle GPU on its node
 
 
-def test_a_job_blocked_past_its_reservation_time_starts_once_its_room_is_free_gates_or_not():
+def test_a_blocked_multi_gpu_job_starts_once_its_room_is_free_gates_or_not():
     heavy = JobProfile(0.9, 0.5)
     running = {f"h{i}": RunningJob(f"h{i}", (GpuId("n0", i),), heavy, 4 * GIB) for i in range(2)}
     views = [gpu(i, free=30 * GIB, committed=4 * GIB, jobs=[f"h{i}"]) for i in range(2)]
     gang = job("gang", mem=4 * GIB, gpus=2, profile=heavy, submit_time=0.0)
-    # beside heavy residents the slowdown gate refuses it while it is young...
+    single = job("single", mem=4 * GIB, profile=heavy, submit_time=0.0)
     young = ClusterSnapshot.from_views(views, running=running, now=600.0)
-    assert placed(make_policy("auto")([gang], young)) == {}
-    # ...and once it waited reserve_after_s, its free room is enough
+    # beside heavy residents the gates refuse a young single-GPU job...
+    assert placed(make_policy("auto")([single], young)) == {}
+    # ...but a gang is reserved for at once (backfill would keep its GPUs from freeing together)
+    assert placed(make_policy("auto")([gang], young)) == {"gang": ["n0:0", "n0:1"]}
+    # A single-GPU job keeps the gates even once it waited reserve_after_s (only its room is
+    # reserved): an idle GPU always passes them
     old = ClusterSnapshot.from_views(views, running=running, now=1800.0)
-    assert placed(make_policy("auto")([gang], old)) == {"gang": ["n0:0", "n0:1"]}
+    assert placed(make_policy("auto")([single], old)) == {}
+
+
+def test_backfill_never_lands_on_a_blocked_gangs_gpus():
+    # The gang needs 30 GiB on two GPUs of one node: n0:0 has a 20 GiB resident, n0:1 is idle.
+    # It is reserved for at once, so the small job behind it gets neither of them, not even
+    # the idle one; a GPU on another node is fair game.
+    views = [gpu(0, free=20 * GIB, committed=20 * GIB, jobs=["x"]), gpu(1), gpu(0, node="n1")]
+    cluster = ClusterSnapshot.from_views(views, now=60.0)
+    queue = [job("gang", mem=30 * GIB, gpus=2, submit_time=0.0),
+             job("small", mem=2 * GIB, profile=JobProfile(0.1, 0.1), submit_time=10.0)]
+    assert placed(make_policy("auto")(queue, cluster)) == {"small": ["n1:0"]}
+
+
+def test_a_gang_started_past_the_gates_goes_where_it_interferes_least():
+    # Both nodes have room for the gang; neither passes the (raised) gain gate. The gang starts
+    # at once anyway, beside the light residents, not on the node with more room.
+    heavy, light = JobProfile(0.9, 0.5), JobProfile(0.1, 0.05)
+    running = {f"{kind}{i}": RunningJob(f"{kind}{i}", (GpuId(node, i),), profile, 4 * GIB)
+               for kind, node, profile in (("h", "n0", heavy), ("l", "n1", light)) for i in range(2)}
+    views = [gpu(i, node="n0", free=30 * GIB, committed=4 * GIB, jobs=[f"h{i}"]) for i in range(2)]
+    views += [gpu(i, node="n1", free=29 * GIB, committed=4 * GIB, jobs=[f"l{i}"]) for i in range(2)]
+    cluster = ClusterSnapshot.from_views(views, running=running, now=60.0)
+    gang = job("gang", mem=4 * GIB, gpus=2, profile=heavy, submit_time=0.0)
+    assert placed(make_policy("auto", min_gain=0.5)([gang], cluster)) == {"gang": ["n1:0", "n1:1"]}
