@@ -102,7 +102,7 @@ class Api:
     def op_logs(self, args: dict, peer: Peer) -> dict:
         job_id = self._job_id(args)
         self._check_owner(job_id, peer, "read the logs of")
-        return views.logs(self.store, job_id, check_logs_args(args))
+        return views.logs(self.store, job_id, check_logs_args(args), self.attempts.executor.read_log)
 
     def op_cancel(self, args: dict, peer: Peer) -> dict:
         job_id = self._job_id(args)
