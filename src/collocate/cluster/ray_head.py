@@ -33,6 +33,7 @@ from ray.exceptions import GetTimeoutError, RayError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from collocate.cluster.agent import NodeAgent
+from collocate.daemon.executor import MachineUnreachable
 from collocate.daemon.launcher import LaunchPlan
 from collocate.daemon.store import Attempt
 from collocate.errors import CollocateError
@@ -209,7 +210,8 @@ class ClusterBackend:
             if name in answers:
                 samples.extend(answers[name])
             else:  # away: full, so nothing is placed there
-                samples.extend(DeviceSample(d.uuid, now, d.total_mib, 0.0) for d in self.agents.known[name])
+                samples.extend(DeviceSample(d.uuid, now, d.total_mib, 0.0, reachable=False)
+                               for d in self.agents.known[name])
         return samples
 
     def close(self) -> None:
@@ -232,7 +234,7 @@ class ClusterExecutor:
         try:
             pid, started = self.agents.call(node, "start", plan, str(self.head_root), timeout=60)
         except NodeDown:
-            raise OSError(f"node {node} did not answer") from None
+            raise MachineUnreachable(f"node {node} did not answer") from None
         self._owned.add((node, rel))
         return None, pid, started
 

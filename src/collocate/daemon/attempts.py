@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from collocate.daemon.datasets import Datasets, ProducerStartError
-from collocate.daemon.executor import Executor
+from collocate.daemon.executor import Executor, MachineUnreachable
 from collocate.daemon.failures import classify, describe_status, oom_lower_bound_mib
 from collocate.daemon.faults import describe_error, is_disk_full
 from collocate.daemon.gpu_watch import WatchedJob
@@ -121,7 +121,7 @@ class Attempts:
         state) with the reason, so nothing stays ``running`` without a process."""
         log.error("job %s: launch failed: %s", job_id, describe_error(exc))
         reason = f"could not launch the job: {describe_error(exc)}"
-        outcome = Outcome.LOST if is_disk_full(exc) else Outcome.FAILED
+        outcome = Outcome.LOST if _not_the_jobs_fault(exc) else Outcome.FAILED
         try:
             run = self.running.get(job_id)
             if run is not None:
@@ -168,7 +168,7 @@ class Attempts:
         try:
             handle, pid, started = self.executor.start(plan, run.attempt)
         except Exception as exc:  # confined to this job (a full disk requeues it: not its fault)
-            outcome = Outcome.LOST if is_disk_full(exc) else Outcome.FAILED
+            outcome = Outcome.LOST if _not_the_jobs_fault(exc) else Outcome.FAILED
             self.finish(run, outcome, f"could not start the job: {describe_error(exc)}", None, "",
                         time.time())
             return
@@ -268,6 +268,11 @@ class Attempts:
                 f"SM {learned.sm_activity:.2f}, DRAM {learned.dram_activity:.2f} alone")
         log.info("job %s attempt %d: %s (%s) -> %s; activity %s", a.job_id, a.n, outcome.value,
                  reason, job.state.value, solo)
+
+
+def _not_the_jobs_fault(exc: BaseException) -> bool:
+    """A launch that failed for the machine's sake (a full disk, an unreachable node): requeued."""
+    return is_disk_full(exc) or isinstance(exc, MachineUnreachable)
 
 
 def _job_key(job_id: str) -> tuple[int, str]:

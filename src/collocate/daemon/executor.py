@@ -29,6 +29,11 @@ from collocate.daemon.store import Attempt
 from collocate.monitor.process_tree import TreeReader, TreeUsage
 
 
+class MachineUnreachable(OSError):
+    """The machine that should run an attempt did not answer (``start`` raises it): not the
+    job's fault, so the attempt is lost and the job requeued, never failed."""
+
+
 class Executor(Protocol):
     """What the daemon's loop needs from the machine its jobs run on (see the module docstring)."""
 
