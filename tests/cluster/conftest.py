@@ -3,8 +3,9 @@
 The cluster (``ray.cluster_utils.Cluster``: each node's raylet a process of its own, so a test
 can SIGKILL one) has a Ray head node that carries no ``collocate`` resource and three collocate
 nodes, ``n1``..``n3``, started one after another (concurrent starts time out on a small
-machine). Each collocate node runs an agent with 2 emulated A100s. Skipped, with the reason,
-only where Ray is not installed (``pip install 'collocate[ray]'``; CI installs it).
+machine). Each collocate node runs an agent with 2 emulated A100s. The tests that use it are
+skipped, with the reason, only where Ray is not installed (``pip install 'collocate[ray]'``; CI
+installs it); the agent's and the seam's own tests need no Ray.
 """
 
 from __future__ import annotations
@@ -17,8 +18,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-
-pytest.importorskip("ray", reason="the cluster tests need Ray: pip install 'collocate[ray]'")
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "daemon"))
 import daemon_harness  # noqa: E402 - the daemon tests' harness: real `collocate serve` processes
@@ -57,6 +56,7 @@ class LocalCluster:
 
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[LocalCluster]:
+    pytest.importorskip("ray", reason="the cluster tests need Ray: pip install 'collocate[ray]'")
     cluster = LocalCluster()
     yield cluster
     cluster.shutdown()

@@ -111,11 +111,12 @@ class Agents:
             self._seat(name, node_id)
 
     def _seat(self, name: str, node_id: str) -> None:
-        remote = ray.remote(NodeAgent).options(
+        remote: Any = ray.remote(NodeAgent)
+        actor: Any = remote.options(
             num_cpus=0, num_gpus=0, max_restarts=0,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False))
-        actor = remote.remote(node=name, root=str(self.state_dir / "nodes" / name),
-                              gpus=self.gpus, sharing=self.sharing)
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+        ).remote(node=name, root=str(self.state_dir / "nodes" / name), gpus=self.gpus,
+                 sharing=self.sharing)
         try:
             devices = ray.get(actor.devices.remote(), timeout=120)
         except (RayError, GetTimeoutError) as exc:

@@ -227,7 +227,7 @@ class GpuWatch:
                 committed_mib=d.total_mib if away else sum(t.ramp.committed(d.total_mib, now) for t in here),
                 util=self.util(d.uuid),
                 jobs=tuple(t.job.id for t in here) + ((UNREACHABLE,) if away else ()),
-                launch_seen_at=_launch_seen_at(here),
+                launch_seen_at=math.inf if away else _launch_seen_at(here),  # in flight: no guard lets a job on
                 mem_settling_at=max((t.ramp.grew_at for t in here), default=-math.inf),
                 speed=d.sm_fraction,
             ))
