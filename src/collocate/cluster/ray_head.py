@@ -5,7 +5,8 @@ daemon (queue, core, policies, SQLite, API, dashboard) is today's; this module g
 
 * ``ClusterBackend`` (a ``GpuBackend``): the union of the agents' devices; one parallel
   ``ray.get`` per round for the samples, with a timeout. A node that does not answer reports its
-  GPUs as full (never as free), so nothing is placed there while it is away;
+  GPUs as full and unreachable (never as free), and the policies' snapshot leaves them out, so
+  nothing is placed there while it is away;
 * ``ClusterExecutor`` (an ``Executor``): each call forwarded to the agent of the attempt's node
   (the node is in the attempt's GPUs, ``node:index``). An attempt on a node that stops answering
   stays unconfirmed (alive) for ``grace_s``; after it, the attempt ends as *lost* (requeued,

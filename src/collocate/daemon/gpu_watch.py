@@ -219,15 +219,16 @@ class GpuWatch:
         for d in self.devices:
             here = on_gpu.get(d.uuid, [])
             sample = self.last.get(d.uuid)
-            away = sample is not None and not sample.reachable  # held whole, by nobody we know
+            if sample is not None and not sample.reachable:  # its node is away: not offered
+                continue
             views.append(GpuView(
                 id=d.id,
                 total_mib=d.total_mib,
                 free_mib=None if sample is None else sample.free_mib,
-                committed_mib=d.total_mib if away else sum(t.ramp.committed(d.total_mib, now) for t in here),
+                committed_mib=sum(t.ramp.committed(d.total_mib, now) for t in here),
                 util=self.util(d.uuid),
-                jobs=tuple(t.job.id for t in here) + ((UNREACHABLE,) if away else ()),
-                launch_seen_at=math.inf if away else _launch_seen_at(here),  # in flight: no guard lets a job on
+                jobs=tuple(t.job.id for t in here),
+                launch_seen_at=_launch_seen_at(here),
                 mem_settling_at=max((t.ramp.grew_at for t in here), default=-math.inf),
                 speed=d.sm_fraction,
             ))
@@ -238,10 +239,6 @@ class GpuWatch:
             for t in tracked
         }
         return ClusterSnapshot.from_views(views, now=now, sharing=sharing, running=running)
-
-
-#: What an unreachable GPU holds in the snapshot: a job nobody knows, committing all its memory.
-UNREACHABLE = "(unreachable)"
 
 
 def _sm(sample: DeviceSample) -> float:

@@ -63,7 +63,7 @@ class DeviceSample:
     energy_joules: float | None = None  # monotonic counter since driver load
     processes: tuple[ProcessUsage, ...] = ()
     #: False when the device could not be read at all (its node of a cluster is away): the
-    #: daemon then counts it as full, so nothing is placed on it until it answers again.
+    #: daemon then leaves it out of the policies' snapshot until it answers again.
     reachable: bool = True
 
 
