@@ -61,6 +61,9 @@ def test_a_killed_node_requeues_its_job_elsewhere_and_it_runs_once(heads, ray_cl
     runner = first["attempts"][0]["pid"]
     ray_cluster.kill(lost_node)
     try:
+        away = wait_for(lambda: [g for g in head.client.request("gpus") if not g["reachable"]], 30,
+                        "the node's GPUs to show as away")
+        assert {g["node"] for g in away} == {lost_node}
         # Unconfirmed for the grace period, then lost: requeued on another node, no attempt used.
         again = wait_for(lambda: len((d := head.job(job))["attempts"]) == 2 and d, 60, "a second attempt")
         assert again["attempts"][0]["outcome"] == "lost", again["attempts"][0]

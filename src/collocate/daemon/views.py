@@ -174,7 +174,8 @@ def gpu_rows(monitor: GpuWatch, running: Mapping[str, Any], now: float) -> list[
         s = monitor.last.get(d.uuid)
         u = monitor.util(d.uuid)
         rows.append({
-            "id": str(d.id), "uuid": d.uuid, "type": d.type_name, "total_mib": d.total_mib,
+            "id": str(d.id), "node": d.id.node, "reachable": s is None or s.reachable,
+            "uuid": d.uuid, "type": d.type_name, "total_mib": d.total_mib,
             "used_mib": None if s is None else s.used_mib,
             "free_mib": None if s is None else s.free_mib,
             "sm_now": None if s is None else s.sm_activity,
