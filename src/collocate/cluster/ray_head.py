@@ -204,7 +204,10 @@ class ClusterBackend:
         return [d for name in self.nodes for d in self.agents.known[name]]
 
     def sample(self) -> list[DeviceSample]:
-        self.agents.refresh()
+        try:
+            self.agents.refresh()
+        except (RayError, CollocateError, ConnectionError) as exc:  # e.g. Ray's GCS is down
+            log.warning("cannot look for returning nodes: %s", exc)
         answers = self.agents.call_all("sample")
         now = time.time()
         samples: list[DeviceSample] = []
