@@ -62,6 +62,8 @@ def test_a_runner_is_double_forked_and_followed_by_its_records(tmp_path: Path):
         assert os.getpgid(pid) == pid  # its own process group, signalled as one
         rel = "jobs/1/attempt-1"
         assert agent.poll(pid, started)
+        samples, alive = agent.tick([(pid, started), (pid, started + 5.0)])
+        assert len(samples) == 2 and alive == [(pid, started)]
         assert _wait(agent.live_runners) == {rel: (pid, started)}
         assert agent.started_record(rel)["pid"] == pid
         record = _wait(lambda: agent.exit_record(rel))

@@ -24,6 +24,11 @@ class FakeAgents:
         self.down: dict[str, float] = {}
         self.calls: list[tuple] = []
         self.now = 1000.0
+        self.checked: dict[str, tuple[set, set]] = {}
+        self.to_check: dict[str, set] = {}
+
+    def check_next_tick(self, name, runner):
+        self.to_check.setdefault(name, set()).add(runner)
 
     def call(self, name, method, *args, timeout=0.0):
         self.calls.append((name, method, *args))
@@ -48,6 +53,17 @@ def test_calls_go_to_the_attempts_node_with_its_relative_folder():
     assert agents.calls[-1] == ("b", "start", "plan", "/state")
     executor.exit_record(_attempt("1", "b"))
     assert agents.calls[-1] == ("b", "exit_record", "jobs/1/attempt-1")
+
+
+def test_a_round_polls_runners_from_its_samples_answer():
+    agents = FakeAgents()
+    executor = ClusterExecutor(agents, HEAD, grace_s=60)  # type: ignore[arg-type]
+    started = executor.start("plan", _attempt("1", "a"))  # type: ignore[arg-type]
+    assert agents.to_check == {"a": {(42, 1.5)}}  # checked with the next samples
+    agents.checked = {"a": ({(42, 1.5)}, set())}  # asked, and no longer running
+    calls = len(agents.calls)
+    assert executor.poll(started[0], _attempt("1", "a")) == (False, None)
+    assert len(agents.calls) == calls  # no call of its own
 
 
 def test_a_silent_node_is_unconfirmed_for_the_grace_period_then_lost(monkeypatch):

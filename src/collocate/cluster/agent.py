@@ -76,6 +76,10 @@ class NodeAgent:
     def sample(self) -> list[DeviceSample]:
         return self.backend.sample()
 
+    def tick(self, runners: list[tuple[int, float]]) -> tuple[list[DeviceSample], list[tuple[int, float]]]:
+        """A round's one call: the samples, and which of ``runners`` (pid, start time) still run."""
+        return self.backend.sample(), [r for r in runners if process_matches(*r)]
+
     # -- runners ---------------------------------------------------------------------------
     def start(self, plan: LaunchPlan, head_root: str) -> tuple[int, float]:
         """Start the attempt's runner double-forked; ``(pid, process start time)``."""

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
-from ray.exceptions import GetTimeoutError, RayError
+from ray.exceptions import ActorDiedError, GetTimeoutError, RayError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from collocate.cluster.agent import NodeAgent
@@ -73,6 +73,10 @@ class Agents:
         self.gpus, self.sharing, self.state_dir = gpus, sharing, state_dir
         self.seats: dict[str, Seat] = {}
         self.known: dict[str, list[DeviceInfo]] = {}  # devices of every node seen since start
+        # Runners (pid, start time) to check at the next sample, by node, and this round's answers:
+        # the round polls every runner with the samples, one parallel call, not one call each.
+        self.to_check: dict[str, set[tuple[int, float]]] = {}
+        self.checked: dict[str, tuple[set, set]] = {}  # node → (asked, alive)
         self.since = time.time()  # nodes not seen yet count as down from the head's start
         self._refreshed = 0.0
         self.refresh(force=True)
@@ -106,9 +110,12 @@ class Agents:
                 try:  # same raylet: the agent may only have been slow
                     ray.get(seat.actor.ping.remote(), timeout=SAMPLE_TIMEOUT_S)
                     seat.down_since = None
+                    log.warning("node %s answers again", name)
                     continue
-                except (RayError, GetTimeoutError):
-                    pass
+                except ActorDiedError:
+                    pass  # a new agent below
+                except RayError:
+                    continue  # still slow or unreachable: asked again at the next look
             self._seat(name, node_id)
 
     def _seat(self, name: str, node_id: str) -> None:
@@ -189,6 +196,17 @@ class Agents:
             ray.kill(seat.actor)
 
 
+    def tick(self) -> dict[str, list[DeviceSample]]:
+        """Each answering node's samples; its runners in ``to_check`` checked in the same call."""
+        asked = {name: sorted(self.to_check.pop(name, ())) for name in self.seats}
+        answers = self.call_all("tick", {name: (runners,) for name, runners in asked.items()})
+        self.checked = {name: (set(asked[name]), set(alive)) for name, (_, alive) in answers.items()}
+        return {name: samples for name, (samples, _) in answers.items()}
+
+    def check_next_tick(self, name: str, runner: tuple[int, float]) -> None:
+        self.to_check.setdefault(name, set()).add(runner)
+
+
 class ClusterBackend:
     """Every node's GPUs as one backend (see the module docstring)."""
 
@@ -208,7 +226,7 @@ class ClusterBackend:
             self.agents.refresh()
         except (RayError, CollocateError, ConnectionError) as exc:  # e.g. Ray's GCS is down
             log.warning("cannot look for returning nodes: %s", exc)
-        answers = self.agents.call_all("sample")
+        answers = self.agents.tick()
         now = time.time()
         samples: list[DeviceSample] = []
         for name in self.nodes:
@@ -241,16 +259,24 @@ class ClusterExecutor:
         except NodeDown:
             raise MachineUnreachable(f"node {node} did not answer") from None
         self._owned.add((node, rel))
+        self.agents.check_next_tick(node, (pid, started))
         return None, pid, started
 
     def poll(self, handle: Any, attempt: Attempt) -> tuple[bool, int | None]:
+        """From this round's samples when they checked the runner, else asked now."""
         node, rel = self._where(attempt)
-        try:
-            alive = self.agents.call(node, "poll", attempt.pid, attempt.pid_started)
-        except NodeDown:  # unconfirmed: alive until the grace period is over
-            alive = self.agents.down_for(node, time.time()) < self.grace_s
+        runner = (attempt.pid or 0, attempt.pid_started or 0.0)
+        asked, alive_ones = self.agents.checked.get(node, ((), ()))
+        if runner in asked:
+            alive = runner in alive_ones
+        else:
+            try:
+                alive = self.agents.call(node, "poll", attempt.pid, attempt.pid_started)
+            except NodeDown:  # unconfirmed: alive until the grace period is over
+                alive = self.agents.down_for(node, time.time()) < self.grace_s
         if alive:
             self._owned.add((node, rel))
+            self.agents.check_next_tick(node, runner)
         return alive, None
 
     def matches(self, attempt: Attempt) -> bool:
