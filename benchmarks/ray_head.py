@@ -140,15 +140,22 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--jobs", type=int, default=1000)
     ap.add_argument("--idle-seconds", type=float, default=30.0)
+    ap.add_argument("--keep", type=Path, default=None, help="work in this folder and keep it "
+                    "(the daemons' logs and stores), instead of a temporary one")
+    ap.add_argument("--only", choices=("single", "ray"), default=None, help="run one mode only")
     ns = ap.parse_args()
     from ray.cluster_utils import Cluster
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     result: dict = {"machine": machine()}
     with tempfile.TemporaryDirectory(prefix="collocate-ray-bench-") as tmp:
-        root = Path(tmp)
-        result["single_node"] = run(root / "single", ["--gpus", "emulated:24xA100-40GB"],
-                                    ns.jobs, ns.idle_seconds)
+        root = Path(tmp) if ns.keep is None else ns.keep
+        if ns.only != "ray":
+            result["single_node"] = run(root / "single", ["--gpus", "emulated:24xA100-40GB"],
+                                        ns.jobs, ns.idle_seconds)
+        if ns.only == "single":
+            print(json.dumps(result, indent=2))
+            return
         cluster = Cluster(initialize_head=True, head_node_args=dict(
             num_cpus=0, num_gpus=0, object_store_memory=80 * 2**20, include_dashboard=False))
         try:
@@ -159,6 +166,9 @@ def main() -> None:
                                     ns.jobs, ns.idle_seconds, agents=agent_processes)
         finally:
             cluster.shutdown()
+        if ns.only == "ray":
+            print(json.dumps(result, indent=2))
+            return
     out = Path(__file__).parent / "results" / f"ray_head-{result['machine']['date']}"
     out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
     m, s, r = result["machine"], result["single_node"], result["ray_3x8"]

@@ -6,6 +6,7 @@ The head is a real ``collocate serve`` subprocess; jobs are real processes start
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import time
@@ -35,7 +36,8 @@ def test_a_mixed_trace_runs_over_the_nodes_and_a_gang_stays_on_one(heads, tmp_pa
     assert sorted(g["id"] for g in gpus) == [f"n{i}:{j}" for i in (1, 2, 3) for j in (0, 1)]
     jobs = [head.submit(job_argv(mem, 2.0), mem=mem) for mem in (4000, 8000, 2000, 6000, 3000)]
     pair = head.submit(job_argv(5000, 2.0), mem=5000, gpus=2)
-    printer = head.submit([sys.executable, "-c", "print('from a node')"], mem=100)
+    printer = head.submit([sys.executable, "-c", "import os; print('from a node at nice', os.nice(0))"],
+                          mem=100)
     with pytest.raises(CollocateError, match="can never run here"):
         head.submit(job_argv(1000, 1.0), mem=1000, gpus=3)  # no node has 3 GPUs
     for job_id in [*jobs, pair, printer]:
@@ -46,7 +48,7 @@ def test_a_mixed_trace_runs_over_the_nodes_and_a_gang_stays_on_one(heads, tmp_pa
     gang = head.job(pair)["attempts"][0]["gpus"]
     assert len(gang) == 2 and len({g.split(":")[0] for g in gang}) == 1, gang
     logs = head.client.request("logs", id=printer)
-    assert logs["text"] == "from a node\n"
+    assert logs["text"] == f"from a node at nice {os.nice(0)}\n"  # not Ray's workers' niceness
     node = _node_of(head.job(printer))
     assert (head.state_dir / "nodes" / node / "jobs" / printer / "attempt-1" / "stdout.log").exists()
 

@@ -80,6 +80,7 @@ class Agents:
         self.since = time.time()  # nodes not seen yet count as down from the head's start
         self._refreshed = 0.0
         self.refresh(force=True)
+        self._started = True  # from now on a node not seen yet joined late
 
     def nodes(self) -> dict[str, str]:
         """Alive nodes carrying the ``collocate`` resource: name → Ray node id."""
@@ -123,6 +124,9 @@ class Agents:
         actor: Any = remote.options(
             num_cpus=0, num_gpus=0, max_restarts=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+            # Ray starts workers niced (15); the agent's runners and jobs would inherit it and
+            # starve beside any busy process. Ray's job supervisor asks for 0 the same way.
+            runtime_env={"env_vars": {"RAY_worker_niceness": "0"}},
         ).remote(node=name, root=str(self.state_dir / "nodes" / name), gpus=self.gpus,
                  sharing=self.sharing)
         try:
@@ -135,7 +139,7 @@ class Agents:
         if old is not None:
             ray.kill(old.actor)
             log.warning("node %s is back: new agent; runners the head no longer owns will be stopped", name)
-        if self.known and name not in self.known:
+        if getattr(self, "_started", False) and name not in self.known:
             log.warning("node %s joined after the head started; restart the head to use its GPUs", name)
         known = self.known.setdefault(name, devices)
         if [d.uuid for d in known] != [d.uuid for d in devices]:
