@@ -79,8 +79,9 @@ class Agents:
         self.checked: dict[str, tuple[set, set]] = {}  # node → (asked, alive)
         self.since = time.time()  # nodes not seen yet count as down from the head's start
         self._refreshed = 0.0
+        self._started = False  # after the first look, a node not seen yet joined late
         self.refresh(force=True)
-        self._started = True  # from now on a node not seen yet joined late
+        self._started = True
 
     def nodes(self) -> dict[str, str]:
         """Alive nodes carrying the ``collocate`` resource: name → Ray node id."""
@@ -139,7 +140,7 @@ class Agents:
         if old is not None:
             ray.kill(old.actor)
             log.warning("node %s is back: new agent; runners the head no longer owns will be stopped", name)
-        if getattr(self, "_started", False) and name not in self.known:
+        if self._started and name not in self.known:
             log.warning("node %s joined after the head started; restart the head to use its GPUs", name)
         known = self.known.setdefault(name, devices)
         if [d.uuid for d in known] != [d.uuid for d in devices]:
