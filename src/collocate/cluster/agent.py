@@ -7,8 +7,8 @@ and emulated GPU state. Every method takes and returns plain, picklable data, so
 call it through a Ray actor (``cluster/ray_head.py``) or in-process (the unit tests): the class
 itself never imports Ray.
 
-Runners are started *double-forked* (``detach.py``): an intermediate process starts the runner
-in its own session and exits at once, so the runner is nobody's child here and outlives the
+Runners are started *double-forked* (``_DETACH``): an intermediate shell starts the runner in
+its own session and exits at once, so the runner is nobody's child here and outlives the
 agent and Ray's raylet, which kill their workers' children when they exit. There is no ``Popen``
 handle; the head follows each runner by pid and process start time (``runner.json``) and its
 ``exit.json``, exactly as a restarted single-node daemon re-adopts a runner.
@@ -20,7 +20,7 @@ import logging
 import os
 import signal
 import subprocess
-import sys
+import time
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import replace
@@ -41,10 +41,13 @@ from collocate.monitor.process_tree import TreeReader, TreeUsage
 
 log = logging.getLogger("collocate.cluster")
 RUNNER_MODULE = "collocate.daemon.runner"
-#: The intermediate process: start the runner in a session of its own, say its pid, exit.
-_DETACH = ("import os, subprocess, sys; fd = int(sys.argv[1]); "
-           "p = subprocess.Popen(sys.argv[2:], start_new_session=True, close_fds=True); "
-           "os.write(fd, str(p.pid).encode()); os._exit(0)")
+#: The intermediate process, a shell (it starts in a millisecond where a Python takes seconds on
+#: a busy node, and the agent waits for it): start the runner in the background in a session of
+#: its own (``setsid`` execs it: a background job of a shell without job control is no group
+#: leader, so it does not fork again), print its pid, exit. The shell's stdout and stderr are
+#: the runner's logs; its stdin is the pipe the agent reads the pid from, written through fd 0
+#: and never passed on (a background job's stdin is /dev/null).
+_DETACH = 'setsid "$@" </dev/null & echo $! >&0'
 
 
 class NodeAgent:
@@ -90,15 +93,14 @@ class NodeAgent:
         read_end, write_end = os.pipe()
         try:
             with _open_log(files["stdout"]) as out, _open_log(files["stderr"]) as err:
-                middle = subprocess.Popen(
-                    [sys.executable, "-I", "-c", _DETACH, str(write_end), *plan.argv],
-                    cwd=plan.dir, env=dict(CLEAN_ENV), stdin=subprocess.DEVNULL, stdout=out,
-                    stderr=err, pass_fds=(write_end,), start_new_session=True)
+                middle = subprocess.Popen(["/bin/sh", "-c", _DETACH, "sh", *plan.argv],
+                                          cwd=plan.dir, env=dict(CLEAN_ENV), stdin=write_end,
+                                          stdout=out, stderr=err, start_new_session=True)
             os.close(write_end)
             write_end = -1
             with os.fdopen(read_end, "rb") as pipe:
                 read_end = -1
-                text = pipe.read().decode()
+                text = pipe.read().decode().strip()
             middle.wait(timeout=60)
         finally:
             for fd in (read_end, write_end):
@@ -108,6 +110,7 @@ class NodeAgent:
             raise OSError(f"could not start the runner on node {self.node} "
                           f"(see {files['stderr']} there)")
         pid = int(text)
+        _wait_own_group(pid)
         try:
             started = psutil.Process(pid).create_time()
         except psutil.Error:
@@ -178,6 +181,19 @@ class NodeAgent:
         if not path.is_relative_to(self.root.resolve() / "jobs"):
             raise ValueError(f"attempt folder {rel!r} is outside this node's jobs/")
         return path
+
+
+def _wait_own_group(pid: int, timeout_s: float = 10.0) -> None:
+    """Until the runner leads its process group (``setsid`` ran), so a signal to the group
+    right after the start reaches it; or it has exited already."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if os.getpgid(pid) == pid:
+                return
+        except ProcessLookupError:
+            return
+        time.sleep(0.001)
 
 
 def localize(plan: LaunchPlan, head_root: str, node_root: str,
