@@ -63,11 +63,12 @@ def ray_cluster() -> Iterator[LocalCluster]:
 
 
 @pytest.fixture
-def heads(tmp_path: Path, ray_cluster: LocalCluster) -> Iterator[Callable[..., Daemon]]:
+def heads(tmp_path: Path, ray_cluster: LocalCluster,
+          monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Daemon]]:
     """``collocate serve --ray`` heads; at teardown each is SIGKILLed and every job process group
     its agents launched (from the runners' records on each node's root) is killed too."""
     started: list[Daemon] = []
-    daemon_harness.START_TIMEOUT_S = 120.0  # connecting and seating three agents
+    monkeypatch.setattr(daemon_harness, "START_TIMEOUT_S", 120.0)  # connect, seat three agents
 
     def make(*args: str, name: str = "head", grace: float = 60.0) -> Daemon:
         d = Daemon(tmp_path / name, ["--ray", ray_cluster.address, "--gpus", GPUS, "--period", "0.2",
