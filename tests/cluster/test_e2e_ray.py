@@ -83,6 +83,28 @@ def test_a_killed_node_requeues_its_job_elsewhere_and_it_runs_once(heads, ray_cl
     assert marker.read_text().splitlines() == [str(done["attempts"][-1]["n"])]  # exactly once
 
 
+def test_a_node_back_within_the_grace_period_keeps_its_job(heads, ray_cluster, tmp_path: Path):
+    head = heads("--policy", "exclusive", grace=120.0)
+    marker = tmp_path / "marker"
+    job = head.submit(_marker_job(marker, 20.0), mem=1000)
+    first = wait_for(lambda: (d := head.job(job))["attempts"] and d["attempts"][0]["pid"] and d,
+                     60, "a runner")
+    node = _node_of(first)
+    ray_cluster.kill(node)
+    try:
+        wait_for(lambda: [g for g in head.client.request("gpus") if not g["reachable"]], 30,
+                 "the node's GPUs to show as away")
+        assert head.job(job)["state"] == "running"  # unconfirmed, not lost
+    finally:
+        ray_cluster.start(node)  # a new agent, which finds the runner it still owns
+    wait_for(lambda: f"node {node} is back" in (head.state_dir / "daemon.log").read_text(), 60,
+             "a new agent on the node")
+    assert head.job(job)["state"] == "running"  # the new agent did not stop a runner the head owns
+    done = head.wait_state(job, ("done", "failed"), timeout=90)
+    assert [a["outcome"] for a in done["attempts"]] == ["succeeded"], done["attempts"]
+    assert marker.read_text() == "1\n"
+
+
 def test_a_killed_head_restarts_and_readopts_running_jobs(heads, tmp_path: Path):
     head = heads("--policy", "exclusive")
     markers = [tmp_path / f"m{i}" for i in range(2)]
