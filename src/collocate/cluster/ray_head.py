@@ -25,12 +25,12 @@ import logging
 import time
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import ray
-from ray.exceptions import ActorDiedError, GetTimeoutError, RayError
+from ray.exceptions import ActorDiedError, GetTimeoutError, RayError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from collocate.cluster.agent import NodeAgent
@@ -61,7 +61,6 @@ class Seat:
     name: str
     node_id: str
     actor: Any
-    devices: list[DeviceInfo] = field(default_factory=list)
     down_since: float | None = None
     reconcile: bool = True  # stop the runners the head does not own at the next ``collect``
 
@@ -146,7 +145,7 @@ class Agents:
         if [d.uuid for d in known] != [d.uuid for d in devices]:
             log.error("node %s came back with other GPUs (%d); restart the head to use them",
                       name, len(devices))
-        self.seats[name] = Seat(name, node_id, actor, devices)
+        self.seats[name] = Seat(name, node_id, actor)
 
     def call(self, name: str, method: str, *args: Any, timeout: float = CALL_TIMEOUT_S) -> Any:
         seat = self.seats.get(name)
@@ -154,7 +153,9 @@ class Agents:
             raise NodeDown(name)
         try:
             return ray.get(getattr(seat.actor, method).remote(*args), timeout=timeout)
-        except (RayError, GetTimeoutError) as exc:
+        except RayTaskError as exc:  # the agent answered, with an error of its own (a full disk...)
+            raise exc.as_instanceof_cause() from None
+        except RayError as exc:
             self.mark_down(name, exc)
             raise NodeDown(name) from exc
 
