@@ -152,13 +152,13 @@ class CountingExecutor(LocalExecutor):
     def _count(self, what: str) -> None:
         self.calls[what] = self.calls.get(what, 0) + 1
 
-    def start(self, plan):
+    def start(self, plan, attempt):
         self._count("start")
-        return super().start(plan)
+        return super().start(plan, attempt)
 
-    def poll(self, handle, pid, started):
+    def poll(self, handle, attempt):
         self._count("poll")
-        return super().poll(handle, pid, started)
+        return super().poll(handle, attempt)
 
     def read_trees(self, roots, now, gpu_pids):
         self._count("read_trees")

@@ -62,6 +62,10 @@ class Api:
             return {"id": job.id, "state": job.state.value, "mem_mib": job.mem_mib,
                     "mem_source": job.mem_source}
         req = validate_submit(args, uid=peer.uid, gid=peer.gid, user=peer.user)
+        if req.spec.dataset is not None and getattr(self.config, "ray", None):
+            raise InputError("shared datasets (--dataset) do not run on a Ray cluster yet: the "
+                             "producer would run on the head, out of the jobs' reach",
+                             hint="submit the job without --dataset (docs/multi-node.md)")
         if req.spec.dataset is not None:  # remembered per name, so the stored spec is complete
             factory = resolve_factory(req.spec, self.scheduler.jobs.values(), self.specs)
             req = replace(req, spec=replace(req.spec, dataset_factory=factory))
@@ -103,7 +107,7 @@ class Api:
     def op_logs(self, args: dict, peer: Peer) -> dict:
         job_id = self._job_id(args)
         self._check_owner(job_id, peer, "read the logs of")
-        return views.logs(self.store, job_id, check_logs_args(args))
+        return views.logs(self.store, job_id, check_logs_args(args), self.attempts.executor.read_log)
 
     def op_cancel(self, args: dict, peer: Peer) -> dict:
         job_id = self._job_id(args)

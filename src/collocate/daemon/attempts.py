@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from collocate.daemon.datasets import Datasets, ProducerStartError
-from collocate.daemon.executor import Executor
+from collocate.daemon.executor import Executor, MachineUnreachable
 from collocate.daemon.failures import classify, describe_status, oom_lower_bound_mib
 from collocate.daemon.faults import describe_error, is_disk_full
 from collocate.daemon.gpu_watch import WatchedJob
@@ -58,6 +58,8 @@ def classify_end(record: dict[str, Any] | None, *, cancelled: bool, adopted: boo
                  job_started: bool, runner_status: int | None) -> tuple[Outcome, str]:
     """Why an attempt whose runner is gone ended: its exit record when there is one, else what
     is known of how far it got (nothing of a job that never started counts against it)."""
+    if record is not None and record.get("lost"):  # e.g. its node stopped answering
+        return Outcome.LOST, str(record["lost"])
     if record is not None:
         return classify(record.get("returncode"), record.get("stderr_tail", ""), cancelled=cancelled)
     if cancelled:
@@ -119,7 +121,7 @@ class Attempts:
         state) with the reason, so nothing stays ``running`` without a process."""
         log.error("job %s: launch failed: %s", job_id, describe_error(exc))
         reason = f"could not launch the job: {describe_error(exc)}"
-        outcome = Outcome.LOST if is_disk_full(exc) else Outcome.FAILED
+        outcome = Outcome.LOST if _not_the_jobs_fault(exc) else Outcome.FAILED
         try:
             run = self.running.get(job_id)
             if run is not None:
@@ -164,9 +166,9 @@ class Attempts:
         assert run.plan is not None
         plan = replace(run.plan, env={**run.plan.env, **extra_env}) if extra_env else run.plan
         try:
-            handle, pid, started = self.executor.start(plan)
+            handle, pid, started = self.executor.start(plan, run.attempt)
         except Exception as exc:  # confined to this job (a full disk requeues it: not its fault)
-            outcome = Outcome.LOST if is_disk_full(exc) else Outcome.FAILED
+            outcome = Outcome.LOST if _not_the_jobs_fault(exc) else Outcome.FAILED
             self.finish(run, outcome, f"could not start the job: {describe_error(exc)}", None, "",
                         time.time())
             return
@@ -196,17 +198,17 @@ class Attempts:
         # Remembered in the store first, so a daemon restarted before the job exits still
         # records the end as a cancel rather than a failure (exit 143).
         self.store.set_flag(cancel_key(run.attempt.job_id), True)
-        self.executor.signal(run.attempt.pid, signal.SIGTERM)
+        self.executor.signal(run.attempt, signal.SIGTERM)
 
     def reap(self, now: float) -> None:
         """End the attempts whose runner is gone; kill those past their cancel's grace."""
         for run in list(self.running.values()):
             if run.waiting is not None:
                 continue
-            alive, status = self.executor.poll(run.handle, run.attempt.pid, run.attempt.pid_started)
+            alive, status = self.executor.poll(run.handle, run.attempt)
             if alive:
                 if run.cancel_at is not None and now - run.cancel_at > self.config.cancel_grace_s:
-                    self.executor.signal(run.attempt.pid, signal.SIGKILL)
+                    self.executor.signal(run.attempt, signal.SIGKILL)
                 continue
             self.ended(run, runner_status=status, adopted=run.handle is None)
         self.executor.collect({r.handle.pid for r in self.running.values() if r.handle is not None}
@@ -215,25 +217,25 @@ class Attempts:
 
     def ended(self, run: LiveAttempt, *, runner_status: int | None, adopted: bool) -> None:
         """Classify an attempt whose runner is gone, record it, and let the scheduler recover."""
-        a, adir = run.attempt, Path(run.attempt.dir)
-        record = self.executor.exit_record(adir)
+        a = run.attempt
+        record = self.executor.exit_record(a)
         if record is None and not self.executor.is_orphan(run.handle):
-            orphan = self.executor.adopt_orphan(adir)  # the runner died; its job is ours now
+            orphan = self.executor.adopt_orphan(a)  # the runner died; its job is ours now
             if orphan is not None and orphan.poll() is None:
                 self.running[a.job_id] = replace(run, handle=orphan)  # watch the job itself
                 log.warning("job %s: its runner is gone; the daemon watches the job (pid %d)",
                             a.job_id, orphan.pid)
                 return
-            record = self.executor.exit_record(adir)
+            record = self.executor.exit_record(a)
         if record is not None:
             returncode, tail, end = record.get("returncode"), record.get("stderr_tail", ""), record.get("end")
         else:
-            self.executor.signal(a.pid, signal.SIGKILL)  # what is left of the job must not run on
-            returncode, tail, end = None, self.executor.stderr_tail(adir), time.time()
+            self.executor.signal(a, signal.SIGKILL)  # what is left of the job must not run on
+            returncode, tail, end = None, self.executor.stderr_tail(a), time.time()
         outcome, reason = classify_end(
             record, cancelled=run.cancel_at is not None, adopted=adopted,
             launched=a.pid is not None,
-            job_started=record is None and not adopted and self.executor.job_started(adir),
+            job_started=record is None and not adopted and self.executor.job_started(a),
             runner_status=runner_status)
         self.finish(run, outcome, reason, returncode, tail, end or time.time())
 
@@ -266,6 +268,11 @@ class Attempts:
                 f"SM {learned.sm_activity:.2f}, DRAM {learned.dram_activity:.2f} alone")
         log.info("job %s attempt %d: %s (%s) -> %s; activity %s", a.job_id, a.n, outcome.value,
                  reason, job.state.value, solo)
+
+
+def _not_the_jobs_fault(exc: BaseException) -> bool:
+    """A launch that failed for the machine's sake (a full disk, an unreachable node): requeued."""
+    return is_disk_full(exc) or isinstance(exc, MachineUnreachable)
 
 
 def _job_key(job_id: str) -> tuple[int, str]:

@@ -58,6 +58,14 @@ def _client(state_dir: Path | None):
     return Client(state_dir)
 
 
+def _check_ray_installed() -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        raise InputError("--ray needs Ray, which is not installed",
+                         hint="pip install 'collocate[ray]' (the same Ray version on every node)")
+
+
 def serve(
     state_dir: StateDirOpt = None,
     gpus: Annotated[str, typer.Option("--gpus", help="nvml, auto, or emulated:4xA100-40GB.")] = "auto",
@@ -83,6 +91,12 @@ def serve(
     mlflow_uri: Annotated[str | None, typer.Option("--mlflow-uri", help="MLflow tracking URI "
                           "instead of the local store (implies --mlflow).")] = None,
     retry_growth: Annotated[float, typer.Option("--oom-growth", help="OOM: new requirement = peak x this + margin.")] = 1.25,
+    ray: Annotated[str | None, typer.Option("--ray", help="Run as the head of the Ray cluster at "
+                   "this address (`auto`: the one this machine joined); --gpus is then each "
+                   "node's backend. Needs the ray extra (docs/multi-node.md).")] = None,
+    node_grace_s: Annotated[float, typer.Option("--node-grace-s", help="With --ray: how long the "
+                            "jobs of a node that stopped answering stay unconfirmed before they "
+                            "are requeued.")] = 60.0,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log every job event.")] = False,
 ) -> None:
     """Run the daemon in the foreground (Ctrl-C stops it; running jobs keep running)."""
@@ -101,6 +115,10 @@ def serve(
         raise InputError("--period must be > 0 and --window >= 1")
     params = parse_params(param)
     make_policy(policy, **params)  # fail before anything starts
+    if node_grace_s < 0:
+        raise InputError("--node-grace-s must be 0 or more")
+    if ray is not None:
+        _check_ray_installed()
     gid = None
     if group is not None:
         try:
@@ -124,7 +142,7 @@ def serve(
         state_dir=resolve_state_dir(state_dir), gpus=gpus, policy=policy, policy_params=params,
         sharing=SharingMode(sharing), period_s=period, window=window, allow_gid=gid, tcp=tcp_addr,
         token=token if tcp_addr is not None else None, rules=RecoveryRules(growth=retry_growth),
-        tracking=tracking,
+        tracking=tracking, ray=ray, node_grace_s=node_grace_s,
     )
 
     def ready(service) -> None:

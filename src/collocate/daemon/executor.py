@@ -6,8 +6,10 @@ group, read its records and logs, find its processes, and collect strays. ``Loca
 all of it on this machine. An executor for other machines (an agent per node) implements the same
 protocol; nothing else in the daemon starts, signals or inspects a job's process.
 
-A *handle* is what ``start`` returns to poll the runner by (a ``Popen`` here); a re-adopted
-attempt has none, and is followed by its recorded pid and process start time instead.
+Every call about one attempt takes its ``Attempt`` row (``daemon/store.py``): its folder, its
+runner's pid and process start time, and its GPUs (whose node says where it runs). A *handle* is
+what ``start`` returns to poll the runner by (a ``Popen`` here); a re-adopted attempt has none,
+and is followed by its recorded pid and process start time instead.
 """
 
 from __future__ import annotations
@@ -23,45 +25,55 @@ from collocate.daemon.launcher import LaunchPlan, process_matches, start
 from collocate.daemon.paths import attempt_files
 from collocate.daemon.reaping import OrphanedJob, adopt_orphan, job_started, reap_strays
 from collocate.daemon.runner import read_tail
+from collocate.daemon.store import Attempt
 from collocate.monitor.process_tree import TreeReader, TreeUsage
+
+
+class MachineUnreachable(OSError):
+    """The machine that should run an attempt did not answer (``start`` raises it): not the
+    job's fault, so the attempt is lost and the job requeued, never failed."""
 
 
 class Executor(Protocol):
     """What the daemon's loop needs from the machine its jobs run on (see the module docstring)."""
 
-    def start(self, plan: LaunchPlan) -> tuple[Any, int, float]:
+    def start(self, plan: LaunchPlan, attempt: Attempt) -> tuple[Any, int, float]:
         """Start the attempt's runner: ``(handle, pid, process start time)``; raises on failure."""
         ...
 
-    def poll(self, handle: Any, pid: int | None, started: float | None) -> tuple[bool, int | None]:
+    def poll(self, handle: Any, attempt: Attempt) -> tuple[bool, int | None]:
         """``(alive, runner exit status)``; the status is known only with a handle."""
         ...
 
-    def matches(self, pid: int | None, started: float | None) -> bool:
-        """Whether the runner recorded as ``pid`` started at ``started`` still runs."""
+    def matches(self, attempt: Attempt) -> bool:
+        """Whether the attempt's recorded runner (pid and process start time) still runs."""
         ...
 
-    def signal(self, pid: int | None, sig: int) -> None:
+    def signal(self, attempt: Attempt, sig: int) -> None:
         """Signal the job's whole process group (gone is fine)."""
         ...
 
-    def exit_record(self, attempt_dir: Path) -> dict[str, Any] | None: ...
+    def exit_record(self, attempt: Attempt) -> dict[str, Any] | None: ...
 
-    def started_record(self, attempt_dir: Path) -> dict[str, Any] | None: ...
+    def started_record(self, attempt: Attempt) -> dict[str, Any] | None: ...
 
-    def stderr_tail(self, attempt_dir: Path) -> str: ...
+    def stderr_tail(self, attempt: Attempt) -> str: ...
 
-    def job_started(self, attempt_dir: Path) -> bool: ...
+    def job_started(self, attempt: Attempt) -> bool: ...
 
-    def adopt_orphan(self, attempt_dir: Path) -> Any | None:
+    def read_log(self, attempt: Attempt, stream: str, offset: int, limit: int) -> bytes:
+        """Up to ``limit`` bytes of the attempt's ``stdout`` or ``stderr`` from ``offset``."""
+        ...
+
+    def adopt_orphan(self, attempt: Attempt) -> Any | None:
         """A handle on the job itself when its runner died and it is ours now, else None."""
         ...
 
     def is_orphan(self, handle: Any) -> bool: ...
 
-    def read_trees(self, roots: Mapping[str, int], now: float,
+    def read_trees(self, roots: Mapping[str, Attempt], now: float,
                    gpu_pids: AbstractSet[int]) -> dict[str, TreeUsage]:
-        """One reading of each job's process tree (``{job_id: runner pid}``), once per tick."""
+        """One reading of each launched job's process tree (``{job_id: attempt}``), once per tick."""
         ...
 
     def collect(self, keep: set[int]) -> None:
@@ -75,48 +87,66 @@ class LocalExecutor:
     def __init__(self) -> None:
         self._trees = TreeReader()
 
-    def start(self, plan: LaunchPlan) -> tuple[Any, int, float]:
+    def start(self, plan: LaunchPlan, attempt: Attempt) -> tuple[Any, int, float]:
         proc, started = start(plan)
         return proc, proc.pid, started
 
-    def poll(self, handle: Any, pid: int | None, started: float | None) -> tuple[bool, int | None]:
+    def poll(self, handle: Any, attempt: Attempt) -> tuple[bool, int | None]:
         if handle is not None:
             status = handle.poll()
             return status is None, status
-        return process_matches(pid, started), None
+        return process_matches(attempt.pid, attempt.pid_started), None
 
-    def matches(self, pid: int | None, started: float | None) -> bool:
-        return process_matches(pid, started)
+    def matches(self, attempt: Attempt) -> bool:
+        return process_matches(attempt.pid, attempt.pid_started)
 
-    def signal(self, pid: int | None, sig: int) -> None:
-        if not pid:  # the runner's pid is its process group's id
-            return
-        try:
-            os.killpg(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+    def signal(self, attempt: Attempt, sig: int) -> None:
+        signal_group(attempt.pid, sig)
 
-    def exit_record(self, attempt_dir: Path) -> dict[str, Any] | None:
-        return views.read_exit(attempt_dir)
+    def exit_record(self, attempt: Attempt) -> dict[str, Any] | None:
+        return views.read_exit(Path(attempt.dir))
 
-    def started_record(self, attempt_dir: Path) -> dict[str, Any] | None:
-        return views.read_json(attempt_files(attempt_dir)["started"])
+    def started_record(self, attempt: Attempt) -> dict[str, Any] | None:
+        return views.read_json(attempt_files(Path(attempt.dir))["started"])
 
-    def stderr_tail(self, attempt_dir: Path) -> str:
-        return read_tail(attempt_files(attempt_dir)["stderr"])
+    def stderr_tail(self, attempt: Attempt) -> str:
+        return read_tail(attempt_files(Path(attempt.dir))["stderr"])
 
-    def job_started(self, attempt_dir: Path) -> bool:
-        return job_started(attempt_dir)
+    def job_started(self, attempt: Attempt) -> bool:
+        return job_started(Path(attempt.dir))
 
-    def adopt_orphan(self, attempt_dir: Path) -> Any | None:
-        return adopt_orphan(attempt_dir)
+    def read_log(self, attempt: Attempt, stream: str, offset: int, limit: int) -> bytes:
+        return read_chunk(attempt_files(Path(attempt.dir))[stream], offset, limit)
+
+    def adopt_orphan(self, attempt: Attempt) -> Any | None:
+        return adopt_orphan(Path(attempt.dir))
 
     def is_orphan(self, handle: Any) -> bool:
         return isinstance(handle, OrphanedJob)
 
-    def read_trees(self, roots: Mapping[str, int], now: float,
+    def read_trees(self, roots: Mapping[str, Attempt], now: float,
                    gpu_pids: AbstractSet[int]) -> dict[str, TreeUsage]:
-        return self._trees.read(roots, now, gpu_pids)
+        return self._trees.read({j: a.pid or 0 for j, a in roots.items()}, now, gpu_pids)
 
     def collect(self, keep: set[int]) -> None:
         reap_strays(keep)
+
+
+def signal_group(pid: int | None, sig: int) -> None:
+    """Signal the process group a runner leads (its pid is the group's id); gone is fine."""
+    if not pid:
+        return
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def read_chunk(path: Path, offset: int, limit: int) -> bytes:
+    """Up to ``limit`` bytes of ``path`` from ``offset``; nothing when it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, offset))
+            return f.read(limit)
+    except OSError:
+        return b""

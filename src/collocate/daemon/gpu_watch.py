@@ -219,6 +219,8 @@ class GpuWatch:
         for d in self.devices:
             here = on_gpu.get(d.uuid, [])
             sample = self.last.get(d.uuid)
+            if sample is not None and not sample.reachable:  # its node is away: not offered
+                continue
             views.append(GpuView(
                 id=d.id,
                 total_mib=d.total_mib,

@@ -153,8 +153,11 @@ def gpu_table(rows: list[dict[str, Any]]) -> Table:
     table = Table(box=None, header_style="bold")
     for col in ("GPU", "TYPE", "USED", "TOTAL", "SM NOW", "SM WINDOW", "JOBS"):
         table.add_column(col)
-    for r in rows:
+    for i, r in enumerate(rows):
+        if i and r.get("node") != rows[i - 1].get("node"):
+            table.add_row()  # a cluster's GPUs, grouped by node
         sm = "-" if r["sm_now"] is None else f"{r['sm_now'] * 100:.0f}%"
-        table.add_row(plain(r["id"]), plain(r["type"]), _mib(r["used_mib"]), _mib(r["total_mib"]), sm,
+        used = _mib(r["used_mib"]) if r.get("reachable", True) else "node away"
+        table.add_row(plain(r["id"]), plain(r["type"]), used, _mib(r["total_mib"]), sm,
                       f"{r['sm_window'] * 100:.0f}%", plain(",".join(r["jobs"]) or "-"))
     return table

@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import replace
-from pathlib import Path
 
 from collocate.daemon.attempts import Attempts, LiveAttempt, cancel_key
 from collocate.daemon.executor import Executor
@@ -42,13 +41,13 @@ def restore(store: Store, scheduler: Scheduler, attempts: Attempts, executor: Ex
         run = LiveAttempt(a, attempts.watch(job, a.uuids))
         if store.get_flag(cancel_key(job_id)):
             run.cancel_at = time.time()  # asked before the restart; the grace period restarts
-        if executor.matches(a.pid, a.pid_started):
+        if executor.matches(a):
             attempts.running[job_id] = run
             attempts.track_start(job_id)
             log.info("re-adopted job %s (runner pid %s)", job_id, a.pid)
         else:
             attempts.ended(run, runner_status=None, adopted=True)
-    adopted = {j: r.attempt.pid or 0 for j, r in attempts.running.items()}
+    adopted = {j: r.attempt for j, r in attempts.running.items()}
     for job_id, tree in executor.read_trees(adopted, time.time(), frozenset()).items():
         attempts.running[job_id].watched.pids = tree.pids  # its processes, before the first round
     for job in list(scheduler.jobs.values()):
@@ -71,7 +70,7 @@ def _fill_pid(store: Store, executor: Executor, a: Attempt) -> Attempt:
     """An attempt whose pid was not yet stored: take it from the runner's own record."""
     if a.pid is not None:
         return a
-    started = executor.started_record(Path(a.dir))
+    started = executor.started_record(a)
     if started is None:
         return a
     a = replace(a, pid=int(started["pid"]), pid_started=float(started["started"]))

@@ -70,7 +70,7 @@ class SchedulingRound:
         for each job whose runner still runs (an ended one keeps its last processes)."""
         launched = {j: r for j, r in self.attempts.running.items() if r.attempt.pid}
         gpu_pids = {p.pid for s in samples for p in s.processes}
-        trees = self.executor.read_trees({j: r.attempt.pid or 0 for j, r in launched.items()},
+        trees = self.executor.read_trees({j: r.attempt for j, r in launched.items()},
                                          now, gpu_pids)
         for job_id, run in launched.items():
             if run.handle is None or run.handle.poll() is None:

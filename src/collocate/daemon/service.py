@@ -71,6 +71,8 @@ class ServeConfig:
     cancel_grace_s: float = 10.0
     rules: RecoveryRules = field(default_factory=RecoveryRules)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    ray: str | None = None  # a Ray cluster's address: run as its head (docs/multi-node.md)
+    node_grace_s: float = 60.0  # with ``ray``: how long a silent node's jobs stay unconfirmed
 
 
 class Service:
@@ -93,6 +95,10 @@ class Service:
         self.layout.create(allow_gid=self.config.allow_gid)
         self._take_lock()
         self.store = Store(self.layout.db)
+        if self._backend is None and self.config.ray is not None:  # the only door to Ray
+            from collocate.cluster.ray_head import open_cluster
+
+            self._backend, self.executor = open_cluster(self.config)
         if self._backend is None:
             from collocate.gpus.registry import open_backend
 

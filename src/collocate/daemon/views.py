@@ -35,6 +35,9 @@ def read_exit(attempt_dir: Path) -> dict[str, Any] | None:
     return read_json(attempt_files(attempt_dir)["exit"])
 
 
+#: Reads a chunk of an attempt's log: ``(attempt, "stdout"|"stderr", offset, limit) -> bytes``.
+LogReader = Callable[[Any, str, int, int], bytes]
+
 #: Why a pending job waits (``Scheduler.why_waiting``, or the drain), by job id.
 Waiting = Callable[[str], Wait | None]
 
@@ -112,11 +115,12 @@ def _profile(job: Job, run: Any) -> dict[str, Any]:
             "source": source}
 
 
-def logs(store: Store, job_id: str, args: Mapping[str, Any]) -> dict[str, Any]:
+def logs(store: Store, job_id: str, args: Mapping[str, Any], read: LogReader) -> dict[str, Any]:
     """A chunk of one attempt's stdout or stderr from ``offset``; the client follows with it.
 
     ``attempts`` summarises every attempt (number, outcome, reason, memory it was placed with,
-    ended or not), so a follower can move on to the next attempt and say why it started."""
+    ended or not), so a follower can move on to the next attempt and say why it started.
+    ``read`` is the executor's ``read_log``: the file lives on the node that ran the attempt."""
     attempts = store.attempts(job_id)
     found = store.job(job_id)
     state = found[0].state.value if found else "unknown"
@@ -133,12 +137,8 @@ def logs(store: Store, job_id: str, args: Mapping[str, Any]) -> dict[str, Any]:
     stream = "stderr" if args.get("stream") == "stderr" else "stdout"
     path = attempt_files(Path(chosen.dir))[stream]
     offset = max(0, int(args.get("offset", 0)))
-    try:  # read after the attempt rows: an attempt seen ended has all its output in the file
-        with open(path, "rb") as f:
-            f.seek(offset)
-            data = f.read(LOG_CHUNK_BYTES)
-    except OSError:
-        data = b""
+    # read after the attempt rows: an attempt seen ended has all its output in the file
+    data = read(chosen, stream, offset, LOG_CHUNK_BYTES)
     if not (chosen.end is not None and len(data) < LOG_CHUNK_BYTES):  # more may follow
         data = complete_utf8(data)
     return {"text": data.decode(errors="replace"), "offset": offset + len(data),
@@ -174,7 +174,8 @@ def gpu_rows(monitor: GpuWatch, running: Mapping[str, Any], now: float) -> list[
         s = monitor.last.get(d.uuid)
         u = monitor.util(d.uuid)
         rows.append({
-            "id": str(d.id), "uuid": d.uuid, "type": d.type_name, "total_mib": d.total_mib,
+            "id": str(d.id), "node": d.id.node, "reachable": s is None or s.reachable,
+            "uuid": d.uuid, "type": d.type_name, "total_mib": d.total_mib,
             "used_mib": None if s is None else s.used_mib,
             "free_mib": None if s is None else s.free_mib,
             "sm_now": None if s is None else s.sm_activity,

@@ -62,6 +62,9 @@ class DeviceSample:
     power_watts: float | None = None
     energy_joules: float | None = None  # monotonic counter since driver load
     processes: tuple[ProcessUsage, ...] = ()
+    #: False when the device could not be read at all (its node of a cluster is away): the
+    #: daemon then leaves it out of the policies' snapshot until it answers again.
+    reachable: bool = True
 
 
 class GpuBackend(Protocol):

@@ -1,0 +1,99 @@
+"""``NodeAgent`` in-process, without Ray: real runners on emulated GPUs, started double-forked."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from collocate.cluster.agent import NodeAgent, localize
+from collocate.daemon.isolate import bootstrap_argv
+from collocate.daemon.launcher import ENV_EMULATED_DIR, plan_launch
+from collocate.daemon.spec import JobSpec
+from collocate.gpus.mps import MpsDirs
+from collocate.model import GpuId, Job, Placement, SharingMode
+
+
+def _plan(head: Path, argv: tuple[str, ...], job_id: str = "1", cwd: str = "/"):
+    job = Job(job_id, mem_mib=1000)
+    placement = Placement(job_id, (GpuId("a", 0),), 1000.0)
+    return plan_launch(job, JobSpec(argv, cwd), placement, ("GPU-emu-a-0",), attempt=1,
+                       attempt_dir=head / "jobs" / job_id / "attempt-1",
+                       sharing=SharingMode.MPS, emulated_dir=head / "emulated",
+                       mps_dirs=MpsDirs.under(head))
+
+
+def _wait(predicate, timeout: float = 30.0):
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+    return value
+
+
+def test_localize_moves_the_heads_paths_to_the_node(tmp_path: Path):
+    head = tmp_path / "head"
+    plan = _plan(head, ("python", "train.py", str(head / "not-moved-job-args")), cwd="/work")
+    local = localize(plan, str(head), "/node/root", Path("/node/root/emulated"))
+    assert local.dir == Path("/node/root/jobs/1/attempt-1")
+    assert local.argv[:6] == tuple(bootstrap_argv("collocate.daemon.runner"))
+    assert "--dir" in local.argv and "/node/root/jobs/1/attempt-1" in local.argv
+    assert local.env[ENV_EMULATED_DIR] == "/node/root/emulated"
+    assert local.env["CUDA_MPS_PIPE_DIRECTORY"] == "/node/root/mps/pipe"
+    assert local.env["COLLOCATE_METRICS_FILE"] == "/node/root/jobs/1/attempt-1/metrics.jsonl"
+    assert local.cwd == "/work"
+    no_emulation = localize(plan, str(head), "/node/root", None)
+    assert ENV_EMULATED_DIR not in no_emulation.env
+
+
+def test_a_runner_is_double_forked_and_followed_by_its_records(tmp_path: Path):
+    agent = NodeAgent(node="a", root=str(tmp_path / "node"), gpus="emulated:2xA100-40GB")
+    try:
+        assert [str(d.id) for d in agent.devices()] == ["a:0", "a:1"]
+        assert len(agent.sample()) == 2
+        plan = _plan(tmp_path / "head", (sys.executable, "-c", "print('hello'); import time; time.sleep(1)"))
+        pid, started = agent.start(plan, str(tmp_path / "head"))
+        assert psutil.Process(pid).ppid() != os.getpid()  # nobody's child here: outlives the agent
+        assert os.getpgid(pid) == pid  # its own process group, signalled as one
+        rel = "jobs/1/attempt-1"
+        assert agent.poll(pid, started)
+        samples, alive = agent.tick([(pid, started), (pid, started + 5.0)])
+        assert len(samples) == 2 and alive == [(pid, started)]
+        assert _wait(agent.live_runners) == {rel: (pid, started)}
+        assert agent.started_record(rel)["pid"] == pid
+        record = _wait(lambda: agent.exit_record(rel))
+        assert record["returncode"] == 0
+        assert agent.job_started(rel)
+        assert agent.read_log(rel, "stdout", 0, 100) == b"hello\n"
+        assert agent.read_log(rel, "stdout", 2, 2) == b"ll"
+        assert _wait(lambda: not agent.poll(pid, started))
+        assert agent.live_runners() == {}
+        with pytest.raises(ValueError):
+            agent.read_log("../../etc", "stdout", 0, 10)
+    finally:
+        agent.close()
+
+
+def test_stop_unowned_kills_only_runners_the_head_does_not_own(tmp_path: Path):
+    agent = NodeAgent(node="a", root=str(tmp_path / "node"), gpus="emulated:1xA100-40GB")
+    sleeper = (sys.executable, "-c", "import time; time.sleep(60)")
+    head = str(tmp_path / "head")
+    mine = agent.start(_plan(tmp_path / "head", sleeper, "1"), head)
+    stray = agent.start(_plan(tmp_path / "head", sleeper, "2"), head)
+    try:
+        _wait(lambda: len(agent.live_runners()) == 2)
+        assert agent.stop_unowned({"jobs/1/attempt-1"}) == ["jobs/2/attempt-1"]
+        _wait(lambda: not agent.poll(*stray))  # runner and job: the whole group is gone
+        assert agent.poll(*mine)
+        assert list(agent.live_runners()) == ["jobs/1/attempt-1"]
+        trees = agent.read_trees({"1": mine[0]}, time.time(), frozenset())
+        assert mine[0] in trees["1"].pids
+    finally:
+        for pid, _ in (mine, stray):
+            agent.signal(pid, signal.SIGKILL)
+        agent.close()

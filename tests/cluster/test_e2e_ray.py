@@ -1,0 +1,121 @@
+"""``collocate serve --ray`` end to end on a local 3-node Ray cluster with emulated GPUs.
+
+The head is a real ``collocate serve`` subprocess; jobs are real processes started by the agents
+(double-forked); node failures are SIGKILLs of a node's Ray processes (``conftest.LocalCluster``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from daemon_harness import job_argv, wait_for
+
+from collocate.errors import CollocateError
+
+
+def _marker_job(marker: Path, seconds: float) -> list[str]:
+    """Sleeps, then appends its attempt number to ``marker``: one line per run that finished."""
+    code = ("import os, sys, time; time.sleep(float(sys.argv[2])); "
+            "open(sys.argv[1], 'a').write(os.environ['COLLOCATE_ATTEMPT'] + '\\n')")
+    return [sys.executable, "-c", code, str(marker), str(seconds)]
+
+
+def _node_of(detail: dict, n: int = -1) -> str:
+    return detail["attempts"][n]["gpus"][0].split(":")[0]
+
+
+def test_a_mixed_trace_runs_over_the_nodes_and_a_gang_stays_on_one(heads, tmp_path: Path):
+    head = heads("--policy", "exclusive")
+    gpus = head.client.request("gpus")
+    assert sorted(g["id"] for g in gpus) == [f"n{i}:{j}" for i in (1, 2, 3) for j in (0, 1)]
+    jobs = [head.submit(job_argv(mem, 2.0), mem=mem) for mem in (4000, 8000, 2000, 6000, 3000)]
+    pair = head.submit(job_argv(5000, 2.0), mem=5000, gpus=2)
+    printer = head.submit([sys.executable, "-c", "import os; print('from a node at nice', os.nice(0))"],
+                          mem=100)
+    with pytest.raises(CollocateError, match="can never run here"):
+        head.submit(job_argv(1000, 1.0), mem=1000, gpus=3)  # no node has 3 GPUs
+    for job_id in [*jobs, pair, printer]:
+        detail = head.wait_state(job_id, ("done", "failed"), timeout=90)
+        assert detail["state"] == "done", detail
+    nodes = {_node_of(head.job(j)) for j in jobs}
+    assert len(nodes) >= 2, f"six single-GPU jobs on six GPUs all ran on {nodes}"
+    gang = head.job(pair)["attempts"][0]["gpus"]
+    assert len(gang) == 2 and len({g.split(":")[0] for g in gang}) == 1, gang
+    logs = head.client.request("logs", id=printer)
+    assert logs["text"] == f"from a node at nice {os.nice(0)}\n"  # not Ray's workers' niceness
+    node = _node_of(head.job(printer))
+    assert (head.state_dir / "nodes" / node / "jobs" / printer / "attempt-1" / "stdout.log").exists()
+
+
+def test_a_killed_node_requeues_its_job_elsewhere_and_it_runs_once(heads, ray_cluster, tmp_path: Path):
+    head = heads("--policy", "exclusive", grace=3.0)
+    marker = tmp_path / "marker"
+    job = head.submit(_marker_job(marker, 25.0), mem=1000)
+    head.wait_state(job, "running", timeout=60)
+    first = wait_for(lambda: head.job(job)["attempts"][0]["pid"] and head.job(job), 30, "a runner")
+    lost_node = _node_of(first)
+    runner = first["attempts"][0]["pid"]
+    ray_cluster.kill(lost_node)
+    try:
+        away = wait_for(lambda: [g for g in head.client.request("gpus") if not g["reachable"]], 30,
+                        "the node's GPUs to show as away")
+        assert {g["node"] for g in away} == {lost_node}
+        # Unconfirmed for the grace period, then lost: requeued on another node, no attempt used.
+        again = wait_for(lambda: len((d := head.job(job))["attempts"]) == 2 and d, 60, "a second attempt")
+        assert again["attempts"][0]["outcome"] == "lost", again["attempts"][0]
+        assert lost_node in again["attempts"][0]["reason"]
+        assert _node_of(again) != lost_node
+        assert again["state"] == "running"  # requeued, not failed: a lost attempt is not used up
+        ray_cluster.start(lost_node)  # the node comes back: its stale runner is stopped
+        wait_for(lambda: not psutil.pid_exists(runner) or
+                 psutil.Process(runner).status() == psutil.STATUS_ZOMBIE, 60, "the stale runner to stop")
+    finally:
+        if lost_node not in ray_cluster.nodes:
+            ray_cluster.start(lost_node)
+    done = head.wait_state(job, ("done", "failed"), timeout=90)
+    assert done["state"] == "done", done
+    assert marker.read_text().splitlines() == [str(done["attempts"][-1]["n"])]  # exactly once
+
+
+def test_a_node_back_within_the_grace_period_keeps_its_job(heads, ray_cluster, tmp_path: Path):
+    head = heads("--policy", "exclusive", grace=120.0)
+    marker = tmp_path / "marker"
+    job = head.submit(_marker_job(marker, 20.0), mem=1000)
+    first = wait_for(lambda: (d := head.job(job))["attempts"] and d["attempts"][0]["pid"] and d,
+                     60, "a runner")
+    node = _node_of(first)
+    ray_cluster.kill(node)
+    try:
+        wait_for(lambda: [g for g in head.client.request("gpus") if not g["reachable"]], 30,
+                 "the node's GPUs to show as away")
+        assert head.job(job)["state"] == "running"  # unconfirmed, not lost
+    finally:
+        ray_cluster.start(node)  # a new agent, which finds the runner it still owns
+    wait_for(lambda: f"node {node} is back" in (head.state_dir / "daemon.log").read_text(), 60,
+             "a new agent on the node")
+    assert head.job(job)["state"] == "running"  # the new agent did not stop a runner the head owns
+    done = head.wait_state(job, ("done", "failed"), timeout=90)
+    assert [a["outcome"] for a in done["attempts"]] == ["succeeded"], done["attempts"]
+    assert marker.read_text() == "1\n"
+
+
+def test_a_killed_head_restarts_and_readopts_running_jobs(heads, tmp_path: Path):
+    head = heads("--policy", "exclusive")
+    markers = [tmp_path / f"m{i}" for i in range(2)]
+    jobs = [head.submit(_marker_job(m, 6.0), mem=1000) for m in markers]
+    for job in jobs:
+        head.wait_state(job, "running", timeout=60)
+    head.kill(signal.SIGKILL)
+    time.sleep(1.0)
+    head.start()
+    for job, marker in zip(jobs, markers, strict=True):
+        detail = head.wait_state(job, ("done", "failed"), timeout=90)
+        assert detail["state"] == "done", detail
+        assert [a["outcome"] for a in detail["attempts"]] == ["succeeded"]  # re-adopted, not rerun
+        assert marker.read_text() == "1\n"
