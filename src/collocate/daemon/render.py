@@ -75,10 +75,10 @@ def jobs_table(rows: list[dict[str, Any]], width: int) -> Table:
               for i, h in enumerate(headers)]
     reason_width = max(12, width - sum(widths) - len(widths))
     table = Table(box=None, header_style="bold", pad_edge=False, padding=(0, 1, 0, 0))
-    for header, w in zip(headers, widths):
+    for header, w in zip(headers, widths, strict=True):
         table.add_column(header, no_wrap=True, overflow="ellipsis", width=w)
     table.add_column("REASON", no_wrap=True, overflow="ellipsis", max_width=reason_width)
-    for row, r in zip(cells, rows):
+    for row, r in zip(cells, rows, strict=True):
         table.add_row(*(Text(c) for c in row), Text(_cut(printable(row_reason(r)), reason_width)))
     return table
 

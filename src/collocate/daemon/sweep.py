@@ -78,7 +78,7 @@ def expand(command: Sequence[str], axes: Sequence[Axis]) -> list[Point]:
         raise InputError(f"the sweep has {count} jobs", hint=f"at most {MAX_JOBS} per submit")
     points = []
     for combo in itertools.product(*(a.values for a in axes)):
-        values = tuple(zip(names, combo))
+        values = tuple(zip(names, combo, strict=True))
         points.append(Point(values, tuple(_fill(arg, values) for arg in command)))
     return points
 

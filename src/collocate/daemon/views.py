@@ -46,8 +46,8 @@ def job_rows(store: Store, *, include_done: bool, running: Mapping[str, Any],
              waiting: Waiting = lambda job_id: None) -> list[dict[str, Any]]:
     starts: dict[str, float] = {}
     last_gpus: dict[str, list[str]] = {}
-    for job_id, n, start, gpus in store.db.execute(
-        "SELECT job_id, n, start, gpus FROM attempts ORDER BY job_id, n"
+    for job_id, start, gpus in store.db.execute(
+        "SELECT job_id, start, gpus FROM attempts ORDER BY job_id, n"
     ):
         starts.setdefault(job_id, start)
         last_gpus[job_id] = json.loads(gpus)

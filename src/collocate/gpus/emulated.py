@@ -301,7 +301,7 @@ def _sample(
     sm_total, dram_total = float(sum(sm)), float(sum(dram))
     used = float(sum(c.mib for c in claims))
     per_pid: dict[int, list[float]] = {}
-    for c, a in zip(claims, sm):
+    for c, a in zip(claims, sm, strict=True):
         share = a / max(1.0, sm_total)
         entry = per_pid.setdefault(c.pid, [0.0, 0.0])
         entry[0] += c.mib

@@ -244,7 +244,7 @@ class _FluidLP:
         if worth <= 0:
             return 0.0
         capacity = 0.0
-        for g, (count, mem) in enumerate(zip(self.gpu_count, self.gpu_mem)):
+        for g, (count, mem) in enumerate(zip(self.gpu_count, self.gpu_mem, strict=True)):
             known = max((float(y @ self.rates(c)) for gg, c in self.columns if gg == g), default=0.0)
             capacity += count * self._pricing_bound(y, mem, known)
         return worth / capacity

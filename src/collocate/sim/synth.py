@@ -41,7 +41,7 @@ def synthetic_trace(
 ) -> list[TraceJob]:
     rng = np.random.default_rng(seed)
     allowed = [g for g in GPU_COUNTS if g <= max_gpus_per_job]
-    weights = np.array([w for g, w in zip(GPU_COUNTS, GPU_COUNT_WEIGHTS) if g <= max_gpus_per_job])
+    weights = np.array([w for g, w in zip(GPU_COUNTS, GPU_COUNT_WEIGHTS, strict=True) if g <= max_gpus_per_job])
     gpu_counts = rng.choice(allowed, size=jobs, p=weights / weights.sum())
     duration_s = np.minimum(
         rng.lognormal(math.log(median_minutes * 60), 1.2, size=jobs), max_hours * 3600
