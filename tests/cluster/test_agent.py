@@ -6,6 +6,7 @@ import os
 import signal
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
@@ -49,6 +50,18 @@ def test_localize_moves_the_heads_paths_to_the_node(tmp_path: Path):
     assert local.cwd == "/work"
     no_emulation = localize(plan, str(head), "/node/root", None)
     assert ENV_EMULATED_DIR not in no_emulation.env
+
+
+def test_localize_keeps_a_path_the_node_gave_under_the_heads_root(tmp_path: Path):
+    """A node's root lies under the head's state dir (``nodes/NAME``) when they share a disk:
+    the share dir a node's producer serves from (``COLLOCATE_SHARE_DIR``) is the node's already."""
+    head = tmp_path / "head"
+    node = head / "nodes" / "a"
+    plan = _plan(head, ("python", "train.py"))
+    plan = replace(plan, env={**plan.env, "COLLOCATE_SHARE_DIR": str(node / "share")})
+    local = localize(plan, str(head), str(node), None)
+    assert local.env["COLLOCATE_SHARE_DIR"] == str(node / "share")
+    assert local.dir == node / "jobs" / "1" / "attempt-1"
 
 
 def test_a_runner_is_double_forked_and_followed_by_its_records(tmp_path: Path):

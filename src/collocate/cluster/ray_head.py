@@ -34,6 +34,7 @@ from ray.exceptions import ActorDiedError, GetTimeoutError, RayError, RayTaskErr
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from collocate.cluster.agent import NodeAgent
+from collocate.daemon.datasets import ProducerStartError
 from collocate.daemon.executor import MachineUnreachable
 from collocate.daemon.launcher import LaunchPlan
 from collocate.daemon.store import Attempt
@@ -253,6 +254,7 @@ class ClusterExecutor:
     def __init__(self, agents: Agents, head_root: Path, *, grace_s: float) -> None:
         self.agents, self.head_root, self.grace_s = agents, head_root, grace_s
         self._owned: set[tuple[str, str]] = set()  # (node, rel) polled or started since the last collect
+        self._datasets: dict[str, NodeDatasets] = {}
 
     def _where(self, attempt: Attempt) -> tuple[str, str]:
         node = GpuId.parse(attempt.gpus[0]).node
@@ -342,6 +344,17 @@ class ClusterExecutor:
                                                       for n, r in per_node.items()})
         return {job_id: tree for trees in answers.values() for job_id, tree in trees.items()}
 
+    def datasets_of(self, attempt: Attempt) -> NodeDatasets:
+        return self._node_datasets(self._where(attempt)[0])
+
+    def remote_datasets(self) -> list[NodeDatasets]:
+        return [self._node_datasets(name) for name in sorted(self.agents.seats)]
+
+    def _node_datasets(self, node: str) -> NodeDatasets:
+        if node not in self._datasets:
+            self._datasets[node] = NodeDatasets(self.agents, node)
+        return self._datasets[node]
+
     def collect(self, keep: set[int]) -> None:
         """Once per round, after the attempts were polled: on each new agent, stop the runners
         the head does not own (their attempts were recorded lost while the node was away)."""
@@ -357,6 +370,43 @@ class ClusterExecutor:
             for rel in stopped:
                 log.warning("node %s: stopped %s, which the head no longer owns", name, rel)
         self._owned.clear()
+
+
+class NodeDatasets:
+    """One node's ``Datasets`` (its agent's) as the daemon's loop uses it: each call forwarded,
+    so a job's producer runs on the job's node. ``producers`` is what the agent last reported
+    (name → pid): the loop reconciles only nodes that have some."""
+
+    def __init__(self, agents: Agents, node: str) -> None:
+        self.agents, self.node = agents, node
+        self.producers: dict[str, int] = {}
+        self._env: dict[str, dict[str, str]] = {}  # a ready dataset's job environment, by name
+
+    def ensure(self, spec: Any) -> bool:
+        try:
+            ready, error, env, self.producers = self.agents.call(self.node, "datasets_ensure", spec,
+                                                                 timeout=60)
+        except NodeDown:  # not the job's fault: its attempt is lost and the job requeued
+            raise MachineUnreachable(f"node {self.node} did not answer") from None
+        if error is not None:
+            raise ProducerStartError(error)
+        self._env[spec.dataset] = env
+        return ready
+
+    def job_env(self, name: str) -> dict[str, str]:
+        return self._env[name]  # asked right after ``ensure`` said ready
+
+    def reconcile(self, wanted: Any) -> None:
+        try:
+            self.producers = self.agents.call(self.node, "datasets_reconcile", frozenset(wanted))
+        except NodeDown:
+            pass  # asked again next round
+
+    def adopt(self, names: Any) -> None:
+        try:
+            self.producers = self.agents.call(self.node, "datasets_adopt", frozenset(names))
+        except NodeDown:
+            pass  # its producers are started again when its next job launches
 
 
 def open_cluster(config: Any) -> tuple[ClusterBackend, ClusterExecutor]:

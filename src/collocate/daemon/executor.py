@@ -2,7 +2,8 @@
 
 The loop decides (place, cancel, classify an exit); an ``Executor`` does what touches the jobs'
 machine: start a runner from a ``LaunchPlan``, tell whether it still runs, signal its process
-group, read its records and logs, find its processes, and collect strays. ``LocalExecutor`` does
+group, read its records and logs, find its processes, collect strays, and say where a job's
+``--dataset`` producer runs (its machine's). ``LocalExecutor`` does
 all of it on this machine. An executor for other machines (an agent per node) implements the same
 protocol; nothing else in the daemon starts, signals or inspects a job's process.
 
@@ -80,6 +81,16 @@ class Executor(Protocol):
         """Collect exited processes the jobs left behind, except ``keep``."""
         ...
 
+    def datasets_of(self, attempt: Attempt) -> Any | None:
+        """Where the attempt's ``--dataset`` producer runs when that is another machine: an
+        object with the methods of ``daemon.datasets.Datasets`` that forwards them there;
+        None for this machine (the daemon's own ``Datasets``)."""
+        ...
+
+    def remote_datasets(self) -> list[Any]:
+        """Those objects for every other machine (the loop reconciles them, a restart adopts)."""
+        ...
+
 
 class LocalExecutor:
     """Runs attempts on this machine: runners in their own sessions, ``/proc`` for the trees."""
@@ -130,6 +141,12 @@ class LocalExecutor:
 
     def collect(self, keep: set[int]) -> None:
         reap_strays(keep)
+
+    def datasets_of(self, attempt: Attempt) -> Any | None:
+        return None
+
+    def remote_datasets(self) -> list[Any]:
+        return []
 
 
 def signal_group(pid: int | None, sig: int) -> None:
