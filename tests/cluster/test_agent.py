@@ -64,6 +64,26 @@ def test_localize_keeps_a_path_the_node_gave_under_the_heads_root(tmp_path: Path
     assert local.dir == node / "jobs" / "1" / "attempt-1"
 
 
+def test_read_metrics_returns_each_jobs_new_points_since_the_last_call(tmp_path: Path):
+    agent = NodeAgent(node="a", root=str(tmp_path / "node"), gpus="emulated:1xA100-40GB")
+    try:
+        adir = tmp_path / "node" / "jobs" / "7" / "attempt-1"
+        adir.mkdir(parents=True)
+        metrics = adir / "metrics.jsonl"
+        rel = {"7": "jobs/7/attempt-1"}
+        assert agent.read_metrics(rel) == []  # not written yet
+        metrics.write_text('{"t": 1.0, "key": "loss", "value": 0.5, "step": 0}\n{"t": 2.0, "ke')
+        assert [(p.job_id, p.key, p.value, p.step) for p in agent.read_metrics(rel)] == [("7", "loss", 0.5, 0)]
+        with metrics.open("a") as f:
+            f.write('y": "loss", "value": 0.25, "step": 1}\n')
+        assert [(p.key, p.value) for p in agent.read_metrics(rel)] == [("loss", 0.25)]
+        assert agent.read_metrics(rel) == []
+        with pytest.raises(ValueError, match="outside"):
+            agent.read_metrics({"8": "../elsewhere"})
+    finally:
+        agent.close()
+
+
 def test_a_runner_is_double_forked_and_followed_by_its_records(tmp_path: Path):
     agent = NodeAgent(node="a", root=str(tmp_path / "node"), gpus="emulated:2xA100-40GB")
     try:

@@ -17,6 +17,7 @@ import pytest
 from daemon_harness import job_argv, wait_for
 
 from collocate.errors import CollocateError
+from collocate.monitor.store import MonitorStore, monitor_db_path
 from collocate.share.lifecycle import probe
 
 DAEMON_TESTS = Path(__file__).parent.parent / "daemon"  # dataset_job.py, _dataset_factory.py
@@ -143,3 +144,19 @@ def test_a_datasets_producer_runs_on_each_node_of_its_jobs_and_stops_after(heads
         wait_for(lambda: probe("tiny", share) is None and not (share / "tiny.pid").exists(), 30,
                  f"the producer on {node} to stop")
     assert not (head.state_dir / "share" / "tiny.log").exists()  # nothing ran on the head
+
+
+def test_a_jobs_logged_metrics_are_read_on_its_node_and_stored_by_the_head(heads):
+    head = heads("--policy", "exclusive")
+    job = head.submit([sys.executable, str(DAEMON_TESTS / "metric_job.py"), "500", "1.0"], mem=1000)
+    detail = head.wait_state(job, ("done", "failed"), timeout=90)
+    assert detail["state"] == "done", detail
+    node = _node_of(detail)
+    assert (head.state_dir / "nodes" / node / "jobs" / job / "attempt-1" / "metrics.jsonl").exists()
+    assert not (head.state_dir / "jobs" / job / "attempt-1" / "metrics.jsonl").exists()
+    store = MonitorStore(monitor_db_path(head.state_dir))
+    try:
+        logged = [(m["key"], m["step"], m["value"]) for m in store.metrics(job)]
+    finally:
+        store.close()
+    assert logged == [("loss", i, 1.0 / (i + 1)) for i in range(5)]

@@ -40,6 +40,7 @@ from collocate.daemon.reaping import job_started
 from collocate.daemon.runner import read_tail
 from collocate.daemon.spec import JobSpec
 from collocate.gpus.base import DeviceInfo, DeviceSample
+from collocate.monitor.job_metrics import METRICS_FILE_NAME, MetricPoint, MetricsTail
 from collocate.monitor.process_tree import TreeReader, TreeUsage
 
 log = logging.getLogger("collocate.cluster")
@@ -71,6 +72,7 @@ class NodeAgent:
             self.mps = MpsControl(self.root)
             self.mps.start()
         self._trees = TreeReader()
+        self._metrics = MetricsTail()  # where each job's metrics file was read up to
         self.datasets = Datasets(self.root)  # the producers of the jobs placed on this node
 
     # -- GPUs ------------------------------------------------------------------------------
@@ -148,6 +150,12 @@ class NodeAgent:
                    gpu_pids: AbstractSet[int]) -> dict[str, TreeUsage]:
         return self._trees.read(roots, now, gpu_pids)
 
+    def read_metrics(self, attempts: Mapping[str, str]) -> list[MetricPoint]:
+        """The new ``log_metric`` points of these jobs (``job_id → rel``) since the last call;
+        files of jobs no longer asked about are closed."""
+        return self._metrics.read({job_id: self._dir(rel) / METRICS_FILE_NAME
+                                   for job_id, rel in attempts.items()})
+
     # -- after a partition or a head restart -----------------------------------------------
     def live_runners(self) -> dict[str, tuple[int, float]]:
         """The attempts whose runner still runs here (``rel → (pid, start time)``), from the
@@ -198,6 +206,7 @@ class NodeAgent:
         return {name: p.pid for name, p in self.datasets.producers.items()}
 
     def close(self) -> None:
+        self._metrics.close()
         self.datasets.close()
         if self.mps is not None:
             self.mps.stop()

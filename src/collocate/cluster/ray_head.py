@@ -41,6 +41,7 @@ from collocate.daemon.store import Attempt
 from collocate.errors import CollocateError
 from collocate.gpus.base import DeviceInfo, DeviceSample
 from collocate.model import GpuId
+from collocate.monitor.job_metrics import MetricPoint
 from collocate.monitor.process_tree import TreeUsage
 
 log = logging.getLogger("collocate.daemon")
@@ -255,6 +256,7 @@ class ClusterExecutor:
         self.agents, self.head_root, self.grace_s = agents, head_root, grace_s
         self._owned: set[tuple[str, str]] = set()  # (node, rel) polled or started since the last collect
         self._datasets: dict[str, NodeDatasets] = {}
+        self._metrics_nodes: set[str] = set()  # nodes asked for metrics last tick
 
     def _where(self, attempt: Attempt) -> tuple[str, str]:
         node = GpuId.parse(attempt.gpus[0]).node
@@ -354,6 +356,19 @@ class ClusterExecutor:
         if node not in self._datasets:
             self._datasets[node] = NodeDatasets(self.agents, node)
         return self._datasets[node]
+
+    def read_metrics(self, attempts: Mapping[str, Attempt]) -> list[MetricPoint]:
+        """Each node reads its jobs' metrics files; a node whose jobs all ended is asked once
+        more, with none, so it closes their files."""
+        per_node: dict[str, dict[str, str]] = {name: {} for name in self._metrics_nodes}
+        for job_id, attempt in attempts.items():
+            node, rel = self._where(attempt)
+            per_node.setdefault(node, {})[job_id] = rel
+        self._metrics_nodes = {name for name, jobs in per_node.items() if jobs}
+        if not per_node:
+            return []
+        answers = self.agents.call_all("read_metrics", {n: (jobs,) for n, jobs in per_node.items()})
+        return [point for points in answers.values() for point in points]
 
     def collect(self, keep: set[int]) -> None:
         """Once per round, after the attempts were polled: on each new agent, stop the runners

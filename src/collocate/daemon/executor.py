@@ -27,6 +27,7 @@ from collocate.daemon.paths import attempt_files
 from collocate.daemon.reaping import OrphanedJob, adopt_orphan, job_started, reap_strays
 from collocate.daemon.runner import read_tail
 from collocate.daemon.store import Attempt
+from collocate.monitor.job_metrics import MetricPoint
 from collocate.monitor.process_tree import TreeReader, TreeUsage
 
 
@@ -75,6 +76,12 @@ class Executor(Protocol):
     def read_trees(self, roots: Mapping[str, Attempt], now: float,
                    gpu_pids: AbstractSet[int]) -> dict[str, TreeUsage]:
         """One reading of each launched job's process tree (``{job_id: attempt}``), once per tick."""
+        ...
+
+    def read_metrics(self, attempts: Mapping[str, Attempt]) -> list[MetricPoint] | None:
+        """The launched jobs' new ``log_metric`` points (``{job_id: attempt}``), once per tick,
+        when their files are on other machines; None: the usage sampler reads them here, from
+        each attempt's folder."""
         ...
 
     def collect(self, keep: set[int]) -> None:
@@ -138,6 +145,9 @@ class LocalExecutor:
     def read_trees(self, roots: Mapping[str, Attempt], now: float,
                    gpu_pids: AbstractSet[int]) -> dict[str, TreeUsage]:
         return self._trees.read({j: a.pid or 0 for j, a in roots.items()}, now, gpu_pids)
+
+    def read_metrics(self, attempts: Mapping[str, Attempt]) -> list[MetricPoint] | None:
+        return None
 
     def collect(self, keep: set[int]) -> None:
         reap_strays(keep)

@@ -46,7 +46,8 @@ class SchedulingRound:
         samples = self.watch.read()
         trees = self._read_trees(samples, now)
         self.watch.attribute([r.watched for r in running.values()], now)
-        self.tracking.tick(samples, self._usage_jobs(), trees)
+        metrics = self.executor.read_metrics({j: r.attempt for j, r in running.items() if r.attempt.pid})
+        self.tracking.tick(samples, self._usage_jobs(), trees, metrics)
         self.attempts.reap(now)
         self.attempts.start_waiting()
         self._reconcile_datasets()
@@ -99,9 +100,9 @@ class SchedulingRound:
 
     def _usage_jobs(self) -> dict[str, UsageJob]:
         """Running jobs as the usage sampler sees them: the runner's tree, owner, name, metrics
-        file, and the SM activity each is expected to draw beside its neighbours (the
-        interference model's split of a GPU reading that per-process counters miss, as under
-        MPS)."""
+        file (unless the executor read the metrics on the jobs' nodes), and the SM activity each
+        is expected to draw beside its neighbours (the interference model's split of a GPU
+        reading that per-process counters miss, as under MPS)."""
         launched = {j: run for j, run in self.attempts.running.items() if run.attempt.pid}
         profiles = {j: run.watched.profile for j, run in launched.items()}
         jobs = {}
