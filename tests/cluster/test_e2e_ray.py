@@ -141,7 +141,7 @@ def test_a_datasets_producer_runs_on_each_node_of_its_jobs_and_stops_after(heads
     for node in nodes:
         share = head.state_dir / "nodes" / node / "share"
         assert (share / "tiny.log").exists(), sorted(share.iterdir()) if share.exists() else share
-        wait_for(lambda: probe("tiny", share) is None and not (share / "tiny.pid").exists(), 30,
+        wait_for(lambda share=share: probe("tiny", share) is None and not (share / "tiny.pid").exists(), 30,
                  f"the producer on {node} to stop")
     assert not (head.state_dir / "share" / "tiny.log").exists()  # nothing ran on the head
 
@@ -160,3 +160,20 @@ def test_a_jobs_logged_metrics_are_read_on_its_node_and_stored_by_the_head(heads
     finally:
         store.close()
     assert logged == [("loss", i, 1.0 / (i + 1)) for i in range(5)]
+
+
+def test_a_dataset_job_outlives_a_killed_head_and_its_producer_is_readopted(heads):
+    head = heads("--policy", "exclusive")
+    job = head.submit([sys.executable, str(DAEMON_TESTS / "dataset_job.py"), "20", "8"], mem="1GiB",
+                      cwd=str(DAEMON_TESTS), dataset="tiny", dataset_factory="_dataset_factory:tiny")
+    head.wait_state(job, "running", timeout=60)
+    wait_for(lambda: list(head.state_dir.glob(f"nodes/*/jobs/{job}/attempt-1/runner.json")), 60,
+             "the job to launch after its producer")
+    head.kill(signal.SIGKILL)
+    time.sleep(1.0)
+    head.start()
+    detail = head.wait_state(job, ("done", "failed"), timeout=90)
+    assert detail["state"] == "done", (detail, head.client.request("logs", id=job, offset=0))
+    assert [a["outcome"] for a in detail["attempts"]] == ["succeeded"]
+    share = head.state_dir / "nodes" / _node_of(detail) / "share"
+    wait_for(lambda: probe("tiny", share) is None, 30, "the re-adopted producer to stop")

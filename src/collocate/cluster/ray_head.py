@@ -128,7 +128,10 @@ class Agents:
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
             # Ray starts workers niced (15); the agent's runners and jobs would inherit it and
             # starve beside any busy process. Ray's job supervisor asks for 0 the same way.
-            runtime_env={"env_vars": {"RAY_worker_niceness": "0"}},
+            # A worker that exits kills its direct children: the agent's dataset producers
+            # (runners are double-forked) must outlive it, as they outlive a single-node daemon.
+            runtime_env={"env_vars": {"RAY_worker_niceness": "0",
+                                      "RAY_kill_child_processes_on_worker_exit": "0"}},
         ).remote(node=name, root=str(self.state_dir / "nodes" / name), gpus=self.gpus,
                  sharing=self.sharing)
         try:
