@@ -84,6 +84,31 @@ def test_read_metrics_returns_each_jobs_new_points_since_the_last_call(tmp_path:
         agent.close()
 
 
+def test_a_new_agent_adopts_and_stops_a_producer_an_earlier_one_started(tmp_path: Path):
+    """The node was away and got a new agent; the head still knows the producer runs there."""
+    daemon_tests = Path(__file__).parent.parent / "daemon"
+    spec = JobSpec((sys.executable, "job.py"), str(daemon_tests), env=dict(os.environ),
+                   dataset="tiny", dataset_factory="_dataset_factory:tiny")
+    first = NodeAgent(node="a", root=str(tmp_path / "node"), gpus="emulated:1xA100-40GB")
+    ready, error, env, producers = first.datasets_ensure(spec)
+    assert error is None and env["COLLOCATE_SHARE_DIR"] == str(tmp_path / "node" / "share")
+    pid = producers["tiny"]
+    _wait(lambda: first.datasets_ensure(spec)[0], timeout=60)
+    first.close()  # a daemon's (and an agent's) producers outlive it
+    second = NodeAgent(node="a", root=str(tmp_path / "node"), gpus="emulated:1xA100-40GB")
+    try:
+        assert second.datasets_reconcile(set(), set()) == {}  # knows nothing of it by itself
+        assert second.datasets_reconcile(set(), {"tiny"}) == {"tiny": pid}  # adopted, SIGTERM sent
+        _wait(lambda: second.datasets_reconcile(set(), set()) == {}, timeout=30)
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    finally:
+        second.close()
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def test_a_runner_is_double_forked_and_followed_by_its_records(tmp_path: Path):
     agent = NodeAgent(node="a", root=str(tmp_path / "node"), gpus="emulated:2xA100-40GB")
     try:

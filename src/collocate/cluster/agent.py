@@ -194,7 +194,11 @@ class NodeAgent:
         assert spec.dataset is not None
         return ready, error, self.datasets.job_env(spec.dataset), self._producers()
 
-    def datasets_reconcile(self, wanted: AbstractSet[str]) -> dict[str, int]:
+    def datasets_reconcile(self, wanted: AbstractSet[str], known: AbstractSet[str]) -> dict[str, int]:
+        """``Datasets.reconcile`` here, after adopting the producers of ``known`` (those the
+        head was last told run here) that this agent does not follow: a new agent, after its
+        node was away, stops what an earlier one started once no job needs it."""
+        self.datasets.adopt(known)
         self.datasets.reconcile(wanted)
         return self._producers()
 

@@ -416,7 +416,8 @@ class NodeDatasets:
 
     def reconcile(self, wanted: Any) -> None:
         try:
-            self.producers = self.agents.call(self.node, "datasets_reconcile", frozenset(wanted))
+            self.producers = self.agents.call(self.node, "datasets_reconcile", frozenset(wanted),
+                                              frozenset(self.producers))
         except NodeDown:
             pass  # asked again next round
 
