@@ -11,7 +11,9 @@ daemon (queue, core, policies, SQLite, API, dashboard) is today's; this module g
   (the node is in the attempt's GPUs, ``node:index``). An attempt on a node that stops answering
   stays unconfirmed (alive) for ``grace_s``; after it, the attempt ends as *lost* (requeued,
   without using up an attempt). A node that comes back gets a new agent, and every runner on it
-  the head no longer owns is stopped, so nothing runs twice after a partition.
+  the head no longer owns is stopped, so nothing runs twice after a partition. It also reads the
+  jobs' metrics files on their nodes, and gives the loop each node's ``--dataset`` producers as a
+  ``NodeDatasets`` (the agent's ``Datasets``, forwarded).
 
 Agents are asked for no GPUs and no CPUs (``num_gpus=0, num_cpus=0``): collocate keeps its own GPU
 accounting and sets ``CUDA_VISIBLE_DEVICES`` itself. Nodes are those whose raylet carries the
