@@ -66,7 +66,7 @@ def ray_cluster() -> Iterator[LocalCluster]:
 def heads(tmp_path: Path, ray_cluster: LocalCluster,
           monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Daemon]]:
     """``collocate serve --ray`` heads; at teardown each is SIGKILLed and every job process group
-    its agents launched (from the runners' records on each node's root) is killed too."""
+    its agents launched (from the runners' and producers' records on each node's root) is killed too."""
     started: list[Daemon] = []
     monkeypatch.setattr(daemon_harness, "START_TIMEOUT_S", 120.0)  # connect, seat three agents
 
@@ -79,7 +79,9 @@ def heads(tmp_path: Path, ray_cluster: LocalCluster,
     yield make
     for d in started:
         d.kill()
-        for record in d.state_dir.glob("nodes/*/jobs/*/attempt-*/runner.json"):
+        records = [*d.state_dir.glob("nodes/*/jobs/*/attempt-*/runner.json"),
+                   *d.state_dir.glob("nodes/*/share/*.pid")]  # runners, dataset producers
+        for record in records:
             try:
                 os.killpg(int(json.loads(record.read_text())["pid"]), signal.SIGKILL)
             except (ProcessLookupError, PermissionError, ValueError, KeyError):

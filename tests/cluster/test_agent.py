@@ -6,6 +6,7 @@ import os
 import signal
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
@@ -49,6 +50,63 @@ def test_localize_moves_the_heads_paths_to_the_node(tmp_path: Path):
     assert local.cwd == "/work"
     no_emulation = localize(plan, str(head), "/node/root", None)
     assert ENV_EMULATED_DIR not in no_emulation.env
+
+
+def test_localize_keeps_a_path_the_node_gave_under_the_heads_root(tmp_path: Path):
+    """A node's root lies under the head's state dir (``nodes/NAME``) when they share a disk:
+    the share dir a node's producer serves from (``COLLOCATE_SHARE_DIR``) is the node's already."""
+    head = tmp_path / "head"
+    node = head / "nodes" / "a"
+    plan = _plan(head, ("python", "train.py"))
+    plan = replace(plan, env={**plan.env, "COLLOCATE_SHARE_DIR": str(node / "share")})
+    local = localize(plan, str(head), str(node), None)
+    assert local.env["COLLOCATE_SHARE_DIR"] == str(node / "share")
+    assert local.dir == node / "jobs" / "1" / "attempt-1"
+
+
+def test_read_metrics_returns_each_jobs_new_points_since_the_last_call(tmp_path: Path):
+    agent = NodeAgent(node="a", root=str(tmp_path / "node"), gpus="emulated:1xA100-40GB")
+    try:
+        adir = tmp_path / "node" / "jobs" / "7" / "attempt-1"
+        adir.mkdir(parents=True)
+        metrics = adir / "metrics.jsonl"
+        rel = {"7": "jobs/7/attempt-1"}
+        assert agent.read_metrics(rel) == []  # not written yet
+        metrics.write_text('{"t": 1.0, "key": "loss", "value": 0.5, "step": 0}\n{"t": 2.0, "ke')
+        assert [(p.job_id, p.key, p.value, p.step) for p in agent.read_metrics(rel)] == [("7", "loss", 0.5, 0)]
+        with metrics.open("a") as f:
+            f.write('y": "loss", "value": 0.25, "step": 1}\n')
+        assert [(p.key, p.value) for p in agent.read_metrics(rel)] == [("loss", 0.25)]
+        assert agent.read_metrics(rel) == []
+        with pytest.raises(ValueError, match="outside"):
+            agent.read_metrics({"8": "../elsewhere"})
+    finally:
+        agent.close()
+
+
+def test_a_new_agent_adopts_and_stops_a_producer_an_earlier_one_started(tmp_path: Path):
+    """The node was away and got a new agent; the head still knows the producer runs there."""
+    daemon_tests = Path(__file__).parent.parent / "daemon"
+    spec = JobSpec((sys.executable, "job.py"), str(daemon_tests), env=dict(os.environ),
+                   dataset="tiny", dataset_factory="_dataset_factory:tiny")
+    first = NodeAgent(node="a", root=str(tmp_path / "node"), gpus="emulated:1xA100-40GB")
+    ready, error, env, producers = first.datasets_ensure(spec)
+    assert error is None and env["COLLOCATE_SHARE_DIR"] == str(tmp_path / "node" / "share")
+    pid = producers["tiny"]
+    _wait(lambda: first.datasets_ensure(spec)[0], timeout=60)
+    first.close()  # a daemon's (and an agent's) producers outlive it
+    second = NodeAgent(node="a", root=str(tmp_path / "node"), gpus="emulated:1xA100-40GB")
+    try:
+        assert second.datasets_reconcile(set(), set()) == {}  # knows nothing of it by itself
+        assert second.datasets_reconcile(set(), {"tiny"}) == {"tiny": pid}  # adopted, SIGTERM sent
+        _wait(lambda: second.datasets_reconcile(set(), set()) == {}, timeout=30)
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    finally:
+        second.close()
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def test_a_runner_is_double_forked_and_followed_by_its_records(tmp_path: Path):

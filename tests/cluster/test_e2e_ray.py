@@ -17,6 +17,10 @@ import pytest
 from daemon_harness import job_argv, wait_for
 
 from collocate.errors import CollocateError
+from collocate.monitor.store import MonitorStore, monitor_db_path
+from collocate.share.lifecycle import probe
+
+DAEMON_TESTS = Path(__file__).parent.parent / "daemon"  # dataset_job.py, _dataset_factory.py
 
 
 def _marker_job(marker: Path, seconds: float) -> list[str]:
@@ -119,3 +123,57 @@ def test_a_killed_head_restarts_and_readopts_running_jobs(heads, tmp_path: Path)
         assert detail["state"] == "done", detail
         assert [a["outcome"] for a in detail["attempts"]] == ["succeeded"]  # re-adopted, not rerun
         assert marker.read_text() == "1\n"
+
+
+def test_a_datasets_producer_runs_on_each_node_of_its_jobs_and_stops_after(heads):
+    """Two jobs of one dataset, each needing a whole node (2 GPUs): one producer on each node,
+    started by that node's agent (its share dir under the node's root), none on the head."""
+    head = heads("--policy", "exclusive")
+    job_argv_ = [sys.executable, str(DAEMON_TESTS / "dataset_job.py"), "20", "3"]
+    jobs = [head.submit(job_argv_, mem="1GiB", gpus=2, cwd=str(DAEMON_TESTS), dataset="tiny",
+                        dataset_factory="_dataset_factory:tiny") for _ in range(2)]
+    for job in jobs:
+        detail = head.wait_state(job, ("done", "failed"), timeout=120)
+        assert detail["state"] == "done", (detail, head.client.request("logs", id=job, offset=0))
+        assert "consumed 20 samples" in head.client.request("logs", id=job, offset=0)["text"]
+    nodes = {_node_of(head.job(j)) for j in jobs}
+    assert len(nodes) == 2, nodes
+    for node in nodes:
+        share = head.state_dir / "nodes" / node / "share"
+        assert (share / "tiny.log").exists(), sorted(share.iterdir()) if share.exists() else share
+        wait_for(lambda share=share: probe("tiny", share) is None and not (share / "tiny.pid").exists(), 30,
+                 f"the producer on {node} to stop")
+    assert not (head.state_dir / "share" / "tiny.log").exists()  # nothing ran on the head
+
+
+def test_a_jobs_logged_metrics_are_read_on_its_node_and_stored_by_the_head(heads):
+    head = heads("--policy", "exclusive")
+    job = head.submit([sys.executable, str(DAEMON_TESTS / "metric_job.py"), "500", "1.0"], mem=1000)
+    detail = head.wait_state(job, ("done", "failed"), timeout=90)
+    assert detail["state"] == "done", detail
+    node = _node_of(detail)
+    assert (head.state_dir / "nodes" / node / "jobs" / job / "attempt-1" / "metrics.jsonl").exists()
+    assert not (head.state_dir / "jobs" / job / "attempt-1" / "metrics.jsonl").exists()
+    store = MonitorStore(monitor_db_path(head.state_dir))
+    try:
+        logged = [(m["key"], m["step"], m["value"]) for m in store.metrics(job)]
+    finally:
+        store.close()
+    assert logged == [("loss", i, 1.0 / (i + 1)) for i in range(5)]
+
+
+def test_a_dataset_job_outlives_a_killed_head_and_its_producer_is_readopted(heads):
+    head = heads("--policy", "exclusive")
+    job = head.submit([sys.executable, str(DAEMON_TESTS / "dataset_job.py"), "20", "8"], mem="1GiB",
+                      cwd=str(DAEMON_TESTS), dataset="tiny", dataset_factory="_dataset_factory:tiny")
+    head.wait_state(job, "running", timeout=60)
+    wait_for(lambda: list(head.state_dir.glob(f"nodes/*/jobs/{job}/attempt-1/runner.json")), 60,
+             "the job to launch after its producer")
+    head.kill(signal.SIGKILL)
+    time.sleep(1.0)
+    head.start()
+    detail = head.wait_state(job, ("done", "failed"), timeout=90)
+    assert detail["state"] == "done", (detail, head.client.request("logs", id=job, offset=0))
+    assert [a["outcome"] for a in detail["attempts"]] == ["succeeded"]
+    share = head.state_dir / "nodes" / _node_of(detail) / "share"
+    wait_for(lambda: probe("tiny", share) is None, 30, "the re-adopted producer to stop")

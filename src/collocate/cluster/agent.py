@@ -3,7 +3,8 @@
 ``NodeAgent`` owns what is local to a machine: the GPU backend (``gpus.registry.open_backend``),
 the MPS control daemon when MPS runs on real GPUs, and a node-local state root holding the
 attempt folders (``jobs/<id>/attempt-<n>``, the same relative path as in the head's state dir)
-and emulated GPU state. Every method takes and returns plain, picklable data, so the head can
+and emulated GPU state. It also hosts the node's shared-dataset producers (a ``daemon.datasets.Datasets``
+under the node root: the head's ``NodeDatasets`` forwards to it). Every method takes and returns plain, picklable data, so the head can
 call it through a Ray actor (``cluster/ray_head.py``) or in-process (the unit tests): the class
 itself never imports Ray.
 
@@ -30,13 +31,16 @@ from typing import Any
 import psutil
 
 from collocate.daemon import views
+from collocate.daemon.datasets import Datasets, ProducerStartError
 from collocate.daemon.executor import read_chunk, signal_group
 from collocate.daemon.isolate import CLEAN_ENV, bootstrap_argv, write_env_file
 from collocate.daemon.launcher import ENV_EMULATED_DIR, ENV_FILE, LaunchPlan, process_matches
 from collocate.daemon.paths import attempt_files
 from collocate.daemon.reaping import job_started
 from collocate.daemon.runner import read_tail
+from collocate.daemon.spec import JobSpec
 from collocate.gpus.base import DeviceInfo, DeviceSample
+from collocate.monitor.job_metrics import METRICS_FILE_NAME, MetricPoint, MetricsTail
 from collocate.monitor.process_tree import TreeReader, TreeUsage
 
 log = logging.getLogger("collocate.cluster")
@@ -68,6 +72,8 @@ class NodeAgent:
             self.mps = MpsControl(self.root)
             self.mps.start()
         self._trees = TreeReader()
+        self._metrics = MetricsTail()  # where each job's metrics file was read up to
+        self.datasets = Datasets(self.root)  # the producers of the jobs placed on this node
 
     # -- GPUs ------------------------------------------------------------------------------
     def ping(self) -> str:
@@ -144,6 +150,12 @@ class NodeAgent:
                    gpu_pids: AbstractSet[int]) -> dict[str, TreeUsage]:
         return self._trees.read(roots, now, gpu_pids)
 
+    def read_metrics(self, attempts: Mapping[str, str]) -> list[MetricPoint]:
+        """The new ``log_metric`` points of these jobs (``job_id → rel``) since the last call;
+        files of jobs no longer asked about are closed."""
+        return self._metrics.read({job_id: self._dir(rel) / METRICS_FILE_NAME
+                                   for job_id, rel in attempts.items()})
+
     # -- after a partition or a head restart -----------------------------------------------
     def live_runners(self) -> dict[str, tuple[int, float]]:
         """The attempts whose runner still runs here (``rel → (pid, start time)``), from the
@@ -171,7 +183,35 @@ class NodeAgent:
                 stopped.append(rel)
         return stopped
 
+    # -- shared datasets (the head's ``NodeDatasets``) ----------------------------------------
+    def datasets_ensure(self, spec: JobSpec) -> tuple[bool, str | None, dict[str, str], dict[str, int]]:
+        """``Datasets.ensure`` here: (ready, why its producer failed or None, the environment
+        its jobs get, this node's producers by name)."""
+        try:
+            ready, error = self.datasets.ensure(spec), None
+        except ProducerStartError as exc:  # a message, not an exception, crosses to the head
+            ready, error = False, str(exc)
+        assert spec.dataset is not None
+        return ready, error, self.datasets.job_env(spec.dataset), self._producers()
+
+    def datasets_reconcile(self, wanted: AbstractSet[str], known: AbstractSet[str]) -> dict[str, int]:
+        """``Datasets.reconcile`` here, after adopting the producers of ``known`` (those the
+        head was last told run here) that this agent does not follow: a new agent, after its
+        node was away, stops what an earlier one started once no job needs it."""
+        self.datasets.adopt(known)
+        self.datasets.reconcile(wanted)
+        return self._producers()
+
+    def datasets_adopt(self, names: AbstractSet[str]) -> dict[str, int]:
+        self.datasets.adopt(names)
+        return self._producers()
+
+    def _producers(self) -> dict[str, int]:
+        return {name: p.pid for name, p in self.datasets.producers.items()}
+
     def close(self) -> None:
+        self._metrics.close()
+        self.datasets.close()
         if self.mps is not None:
             self.mps.stop()
         self.backend.close()
@@ -203,6 +243,8 @@ def localize(plan: LaunchPlan, head_root: str, node_root: str,
     installation, and this node's emulated GPU state (or none)."""
 
     def move(text: str) -> str:
+        if text == node_root or text.startswith(node_root + os.sep):
+            return text  # the node's already (a dataset's share dir, under the head's root)
         if text == head_root or text.startswith(head_root + os.sep):
             return node_root + text[len(head_root):]
         return text

@@ -11,7 +11,9 @@ daemon (queue, core, policies, SQLite, API, dashboard) is today's; this module g
   (the node is in the attempt's GPUs, ``node:index``). An attempt on a node that stops answering
   stays unconfirmed (alive) for ``grace_s``; after it, the attempt ends as *lost* (requeued,
   without using up an attempt). A node that comes back gets a new agent, and every runner on it
-  the head no longer owns is stopped, so nothing runs twice after a partition.
+  the head no longer owns is stopped, so nothing runs twice after a partition. It also reads the
+  jobs' metrics files on their nodes, and gives the loop each node's ``--dataset`` producers as a
+  ``NodeDatasets`` (the agent's ``Datasets``, forwarded).
 
 Agents are asked for no GPUs and no CPUs (``num_gpus=0, num_cpus=0``): collocate keeps its own GPU
 accounting and sets ``CUDA_VISIBLE_DEVICES`` itself. Nodes are those whose raylet carries the
@@ -34,12 +36,14 @@ from ray.exceptions import ActorDiedError, GetTimeoutError, RayError, RayTaskErr
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from collocate.cluster.agent import NodeAgent
+from collocate.daemon.datasets import ProducerStartError
 from collocate.daemon.executor import MachineUnreachable
 from collocate.daemon.launcher import LaunchPlan
 from collocate.daemon.store import Attempt
 from collocate.errors import CollocateError
 from collocate.gpus.base import DeviceInfo, DeviceSample
 from collocate.model import GpuId
+from collocate.monitor.job_metrics import MetricPoint
 from collocate.monitor.process_tree import TreeUsage
 
 log = logging.getLogger("collocate.daemon")
@@ -126,7 +130,10 @@ class Agents:
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
             # Ray starts workers niced (15); the agent's runners and jobs would inherit it and
             # starve beside any busy process. Ray's job supervisor asks for 0 the same way.
-            runtime_env={"env_vars": {"RAY_worker_niceness": "0"}},
+            # A worker that exits kills its direct children: the agent's dataset producers
+            # (runners are double-forked) must outlive it, as they outlive a single-node daemon.
+            runtime_env={"env_vars": {"RAY_worker_niceness": "0",
+                                      "RAY_kill_child_processes_on_worker_exit": "0"}},
         ).remote(node=name, root=str(self.state_dir / "nodes" / name), gpus=self.gpus,
                  sharing=self.sharing)
         try:
@@ -253,6 +260,8 @@ class ClusterExecutor:
     def __init__(self, agents: Agents, head_root: Path, *, grace_s: float) -> None:
         self.agents, self.head_root, self.grace_s = agents, head_root, grace_s
         self._owned: set[tuple[str, str]] = set()  # (node, rel) polled or started since the last collect
+        self._datasets: dict[str, NodeDatasets] = {}
+        self._metrics_nodes: set[str] = set()  # nodes asked for metrics last tick
 
     def _where(self, attempt: Attempt) -> tuple[str, str]:
         node = GpuId.parse(attempt.gpus[0]).node
@@ -342,6 +351,30 @@ class ClusterExecutor:
                                                       for n, r in per_node.items()})
         return {job_id: tree for trees in answers.values() for job_id, tree in trees.items()}
 
+    def datasets_of(self, attempt: Attempt) -> NodeDatasets:
+        return self._node_datasets(self._where(attempt)[0])
+
+    def remote_datasets(self) -> list[NodeDatasets]:
+        return [self._node_datasets(name) for name in sorted(self.agents.seats)]
+
+    def _node_datasets(self, node: str) -> NodeDatasets:
+        if node not in self._datasets:
+            self._datasets[node] = NodeDatasets(self.agents, node)
+        return self._datasets[node]
+
+    def read_metrics(self, attempts: Mapping[str, Attempt]) -> list[MetricPoint]:
+        """Each node reads its jobs' metrics files; a node whose jobs all ended is asked once
+        more, with none, so it closes their files."""
+        per_node: dict[str, dict[str, str]] = {name: {} for name in self._metrics_nodes}
+        for job_id, attempt in attempts.items():
+            node, rel = self._where(attempt)
+            per_node.setdefault(node, {})[job_id] = rel
+        self._metrics_nodes = {name for name, jobs in per_node.items() if jobs}
+        if not per_node:
+            return []
+        answers = self.agents.call_all("read_metrics", {n: (jobs,) for n, jobs in per_node.items()})
+        return [point for points in answers.values() for point in points]
+
     def collect(self, keep: set[int]) -> None:
         """Once per round, after the attempts were polled: on each new agent, stop the runners
         the head does not own (their attempts were recorded lost while the node was away)."""
@@ -357,6 +390,44 @@ class ClusterExecutor:
             for rel in stopped:
                 log.warning("node %s: stopped %s, which the head no longer owns", name, rel)
         self._owned.clear()
+
+
+class NodeDatasets:
+    """One node's ``Datasets`` (its agent's) as the daemon's loop uses it: each call forwarded,
+    so a job's producer runs on the job's node. ``producers`` is what the agent last reported
+    (name → pid): the loop reconciles only nodes that have some."""
+
+    def __init__(self, agents: Agents, node: str) -> None:
+        self.agents, self.node = agents, node
+        self.producers: dict[str, int] = {}
+        self._env: dict[str, dict[str, str]] = {}  # a ready dataset's job environment, by name
+
+    def ensure(self, spec: Any) -> bool:
+        try:
+            ready, error, env, self.producers = self.agents.call(self.node, "datasets_ensure", spec,
+                                                                 timeout=60)
+        except NodeDown:  # not the job's fault: its attempt is lost and the job requeued
+            raise MachineUnreachable(f"node {self.node} did not answer") from None
+        if error is not None:
+            raise ProducerStartError(error)
+        self._env[spec.dataset] = env
+        return ready
+
+    def job_env(self, name: str) -> dict[str, str]:
+        return self._env[name]  # asked right after ``ensure`` said ready
+
+    def reconcile(self, wanted: Any) -> None:
+        try:
+            self.producers = self.agents.call(self.node, "datasets_reconcile", frozenset(wanted),
+                                              frozenset(self.producers))
+        except NodeDown:
+            pass  # asked again next round
+
+    def adopt(self, names: Any) -> None:
+        try:
+            self.producers = self.agents.call(self.node, "datasets_adopt", frozenset(names))
+        except NodeDown:
+            pass  # its producers are started again when its next job launches
 
 
 def open_cluster(config: Any) -> tuple[ClusterBackend, ClusterExecutor]:

@@ -62,10 +62,6 @@ class Api:
             return {"id": job.id, "state": job.state.value, "mem_mib": job.mem_mib,
                     "mem_source": job.mem_source}
         req = validate_submit(args, uid=peer.uid, gid=peer.gid, user=peer.user)
-        if req.spec.dataset is not None and getattr(self.config, "ray", None):
-            raise InputError("shared datasets (--dataset) do not run on a Ray cluster yet: the "
-                             "producer would run on the head, out of the jobs' reach",
-                             hint="submit the job without --dataset (docs/multi-node.md)")
         if req.spec.dataset is not None:  # remembered per name, so the stored spec is complete
             factory = resolve_factory(req.spec, self.scheduler.jobs.values(), self.specs)
             req = replace(req, spec=replace(req.spec, dataset_factory=factory))

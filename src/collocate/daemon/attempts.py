@@ -135,28 +135,35 @@ class Attempts:
 
     def start_waiting(self) -> None:
         """Start the jobs whose producer is now ready; fail those whose producer failed."""
-        waiting: dict[str, list[LiveAttempt]] = {}
+        waiting: dict[tuple[str, Any], list[LiveAttempt]] = {}
         for run in self.running.values():
             if run.waiting is not None:
-                waiting.setdefault(run.waiting, []).append(run)
-        for name, runs in waiting.items():
+                waiting.setdefault((run.waiting, self._datasets_of(run)), []).append(run)
+        for (name, _), runs in waiting.items():
             self._ensure_dataset(name, runs)
 
+    def _datasets_of(self, run: LiveAttempt) -> Any:
+        """The producers of the machine the attempt runs on (the executor's say)."""
+        return self.executor.datasets_of(run.attempt) or self.datasets
+
     def _ensure_dataset(self, name: str, runs: list[LiveAttempt]) -> None:
-        """Ask (never wait) whether dataset ``name``'s producer serves; start, fail or park ``runs``."""
+        """Ask (never wait) whether dataset ``name``'s producer on ``runs``' machine serves;
+        start, fail or park ``runs``."""
+        datasets = self._datasets_of(runs[0])
         try:
-            ready = self.datasets.ensure(self.specs[runs[0].attempt.job_id])
+            ready = datasets.ensure(self.specs[runs[0].attempt.job_id])
         except Exception as exc:  # a producer must never take the loop down
-            if not isinstance(exc, ProducerStartError):
+            outcome = Outcome.LOST if isinstance(exc, MachineUnreachable) else Outcome.FAILED
+            if not isinstance(exc, (ProducerStartError, MachineUnreachable)):
                 log.exception("producer of dataset %r", name)
                 exc = ProducerStartError(f"could not start the producer of dataset {name!r}: {exc}")
             for run in runs:
-                self.finish(run, Outcome.FAILED, str(exc), None, "", time.time())
+                self.finish(run, outcome, str(exc), None, "", time.time())
             return
         for run in runs:
             if ready:
                 run.waiting = None
-                self._start(run, extra_env=self.datasets.job_env(name))
+                self._start(run, extra_env=datasets.job_env(name))
             elif run.waiting is None:
                 run.waiting = name
                 log.info("job %s: %s", run.attempt.job_id, run.why_waiting)

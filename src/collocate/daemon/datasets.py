@@ -23,6 +23,9 @@ dead one is simply started again when the next job of its dataset launches. A pr
 building its loader does not answer probes yet, so each start is also recorded in
 ``share/NAME.pid`` (pid and process start time): a restarted daemon re-adopts that one too,
 rather than starting a second producer that would lose the race for the name.
+
+On a Ray cluster the same class runs in each node's agent, under the node's root, for the jobs
+placed there; the loop reaches it through the executor (``cluster/ray_head.py`` ``NodeDatasets``).
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 The loop decides (place, cancel, classify an exit); an ``Executor`` does what touches the jobs'
 machine: start a runner from a ``LaunchPlan``, tell whether it still runs, signal its process
-group, read its records and logs, find its processes, and collect strays. ``LocalExecutor`` does
+group, read its records and logs, find its processes, collect strays, and say where a job's
+``--dataset`` producer runs (its machine's). ``LocalExecutor`` does
 all of it on this machine. An executor for other machines (an agent per node) implements the same
 protocol; nothing else in the daemon starts, signals or inspects a job's process.
 
@@ -26,6 +27,7 @@ from collocate.daemon.paths import attempt_files
 from collocate.daemon.reaping import OrphanedJob, adopt_orphan, job_started, reap_strays
 from collocate.daemon.runner import read_tail
 from collocate.daemon.store import Attempt
+from collocate.monitor.job_metrics import MetricPoint
 from collocate.monitor.process_tree import TreeReader, TreeUsage
 
 
@@ -76,8 +78,24 @@ class Executor(Protocol):
         """One reading of each launched job's process tree (``{job_id: attempt}``), once per tick."""
         ...
 
+    def read_metrics(self, attempts: Mapping[str, Attempt]) -> list[MetricPoint] | None:
+        """The launched jobs' new ``log_metric`` points (``{job_id: attempt}``), once per tick,
+        when their files are on other machines; None: the usage sampler reads them here, from
+        each attempt's folder."""
+        ...
+
     def collect(self, keep: set[int]) -> None:
         """Collect exited processes the jobs left behind, except ``keep``."""
+        ...
+
+    def datasets_of(self, attempt: Attempt) -> Any | None:
+        """Where the attempt's ``--dataset`` producer runs when that is another machine: an
+        object with the methods of ``daemon.datasets.Datasets`` that forwards them there;
+        None for this machine (the daemon's own ``Datasets``)."""
+        ...
+
+    def remote_datasets(self) -> list[Any]:
+        """Those objects for every other machine (the loop reconciles them, a restart adopts)."""
         ...
 
 
@@ -128,8 +146,17 @@ class LocalExecutor:
                    gpu_pids: AbstractSet[int]) -> dict[str, TreeUsage]:
         return self._trees.read({j: a.pid or 0 for j, a in roots.items()}, now, gpu_pids)
 
+    def read_metrics(self, attempts: Mapping[str, Attempt]) -> list[MetricPoint] | None:
+        return None
+
     def collect(self, keep: set[int]) -> None:
         reap_strays(keep)
+
+    def datasets_of(self, attempt: Attempt) -> Any | None:
+        return None
+
+    def remote_datasets(self) -> list[Any]:
+        return []
 
 
 def signal_group(pid: int | None, sig: int) -> None:

@@ -46,11 +46,11 @@ class SchedulingRound:
         samples = self.watch.read()
         trees = self._read_trees(samples, now)
         self.watch.attribute([r.watched for r in running.values()], now)
-        self.tracking.tick(samples, self._usage_jobs(), trees)
+        metrics = self.executor.read_metrics({j: r.attempt for j, r in running.items() if r.attempt.pid})
+        self.tracking.tick(samples, self._usage_jobs(), trees, metrics)
         self.attempts.reap(now)
         self.attempts.start_waiting()
-        if self.datasets.producers:  # stop producers whose last job ended (done, failed, cancelled)
-            self.datasets.reconcile(active_factories(self.scheduler.jobs.values(), self.specs))
+        self._reconcile_datasets()
         if self.store.get_flag("draining") or not self.scheduler.queue:
             return
         if disk_nearly_full(self.layout.root):  # a launch could not be recorded: wait for space
@@ -64,6 +64,16 @@ class SchedulingRound:
                 self.attempts.launch(placement, now)
             except Exception as exc:  # confined to this job: the round goes on with the next
                 self.attempts.launch_failed(placement.job_id, exc)
+
+    def _reconcile_datasets(self) -> None:
+        """Stop producers whose last job ended (done, failed, cancelled), on every machine that
+        runs some: one dataset's producers (one per node of its jobs) live while any job of it
+        is queued or runs."""
+        hosts = [d for d in (self.datasets, *self.executor.remote_datasets()) if d.producers]
+        if hosts:
+            wanted = active_factories(self.scheduler.jobs.values(), self.specs)
+            for datasets in hosts:
+                datasets.reconcile(wanted)
 
     def _read_trees(self, samples: list, now: float) -> dict[str, TreeUsage]:
         """Every launched job's process tree, read once; the watch attributes GPU memory by it
@@ -90,9 +100,9 @@ class SchedulingRound:
 
     def _usage_jobs(self) -> dict[str, UsageJob]:
         """Running jobs as the usage sampler sees them: the runner's tree, owner, name, metrics
-        file, and the SM activity each is expected to draw beside its neighbours (the
-        interference model's split of a GPU reading that per-process counters miss, as under
-        MPS)."""
+        file (unless the executor read the metrics on the jobs' nodes), and the SM activity each
+        is expected to draw beside its neighbours (the interference model's split of a GPU
+        reading that per-process counters miss, as under MPS)."""
         launched = {j: run for j, run in self.attempts.running.items() if run.attempt.pid}
         profiles = {j: run.watched.profile for j, run in launched.items()}
         jobs = {}

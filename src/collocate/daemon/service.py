@@ -133,7 +133,10 @@ class Service:
                                      interference=self._interference)
         self.api = Api(**parts, watch=self.watch, attempts=self.attempts)
         restore(self.store, self.scheduler, self.attempts, self.executor)
-        self.datasets.adopt(s.dataset for s in self.specs.values() if s.dataset)
+        names = {s.dataset for s in self.specs.values() if s.dataset}
+        if names:  # producers a previous run started (on this machine or the jobs' nodes)
+            for datasets in (self.datasets, *self.executor.remote_datasets()):
+                datasets.adopt(names)
         self.server = ApiServer(self.layout.socket, self.call, allow_gid=self.config.allow_gid,
                                 tcp=self.config.tcp, token=self.config.token)
         self.server.start()

@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -128,10 +128,11 @@ class DaemonTracking:
         return self.mon.status()["tracking"]
 
     # -- the loop's calls ---------------------------------------------------------------------
-    def tick(self, samples: list, jobs: Mapping[str, Any], trees: Mapping[str, Any] | None = None
-             ) -> None:
-        """One sampling period, on the samples and process trees the loop already read."""
-        self._guard("tick", lambda: self.mon.tick(samples, jobs, trees=trees))
+    def tick(self, samples: list, jobs: Mapping[str, Any], trees: Mapping[str, Any] | None = None,
+             metrics: Sequence[Any] | None = None) -> None:
+        """One sampling period, on the samples, process trees and (read on the jobs' nodes)
+        metric points the loop already read."""
+        self._guard("tick", lambda: self.mon.tick(samples, jobs, trees=trees, metrics=metrics))
 
     def job_started(self, info: Any) -> None:
         self._guard("job_started", self.mon.job_started, info)

@@ -146,10 +146,13 @@ class UsageSampler:
         return self.observe(backend.sample(), jobs, now)
 
     def observe(self, samples: Sequence[DeviceSample], jobs: Mapping[str, int | UsageJob],
-                now: float | None = None, *, trees: Mapping[str, TreeUsage] | None = None) -> Tick:
+                now: float | None = None, *, trees: Mapping[str, TreeUsage] | None = None,
+                metrics: Sequence[MetricPoint] | None = None) -> Tick:
         """Turn one reading of every device plus the running jobs into a ``Tick``. ``trees``:
         the jobs' process trees when the caller read them already this tick (the daemon's
-        loop reads them once for its GPU watch and for this), else they are read here."""
+        loop reads them once for its GPU watch and for this), else they are read here.
+        ``metrics``: the jobs' new metric points when the caller read them (on a cluster, each
+        job's node reads its file), else they are read here from each job's ``metrics_file``."""
         now = time.time() if now is None else now
         refs = {j: r if isinstance(r, UsageJob) else UsageJob(int(r)) for j, r in jobs.items()}
         gpu_pids = {p.pid for s in samples for p in s.processes}
@@ -179,8 +182,9 @@ class UsageSampler:
                     shares[owner].append(JobGpuShare(s.uuid, sh.mem_mib, sh.sm_activity,
                                                      sh.energy_j, sh.gpu_time_s, sh.occupancy_s))
             gpu_records.append(self._gpu_record(info, s, a, owner_of))
-        files = {j: r.metrics_file for j, r in refs.items() if r.metrics_file is not None}
-        metrics = self._metrics.read(files)
+        if metrics is None:
+            files = {j: r.metrics_file for j, r in refs.items() if r.metrics_file is not None}
+            metrics = self._metrics.read(files)
         job_records = []
         for job_id, ref in refs.items():
             t = trees.get(job_id, EMPTY)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from collocate.gpus.base import DeviceInfo, DeviceSample
+from collocate.monitor.job_metrics import MetricPoint
 from collocate.monitor.process_tree import TreeUsage
 from collocate.monitor.sampler import Tick, UsageJob, UsageSampler
 from collocate.monitor.sinks.base import JobInfo, Sink, SinkSet
@@ -54,10 +55,12 @@ class UsageMonitor:
         self.last: Tick | None = None
 
     def tick(self, samples: Sequence[DeviceSample], jobs: Mapping[str, int | UsageJob],
-             now: float | None = None, *, trees: Mapping[str, TreeUsage] | None = None) -> Tick:
+             now: float | None = None, *, trees: Mapping[str, TreeUsage] | None = None,
+             metrics: Sequence[MetricPoint] | None = None) -> Tick:
         """One sampling period: attribute, store, export. Returns the tick for the dashboard.
-        ``trees``: the jobs' process trees, when the caller read them this tick."""
-        tick = self.sampler.observe(samples, jobs, now, trees=trees)
+        ``trees`` and ``metrics``: the jobs' process trees and new metric points, when the
+        caller read them this tick (``UsageSampler.observe``)."""
+        tick = self.sampler.observe(samples, jobs, now, trees=trees, metrics=metrics)
         self.sinks.write(tick)
         self.last = tick
         return tick
