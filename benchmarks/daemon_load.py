@@ -43,9 +43,16 @@ def start_daemon(state_dir: Path, period: float) -> subprocess.Popen:
          "--period", str(period)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
+    return wait_until_serving(proc, state_dir, timeout_s=60)
+
+
+def wait_until_serving(proc: subprocess.Popen, state_dir: Path, timeout_s: float) -> subprocess.Popen:
+    """``proc`` once its daemon answers a ping; exits the benchmark if it dies or never answers."""
     client = Client(state_dir)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"daemon exited with {proc.returncode}; see {state_dir}/daemon.log")
         try:
             client.request("ping")
             return proc

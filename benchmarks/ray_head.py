@@ -39,6 +39,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).parent))
 
 from _machine import machine
+from daemon_load import wait_until_serving
 
 from collocate.daemon.client import Client
 
@@ -49,18 +50,7 @@ def start_daemon(state: Path, args: list[str]) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-m", "collocate.daemon", "serve", "--state-dir", str(state),
                              "--policy", "exclusive", "--period", "0.2", *args],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    client = Client(state)
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"daemon exited with {proc.returncode}; see {state}/daemon.log")
-        try:
-            client.request("ping")
-            return proc
-        except Exception:
-            time.sleep(0.2)
-    proc.kill()
-    raise SystemExit("daemon did not start")
+    return wait_until_serving(proc, state, timeout_s=180)
 
 
 def cpu_s(procs: list[psutil.Process]) -> float:
