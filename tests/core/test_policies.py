@@ -13,6 +13,7 @@ from collocate.model import (
     JobProfile,
     RunningJob,
     Utilization,
+    WaitKind,
 )
 from collocate.policies import POLICY_NAMES, make_policy
 
@@ -190,15 +191,22 @@ def test_a_blocked_multi_gpu_job_starts_once_its_room_is_free_gates_or_not():
     assert placed(make_policy("auto")([single], old)) == {}
 
 
-def test_backfill_never_lands_on_a_blocked_gangs_gpus():
+def test_backfill_keeps_a_blocked_gangs_room_free():
     # The gang needs 30 GiB on two GPUs of one node: n0:0 has a 20 GiB resident, n0:1 is idle.
-    # It is reserved for at once, so the small job behind it gets neither of them, not even
-    # the idle one; a GPU on another node is fair game.
+    # It is reserved for at once. Jobs behind it may still use its GPUs, but only while the room
+    # it needs stays free there: the 2 GiB job may take n0:1, the 12 GiB job may not (it goes
+    # to the other node). Draining the gang's GPUs whole instead left an 8-GPU node taking no
+    # job for hours while one big resident finished.
     views = [gpu(0, free=20 * GIB, committed=20 * GIB, jobs=["x"]), gpu(1), gpu(0, node="n1")]
     cluster = ClusterSnapshot.from_views(views, now=60.0)
     queue = [job("gang", mem=30 * GIB, gpus=2, submit_time=0.0),
-             job("small", mem=2 * GIB, profile=JobProfile(0.1, 0.1), submit_time=10.0)]
-    assert placed(make_policy("auto")(queue, cluster)) == {"small": ["n1:0"]}
+             job("small", mem=2 * GIB, profile=JobProfile(0.1, 0.1), submit_time=10.0),
+             job("big", mem=12 * GIB, profile=JobProfile(0.1, 0.1), submit_time=20.0)]
+    assert placed(make_policy("auto")(queue, cluster)) == {"small": ["n0:1"], "big": ["n1:0"]}
+    # with no other node, the big job waits for the gang, and says so
+    plan = make_policy("auto")(queue, ClusterSnapshot.from_views(views[:2], now=60.0))
+    assert placed(plan) == {"small": ["n0:1"]}
+    assert plan.waits["big"].kind is WaitKind.RESERVED
 
 
 def test_a_gang_started_past_the_gates_goes_where_it_interferes_least():

@@ -35,9 +35,9 @@ placement adds the most total training progress?" and answers with the interfere
 * A multi-GPU job (a gang) is reserved for as soon as it is the first blocked job, without
   waiting ``reserve_after_s``: it needs its GPUs' room free at the same time, which backfill
   onto them would postpone without bound (EASY backfilling reserves for the head at once for
-  the same reason). Its GPUs take no new job, and it starts as soon as its room there is free,
-  gates or not, so it cannot starve; among GPUs with room free now it takes those where the
-  model predicts the least interference. Waiting ``reserve_after_s`` first made mix-90's 2-GPU
+  the same reason). Its GPUs keep its room, and it starts as soon as that room is free, gates
+  or not, so it cannot starve; among GPUs with room free now it takes those where the model
+  predicts the least interference. Waiting ``reserve_after_s`` first made mix-90's 2-GPU
   jobs start up to 40 min later than under carma-bf (docs/simulator.md).
 * Jobs recovered from an out-of-memory crash come first in the queue and are placed like any
   other job with their raised memory requirement; they never stop the rest of the queue.
@@ -219,11 +219,13 @@ class Auto:
 
         A job of several GPUs (a gang) is where the gates starve: it needs all its GPUs to pass
         them at once while backfill keeps them busy (8-GPU jobs waited 32x longer than under
-        carma-lug on a synthetic trace). So a gang's GPUs take no new job, and once its room
-        is free it starts there, whatever the gain and slowdown gates say: those GPUs are
-        returned. Gates or not, the model still says where: among GPUs with room free now, the
-        least interference first (taking the fewest jobs instead put a 326-min 2-GPU job beside
-        heavy ones at the end of a synthetic trace and made it 25% longer than carma-ff).
+        carma-lug on a synthetic trace). So once a gang's room is free it starts there, whatever
+        the gain and slowdown gates say: those GPUs are returned. Gates or not, the model still
+        says where: among GPUs with room free now, the least interference first (taking the
+        fewest jobs instead put a 326-min 2-GPU job beside heavy ones at the end of a synthetic
+        trace and made it 25% longer than carma-ff). Like a single job's, a gang's GPUs keep
+        only its room: draining them whole left a single 8-GPU node taking no job for up to
+        three hours while one big resident finished (docs/simulator.md).
         A single-GPU job keeps only its room and the gates: an idle GPU always passes them, and
         forcing it beside heavy jobs made time-sliced CARMA traces' makespans 17-21% longer."""
         cluster = ledger.cluster
@@ -248,12 +250,9 @@ class Auto:
         gpus = pick_on_one_node(order, cluster.gang_node, job.gpus)
         if gpus is None:
             return None
-        if job.gpus > 1:  # a gang: its GPUs drain, and it starts once their room is free
-            if free_now[gpus].all():
-                return gpus
-            keep[gpus] = cluster.total_mib[gpus]
-        else:
-            keep[gpus] = need if job.mem_mib is not None else cluster.total_mib[gpus]
+        if job.gpus > 1 and free_now[gpus].all():  # a gang whose room is free starts now
+            return gpus
+        keep[gpus] = need if job.mem_mib is not None else cluster.total_mib[gpus]
         return None
 
 
