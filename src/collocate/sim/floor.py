@@ -446,26 +446,25 @@ class _FluidLP:
         return known
 
 
-def _milp():
+def _scipy():
+    """scipy.optimize, or an error saying how to get it (the floor's only optional dependency)."""
     try:
-        from scipy.optimize import Bounds, LinearConstraint, milp
+        from scipy import optimize
     except ImportError:
         raise CollocateError(
             "the model floor needs scipy (its HiGHS LP solver)",
             hint="pip install 'collocate[floor]' (or scipy>=1.11)",
         ) from None
-    return milp, Bounds, LinearConstraint
+    return optimize
 
 
 def _linprog():
-    try:
-        from scipy.optimize import linprog
-    except ImportError:
-        raise CollocateError(
-            "the model floor needs scipy (its HiGHS LP solver)",
-            hint="pip install 'collocate[floor]' (or scipy>=1.11)",
-        ) from None
-    return linprog
+    return _scipy().linprog
+
+
+def _milp():
+    optimize = _scipy()
+    return optimize.milp, optimize.Bounds, optimize.LinearConstraint
 
 
 def _down(value: float, step: float) -> float:
