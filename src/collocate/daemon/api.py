@@ -16,7 +16,7 @@ from typing import Any
 from collocate.daemon import views
 from collocate.daemon.attempts import Attempts
 from collocate.daemon.datasets import resolve_factory
-from collocate.daemon.faults import disk_nearly_full
+from collocate.daemon.faults import disk_full, disk_nearly_full
 from collocate.daemon.gpu_watch import GpuWatch
 from collocate.daemon.paths import StateLayout
 from collocate.daemon.protocol import check_logs_args
@@ -84,6 +84,8 @@ class Api:
         if why is not None:
             raise InputError(f"this job could never start: it {why}",
                              hint="check the ids with `collocate ls --all`")
+        if disk_nearly_full(self.layout.root):  # refused whole, not half-written into free WAL pages
+            raise disk_full(str(self.layout.root))
         job = with_profile(replace(job, id=self.store.next_id()), profile, profile_source)
         self.store.add_job(job, req.spec)
         self.specs[job.id] = req.spec
