@@ -37,6 +37,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from collocate.gputypes import parse_cluster
@@ -77,15 +79,30 @@ def family(name: str, data: Path):
     return [(f"{n} jobs {c} seed {s} load {load}", c, synthetic(n, c, s, load), "peak") for n, c, s, load in grids[name]]
 
 
-def case(label: str, cluster: str, jobs, estimator: str, sharing: str, auto) -> dict:
+@dataclass(frozen=True)
+class Outcome:
+    """A policy's results on one case, averaged over the model-error seeds (one run without)."""
+
+    makespan_min: float
+    mean_jct_min: float
+    p95_jct_min: float
+    multi_gpu_wait_min: float | None
+
+
+def outcome(nodes, jobs, policy, configs: list[SimConfig]) -> Outcome:
+    runs = [Simulation(nodes, jobs, policy, c).run() for c in configs]
+    summaries = [summarize(r) for r in runs]
+    waits = [(r.start - r.submit) / 60 for run in runs for r in run.records if r.gpus > 1 and r.start is not None]
+    return Outcome(statistics.fmean(s.makespan_min for s in summaries), statistics.fmean(s.mean_jct_min for s in summaries),
+                   statistics.fmean(s.p95_jct_min for s in summaries), statistics.fmean(waits) if waits else None)
+
+
+def case(label: str, cluster: str, jobs, estimator: str, sharing: str, auto, error_seeds: int = 0) -> dict:
     nodes = parse_cluster(cluster)
     config = SimConfig(sharing=SharingMode(sharing), estimator=estimator)
-    rows = {p: summarize(Simulation(nodes, jobs, make_policy(p), config).run()) for p in ("exclusive", *CARMA)}
-    mine = Simulation(nodes, jobs, auto, config).run()
-    s = summarize(mine)
-    gang_wait = [(r.start - r.submit) / 60 for r in mine.records if r.gpus > 1 and r.start is not None]
-    lug = Simulation(nodes, jobs, make_policy("carma-lug"), config).run()
-    lug_wait = [(r.start - r.submit) / 60 for r in lug.records if r.gpus > 1 and r.start is not None]
+    configs = [replace(config, model_error_seed=seed) for seed in range(1, error_seeds + 1)] or [config]
+    rows = {p: outcome(nodes, jobs, make_policy(p), configs) for p in ("exclusive", *CARMA)}
+    s = outcome(nodes, jobs, auto, configs)
     return {
         "trace": label, "cluster": cluster, "sharing": sharing, "auto_makespan_min": round(s.makespan_min, 2),
         "best_carma_makespan_min": round(min(rows[p].makespan_min for p in CARMA), 2),
@@ -97,8 +114,9 @@ def case(label: str, cluster: str, jobs, estimator: str, sharing: str, auto) -> 
         "carma_makespan_min": {p: round(rows[p].makespan_min, 2) for p in CARMA},
         "carma_jct_min": {p: round(rows[p].mean_jct_min, 2) for p in CARMA},
         "carma_p95_jct_min": {p: round(rows[p].p95_jct_min, 2) for p in CARMA},
-        "multi_gpu_wait_min": round(sum(gang_wait) / len(gang_wait), 1) if gang_wait else None,
-        "carma_lug_multi_gpu_wait_min": round(sum(lug_wait) / len(lug_wait), 1) if lug_wait else None,
+        "multi_gpu_wait_min": None if s.multi_gpu_wait_min is None else round(s.multi_gpu_wait_min, 1),
+        "carma_lug_multi_gpu_wait_min": (None if rows["carma-lug"].multi_gpu_wait_min is None
+                                         else round(rows["carma-lug"].multi_gpu_wait_min, 1)),
     }
 
 
@@ -131,12 +149,15 @@ def main() -> None:
     ap.add_argument("--data", type=Path, default=Path("../shared/data"))
     ap.add_argument("--family", action="append", choices=(*FAMILIES, "grid-5000"))
     ap.add_argument("--param", action="append", default=[])
+    ap.add_argument("--model-error-seeds", type=int, default=0, metavar="N",
+                    help="run every case under model-error seeds 1..N (docs/simulator.md) and compare "
+                         "the policies' means; 0 (default): jobs run as the model predicts")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     auto = make_policy("auto", **parse_params(args.param))
-    doc: dict = {"params": parse_params(args.param), "families": {}}
+    doc: dict = {"params": parse_params(args.param), "model_error_seeds": args.model_error_seeds, "families": {}}
     for name in args.family or FAMILIES:
-        rows = [case(label, cluster, jobs, estimator, sharing, auto)
+        rows = [case(label, cluster, jobs, estimator, sharing, auto, args.model_error_seeds)
                 for label, cluster, jobs, estimator in family(name, args.data) for sharing in ("time-slicing", "mps")]
         doc["families"][name] = {
             "summary": {sharing: summary([r for r in rows if r["sharing"] == sharing]) for sharing in ("time-slicing", "mps")},

@@ -8,8 +8,8 @@ The formulas and the provenance of every parameter are in ``data/interference.to
 from __future__ import annotations
 
 import tomllib
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -36,6 +36,10 @@ class InterferenceModel:
     #: A GPU whose process is in its first steps (cuDNN autotuning, allocator growth) runs almost
     #: no SM activity but draws well above idle; power is computed as if busy were at least this.
     warmup_busy: float = 0.0
+    #: Per sharing mode, ``log(measured / predicted)`` of each job of the calibration, predicted
+    #: by the model fitted without that job's mix: how wrong the model is on a mix it has not
+    #: seen. Only the simulator's ``--model-error`` reads it (``collocate.sim.model_error``).
+    held_out_log_errors: Mapping[SharingMode, tuple[float, ...]] = field(default_factory=dict)
 
     def slowdown(
         self,
@@ -150,4 +154,13 @@ def _parse(doc: dict, where: str) -> InterferenceModel:
     if missing:
         raise InputError(f"{where}: no parameters for sharing mode(s) {', '.join(missing)}")
     power = doc.get("power", {})
-    return InterferenceModel(modes, float(power.get("exponent", 1.0)), float(power.get("warmup_busy", 0.0)))
+    errors: dict[SharingMode, tuple[float, ...]] = {}
+    for name, values in doc.get("calibration", {}).get("modes", {}).items():
+        ratios = values.get("cv_log_ratios") if isinstance(values, dict) else None
+        if ratios:
+            try:
+                errors[SharingMode(name)] = tuple(float(v) for v in ratios)
+            except (TypeError, ValueError):
+                raise InputError(f"{where}: [calibration.modes.{name}] cv_log_ratios must be a list of numbers "
+                                 "for a known sharing mode") from None
+    return InterferenceModel(modes, float(power.get("exponent", 1.0)), float(power.get("warmup_busy", 0.0)), errors)

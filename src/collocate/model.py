@@ -169,6 +169,43 @@ class RunningJob:
 
 
 @dataclass(frozen=True, slots=True, eq=False)
+class Gangs:
+    """The running multi-GPU jobs (gangs), as arrays: per gang its profile as policies know it
+    and its width; per membership (a gang on one of its GPUs) the gang and the GPU position,
+    grouped by gang; and per GPU whether a gang is on it. A gang advances at the pace of its
+    slowest GPU, on all of them."""
+
+    sm: np.ndarray
+    dram: np.ndarray
+    width: np.ndarray
+    member_gang: np.ndarray
+    member_gpu: np.ndarray
+    hosts: np.ndarray
+
+    @classmethod
+    def of(cls, gangs: Sequence[tuple[Sequence[int], JobProfile]], n_gpus: int) -> Gangs:
+        """From (GPU positions, profile) pairs."""
+        width = np.array([len(gpus) for gpus, _ in gangs], dtype=np.int64)
+        member_gpu = np.array([i for gpus, _ in gangs for i in gpus], dtype=np.int64)
+        hosts = np.zeros(n_gpus, dtype=bool)
+        hosts[member_gpu] = True
+        return cls(np.array([p.sm_activity for _, p in gangs], dtype=float),
+                   np.array([p.dram_activity for _, p in gangs], dtype=float),
+                   width, np.repeat(np.arange(len(gangs)), width), member_gpu, hosts)
+
+    def __len__(self) -> int:
+        return len(self.width)
+
+    def plus(self, gpus: Sequence[int], profile: JobProfile) -> Gangs:
+        """These gangs and one more (a gang placed in this round)."""
+        hosts = self.hosts.copy()
+        hosts[list(gpus)] = True
+        return Gangs(np.append(self.sm, profile.sm_activity), np.append(self.dram, profile.dram_activity),
+                     np.append(self.width, len(gpus)), np.append(self.member_gang, [len(self)] * len(gpus)),
+                     np.append(self.member_gpu, gpus), hosts)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
 class ClusterSnapshot:
     """The cluster at decision time, as parallel arrays indexed by GPU position.
 
@@ -183,7 +220,8 @@ class ClusterSnapshot:
     ``gang_node`` (the node number for multi-GPU placement, -1 on a MIG instance: see
     ``gang_nodes``). ``datasets`` maps a
     shared dataset's name to the GPU positions whose jobs read it (for placing jobs of one
-    ``collocate share`` producer together).
+    ``collocate share`` producer together). ``gangs``: the running multi-GPU jobs, whose pace
+    on one GPU is set by their slowest.
     """
 
     now: float
@@ -208,6 +246,7 @@ class ClusterSnapshot:
     sharing: SharingMode = SharingMode.TIME_SLICING
     placements_made: int = 0  # set by the Scheduler: placements so far, for round-robin's rotation
     datasets: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    gangs: Gangs | None = None  # None: none running
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -275,7 +314,16 @@ class ClusterSnapshot:
             sharing=sharing,
             placements_made=placements_made,
             datasets={name: tuple(sorted(set(gpus))) for name, gpus in datasets.items()},
+            gangs=running_gangs(views, running),
         )
+
+
+def running_gangs(views: Sequence[GpuView], running: Mapping[str, RunningJob]) -> Gangs | None:
+    """The multi-GPU jobs among ``running`` whose GPUs are all in ``views``; None if none."""
+    position = {v.id: i for i, v in enumerate(views)}
+    gangs = [(tuple(position[g] for g in job.gpus), job.profile)
+             for job in running.values() if len(job.gpus) > 1 and all(g in position for g in job.gpus)]
+    return Gangs.of(gangs, len(views)) if gangs else None
 
 
 def gang_nodes(ids: Sequence[GpuId], node: np.ndarray) -> np.ndarray:

@@ -34,6 +34,9 @@ def test_packaged_model_is_what_calibrate_fits_to_the_committed_h100_measurement
     fitted, packaged = cal.fits[mode.value].params, default_interference().modes[mode]
     for name in ("base", "per_sm", "per_dram", "saturation_exponent"):
         assert getattr(packaged, name) == pytest.approx(getattr(fitted, name), rel=1e-3, abs=1e-4), name
+    # the held-out errors --model-error draws from, too
+    held_out = default_interference().held_out_log_errors[mode]
+    assert held_out == pytest.approx(cal.stats[mode.value]["cv_log_ratios"], abs=1e-4)
 
 
 def test_a_light_job_time_sliced_with_a_heavy_one_suffers_more_than_under_mps():

@@ -12,6 +12,7 @@ from collocate.model import (
     Job,
     JobProfile,
     RunningJob,
+    SharingMode,
     Utilization,
     WaitKind,
 )
@@ -112,6 +113,52 @@ def test_auto_prefers_the_placement_with_least_interference():
     cluster = ClusterSnapshot.from_views(views, running=running)
     plan = make_policy("auto")([job("new", mem=4 * GIB, profile=JobProfile(0.7, 0.3))], cluster)
     assert placed(plan) == {"new": ["n0:1"]}
+
+
+def gang_beside_single(gang_profile, single_profile, *, heavy_beside_gang=None, sharing="time-slicing"):
+    """A 2-GPU job G on n0:0 and n0:1 (with H beside it on n0:1 if given), a job S on n0:2."""
+    running = {"G": RunningJob("G", (GpuId("n0", 0), GpuId("n0", 1)), gang_profile, 4 * GIB),
+               "S": RunningJob("S", (GpuId("n0", 2),), single_profile, 4 * GIB)}
+    beside = []
+    if heavy_beside_gang is not None:
+        running["H"] = RunningJob("H", (GpuId("n0", 1),), heavy_beside_gang, 4 * GIB)
+        beside = ["H"]
+    views = [gpu(0, free=30 * GIB, committed=4 * GIB, jobs=["G"]),
+             gpu(1, free=30 * GIB, committed=4 * GIB * (1 + len(beside)), jobs=["G", *beside]),
+             gpu(2, free=30 * GIB, committed=4 * GIB, jobs=["S"])]
+    return ClusterSnapshot.from_views(views, running=running, sharing=SharingMode(sharing))
+
+
+@pytest.mark.parametrize("sharing", ["time-slicing", "mps"])
+def test_auto_spares_a_gang_where_it_sets_the_gangs_pace(sharing):
+    # G advances at its slowest GPU's pace on both its GPUs: slowing it on n0:0 costs two GPUs'
+    # progress. Scored as a one-GPU resident, the lighter G looked the better neighbour.
+    cluster = gang_beside_single(JobProfile(0.3, 0.15), JobProfile(0.35, 0.17), sharing=sharing)
+    gangs = cluster.gangs  # the snapshot knows G is one job on two GPUs
+    assert gangs is not None and gangs.width.tolist() == [2] and gangs.member_gpu.tolist() == [0, 1]
+    assert gangs.sm.tolist() == [0.3] and gangs.hosts.tolist() == [True, True, False]
+    newcomer = job("X", mem=2 * GIB, profile=JobProfile(0.2, 0.1))
+    assert placed(make_policy("auto")([newcomer], cluster)) == {"X": ["n0:2"]}
+
+
+@pytest.mark.parametrize("sharing", ["time-slicing", "mps"])
+def test_auto_may_join_a_gang_on_a_gpu_that_does_not_set_its_pace(sharing):
+    # H on n0:1 already sets G's pace: joining G on n0:0 slows G no further, so that GPU beats
+    # n0:2, where a lone S (lighter than G) would lose its progress.
+    cluster = gang_beside_single(JobProfile(0.3, 0.15), JobProfile(0.25, 0.12),
+                                 heavy_beside_gang=JobProfile(0.6, 0.3), sharing=sharing)
+    newcomer = job("X", mem=2 * GIB, profile=JobProfile(0.2, 0.1))
+    assert placed(make_policy("auto")([newcomer], cluster)) == {"X": ["n0:0"]}
+
+
+def test_auto_counts_a_gang_placed_in_the_same_round():
+    # The gang takes the two idle GPUs; the next job then spares it as it would a running one.
+    running = {"S": RunningJob("S", (GpuId("n0", 2),), JobProfile(0.35, 0.17), 4 * GIB)}
+    views = [gpu(0), gpu(1), gpu(2, free=30 * GIB, committed=4 * GIB, jobs=["S"])]
+    cluster = ClusterSnapshot.from_views(views, running=running)
+    queue = [job("G", mem=4 * GIB, gpus=2, profile=JobProfile(0.3, 0.15)),
+             job("X", mem=2 * GIB, profile=JobProfile(0.2, 0.1))]
+    assert placed(make_policy("auto")(queue, cluster)) == {"G": ["n0:0", "n0:1"], "X": ["n0:2"]}
 
 
 def test_auto_refuses_collocation_that_slows_jobs_too_much():

@@ -31,6 +31,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from collocate.bench.fit import (
     ModeFit,
     Observation,
@@ -140,7 +142,9 @@ def _fit_one_mode(cal: Calibration, mode: str, obs: list[Observation]) -> None:
     measured = [o.slowdown for o in obs]
     stats: dict[str, Any] = {"observations": len(obs), "mixes": len({o.group for o in obs})}
     try:
-        stats["cv"] = errors(cross_validate(obs), measured)
+        held_out = cross_validate(obs)
+        stats["cv"] = errors(held_out, measured)
+        stats["cv_log_ratios"] = [float(v) for v in np.log(np.asarray(measured) / held_out)]
     except ValueError as exc:
         stats["cv"] = None
         cal.notes.append(f"{mode}: no leave-one-mix-out error ({exc})")
@@ -216,6 +220,12 @@ def _error_summary(stats: dict[str, Any], part: str) -> str:
             f"{_err(stats, part, 'max_abs_error')}")
 
 
+def _log_ratios(values: Sequence[float]) -> str:
+    """The held-out ``log(measured / predicted)`` of every job, in the order observed: what the
+    simulator's ``--model-error`` draws from (``collocate.sim.model_error``)."""
+    return "[" + ", ".join(f"{v:.4f}" for v in values) + "]"
+
+
 def interference_toml(cal: Calibration) -> str:
     """The fitted model as TOML in the packaged file's format (loads with load_interference)."""
     env, packaged = cal.env, _packaged()
@@ -249,6 +259,8 @@ def interference_toml(cal: Calibration) -> str:
                 v = (stats.get(part) or {}).get(key)
                 if v is not None:
                     lines.append(f"{part}_{key} = {_num(v)}")
+        if stats.get("cv_log_ratios"):
+            lines.append(f"cv_log_ratios = {_log_ratios(stats['cv_log_ratios'])}")
     for mode in SHARING_MODES:
         lines += ["", f"[modes.{mode}]"]
         fit = cal.fits.get(mode)

@@ -205,8 +205,47 @@ class Auto:
             n > 1, shared_slowdown(params, mean_sm, mean_dram, sm - mean_sm, dram - mean_dram), 1.0
         )
         gain = 1.0 / newcomer + n * (1.0 / resident_after - 1.0 / resident_before)
+        if ledger.gangs is not None:
+            gain = gain - self._gang_losses(job, ledger, gpus, resident_before, resident_after)
         ok = (newcomer <= self.max_slowdown) & (resident_after <= self.max_slowdown)
         return gain, ok
+
+    def _gang_losses(self, job: Job, ledger: Ledger, gpus: np.ndarray, before: np.ndarray,
+                     after: np.ndarray) -> np.ndarray | float:
+        """What ``_score``'s per-GPU sum misses about multi-GPU residents: one advances at its
+        slowest GPU's pace on all its GPUs, so slowing it where it is the slowest costs that on
+        each of them, and slowing it where another GPU is slower still costs nothing. Per GPU,
+        that loss less the one-GPU loss the sum counted (``before``/``after``: the residents'
+        slowdowns the sum used). Counting the width alone, without the pace, priced gangs
+        already slowed elsewhere as if each placement slowed them again, and made ``auto``
+        worse (docs/simulator.md)."""
+        table = ledger.gangs
+        if table is None or not table.hosts[gpus].any():
+            return 0.0
+        params = self._params(ledger.cluster.sharing)
+        gang, gpu = table.member_gang, table.member_gpu
+        sm, dram = table.sm[gang], table.dram[gang]
+        slow = np.where(ledger.n_jobs[gpu] > 1,
+                        shared_slowdown(params, sm, dram, ledger.sm_sum[gpu] - sm, ledger.dram_sum[gpu] - dram), 1.0)
+        # per gang its slowest GPU and the next slowest: its pace if any one GPU were not there
+        starts = np.concatenate(([0], np.cumsum(table.width)[:-1]))
+        slowest = np.maximum.reduceat(slow, starts)[gang]
+        is_top = slow == slowest
+        ranks = np.cumsum(is_top)
+        first_top = is_top & (ranks - np.concatenate(([0], ranks[starts[1:] - 1]))[gang] == 1)
+        second = np.maximum.reduceat(np.where(first_top, 0.0, slow), starts)[gang]
+        elsewhere = np.where(first_top, second, slowest)
+        position = np.full(len(ledger.n_jobs), -1)
+        position[gpus] = np.arange(len(gpus))
+        on = np.flatnonzero(position[gpu] >= 0)
+        at = position[gpu[on]]
+        here, rest = slow[on], elsewhere[on]
+        here_after = shared_slowdown(params, sm[on], dram[on], ledger.sm_sum[gpu[on]] - sm[on] + job.profile.sm_activity,
+                                     ledger.dram_sum[gpu[on]] - dram[on] + job.profile.dram_activity)
+        paced = table.width[gang[on]] * (1.0 / np.maximum(here, rest) - 1.0 / np.maximum(here_after, rest))
+        extra = np.zeros(len(gpus))
+        np.add.at(extra, at, paced - (1.0 / before[at] - 1.0 / after[at]))
+        return extra
 
     def _params(self, mode: SharingMode) -> ModeParams:
         # Jobs sharing one MIG instance time-slice it (the simulator's MIG mode; the daemon says

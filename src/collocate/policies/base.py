@@ -16,7 +16,7 @@ from typing import Protocol
 import numpy as np
 
 from collocate.commitment import committed_mib
-from collocate.model import ClusterSnapshot, Job, Placement, Plan, Wait, WaitKind
+from collocate.model import ClusterSnapshot, Gangs, Job, Placement, Plan, Wait, WaitKind
 from collocate.units import format_mib
 
 
@@ -40,6 +40,7 @@ class Ledger:
         self.mem_settling_at = cluster.mem_settling_at.copy()
         self.placements: list[Placement] = []
         self.waits: dict[str, Wait] = {}
+        self.gangs = cluster.gangs  # the multi-GPU jobs on the cluster, this round's too
 
     def place(self, job: Job, gpus: Iterable[int]) -> None:
         """Charge ``job`` to these GPUs at once (``collocate.commitment``). A job of unknown
@@ -59,6 +60,9 @@ class Ledger:
             self.launch_seen_at[i] = math.inf  # not seen on the GPU yet
             if job.mem_mib is None:
                 self.mem_settling_at[i] = math.inf  # its memory is still to come
+        if len(idx) > 1:
+            self.gangs = (Gangs.of([(idx, job.profile)], len(self.cluster)) if self.gangs is None
+                          else self.gangs.plus(idx, job.profile))
         ids = self.cluster.ids
         self.placements.append(Placement(job.id, tuple(ids[i] for i in idx), given))
 

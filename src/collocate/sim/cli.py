@@ -84,6 +84,17 @@ def simulate(
         ),
     ] = "trace",
     seed: Annotated[int, typer.Option(help="Seed for synthetic traces.")] = 0,
+    model_error: Annotated[
+        int | None,
+        typer.Option(
+            "--model-error",
+            metavar="SEED",
+            help="Run each job in a mix at the interference model's slowdown times an error drawn "
+            "(seeded by SEED) from how wrong the model was on H100 mixes it had not seen, as real "
+            "GPUs are; the policies still see the model. Compare policies over several seeds. Off: "
+            "jobs run exactly as the model predicts. See docs/simulator.md.",
+        ),
+    ] = None,
     floor: Annotated[
         bool,
         typer.Option(
@@ -178,7 +189,7 @@ def simulate(
 
     console = Console(stderr=True)
     config = SimConfig(sharing=mode, estimator=estimator, mig_layout=mig_layout, startup_s=startup,
-                       profiles=profiles)
+                       profiles=profiles, model_error_seed=model_error)
     if "settle_s" in params:  # the scheduler wakes when the in-flight guard ends
         config = replace(config, wake_s=float(params["settle_s"]))  # type: ignore[arg-type]
     results = []
@@ -208,6 +219,7 @@ def simulate(
             **({"params": params} if params else {}),
             **({"startup_s": startup} if startup else {}),
             **({"profiles": profiles} if profiles != "trace" else {}),
+            **({"model_error_seed": model_error} if model_error is not None else {}),
             **({"mig_layout": layout} if layout else {}),
             "policies": [s.as_dict() for s in summaries],
             **({"floor": floor_doc} if floor_doc else {}),
@@ -219,7 +231,8 @@ def simulate(
         sharing_text = mode.value
         if layout:
             sharing_text += " " + ", ".join(layout.values() if len(layout) == 1 else (f"{t}={v}" for t, v in layout.items()))
-        title = printable(f"{source} on {cluster} ({sharing_text}, estimator: {estimator})")
+        error_text = "" if model_error is None else f", model error seed {model_error}"
+        title = printable(f"{source} on {cluster} ({sharing_text}, estimator: {estimator}{error_text})")
         plain = Console(width=max(terminal.width, 120), markup=False, emoji=False)  # a file name is not markup
         plain.print(table(summaries, title))
         if floor_doc:

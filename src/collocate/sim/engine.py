@@ -46,6 +46,7 @@ from collocate.knowledge import MemoryProfiles, ProfileKnowledge, Sibling, sibli
 from collocate.model import (
     UNKNOWN_PROFILE,
     ClusterSnapshot,
+    Gangs,
     Job,
     JobProfile,
     JobState,
@@ -57,6 +58,7 @@ from collocate.recovery import ExitReport, Outcome, RecoveryRules
 from collocate.scheduler import Capacity, Scheduler
 from collocate.sim.devices import WholeGpus
 from collocate.sim.mig import MigInstances, resolve_layout
+from collocate.sim.model_error import ModelError
 from collocate.sim.trace import TraceJob, Workload
 
 # Event kinds, in the order they are handled at equal times: work done frees GPUs before new
@@ -108,6 +110,9 @@ class SimConfig:
     # GPU type "A100-40GB=3g.20gb+4g.20gb,H100-80GB=..."; None: the default of each type
     # (collocate.sim.mig.default_layout).
     mig_layout: str | None = None
+    # Seed of the model error (``collocate.sim.model_error``): jobs in a mix run at the model's
+    # slowdown times a held-out calibration error; None runs them at the model's prediction.
+    model_error_seed: int | None = None
 
     def __post_init__(self) -> None:
         if self.profiles not in PROFILE_KNOWLEDGE:
@@ -191,6 +196,8 @@ class Simulation:
         self.trace = trace
         self.policy = policy
         self._stable_s = stable_s_of(policy)
+        self.model_error = (None if config.model_error_seed is None
+                            else ModelError.of(config.interference, config.sharing, config.model_error_seed))
         self.progress = progress
         if config.sharing is SharingMode.MIG:
             self.devices: WholeGpus = MigInstances(nodes, resolve_layout(config.mig_layout, nodes))
@@ -229,6 +236,8 @@ class Simulation:
         }
 
         self.running: dict[str, SimRun] = {}
+        self.gang_ids: dict[str, None] = {}  # running multi-GPU jobs, in the order they started
+        self._gang_table: Gangs | None = None  # ``_gangs``' cache
         self.scheduler = Scheduler(policy, Capacity.of(self._snapshot(0.0)), rules=config.rules)
         self.records: dict[str, SimJobRecord] = {}
         self.peaks: dict[str, float] = {}
@@ -382,6 +391,9 @@ class Simulation:
         )
         run.seen_at = seen
         self.running[job_id] = run
+        if len(run.gpus) > 1:
+            self.gang_ids[job_id] = None
+            self._gang_table = None
         self._resettle(gpus)
         self._plan_inference(gpus)
         self._push(now + self.cfg.ramp_s, _RAMP, job_id, job.attempts)
@@ -477,6 +489,8 @@ class Simulation:
             self.sm_sum[i] += real.sm_activity - told.sm_activity
             self.dram_sum[i] += real.dram_activity - told.dram_activity
         run.job = run.job.evolve(profile=real)
+        if len(run.gpus) > 1:
+            self._gang_table = None
         return True
 
     def _plan_inference(self, gpus: list[int]) -> None:
@@ -508,6 +522,8 @@ class Simulation:
                 self.sm_sum[g] += guess.sm_activity - told.sm_activity
                 self.dram_sum[g] += guess.dram_activity - told.dram_activity
             run.job = run.job.evolve(profile=guess)
+            if len(run.gpus) > 1:
+                self._gang_table = None
             run.inferred = True
         return True
 
@@ -540,6 +556,8 @@ class Simulation:
                 self.committed[i] = self.used[i] = self.sm_sum[i] = self.dram_sum[i] = 0.0
                 self.seen_at[i] = -math.inf
         del self.running[job.id]
+        if self.gang_ids.pop(job.id, 0) is None:
+            self._gang_table = None
         self._resettle(gpus)
         self._plan_inference(gpus)
         self._rerate(gpus, now)
@@ -547,7 +565,7 @@ class Simulation:
     def _rerate(self, gpus: list[int], now: float) -> None:
         """Recompute the progress rate of every job sharing any of these GPUs."""
         affected = {job_id: None for i in gpus for job_id in self.residents[i]}  # ordered, no repeats
-        model, mode = self.cfg.interference, self.cfg.sharing
+        model, mode, error = self.cfg.interference, self.cfg.sharing, self.model_error
         instance = self.devices.fraction  # MIG: jobs are slowed relative to their instance
         learning = self.cfg.profiles in ("learned", "similar", "unknown") and self.devices.learns_alone
         # A multi-GPU job's new rate changes what its other GPUs draw: meter them up to now first.
@@ -565,9 +583,13 @@ class Simulation:
                           if o != job_id and not (r := self.running[o]).starting]
                 crowded = crowded or bool(others)
                 if instance is None:
-                    slowdown = max(slowdown, model.slowdown(mode, run.profile, others))
+                    here = model.slowdown(mode, run.profile, others)
                 else:
-                    slowdown = max(slowdown, model.instance_slowdown(run.profile, others, instance[i]))
+                    here = model.instance_slowdown(run.profile, others, instance[i])
+                if error is not None and others:
+                    co_runners = [o for o in self.residents[i] if o != job_id and not self.running[o].starting]
+                    here = max(1.0, here * error.factor(job_id, co_runners))
+                slowdown = max(slowdown, here)
             run.rate = 1.0 / slowdown
             run.version += 1
             self._push(now + max(run.work_left, 0.0) / run.rate, _FINISH, job_id, run.version)
@@ -638,7 +660,16 @@ class Simulation:
             gang_node=self.gang_node,
             has_mig_instances=relative,
             sharing=self.cfg.sharing,
+            gangs=self._gangs(),
         )
+
+    def _gangs(self) -> Gangs | None:
+        """The running multi-GPU jobs as policies see them, rebuilt only when one starts, ends
+        or is told a new profile (``gang_ids`` then drops the cached table)."""
+        if self._gang_table is None and self.gang_ids:
+            self._gang_table = Gangs.of([(self.running[j].gpus, self.running[j].job.profile) for j in self.gang_ids],
+                                        len(self.ids))
+        return self._gang_table
 
     def _result(self, now: float) -> SimResult:
         first = min((r.submit for r in self.records.values()), default=0.0)
