@@ -1,7 +1,7 @@
 """`auto` against the CARMA family over families of traces, not one trace at a time (issue 21).
 
     PYTHONPATH=src python benchmarks/auto_family.py [--data ../shared/data] [--family NAME ...]
-        [--param NAME=VALUE ...] [--out FILE]
+        [--param NAME=VALUE ...] [--model-error-seeds N] [--out FILE]
 
 A 60- or 90-job trace on 4 GPUs is chaotic: one placement moved early reorders everything after
 it, so a rule change can gain 5% on one trace and lose 5% on the next. This script judges a rule
@@ -28,7 +28,11 @@ and p95 JCT by more than 1%, mean JCT at all). Families:
 * ``grid-5000``: issue 21's 5,000-job traces, 8xA100-40GB and 2x(8xH100-80GB) at loads 0.6, 0.9
   and 1.2, seed 3 (held out from every rule; not in the default run: about 10 minutes).
 
-Run it with another checkout's ``src`` first on PYTHONPATH to compare two versions of `auto`.
+With ``--model-error-seeds N`` every policy runs each case under model-error seeds 1..N (jobs in
+a mix run at the model's slowdown times a held-out H100 error, ``collocate.sim.model_error``)
+and the ratios compare their means: a rule is then judged against a model as wrong as it is on
+a real GPU, and single-run chaos averages out. Run it with another checkout's ``src`` first on
+PYTHONPATH to compare two versions of `auto`.
 Deterministic, CPU only.
 """
 

@@ -36,5 +36,4 @@ def run_with_hash_seed(seed: str) -> dict:
 def test_results_are_bit_identical_across_hash_seeds():
     first, second = run_with_hash_seed("0"), run_with_hash_seed("1")
     assert first["auto None"][0] != first["round-robin None"][0]  # different runs
-    assert first["auto 3"][0] != first["auto None"][0]  # model error (hashed job ids) moved it
     assert first == second
