@@ -151,6 +151,19 @@ def test_auto_may_join_a_gang_on_a_gpu_that_does_not_set_its_pace(sharing):
     assert placed(make_policy("auto")([newcomer], cluster)) == {"X": ["n0:0"]}
 
 
+def test_a_gang_with_a_gpu_left_out_of_the_snapshot_is_not_listed():
+    # A gang whose other GPU is on a node that stopped answering (the daemon leaves that node's
+    # GPUs out): its pace there is unknown, so the snapshot lists no gang rather than half of one.
+    profile = JobProfile(0.3, 0.15)
+    running = {"G": RunningJob("G", (GpuId("n0", 0), GpuId("n1", 0)), profile, 4 * GIB),
+               "H": RunningJob("H", (GpuId("n0", 1), GpuId("n0", 2)), profile, 4 * GIB)}
+    views = [gpu(0, jobs=["G"], committed=4 * GIB), gpu(1, jobs=["H"], committed=4 * GIB),
+             gpu(2, jobs=["H"], committed=4 * GIB)]
+    gangs = ClusterSnapshot.from_views(views, running=running).gangs
+    assert gangs is not None and gangs.member_gpu.tolist() == [1, 2] and gangs.hosts.tolist() == [False, True, True]
+    assert ClusterSnapshot.from_views(views[:1], running={"G": running["G"]}).gangs is None
+
+
 def test_auto_counts_a_gang_placed_in_the_same_round():
     # The gang takes the two idle GPUs; the next job then spares it as it would a running one.
     running = {"S": RunningJob("S", (GpuId("n0", 2),), JobProfile(0.35, 0.17), 4 * GIB)}
