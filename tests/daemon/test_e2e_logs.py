@@ -90,9 +90,12 @@ def test_ctrl_c_ends_a_follow_quietly(daemons):
     d = daemons()
     ticker = [sys.executable, "-c", "import time\nwhile True:\n print('tick', flush=True); time.sleep(0.2)"]
     job = d.submit(ticker, mem="1GiB")
+    # as from a terminal: a suite started in the background (`pytest &`) ignores SIGINT, and a
+    # child would inherit that and never see the Ctrl-C
     proc = subprocess.Popen([sys.executable, "-m", "collocate.daemon", "logs", "-f", job,
                              "--state-dir", str(d.state_dir)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert proc.stdout.readline() == "tick\n"
         proc.send_signal(signal.SIGINT)
