@@ -18,8 +18,8 @@ def open_wal(path: Path, schema: str, *, what: str) -> sqlite3.Connection:
     keeps committed rows across a killed process, which is what restart safety needs. The WAL is
     checkpointed every ``WAL_PAGES`` pages and cut back to that size after each checkpoint: with
     SQLite's default (1,000 pages, never cut back) the monitor's WAL alone held 4 MiB of a
-    daemon sampling every 0.1 s, and filled an 8 MiB state disk by itself while a reader held
-    back a checkpoint. ``check_same_thread=False`` because owners serialise access themselves
+    daemon sampling every 0.1 s: half the disk-full test's 8 MiB state disk, which one CI run
+    found full before the test filled it. ``check_same_thread=False`` because owners serialise access themselves
     (one loop thread or their own lock).
     """
     try:
