@@ -187,6 +187,8 @@ def run_one(name: str, trace: dict[str, Any], out: Path, *, gpus: str, dry: bool
             mem = [] if job["declared_mib"] is None else ["--mem", f"{job['declared_mib']}MiB"]
             if dry and job["estimate_mib"]:  # the tiny CPU job holds its estimate on the emulated GPU (not in the signature)
                 mem += ["--env", f"FIRST_RUN_EMULATED_MIB={job['estimate_mib']}"]
+            if dry:  # CPU jobs side by side: one thread each, or their OpenMP threads spin against
+                mem += ["--env", "OMP_NUM_THREADS=1"]  # each other (two took 60-90 s, not 5, on 2 cores)
             argv = cli("submit", "--state-dir", str(state), *mem, "--name", job["name"], "--cwd",
                        trace["workdir"], "--", *job["argv"])
             procs.append((job, subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
