@@ -18,6 +18,16 @@ simulator all charge memory through it.
   jobs reach their peak within their first steps: on an H100 the mini-trace's jobs held their
   peak from the first 2-20 s of a run (docs/gpu-validation.md), so 30 s without growth is a
   conservative sign that the peak is reached.
+* An *estimated* requirement (from an estimator, not measured in an earlier run and not declared
+  by the user) is a model's guess, and estimators err by several times either way (GPUMemNet
+  returns a bin's upper edge: 8,000 MiB for CIFAR jobs that hold 600-1,100). Once such a job's
+  own memory has held still for ``stable_s`` below its estimate, it commits its observed peak
+  plus the same margin, as a job of unknown memory does: the CARMA policies pack by measured
+  free memory and so got that room, while ``auto`` kept the estimate and lost 8% of makespan
+  to them on carma-mix-90 under MPS (docs/simulator.md). If it grows past that again its GPU
+  settles and it commits its estimate until it holds still again. A declared requirement is
+  the user's reservation, as Slurm's ``--mem`` is, and a measured one already is a peak: both
+  stay as they are.
 """
 
 from __future__ import annotations
@@ -40,6 +50,23 @@ PEAK_MARGIN_MIB = 512.0
 MIN_LIMIT_SLACK = 0.15
 
 
+#: Where a requirement comes from when it was measured (an earlier run, or a crash's raised
+#: peak), rather than estimated or declared.
+MEASURED_SOURCES = frozenset({"measured", "history", "oom-raised"})
+
+
+def is_estimated(source: str) -> bool:
+    """Whether a requirement from ``source`` is an estimator's guess: not measured, not
+    declared by the user, not absent."""
+    return source not in MEASURED_SOURCES and source not in ("declared", "unknown")
+
+
+def settled_mib(peak_mib: float) -> float:
+    """What a job commits once its memory has held still at ``peak_mib``: later steps may
+    allocate a little more."""
+    return peak_mib * (1.0 + PEAK_MARGIN) + PEAK_MARGIN_MIB
+
+
 def committed_mib(requirement: float | None, total_mib):
     """What a job placed with ``requirement`` commits before anything is observed: the
     requirement, or the whole GPU when unknown (``total_mib`` may be an array)."""
@@ -50,7 +77,7 @@ def upper_bound_mib(requirement: float, uncertainty: float, source: str) -> floa
     """The most a job with this requirement is expected to use: a measured requirement (history
     or a peak raised after a crash) plus its own uncertainty, an estimate or a declaration plus
     at least ``MIN_LIMIT_SLACK``."""
-    measured = source in ("measured", "history", "oom-raised")
+    measured = source in MEASURED_SOURCES
     slack = uncertainty if measured else max(uncertainty, MIN_LIMIT_SLACK)
     return requirement * (1.0 + slack)
 
@@ -60,29 +87,41 @@ class MemoryRamp:
     """One running attempt's memory as its executor watches it.
 
     ``grew_at`` is when the job last grew beyond what it had committed (``-inf``: never, so it
-    does not hold its GPU in settling; ``inf``: a job of unknown memory that holds nothing yet).
+    does not hold its GPU in settling; ``inf``: a job of unknown memory that holds nothing yet);
+    ``peaked_at`` when its peak last grew at all. ``estimated``: the requirement is an
+    estimator's (``is_estimated``), given up for the observed peak once that holds still.
     """
 
     requirement: float | None
     stable_s: float = STABLE_S
+    estimated: bool = False
     peak_mib: float = 0.0
     grew_at: float = -math.inf
+    peaked_at: float = -math.inf
 
     def __post_init__(self) -> None:
         if self.requirement is None:
             self.grew_at = math.inf
+
+    @classmethod
+    def of(cls, requirement: float | None, source: str, stable_s: float = STABLE_S) -> MemoryRamp:
+        """The ramp of a job placed with ``requirement`` from ``source`` (``Job.mem_source``)."""
+        return cls(requirement, stable_s, estimated=requirement is not None and is_estimated(source))
 
     def observe(self, held_mib: float, now: float) -> None:
         """One reading of the memory the job holds (on its most loaded GPU)."""
         if held_mib <= self.peak_mib:
             return
         grown = held_mib - self.peak_mib > GROWTH_TOLERANCE_MIB or self.peak_mib == 0.0
+        outgrown = grown and held_mib > self.committed(math.inf, now) + GROWTH_TOLERANCE_MIB
         self.peak_mib = held_mib
+        if grown:
+            self.peaked_at = now
         if self.requirement is None:
             if grown:
                 self.grew_at = now
-        elif held_mib > self.requirement + GROWTH_TOLERANCE_MIB and grown:
-            self.grew_at = now  # beyond its requirement: commit what it holds, and settle
+        elif outgrown:
+            self.grew_at = now  # beyond what it committed: commit what it holds, and settle
 
     def stable(self, now: float) -> bool:
         return now - self.grew_at >= self.stable_s
@@ -90,9 +129,12 @@ class MemoryRamp:
     def committed(self, total_mib: float, now: float) -> float:
         """What the job holds against each of its GPUs now."""
         if self.requirement is not None:
-            return max(self.requirement, self.peak_mib)
+            held = max(self.requirement, self.peak_mib)
+            if self.estimated and self.peak_mib > 0.0 and now - self.peaked_at >= self.stable_s:
+                return min(held, settled_mib(self.peak_mib))
+            return held
         if self.peak_mib > 0.0 and self.stable(now):
-            return min(total_mib, self.peak_mib * (1.0 + PEAK_MARGIN) + PEAK_MARGIN_MIB)
+            return min(total_mib, settled_mib(self.peak_mib))
         return total_mib
 
 

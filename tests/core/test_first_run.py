@@ -40,6 +40,30 @@ def test_unknown_memory_holds_the_gpu_until_its_peak_is_stable():
     assert ramp.committed(40960.0, now=60.0) == 40960.0
 
 
+def test_an_estimate_gives_way_to_the_peak_once_that_holds_still():
+    ramp = MemoryRamp.of(30000.0, "static-trace", stable_s=30.0)  # an estimator's 30,000 MiB
+    ramp.observe(2000.0, now=5.0)
+    assert ramp.committed(40960.0, now=34.0) == 30000.0  # 29 s since its peak grew
+    assert ramp.committed(40960.0, now=35.0) == pytest.approx(2000.0 * 1.1 + 512.0)
+    assert ramp.grew_at == -math.inf  # below what it committed: its GPU never settled
+    ramp.observe(2600.0, now=40.0)  # within its margin: still given way, from 30 s after this
+    assert ramp.grew_at == -math.inf and ramp.committed(40960.0, now=41.0) == 30000.0
+    assert ramp.committed(40960.0, now=70.0) == pytest.approx(2600.0 * 1.1 + 512.0)
+    ramp.observe(9000.0, now=80.0)  # beyond what it committed then: its GPU settles ...
+    assert ramp.grew_at == 80.0
+    assert ramp.committed(40960.0, now=81.0) == 30000.0  # ... and it commits its estimate again
+    assert ramp.committed(40960.0, now=110.0) == pytest.approx(9000.0 * 1.1 + 512.0)
+    ramp.observe(35000.0, now=120.0)  # beyond the estimate: what it holds, as any job
+    assert ramp.committed(40960.0, now=121.0) == 35000.0 and ramp.grew_at == 120.0
+
+
+@pytest.mark.parametrize("source", ["declared", "history", "measured", "oom-raised"])
+def test_a_declared_or_measured_requirement_is_kept(source):
+    ramp = MemoryRamp.of(30000.0, source, stable_s=30.0)
+    ramp.observe(2000.0, now=5.0)
+    assert ramp.committed(40960.0, now=500.0) == 30000.0
+
+
 def test_mps_limits_leave_room_above_an_estimate():
     assert upper_bound_mib(6000.0, 0.0, "static-trace") == pytest.approx(6900.0)
     assert upper_bound_mib(6000.0, 0.3, "declared") == pytest.approx(7800.0)

@@ -175,6 +175,23 @@ def test_a_starting_job_neither_slows_nor_is_slowed_and_reads_idle():
     assert quick.records[0].end == pytest.approx(5.0)
 
 
+@pytest.mark.parametrize("estimator, b_starts_at", [("gpumemnet", 100.0 + 30.0), ("declared", 600.0)])
+def test_a_job_shares_beside_an_overestimated_one_once_its_memory_holds_still(estimator, b_starts_at):
+    # a holds 2,000 MiB of a 40 GiB GPU; its estimate says 30,000, b's 20,000 (the declared
+    # requirement, a reservation, stays). Memory ramps at 100 s; 30 s later a estimate gives way.
+    from collocate.model import JobProfile
+    from collocate.sim.trace import TraceJob, Workload
+
+    light = JobProfile(0.1, 0.05)
+    a = Workload("a", 1, 600.0, 2000.0, {"gpumemnet": 30000.0, "declared": 30000.0}, profile=light)
+    b = Workload("b", 1, 60.0, 15000.0, {"gpumemnet": 20000.0, "declared": 20000.0}, profile=light)
+    result = run([TraceJob("a", 0.0, a), TraceJob("b", 10.0, b)], "auto", "1xA100-40GB",
+                 estimator=estimator, ramp_s=100.0, startup_s=0.0)
+    start = {r.id: r.start for r in result.records}
+    assert start["b"] == pytest.approx(b_starts_at)
+    assert all(r.oom_crashes == 0 for r in result.records)
+
+
 def test_a_warming_job_is_seen_but_idle_and_unslowed():
     # A job's first steps (cuDNN autotuning, lazy kernel loading) took 2-9 s on an H100 at almost
     # no SM activity (mini-trace, 2026-11-23): its warm-up neither slows nor is slowed, and the

@@ -57,7 +57,7 @@ class WatchedJob:
     inferred: JobProfile | None = None
 
     def __post_init__(self) -> None:
-        self.ramp = MemoryRamp(self.job.mem_mib, self.stable_s)
+        self.ramp = MemoryRamp.of(self.job.mem_mib, self.job.mem_source, self.stable_s)
 
     @property
     def peak_mib(self) -> float:

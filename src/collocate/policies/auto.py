@@ -25,9 +25,10 @@ placement adds the most total training progress?" and answers with the interfere
 * Memory must fit both what is measured free and what is committed: ``min(free, total -
   committed) - reserve >= estimate * (1 + uncertainty) + headroom``, so jobs that have not
   allocated yet are counted, and uncertain estimates get a wider margin. A known requirement is
-  committed the moment the job is placed (``collocate.commitment``), so a GPU takes its next
-  job in the same round; only a GPU whose memory is still growing (a job of unknown memory, or
-  one that outgrew its requirement) waits ``settle_s`` after the growth stops.
+  committed the moment the job is placed (``collocate.commitment``; an estimate only until the
+  job's own lower peak holds still), so a GPU takes its next job in the same round; only a GPU
+  whose memory is still growing (a job of unknown memory, or one that outgrew its requirement)
+  waits ``settle_s`` after the growth stops.
 * A job of unknown memory takes an idle GPU if there is one; otherwise it may share a GPU with
   at least ``unknown_room`` of its memory free, which it then holds whole until its own memory
   has been stable for ``collocate.commitment.STABLE_S``, and then only its peak plus a margin.

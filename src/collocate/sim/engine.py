@@ -373,7 +373,7 @@ class Simulation:
         idle_s = self.cfg.startup_s + workload.warmup_s
         starting = idle_s > 0
         held = committed_mib(job.mem_mib, self.total[gpus[0]])  # a job's GPUs: one node, one type
-        ramp = MemoryRamp(job.mem_mib, self._stable_s)
+        ramp = MemoryRamp.of(job.mem_mib, job.mem_source, self._stable_s)
         for i in gpus:
             self.committed[i] += held
             self.n_jobs[i] += 1
@@ -428,27 +428,31 @@ class Simulation:
         run.allocated = True
         run.ramp.observe(run.peak_mib, now)
         self._recommit(run, now)
-        if run.job.mem_mib is None:  # unknown memory: its peak is committed once stable
+        if run.job.mem_mib is None or run.ramp.estimated:  # its peak is committed once stable
             self._push(now + run.ramp.stable_s, _STABLE, job_id, attempt)
         self._mark(gpus, now)
         return False
 
     def _stable(self, job_id: str, attempt: int, now: float) -> bool:
-        """A job of unknown memory has held its peak for ``STABLE_S``: it now commits that peak
-        plus a margin instead of its whole GPU."""
+        """A job of unknown or estimated memory has held its peak for ``stable_s``: it now
+        commits that peak plus a margin instead of its whole GPU or its estimate."""
         run = self.running.get(job_id)
         if run is None or run.job.attempts != attempt:
             return False
-        self._recommit(run, now)
-        return True
+        # a round where memory came free, and always once a job of unknown memory holds still
+        # (its GPU stops settling now)
+        return self._recommit(run, now) or run.job.mem_mib is None
 
-    def _recommit(self, run: SimRun, now: float) -> None:
-        """Charge what ``run`` commits now (``MemoryRamp``) and when its GPUs last grew."""
+    def _recommit(self, run: SimRun, now: float) -> bool:
+        """Charge what ``run`` commits now (``MemoryRamp``) and when its GPUs last grew;
+        whether its commitment changed."""
         held = run.ramp.committed(float(self.total[run.gpus[0]]), now)
+        changed = held != run.commitment
         for i in run.gpus:
             self.committed[i] += held - run.commitment
         run.commitment = held
         self._resettle(run.gpus)
+        return changed
 
     def _resettle(self, gpus: list[int]) -> None:
         """When memory on these GPUs last grew beyond what was committed: the latest of their
