@@ -66,14 +66,14 @@ def test_a_job_without_mem_shares_a_roomy_gpu_and_then_commits_only_its_peak(dae
 
 
 def test_a_job_shares_beside_an_overestimated_one_once_its_memory_holds_still(daemons):
-    d = daemons("--param", "settle_s=4", gpus="emulated:1xA100-40GB")
-    over = d.submit(job_argv(3000, 40.0), mem="30GiB", mem_source="static-trace")  # an estimate
+    d = daemons("--param", "settle_s=8", gpus="emulated:1xA100-40GB")
+    over = d.submit(job_argv(3000, 60.0), mem="30GiB", mem_source="static-trace")  # an estimate
     wait_for(lambda: _running(d, over), 10, "the overestimated job")
     big = d.submit(job_argv(1000, 3.0), mem="20GiB")
     # While the first job's memory ramps its estimate stands: 30 + 20 GiB do not fit 40 GiB ...
     wait_for(lambda: d.job(big)["wait"] == "memory", 5, "the newcomer to wait for memory")
     # ... then it commits the 3,000 MiB it holds x 1.1 + 512 MiB, and the newcomer fits beside it.
-    wait_for(lambda: d.job(big)["state"] in ("running", "done"), 20, "the newcomer to start")
+    wait_for(lambda: d.job(big)["state"] in ("running", "done"), 30, "the newcomer to start")
     assert _running(d, over)
     assert d.job(over)["mem_source"] == "static-trace"
 
