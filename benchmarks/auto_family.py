@@ -1,7 +1,7 @@
 """`auto` against the CARMA family over families of traces, not one trace at a time (issue 21).
 
     PYTHONPATH=src python benchmarks/auto_family.py [--data ../shared/data] [--family NAME ...]
-        [--param NAME=VALUE ...] [--model-error-seeds N] [--out FILE]
+        [--param NAME=VALUE ...] [--model-error-seeds N] [--profiles trace|unknown|...] [--out FILE]
 
 A 60- or 90-job trace on 4 GPUs is chaotic: one placement moved early reorders everything after
 it, so a rule change can gain 5% on one trace and lose 5% on the next. This script judges a rule
@@ -48,7 +48,7 @@ from pathlib import Path
 from collocate.gputypes import parse_cluster
 from collocate.model import SharingMode
 from collocate.policies import make_policy, parse_params
-from collocate.sim.engine import SimConfig, Simulation
+from collocate.sim.engine import PROFILE_KNOWLEDGE, SimConfig, Simulation
 from collocate.sim.metrics import summarize
 from collocate.sim.synth import synthetic_trace
 from collocate.sim.trace import load_catalogue, load_trace
@@ -101,9 +101,10 @@ def outcome(nodes, jobs, policy, configs: list[SimConfig]) -> Outcome:
                    statistics.fmean(s.p95_jct_min for s in summaries), statistics.fmean(waits) if waits else None)
 
 
-def case(label: str, cluster: str, jobs, estimator: str, sharing: str, auto, error_seeds: int = 0) -> dict:
+def case(label: str, cluster: str, jobs, estimator: str, sharing: str, auto, error_seeds: int = 0,
+         profiles: str = "trace") -> dict:
     nodes = parse_cluster(cluster)
-    config = SimConfig(sharing=SharingMode(sharing), estimator=estimator)
+    config = SimConfig(sharing=SharingMode(sharing), estimator=estimator, profiles=profiles)
     configs = [replace(config, model_error_seed=seed) for seed in range(1, error_seeds + 1)] or [config]
     rows = {p: outcome(nodes, jobs, make_policy(p), configs) for p in ("exclusive", *CARMA)}
     s = outcome(nodes, jobs, auto, configs)
@@ -156,12 +157,17 @@ def main() -> None:
     ap.add_argument("--model-error-seeds", type=int, default=0, metavar="N",
                     help="run every case under model-error seeds 1..N (docs/simulator.md) and compare "
                          "the policies' means; 0 (default): jobs run as the model predicts")
+    ap.add_argument("--profiles", choices=PROFILE_KNOWLEDGE, default="trace",
+                    help="what the policies know of jobs' activity (SimConfig.profiles): 'trace' "
+                         "(default) tells them every profile, 'unknown' only what a fresh daemon "
+                         "learns as the trace runs. Only `auto` reads profiles")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     auto = make_policy("auto", **parse_params(args.param))
-    doc: dict = {"params": parse_params(args.param), "model_error_seeds": args.model_error_seeds, "families": {}}
+    doc: dict = {"params": parse_params(args.param), "model_error_seeds": args.model_error_seeds,
+                 "profiles": args.profiles, "families": {}}
     for name in args.family or FAMILIES:
-        rows = [case(label, cluster, jobs, estimator, sharing, auto, args.model_error_seeds)
+        rows = [case(label, cluster, jobs, estimator, sharing, auto, args.model_error_seeds, args.profiles)
                 for label, cluster, jobs, estimator in family(name, args.data) for sharing in ("time-slicing", "mps")]
         doc["families"][name] = {
             "summary": {sharing: summary([r for r in rows if r["sharing"] == sharing]) for sharing in ("time-slicing", "mps")},
