@@ -91,6 +91,7 @@ class Outcome:
     mean_jct_min: float
     p95_jct_min: float
     multi_gpu_wait_min: float | None
+    failed: float  # jobs that ended failed (mean over the seeds)
 
 
 def outcome(nodes, jobs, policy, configs: list[SimConfig]) -> Outcome:
@@ -98,7 +99,8 @@ def outcome(nodes, jobs, policy, configs: list[SimConfig]) -> Outcome:
     summaries = [summarize(r) for r in runs]
     waits = [(r.start - r.submit) / 60 for run in runs for r in run.records if r.gpus > 1 and r.start is not None]
     return Outcome(statistics.fmean(s.makespan_min for s in summaries), statistics.fmean(s.mean_jct_min for s in summaries),
-                   statistics.fmean(s.p95_jct_min for s in summaries), statistics.fmean(waits) if waits else None)
+                   statistics.fmean(s.p95_jct_min for s in summaries), statistics.fmean(waits) if waits else None,
+                   statistics.fmean(s.failed for s in summaries))
 
 
 def case(label: str, cluster: str, jobs, estimator: str, sharing: str, auto, error_seeds: int = 0,
