@@ -171,3 +171,27 @@ def test_the_simulator_commits_an_unknown_jobs_stable_peak_as_the_daemon_does():
     assert records["b"].start == 1.0  # shares a roomy GPU rather than waiting for it to empty
     # c waits while b's memory settles (ramp at 6 s, stable 30 s later), then fits beside both
     assert records["c"].start == pytest.approx(1.0 + 5.0 + 30.0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    requirement=st.one_of(st.none(), st.floats(100.0, 40000.0)),
+    source=st.sampled_from(["static-trace", "gpumemnet", "declared", "history", "oom-raised"]),
+    readings=st.lists(st.tuples(st.floats(0.0, 5.0), st.floats(0.0, 40000.0)), max_size=12),
+    later=st.floats(0.0, 100.0),
+)
+def test_a_job_never_commits_less_than_it_holds_nor_more_than_its_gpu(requirement, source, readings, later):
+    # whatever its memory does, what a job commits covers its peak so far; a known requirement
+    # is never exceeded unless the job outgrew it, and only an estimate is ever given up
+    ramp = MemoryRamp.of(requirement, source, stable_s=30.0)
+    now = 0.0
+    for step, held in readings:
+        now += step
+        ramp.observe(held, now)
+    at = now + later
+    committed = ramp.committed(40960.0, at)
+    assert committed >= (min(ramp.peak_mib, 40960.0) if requirement is None else ramp.peak_mib)
+    if requirement is not None:
+        assert committed <= max(requirement, ramp.peak_mib)
+        if not ramp.estimated:
+            assert committed == max(requirement, ramp.peak_mib)
