@@ -24,7 +24,7 @@ simulator all charge memory through it.
   own memory has held still for ``stable_s`` below its estimate, it commits its observed peak
   plus the same margin, as a job of unknown memory does: the CARMA policies pack by measured
   free memory and so got that room, while ``auto`` kept the estimate and lost 8% of makespan
-  to them on carma-mix-90 under MPS (docs/simulator.md). If it grows past that again its GPU
+  to them on carma-mix-90 with GPUMemNet under MPS (docs/simulator.md). If it grows past that again its GPU
   settles and it commits its estimate until it holds still again. A declared requirement is
   the user's reservation, as Slurm's ``--mem`` is, and a measured one already is a peak: both
   stay as they are.
