@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -83,12 +84,27 @@ def test_submit_estimate_uses_the_static_estimator_then_history_wins(daemons, tm
     d = daemons()
     cmd = [sys.executable, "-m", "collocate.cli", "submit", "--state-dir", str(d.state_dir), "--cwd", str(tmp_path),
            "--env", "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
-           "--estimate", "collocate.workloads.models:build_mlp", "--batch-size", "8", "--", *job_argv(700, 0.3)]
+           "--estimate", "collocate.workloads.models:build_mlp", "--batch-size", "8", "--precision", "bf16",
+           "--", *job_argv(700, 0.3)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=150, check=False)
     assert out.returncode == 0, out.stderr
     assert "expandable allocator" in out.stderr  # the job's own allocator setting was estimated
+    assert "bf16" in out.stderr  # and the precision it trains in
     first = d.job(out.stdout.strip())
     assert first["mem_source"].startswith("static-") and first["mem_mib"] > 0
+    direct = subprocess.run([sys.executable, "-m", "collocate.cli", "estimate", "collocate.workloads.models:build_mlp",
+                             "-b", "8", "--precision", "bf16", "--allocator", "expandable", "--format", "json"],
+                            capture_output=True, text=True, timeout=150, check=True)
+    assert first["mem_mib"] == pytest.approx(json.loads(direct.stdout)["mib"], abs=0.1)  # what `estimate` says
     d.wait_state(first["id"], "done")
     again = d.submit(job_argv(700, 0.3), cwd=str(tmp_path), mem="5GiB")
     assert d.job(again)["mem_source"] == "history"  # measured beats both static and declared
+
+
+def test_estimate_options_without_estimate_are_refused(daemons, tmp_path):
+    d = daemons()
+    out = subprocess.run([sys.executable, "-m", "collocate.cli", "submit", "--state-dir", str(d.state_dir),
+                          "--mem", "1GiB", "--precision", "bf16", "--", *job_argv(100, 0.1)],
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode != 0 and "--estimate" in out.stderr
+    assert d.client.request("ls", all=True) == []  # nothing was queued

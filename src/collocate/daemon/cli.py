@@ -9,13 +9,17 @@ import logging
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from collocate.errors import CollocateError, InputError
 from collocate.safetext import PrintableLogFormatter
+
+if TYPE_CHECKING:
+    from collocate.estimate.providers import EstimateRequest
 
 StateDirOpt = Annotated[
     Path | None,
@@ -209,6 +213,12 @@ def submit(
     estimate: Annotated[str | None, typer.Option("--estimate", help="Estimate memory statically from "
                         "this entry point (package.module:function), instead of --mem.")] = None,
     batch_size: Annotated[int | None, typer.Option("--batch-size", help="Batch size for --estimate.")] = None,
+    precision: Annotated[str, typer.Option("--precision", help="For --estimate: fp32, fp16 (AMP) or bf16 "
+                         "(AMP), as the job trains.")] = "fp32",
+    optimizer: Annotated[str | None, typer.Option("--optimizer", help="For --estimate: sgd, adam or adamw "
+                         "(default: the entry point's).")] = None,
+    gpu_type: Annotated[str | None, typer.Option("--gpu-type", help="For --estimate: the GPU type to "
+                        "estimate for, e.g. H100-80GB (collocate estimate --gpu).")] = None,
     dataset: Annotated[str | None, typer.Option("--dataset", help="Shared dataset name: the daemon "
                        "runs one producer for all jobs naming it (see docs/daemon.md).")] = None,
     dataset_factory: Annotated[str | None, typer.Option("--dataset-factory", help="module:factory "
@@ -227,6 +237,7 @@ def submit(
     """
     from collocate.daemon.spec import default_name, parse_env
     from collocate.daemon.sweep import expand, parse_axis
+    from collocate.estimate.providers import EstimateRequest
     from collocate.units import require_unit
 
     if not command:
@@ -241,7 +252,15 @@ def submit(
         raise InputError(f"working directory {directory} does not exist", hint="pass an existing --cwd")
     extra: dict[str, Any] = {"mem": mem}
     if estimate is not None:  # once for a whole sweep: its jobs share the entry point
-        extra = _static_estimate(estimate, batch_size, mem, directory, {**os.environ, **parse_env(env)})
+        from collocate.estimate.entrypoint import OPTIMIZERS, PRECISIONS, check_choice
+
+        request = EstimateRequest(entry_point=estimate, batch_size=batch_size,
+                                  optimizer=check_choice("optimizer", optimizer, OPTIMIZERS),
+                                  precision=check_choice("precision", precision, PRECISIONS) or "fp32", gpu=gpu_type)
+        extra = _static_estimate(request, mem, directory, {**os.environ, **parse_env(env)})
+    elif (precision, optimizer, gpu_type) != ("fp32", None, None):
+        raise InputError("--precision, --optimizer and --gpu-type describe --estimate",
+                         hint="add --estimate ENTRY --batch-size N, or drop them")
     client = _client(state_dir)
     fields = dict(gpus=gpus, priority=priority, retries=retries, cwd=str(directory), env=list(env),
                   base_env=dict(os.environ), dataset=dataset, dataset_factory=dataset_factory,
@@ -261,30 +280,29 @@ def submit(
         typer.echo(result["id"])
 
 
-def _static_estimate(entry_point: str, batch_size: int | None, mem: str | None, cwd: Path,
+def _static_estimate(request: EstimateRequest, mem: str | None, cwd: Path,
                      job_env: dict[str, str]) -> dict[str, Any]:
     """Run the static estimator here, in the user's environment and cwd (where the entry point
     imports), in a child process; the daemon still prefers measured history when it has one.
     The job's own ``PYTORCH_CUDA_ALLOC_CONF`` picks the allocator mode estimated."""
     from collocate.estimate.gpu_overheads import allocator_from_conf
-    from collocate.estimate.providers import EstimateRequest, StaticProvider
+    from collocate.estimate.providers import StaticProvider
 
     if mem is not None:
         raise InputError("give either --mem or --estimate, not both")
-    if batch_size is None:
+    if request.batch_size is None:
         raise InputError("--estimate needs --batch-size", hint="e.g. --estimate mypkg.train:build --batch-size 32")
+    request = replace(request, allocator=allocator_from_conf(job_env.get("PYTORCH_CUDA_ALLOC_CONF")))
     here = Path.cwd()
     os.chdir(cwd)
     try:
-        allocator = allocator_from_conf(job_env.get("PYTORCH_CUDA_ALLOC_CONF"))
-        est = StaticProvider(isolated=True).estimate(
-            EstimateRequest(entry_point=entry_point, batch_size=batch_size, allocator=allocator))
+        est = StaticProvider(isolated=True).estimate(request)
     finally:
         os.chdir(here)
     if est is None or not est.available:
-        raise InputError(f"no static estimate for {entry_point}", hint="pass --mem instead")
-    typer.echo(f"estimated {est.mib:.0f} MiB ({est.method}, +/-{est.uncertainty:.0%}, "
-               f"{allocator} allocator)", err=True)
+        raise InputError(f"no static estimate for {request.entry_point}", hint="pass --mem instead")
+    typer.echo(f"estimated {est.mib:.0f} MiB ({est.method}, +/-{est.uncertainty:.0%}, {request.precision}, "
+               f"{request.allocator} allocator)", err=True)
     from collocate.estimate.cli import expandable_tip_mib
 
     expandable = expandable_tip_mib(est)
