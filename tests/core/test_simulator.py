@@ -175,10 +175,12 @@ def test_a_starting_job_neither_slows_nor_is_slowed_and_reads_idle():
     assert quick.records[0].end == pytest.approx(5.0)
 
 
-@pytest.mark.parametrize("estimator, b_starts_at", [("gpumemnet", 100.0 + 30.0), ("declared", 600.0)])
+@pytest.mark.parametrize("estimator, b_starts_at", [("gpumemnet", 100.0 + 30.0), ("declared", 600.0),
+                                                    ("horus", 600.0)])
 def test_a_job_shares_beside_an_overestimated_one_once_its_memory_holds_still(estimator, b_starts_at):
     # a holds 2,000 MiB of a 40 GiB GPU; its estimate says 30,000, b's 20,000 (the declared
     # requirement, a reservation, stays). Memory ramps at 100 s; 30 s later a estimate gives way.
+    # Horus has no figure for these jobs: each falls back to its declaration, kept whole.
     from collocate.model import JobProfile
     from collocate.sim.trace import TraceJob, Workload
 

@@ -40,6 +40,7 @@ import numpy as np
 from collocate.activity import INFER_AFTER_S, MIN_SOLO_SAMPLES, infer_assumed
 from collocate.commitment import MemoryRamp, committed_mib, mps_limit_mib, stable_s_of
 from collocate.errors import CollocateError, InputError
+from collocate.estimate.static import TRACED_REL_UNCERTAINTY
 from collocate.gputypes import NodeSpec
 from collocate.interference import InterferenceModel, default_interference
 from collocate.knowledge import MemoryProfiles, ProfileKnowledge, Sibling, sibling_priors
@@ -77,6 +78,9 @@ ESTIMATE_UNCERTAINTY = {
     "gpumemnet": 0.0,
     "horus": 0.5,
     "faketensor": 0.85,
+    # collocate's own (``collocate submit --estimate``): the traced peak's uncertainty, before the
+    # CUDA context term the estimate adds (benchmarks/gpu/first_run_gpu.py compares it with a GPU)
+    "static": TRACED_REL_UNCERTAINTY,
 }
 
 
@@ -308,17 +312,18 @@ class Simulation:
     # -- events -----------------------------------------------------------------------------
     def _arrive(self, job_id: str, now: float) -> bool:
         w = self._by_id[job_id].workload
-        estimator = self.cfg.estimator
-        mem = w.estimates.get(estimator)
-        if mem is None:
+        mem_source = self.cfg.estimator
+        mem = w.estimates.get(mem_source)
+        if mem is None:  # what the user declared, if anything: kept whole, as a declaration is
+            mem_source = "declared" if "declared" in w.estimates else "unknown"
             mem = w.estimates.get("declared")
         profile, source = self._known_profile(w)
         job = Job(
             id=job_id,
             gpus=w.gpus,
             mem_mib=mem,
-            mem_source=estimator if mem is not None else "unknown",
-            mem_uncertainty=ESTIMATE_UNCERTAINTY.get(estimator, 0.5),
+            mem_source=mem_source,
+            mem_uncertainty=ESTIMATE_UNCERTAINTY.get(mem_source, 0.5) if mem is not None else 0.0,
             submit_time=now,
             name=w.name,
             profile=profile,
