@@ -7,9 +7,13 @@ What a new user does, step by step, on one H100/H200:
    from a short solo timing of its model (``first_run_job.py --calibrate``, one process), so it
    trains ``--train-s`` seconds alone (about 18-20 s alone with start-up);
 2. **memory from ``collocate estimate``**, the real command line, for every job;
-3. **all jobs submitted at once** with ``collocate submit --mem <estimate>`` to a fresh
-   ``collocate serve --gpus nvml`` (private state directory), except one job submitted without
-   ``--mem`` and one declaring half its estimate;
+3. **all jobs submitted at once** to a fresh ``collocate serve --gpus nvml`` (private state
+   directory) as ``collocate submit --estimate <entry> --batch-size B --precision P --gpu-type T``
+   submits them: the request carries step 2's estimate as an estimate (``mem_source``
+   ``static-…``, ``collocate.daemon.cli.estimate_fields``), which the daemon commits only until
+   the job's own peak holds still. They go through the daemon's API so that a run does not
+   estimate every job again (tens of seconds of device time per run); one job is submitted with
+   no memory and one declaring half its estimate (``collocate submit --mem``);
 4. runs, each on a fresh daemon with an empty history: ``exclusive``, ``auto-mps``,
    ``auto-ts`` (time-slicing), ``carma-magm-mps``; then the **second submission** of the same
    commands with the history of the exclusive run (its ``collocate.sqlite`` copied into a fresh
@@ -57,6 +61,8 @@ from typing import Any
 
 from collocate.bench.minitrace_run import cancel_all
 from collocate.daemon.child import DaemonProcess
+from collocate.daemon.cli import estimate_fields
+from collocate.estimate.base import Estimate
 
 HERE = Path(__file__).resolve().parent
 JOB_SCRIPT = HERE / "first_run_job.py"
@@ -116,7 +122,7 @@ def prepare(out: Path, *, dry: bool, quick: bool, train_s: float, gpu_type: str,
         cal, est = step_s[(model, batch)], estimates[(model, batch)]
         steps = max(3, round(train_s / max(cal["step_s"], 1e-4)))
         declared: float | None = est["mib"]
-        declare = "estimate"
+        declare = "--estimate"
         if (k if dry else model) in special:
             declare = special.pop(k if dry else model)
             declared = None if declare == "no --mem" or declared is None else round(declared / 2)
@@ -126,7 +132,8 @@ def prepare(out: Path, *, dry: bool, quick: bool, train_s: float, gpu_type: str,
                      "steps": steps, "solo_step_s": round(cal["step_s"], 5),
                      "calib_reserved_mib": cal["torch_reserved_peak_mib"],
                      "estimate_mib": est["mib"], "estimate_upper_mib": est.get("upper_mib"),
-                     "estimate_method": est.get("method"), "estimate_command": est["command"],
+                     "estimate_method": est.get("method"), "estimate_uncertainty": est.get("uncertainty"),
+                     "estimate_command": est["command"],
                      "estimate_error": est.get("error"), "declared": declare,
                      "declared_mib": declared,
                      "argv": [job_python, "first_run_job.py", "--model", model, "--batch-size",
@@ -156,7 +163,7 @@ def estimate_all(pairs: list[tuple[str, int]], *, gpu_type: str, dry: bool) -> d
         est = json.loads(res.stdout)
         log(f"estimate {model} b{batch}: {est['mib']:.0f} MiB ({est['method']}, {time.monotonic() - t:.0f} s)")
         return {"mib": round(est["mib"]), "upper_mib": est.get("upper_mib"), "method": est.get("method"),
-                "command": command}
+                "uncertainty": est.get("uncertainty"), "command": command}
 
     with ThreadPoolExecutor(len(pairs) if dry else 6) as pool:
         return dict(zip(pairs, pool.map(one, pairs), strict=True))
@@ -182,16 +189,24 @@ def run_one(name: str, trace: dict[str, Any], out: Path, *, gpus: str, dry: bool
     most, timed_out = 0, False
     try:
         daemon.wait_ready()
-        procs = []
+        procs, estimated = [], []
         for job in trace["jobs"]:
-            mem = [] if job["declared_mib"] is None else ["--mem", f"{job['declared_mib']}MiB"]
+            env = []
             if dry and job["estimate_mib"]:  # the tiny CPU job holds its estimate on the emulated GPU (not in the signature)
-                mem += ["--env", f"FIRST_RUN_EMULATED_MIB={job['estimate_mib']}"]
+                env += [f"FIRST_RUN_EMULATED_MIB={job['estimate_mib']}"]
             if dry:  # CPU jobs side by side: one thread each, or their OpenMP threads spin against
-                mem += ["--env", "OMP_NUM_THREADS=1"]  # each other (two took 60-90 s, not 5, on 2 cores)
-            argv = cli("submit", "--state-dir", str(state), *mem, "--name", job["name"], "--cwd",
-                       trace["workdir"], "--", *job["argv"])
+                env += ["OMP_NUM_THREADS=1"]  # each other (two took 60-90 s, not 5, on 2 cores)
+            if job["declared"] == "--estimate" and job.get("estimate_uncertainty") is not None:
+                estimated.append((job, env))  # below, as `submit --estimate` sends it
+                continue
+            mem = [] if job["declared_mib"] is None else ["--mem", f"{job['declared_mib']}MiB"]
+            argv = cli("submit", "--state-dir", str(state), *mem, *(a for e in env for a in ("--env", e)),
+                       "--name", job["name"], "--cwd", trace["workdir"], "--", *job["argv"])
             procs.append((job, subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
+        for job, env in estimated:
+            est = Estimate(float(job["estimate_mib"]), job["estimate_method"], float(job["estimate_uncertainty"]))
+            ids[daemon.client.request("submit", argv=job["argv"], name=job["name"], gpus=1, cwd=trace["workdir"],
+                                      env=env, base_env=dict(os.environ), **estimate_fields(est))["id"]] = job
         t0 = time.monotonic()
         for job, proc in procs:
             stdout, stderr = proc.communicate(timeout=120)
@@ -312,6 +327,8 @@ def simulate(runs: list[dict], gpu_type: str) -> tuple[list[dict], str]:
     trace = []
     for j in solo["per_job"]:
         est = {} if j["declared_mib"] is None else {"declared": float(j["declared_mib"])}
+        if j["declared"] == "--estimate" and j["estimate_mib"]:  # an estimate, given way to the peak once still
+            est = {"static": float(j["estimate_mib"])}
         prof = JobProfile(j["solo_sm"] if j["solo_sm"] is not None else 0.5,
                           j["solo_dram"] if j["solo_dram"] is not None else 0.2)
         w = Workload(j["name"], 1, j["last_run_s"], float(j["peak_mib"] or j["estimate_mib"] or 0.0), est, prof)
@@ -320,7 +337,7 @@ def simulate(runs: list[dict], gpu_type: str) -> tuple[list[dict], str]:
     for r in runs:
         if r["history"]:
             continue
-        cfg = SimConfig(sharing=SharingMode(r["sharing"]), estimator="declared", profiles="unknown")
+        cfg = SimConfig(sharing=SharingMode(r["sharing"]), estimator="static", profiles="unknown")
         res = Simulation(parse_cluster(f"1x{gpu_type}"), trace, make_policy(r["policy"]), cfg).run()
         jct = [x.end - x.submit for x in res.records if x.end is not None]
         out.append({"run": r["run"], "makespan_s": round(res.makespan_s, 1),

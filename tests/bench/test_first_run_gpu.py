@@ -34,13 +34,20 @@ def test_the_dry_run_estimates_submits_and_reports_a_first_run_and_a_second_with
     jobs = doc["trace"]["jobs"]
     # memory from the real `collocate estimate`; one job without --mem, one declaring half
     assert all(j["estimate_mib"] > 0 and j["estimate_method"] for j in jobs)
-    assert sorted(j["declared"] for j in jobs) == ["estimate", "half its estimate", "no --mem"]
+    assert sorted(j["declared"] for j in jobs) == ["--estimate", "half its estimate", "no --mem"]
     under = next(j for j in jobs if j["declared"] == "half its estimate")
     assert under["declared_mib"] == round(under["estimate_mib"] / 2)
     for run in doc["runs"]:
         assert run["done"] == run["jobs"] == len(jobs), run
         assert run["makespan_s"] > 0 and run["most_at_once"] >= 1
         assert {j["name"] for j in run["per_job"]} == {j["name"] for j in jobs}
+    # an estimated job is submitted as `submit --estimate` submits it: an estimate the daemon may
+    # give up for the job's peak, not a declaration
+    first = {j["name"]: j for j in doc["runs"][0]["per_job"]}
+    for j in jobs:
+        if j["declared"] == "--estimate":
+            assert first[j["name"]]["mem_source"] == f"static-{j['estimate_method']}"
+            assert first[j["name"]]["mem_mib"] == pytest.approx(j["estimate_mib"])
     # the second submission was judged with the exclusive run's history: same command, measured memory
     second = doc["runs"][1]["per_job"]
     assert any(j["mem_source"] == "history" for j in second), second

@@ -19,6 +19,7 @@ from collocate.errors import CollocateError, InputError
 from collocate.safetext import PrintableLogFormatter
 
 if TYPE_CHECKING:
+    from collocate.estimate.base import Estimate
     from collocate.estimate.providers import EstimateRequest
 
 StateDirOpt = Annotated[
@@ -309,6 +310,12 @@ def _static_estimate(request: EstimateRequest, mem: str | None, cwd: Path,
     if expandable is not None:
         typer.echo(f"tip: with --env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True it would need "
                    f"about {expandable:.0f} MiB", err=True)
+    return estimate_fields(est)
+
+
+def estimate_fields(est: Estimate) -> dict[str, Any]:
+    """The memory fields of a submit request for a static estimate: an estimate, not a
+    declaration, so the daemon commits it only until the job's own peak holds still."""
     return {"mem": f"{est.mib:.1f}", "mem_source": f"static-{est.method}", "mem_uncertainty": est.uncertainty}
 
 
