@@ -90,10 +90,12 @@ def test_submit_estimate_uses_the_static_estimator_then_history_wins(daemons, tm
     assert out.returncode == 0, out.stderr
     assert "expandable allocator" in out.stderr  # the job's own allocator setting was estimated
     assert "bf16" in out.stderr  # and the precision it trains in
+    assert "A100-40GB" in out.stderr  # for the daemon's GPUs, none being named
     first = d.job(out.stdout.strip())
     assert first["mem_source"].startswith("static-") and first["mem_mib"] > 0
     direct = subprocess.run([sys.executable, "-m", "collocate.cli", "estimate", "collocate.workloads.models:build_mlp",
-                             "-b", "8", "--precision", "bf16", "--allocator", "expandable", "--format", "json"],
+                             "-b", "8", "--precision", "bf16", "--allocator", "expandable", "--gpu", "A100-40GB",
+                             "--format", "json"],
                             capture_output=True, text=True, timeout=150, check=True)
     assert first["mem_mib"] == pytest.approx(json.loads(direct.stdout)["mib"], abs=0.1)  # what `estimate` says
     d.wait_state(first["id"], "done")

@@ -219,7 +219,8 @@ def submit(
     optimizer: Annotated[str | None, typer.Option("--optimizer", help="For --estimate: sgd, adam or adamw "
                          "(default: the entry point's).")] = None,
     gpu_type: Annotated[str | None, typer.Option("--gpu-type", help="For --estimate: the GPU type to "
-                        "estimate for, e.g. H100-80GB (collocate estimate --gpu).")] = None,
+                        "estimate for, e.g. H100-80GB (collocate estimate --gpu). Default: the "
+                        "daemon's, when all its GPUs are of one type.")] = None,
     dataset: Annotated[str | None, typer.Option("--dataset", help="Shared dataset name: the daemon "
                        "runs one producer for all jobs naming it (see docs/daemon.md).")] = None,
     dataset_factory: Annotated[str | None, typer.Option("--dataset-factory", help="module:factory "
@@ -252,17 +253,18 @@ def submit(
     if not directory.is_dir():
         raise InputError(f"working directory {directory} does not exist", hint="pass an existing --cwd")
     extra: dict[str, Any] = {"mem": mem}
+    client = _client(state_dir)
     if estimate is not None:  # once for a whole sweep: its jobs share the entry point
         from collocate.estimate.entrypoint import OPTIMIZERS, PRECISIONS, check_choice
 
         request = EstimateRequest(entry_point=estimate, batch_size=batch_size,
                                   optimizer=check_choice("optimizer", optimizer, OPTIMIZERS),
-                                  precision=check_choice("precision", precision, PRECISIONS) or "fp32", gpu=gpu_type)
+                                  precision=check_choice("precision", precision, PRECISIONS) or "fp32",
+                                  gpu=gpu_type or _daemon_gpu_type(client))
         extra = _static_estimate(request, mem, directory, {**os.environ, **parse_env(env)})
     elif (precision, optimizer, gpu_type) != ("fp32", None, None):
         raise InputError("--precision, --optimizer and --gpu-type describe --estimate",
                          hint="add --estimate ENTRY --batch-size N, or drop them")
-    client = _client(state_dir)
     fields = dict(gpus=gpus, priority=priority, retries=retries, cwd=str(directory), env=list(env),
                   base_env=dict(os.environ), dataset=dataset, dataset_factory=dataset_factory,
                   after=list(after), **extra)
@@ -281,12 +283,24 @@ def submit(
         typer.echo(result["id"])
 
 
+def _daemon_gpu_type(client: Any) -> str | None:
+    """The GPU type to estimate for when the user names none: the daemon's, if all its GPUs
+    are of one known type (a CUDA context's size differs by GPU). Asking first also fails fast,
+    before estimating, when no daemon is running."""
+    from collocate.gputypes import GPU_TYPES
+
+    types = {row["type"] for row in client.request("gpus")}
+    if len(types) == 1 and (only := types.pop()) in GPU_TYPES:
+        return str(only)
+    return None
+
+
 def _static_estimate(request: EstimateRequest, mem: str | None, cwd: Path,
                      job_env: dict[str, str]) -> dict[str, Any]:
     """Run the static estimator here, in the user's environment and cwd (where the entry point
     imports), in a child process; the daemon still prefers measured history when it has one.
     The job's own ``PYTORCH_CUDA_ALLOC_CONF`` picks the allocator mode estimated."""
-    from collocate.estimate.gpu_overheads import allocator_from_conf
+    from collocate.estimate.gpu_overheads import DEFAULT_GPU, allocator_from_conf
     from collocate.estimate.providers import StaticProvider
 
     if mem is not None:
@@ -303,7 +317,8 @@ def _static_estimate(request: EstimateRequest, mem: str | None, cwd: Path,
     if est is None or not est.available:
         raise InputError(f"no static estimate for {request.entry_point}", hint="pass --mem instead")
     typer.echo(f"estimated {est.mib:.0f} MiB ({est.method}, +/-{est.uncertainty:.0%}, {request.precision}, "
-               f"{request.allocator} allocator)", err=True)
+               f"{request.allocator} allocator, {request.gpu or DEFAULT_GPU + ' by default: pass --gpu-type'})",
+               err=True)
     from collocate.estimate.cli import expandable_tip_mib
 
     expandable = expandable_tip_mib(est)
