@@ -75,13 +75,14 @@ def test_cli_tips_expandable_segments_only_when_they_save_much() -> None:
 
 
 def test_submit_estimate_tips_expandable_segments(tmp_path, capsys) -> None:
-    """``collocate submit --estimate`` estimates in a child process, before any daemon is asked."""
+    """``collocate submit --estimate`` estimates in a child process, in the job's environment."""
     from collocate.daemon.cli import _static_estimate
+    from collocate.estimate.providers import EstimateRequest
 
-    entry = "collocate.workloads.models:build_resnet18"
-    fields = _static_estimate(entry, 64, None, tmp_path, {})
+    request = EstimateRequest(entry_point="collocate.workloads.models:build_resnet18", batch_size=64)
+    fields = _static_estimate(request, None, tmp_path, {})
     assert fields["mem_source"] == "static-traced" and float(fields["mem"]) > 0
     assert "tip: with --env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in capsys.readouterr().err
-    _static_estimate(entry, 64, None, tmp_path, {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
+    _static_estimate(request, None, tmp_path, {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
     err = capsys.readouterr().err
     assert "expandable allocator" in err and "tip:" not in err
