@@ -1,33 +1,30 @@
-"""What a running job holds against its GPUs' memory, and when that is still settling.
+"""What a running job holds against its GPUs' memory: one rule for every world.
 
-One rule for every world: the policies' per-round ledger, the daemon's GPU watch and the
-simulator all charge memory through it.
+The policies' per-round ledger, the world model (``collocate.world``, fed by the daemon's GPU
+watch or the simulator's meters) and the MPS memory limit all charge memory through it.
 
 * A job whose requirement is known (declared with ``--mem``, estimated, from history, or raised
   after an out-of-memory crash) commits that requirement the moment it is placed. Nothing waits
   for it to show on the GPU: the next job in the same round already sees it charged.
-* Nothing enforces a requirement under time-slicing, so the executor watches each job's real
-  memory as it ramps. Once a job holds more than it committed, it commits what it holds at once,
-  and its GPU counts as *settling* (``MemoryRamp.grew_at``): no job is placed beside it until its
-  memory has stopped growing for the policy's ``settle_s``. (Under MPS the pinned memory limit
-  enforces the requirement's upper bound, ``upper_bound_mib``.)
-* A job whose memory nobody knows commits its whole GPU while it ramps, so nothing is packed
-  beside memory that is still growing. Once its memory has been stable for ``stable_s`` (the
-  policy's ``settle_s``, ``STABLE_S`` by default) it commits its observed peak plus a margin,
-  and the rest of the GPU is free for others. PyTorch
-  jobs reach their peak within their first steps: on an H100 the mini-trace's jobs held their
-  peak from the first 2-20 s of a run (docs/gpu-validation.md), so 30 s without growth is a
-  conservative sign that the peak is reached.
-* An *estimated* requirement (from an estimator, not measured in an earlier run and not declared
-  by the user) is a model's guess, and estimators err by several times either way (GPUMemNet
+* Nothing enforces a requirement under time-slicing, so the world watches each job's memory as
+  it ramps. Growth within ``growth_tolerance_mib`` (3% of the job's size, at least 64 MiB:
+  allocator rounding, a cuDNN workspace) is noise. A job that outgrows what it committed
+  commits what it holds plus the margin of ``settled_mib`` while it keeps growing, and what it
+  holds once that has held still for ``QUIET_S``: its GPU is never closed to newcomers, they just
+  find the room the growing job may still take already charged (a job that grew 76 MiB over a
+  4 GiB declaration once kept a GPU with 60 GiB free shut for 30 s).
+* A job whose memory nobody knows commits its whole GPU until it holds memory that has not grown
+  for ``QUIET_S``, then its observed peak plus a margin (``settled_mib``). PyTorch jobs reach
+  their peak within their first steps (docs/gpu-validation.md: the mini-trace's jobs held their
+  peak from the first 2-20 s of a run, and the per-process peak was 0.95-1.05x of a good static
+  estimate), so a few quiet seconds after the ramp are enough; the margin covers an evaluation
+  pass or a larger last batch.
+* An *estimated* requirement (an estimator's, not measured in an earlier run and not declared by
+  the user) is a model's guess, and estimators err by several times either way (GPUMemNet
   returns a bin's upper edge: 8,000 MiB for CIFAR jobs that hold 600-1,100). Once such a job's
-  own memory has held still for ``stable_s`` below its estimate, it commits its observed peak
-  plus the same margin, as a job of unknown memory does: the CARMA policies pack by measured
-  free memory and so got that room, while ``auto`` kept the estimate and lost 8% of makespan
-  to them on carma-mix-90 with GPUMemNet under MPS (docs/simulator.md). If it grows past that again its GPU
-  settles and it commits its estimate until it holds still again. A declared requirement is
-  the user's reservation, as Slurm's ``--mem`` is, and a measured one already is a peak: both
-  stay as they are.
+  own peak has held still for ``QUIET_S`` below its estimate, it commits that peak plus the
+  margin, as a job of unknown memory does. A declared requirement is the user's reservation, as
+  Slurm's ``--mem`` is, and a measured one already is a peak: both stay as they are.
 """
 
 from __future__ import annotations
@@ -35,12 +32,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-#: Growth smaller than this (allocator rounding, a cuDNN workspace) does not restart settling.
+#: Growth below this share of a job's size (and below ``GROWTH_TOLERANCE_MIB``) is noise.
+GROWTH_TOLERANCE = 0.03
 GROWTH_TOLERANCE_MIB = 64.0
-#: How long a job of unknown memory must hold no new peak before its peak is committed, unless
-#: the policy says otherwise (its ``settle_s``: one notion of "memory has settled").
-STABLE_S = 30.0
-#: A job of unknown memory then commits ``peak × (1 + PEAK_MARGIN) + PEAK_MARGIN_MIB``: later
+#: How long a job's memory must hold no new peak before the peak counts as reached: a few of a
+#: PyTorch job's first steps (see the module docstring).
+QUIET_S = 5.0
+#: A job whose peak is committed holds ``peak × (1 + PEAK_MARGIN) + PEAK_MARGIN_MIB``: later
 #: steps may allocate a little more (an evaluation pass, a larger last batch).
 PEAK_MARGIN = 0.10
 PEAK_MARGIN_MIB = 512.0
@@ -67,6 +65,11 @@ def settled_mib(peak_mib: float) -> float:
     return peak_mib * (1.0 + PEAK_MARGIN) + PEAK_MARGIN_MIB
 
 
+def growth_tolerance_mib(size_mib: float) -> float:
+    """Growth of a job of this size that is noise, not a new peak."""
+    return max(GROWTH_TOLERANCE_MIB, GROWTH_TOLERANCE * size_mib)
+
+
 def committed_mib(requirement: float | None, total_mib):
     """What a job placed with ``requirement`` commits before anything is observed: the
     requirement, or the whole GPU when unknown (``total_mib`` may be an array)."""
@@ -84,58 +87,63 @@ def upper_bound_mib(requirement: float, uncertainty: float, source: str) -> floa
 
 @dataclass(slots=True)
 class MemoryRamp:
-    """One running attempt's memory as its executor watches it.
+    """One running attempt's memory as the world watches it.
 
-    ``grew_at`` is when the job last grew beyond what it had committed (``-inf``: never, so it
-    does not hold its GPU in settling; ``inf``: a job of unknown memory that holds nothing yet);
-    ``peaked_at`` when its peak last grew at all. ``estimated``: the requirement is an
-    estimator's (``is_estimated``), given up for the observed peak once that holds still.
+    ``peaked_at`` is when its peak last grew beyond the tolerance (``-inf``: never);
+    ``active_at`` when its training steps showed on the GPU (``collocate.world``; ``inf``: not
+    yet): memory counts as still only from then, since a job's first steps (cuDNN autotuning,
+    compilation) may hold a CUDA context and its weights for seconds before the activations of
+    its first step arrive. ``estimated``: the requirement is an estimator's
+    (``is_estimated``), given up for the observed peak once that holds still.
     """
 
     requirement: float | None
-    stable_s: float = STABLE_S
+    quiet_s: float = QUIET_S
     estimated: bool = False
     peak_mib: float = 0.0
-    grew_at: float = -math.inf
     peaked_at: float = -math.inf
-
-    def __post_init__(self) -> None:
-        if self.requirement is None:
-            self.grew_at = math.inf
+    active_at: float = math.inf
 
     @classmethod
-    def of(cls, requirement: float | None, source: str, stable_s: float = STABLE_S) -> MemoryRamp:
+    def of(cls, requirement: float | None, source: str, quiet_s: float = QUIET_S) -> MemoryRamp:
         """The ramp of a job placed with ``requirement`` from ``source`` (``Job.mem_source``)."""
-        return cls(requirement, stable_s, estimated=requirement is not None and is_estimated(source))
+        return cls(requirement, quiet_s, estimated=requirement is not None and is_estimated(source))
 
     def observe(self, held_mib: float, now: float) -> None:
         """One reading of the memory the job holds (on its most loaded GPU)."""
         if held_mib <= self.peak_mib:
             return
-        grown = held_mib - self.peak_mib > GROWTH_TOLERANCE_MIB or self.peak_mib == 0.0
-        outgrown = grown and held_mib > self.committed(math.inf, now) + GROWTH_TOLERANCE_MIB
-        self.peak_mib = held_mib
+        grown = self.peak_mib == 0.0 or held_mib - self.peak_mib > growth_tolerance_mib(self.peak_mib)
         if grown:
             self.peaked_at = now
-        if self.requirement is None:
-            if grown:
-                self.grew_at = now
-        elif outgrown:
-            self.grew_at = now  # beyond what it committed: commit what it holds, and settle
+        self.peak_mib = held_mib
 
-    def stable(self, now: float) -> bool:
-        return now - self.grew_at >= self.stable_s
+    def quiet(self, now: float) -> bool:
+        """Whether its memory has held still for ``quiet_s`` of training (a job holding nothing,
+        or not training yet, never has)."""
+        return self.peak_mib > 0.0 and now - max(self.peaked_at, self.active_at) >= self.quiet_s
 
     def committed(self, total_mib: float, now: float) -> float:
         """What the job holds against each of its GPUs now."""
-        if self.requirement is not None:
-            held = max(self.requirement, self.peak_mib)
-            if self.estimated and self.peak_mib > 0.0 and now - self.peaked_at >= self.stable_s:
-                return min(held, settled_mib(self.peak_mib))
-            return held
-        if self.peak_mib > 0.0 and self.stable(now):
-            return min(total_mib, settled_mib(self.peak_mib))
-        return total_mib
+        if self.requirement is None:
+            return min(total_mib, settled_mib(self.peak_mib)) if self.quiet(now) else total_mib
+        if self.outgrown:  # it may grow on: what it holds and a margin
+            return settled_mib(self.peak_mib)
+        if self.estimated and self.quiet(now):
+            return min(max(self.requirement, self.peak_mib), settled_mib(self.peak_mib))
+        return max(self.requirement, self.peak_mib)
+
+    @property
+    def outgrown(self) -> bool:
+        """Whether it holds more than its requirement and the tolerance allow."""
+        return self.requirement is not None and \
+            self.peak_mib > self.requirement + growth_tolerance_mib(self.requirement)
+
+    def changes_at(self) -> float:
+        """When ``committed`` will next change with no new reading (``inf``: never)."""
+        if self.peak_mib > 0.0 and (self.requirement is None or self.estimated) and not self.outgrown:
+            return max(self.peaked_at, self.active_at) + self.quiet_s
+        return math.inf
 
 
 #: What an MPS memory limit adds above a job's upper bound (its CUDA context and allocator
@@ -143,17 +151,19 @@ class MemoryRamp:
 LIMIT_MARGIN_MIB = 512.0
 
 
-def stable_s_of(policy: object) -> float:
-    """How long memory must hold still to count as settled under ``policy``: its ``settle_s``
-    where it has one (so its guard and the commitment agree), else ``STABLE_S``."""
-    return float(getattr(policy, "settle_s", STABLE_S))
-
-
-def mps_limit_mib(requirement: float | None, given_mib: float | None, uncertainty: float,
+def mps_limit_mib(requirement: float | None, room_mib: float | None, uncertainty: float,
                   source: str) -> float | None:
-    """The pinned memory limit of a job under MPS: its requirement's upper bound plus
-    ``LIMIT_MARGIN_MIB``, or, for a job of unknown memory, the room it was placed with (so it
-    cannot take what its neighbours committed). None: no limit."""
+    """The pinned memory limit of a job under MPS (None: no limit).
+
+    A declared or measured requirement: its upper bound plus ``LIMIT_MARGIN_MIB``, so the user's
+    reservation is enforced as Slurm enforces ``--mem``. A job of unknown memory: the room it
+    was placed with, so it cannot take what its neighbours committed. An estimate: the larger of
+    the two, so a job running above an estimator's low guess is not killed while its GPU had
+    room to spare when it was placed (it then commits what it holds, like any job that outgrows
+    its requirement)."""
     if requirement is None:
-        return given_mib
-    return upper_bound_mib(requirement, uncertainty, source) + LIMIT_MARGIN_MIB
+        return room_mib
+    bound = upper_bound_mib(requirement, uncertainty, source) + LIMIT_MARGIN_MIB
+    if is_estimated(source) and room_mib is not None:
+        return max(bound, room_mib)
+    return bound

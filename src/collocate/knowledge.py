@@ -1,18 +1,19 @@
 """What is known of a job's solo activity before it runs: one rule for the daemon and simulator.
 
-A new job's profile (``Job.profile``/``profile_source``) comes from, in order:
+A new job's belief (``collocate.belief.Belief``; on the job as ``Job.profile``,
+``profile_var`` and ``profile_source``) comes from, in order:
 
-1. ``history``: the last measured solo profile of the same command (the daemon's signature, the
-   simulator's ``Workload.command``);
-2. ``similar``: the median (``activity.program_prior``) of the profiles of its program's
-   ``PROGRAM_PRIOR_RUNS`` most recently measured commands (a sweep's other points). The limit
-   keeps the prior about the program as it runs now, not as it ran months ago, and bounds the
-   query; both worlds apply the same limit;
-3. else nothing (``assumed``: the policy's default).
+1. ``history``: what earlier runs of the same job taught (its identity,
+   ``collocate.identity.JobKeys``: the same command up to seeds, output paths and run names;
+   the simulator's ``Workload.command``), no surer than ``belief.HISTORY_SD_FLOOR``;
+2. ``similar``: its family's (a sweep's other points: ``JobKeys.family``, the simulator's
+   ``Workload.program``) ``FAMILY_RUNS`` most recently measured identities, their median
+   shrunk toward the prior by how many agree (``belief.family_prior``);
+3. else the prior (``belief.UNKNOWN``: ``assumed``).
 
-While jobs run, a pending job nobody has measured takes the median profile of its program's
-running siblings that are measured alone, inferred from their GPU's readings, or known from
-history (``sibling_priors``).
+While jobs run, a pending job that has no history of its own takes its family's prior over
+history *and* the running siblings the world has observed (``price_pending``), so the first
+point of a sweep measured on a GPU prices the other points within seconds.
 
 The knowledge lives in a ``ProfileStore``: the daemon's SQLite ``Store`` (kept across restarts),
 or ``MemoryProfiles`` (the simulator: one run's worth).
@@ -20,93 +21,98 @@ or ``MemoryProfiles`` (the simulator: one run's worth).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
-from collocate.activity import program_prior
-from collocate.model import Job, JobProfile
+from collocate.belief import UNKNOWN, Belief, family_prior
+from collocate.model import Job
 
-#: How many of a program's most recently measured commands its prior is the median of.
-PROGRAM_PRIOR_RUNS = 20
+#: How many of a family's most recently measured identities its prior is the median of: the
+#: prior is about the program as it runs now, not months ago, and the query stays bounded.
+FAMILY_RUNS = 20
 
 
 class ProfileStore(Protocol):
-    def command_profile(self, command: str) -> JobProfile | None:
-        """The last measured solo profile of this command, if any."""
+    def identity_belief(self, identity: str) -> Belief | None:
+        """What earlier runs of this job taught, if any."""
         ...
 
-    def program_profiles(self, program: str, limit: int) -> list[JobProfile]:
-        """The measured profiles of the program's ``limit`` most recent commands."""
+    def family_beliefs(self, family: str, limit: int) -> dict[str, Belief]:
+        """The beliefs of the family's ``limit`` most recently measured identities."""
         ...
 
 
 class MemoryProfiles:
-    """A ``ProfileStore`` in memory: command → (program, profile), most recent last."""
+    """A ``ProfileStore`` in memory: identity → (family, belief), most recent last."""
 
     def __init__(self) -> None:
-        self._by_command: dict[str, tuple[str | None, JobProfile]] = {}
+        self._by_identity: dict[str, tuple[str | None, Belief]] = {}
 
-    def record(self, command: str, program: str | None, profile: JobProfile) -> None:
-        self._by_command.pop(command, None)  # re-inserted: now the most recent
-        self._by_command[command] = (program, profile)
+    def record(self, identity: str, family: str | None, belief: Belief) -> None:
+        self._by_identity.pop(identity, None)  # re-inserted: now the most recent
+        self._by_identity[identity] = (family, belief)
 
-    def command_profile(self, command: str) -> JobProfile | None:
-        known = self._by_command.get(command)
+    def identity_belief(self, identity: str) -> Belief | None:
+        known = self._by_identity.get(identity)
         return None if known is None else known[1]
 
-    def program_profiles(self, program: str, limit: int) -> list[JobProfile]:
-        recent = [p for prog, p in reversed(self._by_command.values()) if prog == program]
-        return recent[:limit]
+    def family_beliefs(self, family: str, limit: int) -> dict[str, Belief]:
+        recent = [(i, b) for i, (f, b) in reversed(self._by_identity.items()) if f == family]
+        return dict(recent[:limit])
 
 
 class ProfileKnowledge:
-    """The "history, else the program's prior" rule over a ``ProfileStore``."""
+    """The "history, else the family's prior, else the prior" rule over a ``ProfileStore``."""
 
-    def __init__(self, store: ProfileStore, *, recent: int = PROGRAM_PRIOR_RUNS) -> None:
+    def __init__(self, store: ProfileStore, *, recent: int = FAMILY_RUNS) -> None:
         self.store, self.recent = store, recent
 
-    def known(self, command: str | None, program: str | None, *,
-              similar: bool = True) -> tuple[JobProfile | None, str]:
-        """A new job's profile and its ``profile_source``; ``(None, "assumed")`` when nothing
-        is known. ``similar=False`` consults the command's own history only."""
-        if command is not None and (profile := self.store.command_profile(command)) is not None:
-            return profile, "history"
-        if similar and program is not None:
-            prior = self.program_prior(program)
+    def known(self, identity: str | None, family: str | None, *, families: bool = True) -> Belief:
+        """A new job's belief; ``families=False`` consults its own history only."""
+        if identity is not None and (belief := self.store.identity_belief(identity)) is not None:
+            return belief
+        if families and family is not None:
+            prior = family_prior(list(self.store.family_beliefs(family, self.recent).values()))
             if prior is not None:
-                return prior, "similar"
-        return None, "assumed"
+                return prior
+        return UNKNOWN
 
-    def program_prior(self, program: str) -> JobProfile | None:
-        return program_prior(self.store.program_profiles(program, self.recent))
-
-
-@dataclass(frozen=True, slots=True)
-class Sibling:
-    """A running job as ``sibling_priors`` sees it."""
-
-    program: str | None
-    profile: JobProfile  # what policies price it with now
-    measured: bool  # measured alone, inferred from its GPU, or known from history
+    def family_prior(self, family: str, live: Mapping[str, Belief]) -> Belief | None:
+        """The family's prior over its history and ``live`` (identity → belief of running
+        siblings the world has observed; they replace their own history)."""
+        beliefs = {**self.store.family_beliefs(family, self.recent), **live}
+        return family_prior(list(beliefs.values()))
 
 
-def sibling_priors(pending: Iterable[Job], running: Iterable[Sibling],
-                   program_of: Callable[[str], str | None]) -> list[Job]:
-    """Pending jobs nobody has measured, each with the median profile of its program's measured
-    running siblings (``profile_source`` "similar"); jobs with no such sibling are left out."""
-    live: dict[str, list[JobProfile]] = {}
-    for s in running:
-        if s.measured and s.program is not None:
-            live.setdefault(s.program, []).append(s.profile)
-    if not live:
+def with_belief(job: Job, belief: Belief) -> Job:
+    """The job told this belief of its profile."""
+    return job.evolve(profile=belief.profile, profile_var=(belief.sm_var, belief.dram_var),
+                      profile_source=belief.source)
+
+
+def price_pending(pending: Iterable[Job], live: Iterable[tuple[str | None, str | None, Belief]],
+                  keys_of: Callable[[str], tuple[str | None, str | None]],
+                  knowledge: ProfileKnowledge) -> list[Job]:
+    """Pending jobs without history of their own, each told its family's prior over history and
+    its observed running siblings (``live``: (identity, family, belief) of each); jobs whose
+    family nobody runs are left out, and so are jobs whose prior did not change."""
+    running: dict[str, dict[str, Belief]] = {}
+    for identity, family, belief in live:
+        if family is not None and identity is not None:
+            running.setdefault(family, {})[identity] = belief
+    if not running:
         return []
+    priors: dict[str, Belief | None] = {}
     out = []
     for job in list(pending):
-        if job.profile_source != "assumed":
+        if job.profile_source not in ("assumed", "similar"):
             continue
-        program = program_of(job.id)
-        prior = program_prior(live.get(program, [])) if program is not None else None
-        if prior is not None:
-            out.append(job.evolve(profile=prior, profile_source="similar"))
+        identity, family = keys_of(job.id)
+        if family is None or family not in running:
+            continue
+        if family not in priors:
+            priors[family] = knowledge.family_prior(family, running[family])
+        prior = priors[family]
+        if prior is not None and (prior.profile != job.profile or job.profile_source != "similar"):
+            out.append(with_belief(job, prior))
     return out

@@ -91,10 +91,13 @@ class Job:
     priority: int = 0
     name: str = ""
     profile: JobProfile = UNKNOWN_PROFILE
-    #: Where ``profile`` came from: "assumed" (nothing measured), "history" (measured alone in an
-    #: earlier run or attempt of this command), "similar" (measured alone in runs of the same
-    #: program with other arguments, e.g. a sweep's other points).
+    #: Where ``profile`` came from (``collocate.belief.Belief.source``): "assumed" (nothing
+    #: measured), "history" (measured in an earlier run or attempt of the same job), "similar"
+    #: (its family's measured siblings, e.g. a sweep's other points), "trace" (a simulation told).
     profile_source: str = "assumed"
+    #: The variances of ``profile``'s SM and DRAM activity; None: the default for its source.
+    profile_var: tuple[float, float] | None = None
+    user: str = ""  # who submitted it: under MPS a GPU serves one user's jobs at a time
     max_retries: int = 3
     retry_failures: bool = False  # retry non-OOM failures too (the user asked with --retries)
     attempts: int = 0
@@ -138,12 +141,13 @@ IDLE = Utilization()
 class GpuView:
     """One GPU described by hand: how tests and the daemon (few GPUs) state a GPU's condition.
 
-    ``free_mib`` is measured free memory; ``committed_mib`` the sum of the memory requirements
-    of the jobs placed on it (which may not have allocated yet). ``launch_seen_at`` is when the
-    newest job placed here was first seen running on it: ``inf`` while not yet seen, ``-inf``
-    when it has no job (CARMA's one-launch-in-flight guard reads it). ``mem_settling_at`` is when
-    memory on it last grew beyond what its jobs committed (``collocate.commitment``): ``inf``
-    while a job of unknown memory has not allocated yet, ``-inf`` when nothing is settling.
+    ``free_mib`` is measured free memory; ``committed_mib`` the sum of what the jobs placed on
+    it commit (``collocate.commitment``; they may not have allocated yet); ``other_mib`` memory
+    held by processes that are no job's. ``launch_seen_at`` is when the newest job placed here
+    was first seen holding memory on it: ``inf`` while not yet seen, ``-inf`` when it has no job
+    (CARMA's one-launch-in-flight guard reads it). ``starting``: how many of its jobs have not
+    shown their steady activity yet (``collocate.world.Phase``). ``owner``: under MPS, the user
+    whose jobs it serves ("" when none).
     """
 
     id: GpuId
@@ -153,8 +157,10 @@ class GpuView:
     util: Utilization = IDLE
     jobs: tuple[str, ...] = ()
     launch_seen_at: float = -math.inf
-    mem_settling_at: float = -math.inf
     speed: float = 1.0  # relative compute (a MIG slice is < 1); not used for memory
+    starting: int = 0
+    other_mib: float = 0.0
+    owner: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,9 +222,11 @@ class ClusterSnapshot:
     Per GPU: ``node`` (node number), ``total_mib``, ``free_mib`` (measured), ``committed_mib``
     (sum of placed jobs' requirements), ``n_jobs``, ``sm_sum``/``dram_sum`` (sum of the solo
     activity profiles of the jobs on it), ``util_sm``/``util_occ``/``util_dram`` (measured
-    window summaries), ``launch_seen_at`` and ``mem_settling_at`` (see ``GpuView``), ``speed`` and
-    ``gang_node`` (the node number for multi-GPU placement, -1 on a MIG instance: see
-    ``gang_nodes``). ``datasets`` maps a
+    window summaries), ``launch_seen_at``, ``n_starting`` and ``other_mib`` (see ``GpuView``),
+    ``speed`` and ``gang_node`` (the node number for multi-GPU placement, -1 on a MIG instance:
+    see ``gang_nodes``). ``owner``: per GPU, the user whose jobs it serves under MPS ("" when
+    none; empty when nobody's). ``residents``: per GPU, the ids of its jobs (for wait reasons
+    that name them). ``datasets`` maps a
     shared dataset's name to the GPU positions whose jobs read it (for placing jobs of one
     ``collocate share`` producer together). ``gangs``: the running multi-GPU jobs, whose pace
     on one GPU is set by their slowest.
@@ -238,8 +246,9 @@ class ClusterSnapshot:
     util_dram: np.ndarray
     launch_seen_at: np.ndarray
     speed: np.ndarray
-    mem_settling_at: np.ndarray
     gang_node: np.ndarray
+    n_starting: np.ndarray
+    other_mib: np.ndarray
     #: Whether any GPU is a MIG instance (``gang_node`` -1): policies then take activity relative
     #: to each GPU's ``speed``; a flag so that whole-GPU clusters skip that arithmetic.
     has_mig_instances: bool = False
@@ -247,6 +256,8 @@ class ClusterSnapshot:
     placements_made: int = 0  # set by the Scheduler: placements so far, for round-robin's rotation
     datasets: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     gangs: Gangs | None = None  # None: none running
+    owner: Sequence[str] = ()
+    residents: Sequence[Sequence[str]] = ()
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -308,13 +319,16 @@ class ClusterSnapshot:
             util_dram=column(v.util.dram_activity for v in views),
             launch_seen_at=column(v.launch_seen_at for v in views),
             speed=column(v.speed for v in views),
-            mem_settling_at=column(v.mem_settling_at for v in views),
+            n_starting=column((v.starting for v in views), np.int64),
+            other_mib=column(v.other_mib for v in views),
             gang_node=gang_nodes(tuple(v.id for v in views), column((node_numbers[v.id.node] for v in views), np.int64)),
             has_mig_instances=any(v.id.mig is not None for v in views),
             sharing=sharing,
             placements_made=placements_made,
             datasets={name: tuple(sorted(set(gpus))) for name, gpus in datasets.items()},
             gangs=running_gangs(views, running),
+            owner=tuple(v.owner for v in views) if any(v.owner for v in views) else (),
+            residents=tuple(v.jobs for v in views),
         )
 
 
@@ -336,7 +350,8 @@ def gang_nodes(ids: Sequence[GpuId], node: np.ndarray) -> np.ndarray:
 class Placement:
     job_id: str
     gpus: tuple[GpuId, ...]
-    mem_mib: float | None = None  # the requirement it was placed with (MPS limits derive from it)
+    mem_mib: float | None = None  # the requirement it was placed with (a job of unknown memory: its room)
+    room_mib: float | None = None  # the room its GPUs had for it (MPS limits derive from both)
 
 
 @dataclass(frozen=True, slots=True)
@@ -350,7 +365,7 @@ class WaitKind(StrEnum):
 
     GPUS = "gpus"  # not enough GPUs it may use are free (policies that never share)
     MEMORY = "memory"  # no GPU has room for its requirement
-    IN_FLIGHT = "in-flight"  # GPUs with room are settling (memory still growing, launch not seen)
+    IN_FLIGHT = "in-flight"  # GPUs with room started a job not yet seen running (CARMA's guard)
     BUSY = "busy"  # GPUs with room are saturated (the risk filter)
     SLOWDOWN = "slowdown"  # sharing any GPU with room would slow jobs too much, or gain too little
     RESERVED = "reserved"  # the room it would take is kept for a job waiting longer
@@ -376,11 +391,14 @@ class Plan:
     """What one scheduling round decided. An executor (simulator or daemon) applies it.
 
     ``waits`` says why jobs the policy looked at and did not place wait; a pending job it did
-    not look at (beyond its scan, or behind a blocked head) waits in the queue."""
+    not look at (beyond its scan, or behind a blocked head) waits in the queue. ``recheck_at``
+    is when the policy would decide otherwise with nothing else changed (a guard that lapses, a
+    reservation that becomes due): the simulator looks again then; ``inf``: only on a change."""
 
     placements: tuple[Placement, ...] = ()
     rejections: tuple[Rejection, ...] = ()
     waits: Mapping[str, Wait] = field(default_factory=dict)
+    recheck_at: float = math.inf
 
     def __bool__(self) -> bool:
         return bool(self.placements or self.rejections)

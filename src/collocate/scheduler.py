@@ -253,6 +253,7 @@ class Scheduler:
         if self._known_gpus[0] is not cluster.ids:
             self._known_gpus = (cluster.ids, frozenset(cluster.ids))
         known = self._known_gpus[1]
+        owner = dict(zip(cluster.ids, cluster.owner, strict=True)) if cluster.owner else None
         seen: set[str] = set()
         for p in plan.placements:
             job = self.jobs.get(p.job_id)
@@ -268,6 +269,12 @@ class Scheduler:
                     f"policy {self.policy.name} spread job {p.job_id} over GPUs {p.gpus}, which "
                     "include a MIG instance: a multi-GPU job needs whole GPUs"
                 )
+            if owner is not None and job.user:  # under MPS a GPU serves one user at a time
+                for g in p.gpus:
+                    if owner[g] not in ("", job.user):
+                        raise PolicyError(f"policy {self.policy.name} put {job.user}'s job {p.job_id} "
+                                          f"on {g}, which serves {owner[g]}'s jobs under MPS")
+                    owner[g] = job.user
         for r in plan.rejections:
             job = self.jobs.get(r.job_id) if isinstance(r, Rejection) else None
             if job is None or job.state is not JobState.PENDING or r.job_id in seen:

@@ -85,12 +85,15 @@ def _parameter_types(name: str) -> dict[str, type]:
 _MODELS = frozenset({"interference"})  # a fitted model, not a threshold: no --param for it
 # Parameters whose values are fractions (in [0, 1]); ``limits.*`` are utilization fractions too.
 _FRACTIONS = frozenset({"pack_tolerance"})
-_AT_LEAST_ONE = frozenset({"max_slowdown"})  # a slowdown factor: 1 means no slowdown
+_AT_LEAST_ONE = frozenset({"max_slowdown", "startup_max_slowdown"})  # slowdown factors: 1 means none
+_COUNTS_FROM_ZERO = frozenset({"startup_slots"})  # 0 turns the rule off
 
 
 def _range(key: str, kind: type) -> tuple[float, float]:
     if key in _FRACTIONS or key.startswith("limits."):
         return 0.0, 1.0
+    if key in _COUNTS_FROM_ZERO:
+        return 0.0, math.inf
     if key in _AT_LEAST_ONE or kind is int:  # counts: backfill depth, slots per GPU
         return 1.0, math.inf
     return 0.0, math.inf  # times (_s), memory (_mib), margins, gains: never negative
@@ -138,12 +141,12 @@ __all__ = ["POLICY_NAMES", "Policy", "make_policy", "parse_params", "policy_para
 
 
 def parse_params(items: list[str]) -> dict[str, object]:
-    """``["settle_s=5", ...]`` → ``{"settle_s": 5.0}`` (numbers become floats or ints)."""
+    """``["min_gain=0.2", ...]`` → ``{"min_gain": 0.2}`` (numbers become floats or ints)."""
     out: dict[str, object] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise InputError(f"cannot read --param {item!r}", hint="write --param NAME=VALUE, e.g. settle_s=5")
+            raise InputError(f"cannot read --param {item!r}", hint="write --param NAME=VALUE, e.g. min_gain=0.2")
         try:
             out[key] = int(value)
         except ValueError:

@@ -23,15 +23,26 @@ placement adds the most total training progress?" and answers with the interfere
   under model error over 88 traces, time-sliced makespans lost to the best CARMA policy by over
   1% on 16 traces instead of 25 (docs/simulator.md).
 * Memory must fit both what is measured free and what is committed: ``min(free, total -
-  committed) - reserve >= estimate * (1 + uncertainty) + headroom``, so jobs that have not
-  allocated yet are counted, and uncertain estimates get a wider margin. A known requirement is
-  committed the moment the job is placed (``collocate.commitment``; an estimate only until the
-  job's own lower peak holds still), so a GPU takes its next job in the same round; only a GPU
-  whose memory is still growing (a job of unknown memory, or one that outgrew its requirement)
-  waits ``settle_s`` after the growth stops.
+  committed - other) - reserve >= estimate * (1 + uncertainty) + headroom``, so jobs that have
+  not allocated yet and processes that are no job's are counted, and uncertain estimates get a
+  wider margin. A known requirement is committed the moment the job is placed
+  (``collocate.commitment``: an estimate only until the job's own lower peak holds still, a job
+  that outgrows its requirement what it holds plus a margin), so a GPU takes its next job in the
+  same round, and no GPU is ever closed to newcomers while memory settles.
 * A job of unknown memory takes an idle GPU if there is one; otherwise it may share a GPU with
   at least ``unknown_room`` of its memory free, which it then holds whole until its own memory
-  has been stable for ``collocate.commitment.STABLE_S``, and then only its peak plus a margin.
+  has held still for ``collocate.commitment.QUIET_S``, and then only its peak plus a margin.
+* **Start-ups are free, prices are observed.** A job nobody has measured (its profile a prior:
+  ``Job.profile_source`` "assumed" or "similar") is priced at the prior, which is a guess; the
+  GPU's readings price it within seconds of its first steps (``collocate.world``). Meanwhile its
+  start-up (4-10 s of interpreter, imports and model construction with no GPU use on an H100)
+  costs its neighbours nothing. So such a job may join a GPU the gain gate turns it away from
+  while fewer than ``startup_slots`` of that GPU's jobs are still starting, as long as the model
+  predicts nobody there slower than ``startup_max_slowdown`` with it at its prior: a GPU then
+  always has the next job starting while the others train, and once the newcomer shows its
+  activity the gate decides on what the GPU reads. The slowdown bound keeps a GPU from filling
+  up with unpriced jobs; a job whose profile is known gains nothing by being observed and
+  passes the gate or waits.
 * A job not placed gets a reason (``Plan.waits``): the first test that left it no GPU.
 * The queue is scanned up to ``backfill_depth`` jobs, so a blocked head does not stop smaller
   jobs behind it. Once the first blocked job has waited ``reserve_after_s``, room is reserved
@@ -83,7 +94,6 @@ class Auto:
     reserve_mib: float = 512.0  # CUDA context and fragmentation slack, as CARMA's reserve
     headroom_mib: float = 1024.0  # below CARMA's 2048: committed memory is counted too
     uncertainty_margin: float = 1.0  # add this many relative uncertainties to each estimate
-    settle_s: float = 30.0  # a GPU whose memory is still growing takes no job for this long
     unknown_room: float = 0.5  # a job of unknown memory shares only a GPU with this share free
     max_slowdown: float = 4.0  # backstop: no job on a shared GPU predicted slower than this
     min_gain: float = 0.1  # summed progress-rate gain a collocation must bring
@@ -91,6 +101,8 @@ class Auto:
     backfill_depth: int = 32  # jobs scanned per round beyond a blocked head
     reserve_after_s: float = 1800.0  # a blocked single-GPU job gets room reserved after this long
     dataset_affinity: float = 0.05  # gain bonus for sharing a GPU with jobs reading the same dataset
+    startup_slots: int = 1  # jobs per GPU that may be starting when an unpriced job joins past the gate
+    startup_max_slowdown: float = 2.0  # ... if nobody there is predicted slower than this
     limits: RiskLimits = field(default_factory=RiskLimits)  # measured saturation still vetoes
     interference: InterferenceModel = field(default_factory=default_interference)
 
@@ -106,6 +118,8 @@ class Auto:
                 ledger.place(job, gpus)
                 continue
             reserve_after = self.reserve_after_s if job.gpus == 1 else 0.0  # a gang: at once
+            if not keep.any():
+                ledger.recheck(job.submit_time + reserve_after)
             if not keep.any() and cluster.now - job.submit_time >= reserve_after:
                 reserved = self._reserve_for(job, ledger, keep)
                 if reserved is not None:  # its room is free: it starts now, gates or not
@@ -147,11 +161,12 @@ class Auto:
     def _best_shared(
         self, job: Job, ledger: Ledger, usable: np.ndarray, keep: np.ndarray, min_gain: float
     ) -> tuple[list[int] | None, Wait]:
-        """The busy GPUs where ``job`` adds the most progress, if that is at least ``min_gain``;
-        else None and the first test that left no GPU (memory, settling, risk, slowdown)."""
+        """The busy GPUs where ``job`` adds the most progress, if that is at least ``min_gain``
+        (or, for a job nobody has measured, where it may start past the gate: the class
+        docstring); else None and the first test that left no GPU (memory, risk, slowdown)."""
         cluster = ledger.cluster
         params = self._params(cluster.sharing)
-        candidates = np.flatnonzero(ledger.n_jobs > 0)
+        candidates = np.flatnonzero((ledger.n_jobs > 0) & ledger.shareable(job))
         need = self._need(job, cluster.total_mib[candidates])
         room = ledger.room()[candidates] - (self.reserve_mib + need + self.headroom_mib)
         candidates = candidates[room >= keep[candidates]]
@@ -160,40 +175,83 @@ class Auto:
                 return None, Wait(WaitKind.RESERVED, "the room it needs is kept for a job waiting longer")
             return None, memory_wait(job, ledger, float(np.max(np.atleast_1d(self._need(job, cluster.total_mib))))
                                      + self.reserve_mib + self.headroom_mib)
-        candidates = candidates[~ledger.settling(self.settle_s)[candidates]]
-        if candidates.size == 0:
-            return None, Wait(WaitKind.IN_FLIGHT, "every GPU with room holds memory still growing; "
-                                                  f"it waits until that has been stable {self.settle_s:g} s")
-        candidates = candidates[usable[candidates]]
+        startable = self._may_start_unpriced(job, ledger, candidates, min_gain)
+        kept = usable[candidates] | startable  # a start-up uses nothing of a saturated GPU yet
+        candidates, startable = candidates[kept], startable[kept]
         if candidates.size == 0:
             return None, Wait(WaitKind.BUSY, "every GPU with room is saturated (SM and occupancy or DRAM)")
         # The newcomer alone gains at most 1 / (its slowdown below saturation): drop the GPUs
-        # where even that misses the bar first, then score the rest.
+        # where even that misses the bar first (unless it may start there unpriced), then score.
         if min_gain > 0.0:
             pressure = params.per_sm * ledger.sm_sum[candidates]
             if params.per_dram:
                 pressure += params.per_dram * ledger.dram_sum[candidates]
             if cluster.has_mig_instances:  # activity counts relative to each instance's SMs
                 pressure /= cluster.speed[candidates]
-            candidates = candidates[pressure <= 1.0 / min_gain - 1.0 - params.base]
+            kept = (pressure <= 1.0 / min_gain - 1.0 - params.base) | startable
+            missed, candidates, startable = candidates[~kept], candidates[kept], startable[kept]
+        else:
+            missed = candidates[:0]
         if candidates.size:
-            gain, ok = self._score(job, ledger, candidates)
+            gain, ok, worst = self._score(job, ledger, candidates)
             readers = cluster.datasets.get(job.dataset) if job.dataset else None
             if readers:
                 gain = gain + self.dataset_affinity * np.isin(candidates, readers)
-            ok &= gain >= min_gain
-            candidates, gain = candidates[ok], gain[ok]
-        if candidates.size == 0:
-            return None, Wait(WaitKind.SLOWDOWN, f"sharing any GPU with room would gain less than "
-                                                 f"{min_gain:.2f} or slow a job over {self.max_slowdown:g}x")
-        if job.gpus == 1:
-            return [int(candidates[np.argmax(gain)])], _PLACED
-        return pick_on_one_node(candidates[np.argsort(-gain, kind="stable")], cluster.gang_node, job.gpus), \
-            gpus_wait(job, "with room")
+            passes = ok & (gain >= min_gain) & usable[candidates]
+            if not passes.any():  # past the gate only where it may start unpriced
+                passes = startable & (worst <= self.startup_max_slowdown)
+            if passes.any():
+                chosen, gain = candidates[passes], gain[passes]
+                if job.gpus == 1:
+                    return [int(chosen[np.argmax(gain)])], _PLACED
+                return pick_on_one_node(chosen[np.argsort(-gain, kind="stable")], cluster.gang_node, job.gpus), \
+                    gpus_wait(job, "with room")
+            return None, self._slowdown_wait(job, ledger, candidates, gain, worst, min_gain)
+        return None, self._slowdown_wait(job, ledger, missed, None, None, min_gain)
 
-    def _score(self, job: Job, ledger: Ledger, gpus: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Progress-rate gain of adding ``job`` to each of these busy GPUs, and whether the
-        placement is allowed.
+    def _may_start_unpriced(self, job: Job, ledger: Ledger, candidates: np.ndarray,
+                            min_gain: float) -> np.ndarray:
+        """Where ``job``, priced only by a prior, may start past the gain gate: GPUs with fewer
+        than ``startup_slots`` jobs still starting (only when no idle GPU is on offer)."""
+        if (self.startup_slots <= 0 or job.profile_source not in ("assumed", "similar")
+                or min_gain != self.min_gain):
+            return np.zeros(candidates.size, dtype=bool)
+        return ledger.n_starting[candidates] < self.startup_slots
+
+    def _slowdown_wait(self, job: Job, ledger: Ledger, candidates: np.ndarray,
+                       gain: np.ndarray | None, worst: np.ndarray | None, min_gain: float) -> Wait:
+        """Why ``job`` found no GPU worth sharing, in numbers: on the GPU where it would gain
+        most, what it would gain and how slow its neighbours would get."""
+        cluster = ledger.cluster
+        if candidates.size == 0:
+            return Wait(WaitKind.SLOWDOWN, f"sharing any GPU with room would gain less than {min_gain:.2f}")
+        if gain is None or worst is None:
+            gain, _, worst = self._score(job, ledger, candidates)
+        best = int(np.argmax(gain))
+        gpu = int(candidates[best])
+        before = self._resident_slowdown(ledger, gpu)
+        who = _jobs_on(cluster, gpu)
+        if worst[best] > self.max_slowdown:
+            return Wait(WaitKind.SLOWDOWN, f"on {cluster.ids[gpu]} it would slow {who} from {before:.1f}x "
+                                           f"to {worst[best]:.1f}x (limit {self.max_slowdown:g}x)")
+        return Wait(WaitKind.SLOWDOWN, f"on {cluster.ids[gpu]} it would slow {who} from {before:.1f}x to "
+                                       f"{worst[best]:.1f}x for a gain of {gain[best]:.2f} (needs {min_gain:.2f})")
+
+    def _resident_slowdown(self, ledger: Ledger, gpu: int) -> float:
+        """The slowdown of a GPU's jobs now, as ``_score`` models them (their mean profile)."""
+        n = float(ledger.n_jobs[gpu])
+        if n <= 1:
+            return 1.0
+        sm, dram = float(ledger.sm_sum[gpu]), float(ledger.dram_sum[gpu])
+        if ledger.cluster.has_mig_instances:
+            f = float(ledger.cluster.speed[gpu])
+            sm, dram = sm / f, dram / f
+        return float(shared_slowdown(self._params(ledger.cluster.sharing), sm / n, dram / n,
+                                     sm - sm / n, dram - dram / n))
+
+    def _score(self, job: Job, ledger: Ledger, gpus: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Progress-rate gain of adding ``job`` to each of these busy GPUs, whether the
+        placement is allowed, and the worst slowdown it predicts there.
 
         Residents are represented by their mean profile, which keeps the score one vector
         expression per GPU set.
@@ -214,8 +272,8 @@ class Auto:
         gain = 1.0 / newcomer + n * (1.0 / resident_after - 1.0 / resident_before)
         if ledger.gangs is not None:
             gain = gain - self._gang_losses(job, ledger, gpus, resident_before, resident_after)
-        ok = (newcomer <= self.max_slowdown) & (resident_after <= self.max_slowdown)
-        return gain, ok
+        worst = np.maximum(newcomer, resident_after)
+        return gain, worst <= self.max_slowdown, worst
 
     def _gang_losses(self, job: Job, ledger: Ledger, gpus: np.ndarray, before: np.ndarray,
                      after: np.ndarray) -> np.ndarray | float:
@@ -303,3 +361,12 @@ class Auto:
 
 
 _PLACED = Wait(WaitKind.QUEUE)  # the reason slot of a successful choice: never recorded
+
+
+def _jobs_on(cluster: ClusterSnapshot, gpu: int) -> str:
+    """``job 3`` or ``jobs 3, 5`` for a GPU's residents, or ``its jobs`` when unnamed."""
+    names = list(cluster.residents[gpu]) if len(cluster.residents) > gpu else []
+    if not names:
+        return "its jobs"
+    shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+    return f"job{'s' if len(names) > 1 else ''} {shown}"

@@ -37,54 +37,69 @@ class Ledger:
         self.sm_sum = cluster.sm_sum.copy()
         self.dram_sum = cluster.dram_sum.copy()
         self.launch_seen_at = cluster.launch_seen_at.copy()
-        self.mem_settling_at = cluster.mem_settling_at.copy()
+        self.n_starting = cluster.n_starting.copy()
+        self.owner = list(cluster.owner)  # under MPS: whose jobs each GPU serves
         self.placements: list[Placement] = []
         self.waits: dict[str, Wait] = {}
         self.gangs = cluster.gangs  # the multi-GPU jobs on the cluster, this round's too
+        self.recheck_at = math.inf
 
     def place(self, job: Job, gpus: Iterable[int]) -> None:
         """Charge ``job`` to these GPUs at once (``collocate.commitment``). A job of unknown
         memory is placed with the room it was given, which bounds it under MPS."""
         idx = list(gpus)
-        given = job.mem_mib
-        if given is None:
-            room = self.room()
-            given = float(min(room[i] for i in idx))
+        room = self.room()
+        given_room = float(min(room[i] for i in idx))
         for i in idx:  # scalar updates: a job holds a few GPUs, and fancy indexing costs more
-            mem = committed_mib(job.mem_mib, self.cluster.total_mib[i])
+            mem = committed_mib(job.mem_mib, self.cluster.total_mib[i] - self.cluster.other_mib[i])
             self.free_mib[i] -= mem
             self.committed_mib[i] += mem
             self.n_jobs[i] += 1
+            self.n_starting[i] += 1
             self.sm_sum[i] += job.profile.sm_activity
             self.dram_sum[i] += job.profile.dram_activity
             self.launch_seen_at[i] = math.inf  # not seen on the GPU yet
-            if job.mem_mib is None:
-                self.mem_settling_at[i] = math.inf  # its memory is still to come
+            if self.owner and job.user:
+                self.owner[i] = job.user
         if len(idx) > 1:
             self.gangs = (Gangs.of([(idx, job.profile)], len(self.cluster)) if self.gangs is None
                           else self.gangs.plus(idx, job.profile))
         ids = self.cluster.ids
-        self.placements.append(Placement(job.id, tuple(ids[i] for i in idx), given))
+        given = given_room if job.mem_mib is None else job.mem_mib
+        self.placements.append(Placement(job.id, tuple(ids[i] for i in idx), given, given_room))
 
     def wait(self, job: Job, why: Wait) -> None:
         self.waits[job.id] = why
 
+    def recheck(self, at: float) -> None:
+        """The policy would decide otherwise at ``at`` with nothing else changed."""
+        if at > self.cluster.now:
+            self.recheck_at = min(self.recheck_at, at)
+
     def room(self) -> np.ndarray:
-        """Memory each GPU can still give: what is measured free and what is not committed
-        (jobs that have not allocated yet count), whichever is less."""
-        return np.minimum(self.free_mib, self.cluster.total_mib - self.committed_mib)
+        """Memory each GPU can still give: what is measured free and what is neither committed
+        (jobs that have not allocated yet count) nor held by processes that are no job's,
+        whichever is less."""
+        return np.minimum(self.free_mib, self.cluster.total_mib - self.committed_mib - self.cluster.other_mib)
+
+    def shareable(self, job: Job) -> np.ndarray | bool:
+        """GPUs ``job`` may join: under MPS a GPU serves one user's jobs at a time (the control
+        daemon runs one server per user and queues another user's clients until it is idle,
+        gpu-facts.md), so only GPUs serving nobody or the job's own user."""
+        if not self.owner or not job.user:
+            return True
+        return np.array([o in ("", job.user) for o in self.owner], dtype=bool)
 
     def in_flight(self, settle_s: float) -> np.ndarray:
         """GPUs whose newest job is not yet seen running plus ``settle_s`` (CARMA's guard)."""
-        return (self.cluster.now - self.launch_seen_at) < settle_s
-
-    def settling(self, settle_s: float) -> np.ndarray:
-        """GPUs whose memory grew beyond what was committed less than ``settle_s`` ago, or
-        that hold a job of unknown memory that has not allocated yet."""
-        return (self.cluster.now - self.mem_settling_at) < settle_s
+        in_flight = (self.cluster.now - self.launch_seen_at) < settle_s
+        seen = self.launch_seen_at[in_flight]
+        if seen.size:
+            self.recheck(float(np.min(seen)) + settle_s)
+        return in_flight
 
     def plan(self) -> Plan:
-        return Plan(tuple(self.placements), waits=self.waits)
+        return Plan(tuple(self.placements), waits=self.waits, recheck_at=self.recheck_at)
 
 
 def memory_wait(job: Job, ledger: Ledger, need_mib: float | None = None) -> Wait:
@@ -113,8 +128,9 @@ def in_flight_wait(settle_s: float) -> Wait:
 
 
 def fits_alone(job: Job, cluster: ClusterSnapshot) -> np.ndarray | bool:
-    """GPUs big enough for the job even with nobody beside it (clusters may mix GPU sizes)."""
-    return True if job.mem_mib is None else cluster.total_mib >= job.mem_mib
+    """GPUs big enough for the job with none of ours beside it (clusters may mix GPU sizes, and
+    processes that are no job's may hold some of a GPU's memory)."""
+    return True if job.mem_mib is None else cluster.total_mib - cluster.other_mib >= job.mem_mib
 
 
 def pick_on_one_node(candidates: np.ndarray, node: np.ndarray, count: int) -> list[int] | None:

@@ -61,7 +61,7 @@ class Carma:
             idle = np.flatnonzero(available & (ledger.n_jobs == 0))
             gpus = pick_on_one_node(idle, cluster.gang_node, job.gpus)
             if gpus is None and not job.recovered and job.mem_mib is not None:
-                gpus = self._collocate(job, ledger, available & ~busy)
+                gpus = self._collocate(job, ledger, available & ~busy & ledger.shareable(job))
             if gpus is None:
                 ledger.wait(job, self._why_not(job, ledger, busy))
                 break  # head-of-line blocking, as in CARMA

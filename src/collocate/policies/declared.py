@@ -27,7 +27,7 @@ class DeclaredMemory:
             if job.mem_mib is None:
                 fits = ledger.n_jobs == 0
             else:
-                fits = cluster.total_mib - ledger.committed_mib >= job.mem_mib
+                fits = (cluster.total_mib - ledger.committed_mib - cluster.other_mib >= job.mem_mib) & ledger.shareable(job)
             gpus = pick_on_one_node(np.flatnonzero(fits), cluster.gang_node, job.gpus)  # first fit
             if gpus is None:
                 ledger.wait(job, memory_wait(job, ledger) if job.mem_mib is not None else gpus_wait(job))

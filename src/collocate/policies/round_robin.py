@@ -33,7 +33,8 @@ class RoundRobin:
             if gpus is None:
                 cursor = (cluster.placements_made + len(ledger.placements)) % max(n, 1)
                 ring = np.roll(np.arange(n), -cursor)
-                gpus = pick_on_one_node(ring[available[ring]], cluster.gang_node, job.gpus)
+                shared = available & ledger.shareable(job)
+                gpus = pick_on_one_node(ring[shared[ring]], cluster.gang_node, job.gpus)
             if gpus is None:
                 ledger.wait(job, in_flight_wait(self.settle_s))
                 break

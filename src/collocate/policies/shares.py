@@ -29,7 +29,8 @@ class Shares:
     def __call__(self, queue: Sequence[Job], cluster: ClusterSnapshot) -> Plan:
         ledger = Ledger(cluster)
         for job in queue:
-            open_slots = np.flatnonzero((ledger.n_jobs < self.slots_per_gpu) & fits_alone(job, cluster))
+            open_slots = np.flatnonzero((ledger.n_jobs < self.slots_per_gpu) & fits_alone(job, cluster)
+                                       & ledger.shareable(job))
             least_loaded_first = open_slots[np.argsort(ledger.n_jobs[open_slots], kind="stable")]
             gpus = pick_on_one_node(least_loaded_first, cluster.gang_node, job.gpus)
             if gpus is None:

@@ -1,0 +1,614 @@
+"""The one model of what is on each GPU, for the daemon and the simulator alike.
+
+A policy sees the cluster as a ``ClusterSnapshot``; this is where that snapshot comes from. The
+daemon's GPU watch feeds it what NVML (or the emulated GPUs) read, the simulator feeds it what its
+meters read, and both get the same answers because every rule of observation lives here:
+
+* **Residents and their phases.** A placed job is ``STARTING`` until its processes hold memory on
+  its GPUs (interpreter start, ``import torch``, model construction: 4-10 s of no GPU use on an
+  H100, gpu-facts.md), then ``WARMING`` (CUDA context, first steps: little SM activity) until
+  its GPU's reading steps up by ``ONSET_STEP`` over what it read when the job appeared (the
+  earliest-seen warming job on that GPU takes the step, with those seen within
+  ``ONSET_TOGETHER_S`` of it while the step holds ``ONSET_STEP`` for each), or, on a GPU too
+  busy to show such a step, once its memory has held still ``WARM_QUIET_S``, and at the latest
+  after ``WARMUP_MAX_S``; then ``ACTIVE``. Policies see how many jobs of each GPU have not started in earnest
+  (``n_starting``): start-ups overlap other jobs' training for free.
+* **Memory.** Each resident's ``collocate.commitment.MemoryRamp`` says what it commits against
+  its GPUs; memory held by processes that are no resident's (``other_mib``) is charged too.
+* **Activity, observed.** Each resident carries a ``collocate.belief.Belief``; each device keeps
+  what is known of its residents together (``belief.Joint``: the covariance remembers that two
+  jobs read together were learned as a sum). A GPU's readings
+  are cut into *segments*, stretches in which its set of active residents stays the same and
+  none is warming; once a segment has ``MIN_SEGMENT_SAMPLES`` readings, its short moving average
+  (over about ``AVERAGE_SAMPLES``) revises the beliefs of every resident in it (``Joint.revised``),
+  and when the segment ends (a resident leaves, joins or becomes active) what it taught is kept.
+  Jobs learn while they share a GPU, and a departure re-solves the rest at once.
+* **When to look again** (``next_change_at``): when a commitment, a phase or a belief will change
+  with no new reading, so the simulator wakes only then.
+
+Readings are levels: ``set_reading(i, now, sm, dram)`` says device ``i`` reads this from ``now``
+on. The daemon passes each sample as it comes, every ``period_s`` (a sample still mixes in the
+level before a change for that long); the simulator passes each change of its GPUs' realized
+activity, exactly, and models the daemon's sampling period for the rest. The world does no I/O
+and reads no clock.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+import numpy as np
+
+from collocate.belief import HISTORY_SD_FLOOR, SD_FLOOR, UNKNOWN, Belief, Joint, exact, realized
+from collocate.commitment import MemoryRamp, committed_mib
+from collocate.interference import ModeParams
+from collocate.model import (
+    ClusterSnapshot,
+    Gangs,
+    GpuId,
+    Job,
+    JobProfile,
+    SharingMode,
+    Utilization,
+    gang_nodes,
+)
+from collocate.policies.risk import summarize_window
+
+#: A warming job's GPU must read this much more SM activity than when the job appeared for the
+#: job to count as active (a job whose steady activity is below it becomes active at
+#: ``WARMUP_MAX_S``).
+ONSET_STEP = 0.05
+#: Warming jobs seen within this long of each other may take one step of the reading together.
+ONSET_TOGETHER_S = 2.0
+#: On a GPU whose reading could not show a warming job's steps, its memory holding still this
+#: long (a few samples: its first step has allocated its activations) marks it active.
+WARM_QUIET_S = 2.0
+#: The longest a job may hold memory without its activity showing before it counts as active:
+#: an H100's cold first steps ran at almost no SM activity for up to 20 s (docs/gpu-validation.md).
+WARMUP_MAX_S = 20.0
+#: Readings a segment needs before they revise beliefs: a few samples.
+MIN_SEGMENT_SAMPLES = 3
+#: Time constant of a segment's moving average, in samples: recent readings count most, so a job
+#: whose first steps were slow is priced by its steady steps within seconds.
+AVERAGE_SAMPLES = 5
+#: Bytes of memory a process shows once it has a CUDA context (about 500 MiB on an H100): what a
+#: simulated job holds from the end of its start-up until its ramp.
+CONTEXT_MIB = 500.0
+
+
+class Phase(IntEnum):
+    STARTING = 0  # placed; its processes hold no memory on its GPUs yet
+    WARMING = 1  # holds memory; its steady activity has not shown yet
+    ACTIVE = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    """A schedulable device as the world needs it: its id, memory and share of a GPU's SMs."""
+
+    id: GpuId
+    total_mib: float
+    speed: float = 1.0
+
+
+@dataclass(slots=True)
+class Resident:
+    """A running job as the world follows it."""
+
+    job: Job
+    devices: tuple[int, ...]
+    seq: int  # placement order: the newest job on a GPU has the largest
+    ramp: MemoryRamp
+    belief: Belief  # what every ended segment taught
+    pricing: Belief  # what policies price it with now: ``belief`` and its open segments
+    placed_at: float
+    room_mib: float | None = None  # the room its GPUs had for it when placed
+    phase: Phase = Phase.STARTING
+    seen_at: float = math.inf  # when it first held memory on its GPUs
+    commitment: float = 0.0  # what it holds against each of its devices (the last charge)
+
+    @property
+    def profile(self) -> JobProfile:
+        return self.pricing.profile
+
+
+@dataclass(slots=True)
+class _Segment:
+    """A stretch of one device's readings with the same active residents, none warming."""
+
+    members: tuple[str, ...]
+    start: float  # readings from here on count (a change plus the reading lag)
+    seconds: float = 0.0
+    sm: float = 0.0  # moving averages of the readings (``AVERAGE_S``)
+    dram: float = 0.0
+    has_dram: bool = True
+    paused: bool = False  # a member's processes hold nothing: its readings are not learned from
+    revised: Joint | None = None  # the device's joint belief once the segment has taught it
+
+
+@dataclass(slots=True)
+class _DeviceState:
+    residents: dict[str, None] = field(default_factory=dict)  # job ids, in placement order
+    sm: float = 0.0  # the level it reads now
+    dram: float | None = 0.0
+    occupancy: float | None = None
+    level_at: float = -math.inf  # since when
+    baseline: float = 0.0  # what it read when its newest warming job appeared
+    segment: _Segment | None = None
+    joint: Joint = field(default_factory=lambda: Joint.of({}))  # what ended segments taught
+    epoch: int = 0  # bumped on every segment change (stale wake-ups are ignored)
+    window: tuple[deque, deque, deque] | None = None
+
+
+def belief_of(job: Job) -> Belief:
+    """What a job was told of its profile when placed, as a belief (``Job.profile_var``, else
+    the spread that goes with its source)."""
+    if job.profile_var is not None:
+        return Belief(job.profile, job.profile_var[0], job.profile_var[1], job.profile_source)
+    source = job.profile_source
+    if source == "trace":
+        return exact(job.profile)
+    if source == "assumed":
+        return Belief(job.profile, UNKNOWN.sm_var, UNKNOWN.dram_var, source)
+    if source == "similar":
+        return Belief(job.profile, UNKNOWN.sm_var / 2, UNKNOWN.dram_var / 2, source)
+    floor = HISTORY_SD_FLOOR if source == "history" else SD_FLOOR
+    return Belief(job.profile, floor ** 2, floor ** 2, source)
+
+
+class World:
+    """Residents, readings and beliefs of a set of devices; see the module docstring."""
+
+    def __init__(
+        self,
+        devices: Sequence[Device],
+        *,
+        sharing: SharingMode,
+        params: ModeParams | None,
+        learn: bool = True,
+        period_s: float = 1.0,
+        window: int | None = None,
+    ) -> None:
+        """``params``: the interference model of ``sharing`` (beliefs are revised by it; None
+        learns nothing). ``learn=False`` keeps every belief as placed (a simulation that tells
+        policies the trace, or nothing ever). ``period_s``: how often readings are sampled (the
+        daemon's ``--period``; a sample mixes in the level before a change for that long). ``window``: the risk filter's samples per device
+        (the daemon's CARMA window); None reads the current level (the simulator: a window has
+        settled on the level by the time a guard lets a GPU take another job)."""
+        self.devices = tuple(devices)
+        self.sharing = sharing
+        self.params = params
+        self.learn = learn and params is not None and sharing is not SharingMode.MIG
+        self.period = period_s
+        self.min_segment_s = MIN_SEGMENT_SAMPLES * period_s
+        self.average_s = AVERAGE_SAMPLES * period_s
+        n = len(self.devices)
+        self.ids = tuple(d.id for d in self.devices)
+        self.index = {g: i for i, g in enumerate(self.ids)}
+        nodes: dict[str, int] = {}
+        self.node = np.array([nodes.setdefault(g.node, len(nodes)) for g in self.ids], dtype=np.int64)
+        self.gang_node = gang_nodes(self.ids, self.node)
+        self.total = np.array([d.total_mib for d in self.devices], dtype=float)
+        self.speed = np.array([d.speed for d in self.devices], dtype=float)
+        self.has_mig = any(g.mig is not None for g in self.ids)
+        self.free = self.total.copy()  # measured free memory
+        self.committed = np.zeros(n)  # what the residents commit
+        self.other = np.zeros(n)  # memory of processes that are no resident's
+        self.n_jobs = np.zeros(n, dtype=np.int64)
+        self.n_starting = np.zeros(n, dtype=np.int64)
+        self.sm_sum = np.zeros(n)
+        self.dram_sum = np.zeros(n)
+        self.seen_at = np.full(n, -math.inf)  # the newest resident first seen (inf: not yet)
+        self.util_sm = np.zeros(n)
+        self.util_occ = np.zeros(n)
+        self.util_dram = np.zeros(n)
+        self.state = [_DeviceState() for _ in range(n)]
+        self.window = window
+        if window:
+            for st in self.state:
+                st.window = (deque(maxlen=window), deque(maxlen=window), deque(maxlen=window))
+        self.residents: dict[str, Resident] = {}
+        self.owner = [""] * n if sharing is SharingMode.MPS else []
+        self._seq = 0
+        self._gangs: dict[str, None] = {}
+        self._gang_table: Gangs | None = None
+        self._datasets: dict[str, dict[int, int]] = {}
+        self._due: list[tuple[float, int, str, int]] = []  # (when, kind, key, epoch) wake-ups
+        self._ids_view = tuple(st.residents for st in self.state)
+
+    # -- residents ------------------------------------------------------------------------------
+    def place(self, job: Job, devices: Sequence[int], now: float, *, room_mib: float | None = None) -> Resident:
+        """A job was placed on these devices (positions)."""
+        self._seq += 1
+        belief = belief_of(job)
+        total = float(self.total[devices[0]] - self.other[devices[0]])
+        r = Resident(job, tuple(devices), self._seq, MemoryRamp.of(job.mem_mib, job.mem_source),
+                     belief, belief, now, room_mib)
+        r.commitment = float(committed_mib(job.mem_mib, total))
+        self.residents[job.id] = r
+        for i in r.devices:
+            st = self.state[i]
+            st.residents[job.id] = None
+            st.joint.add(job.id, belief)
+            self.committed[i] += r.commitment
+            self.n_jobs[i] += 1
+            self.n_starting[i] += 1
+            self.sm_sum[i] += belief.profile.sm_activity
+            self.dram_sum[i] += belief.profile.dram_activity
+            self.seen_at[i] = math.inf
+            if self.owner and job.user:
+                self.owner[i] = job.user
+            if job.dataset:
+                counts = self._datasets.setdefault(job.dataset, {})
+                counts[i] = counts.get(i, 0) + 1
+        if len(r.devices) > 1:
+            self._gangs[job.id] = None
+            self._gang_table = None
+        return r
+
+    def remove(self, job_id: str, now: float) -> Resident:
+        """A job ended: what it taught is kept in the returned resident's ``belief``."""
+        r = self.residents[job_id]
+        for i in r.devices:
+            self._integrate(i, now)
+            self._close_segment(i)
+        r.belief = r.pricing  # what its GPUs taught last (one device's view, for a gang)
+        del self.residents[job_id]
+        for i in r.devices:
+            st = self.state[i]
+            del st.residents[job_id]
+            st.joint.drop(job_id)
+            self.committed[i] -= r.commitment
+            self.n_jobs[i] -= 1
+            if r.phase is not Phase.ACTIVE:
+                self.n_starting[i] -= 1
+            self.sm_sum[i] -= r.pricing.profile.sm_activity
+            self.dram_sum[i] -= r.pricing.profile.dram_activity
+            if not st.residents:  # clear float drift; an empty GPU has nothing in flight
+                self.committed[i] = self.sm_sum[i] = self.dram_sum[i] = 0.0
+                self.seen_at[i] = -math.inf
+                if self.owner:
+                    self.owner[i] = ""
+                self._refresh_util(i)
+            else:
+                newest = self.residents[next(reversed(st.residents))]
+                self.seen_at[i] = newest.seen_at
+                st.baseline = min(st.baseline, st.sm)
+            if r.job.dataset:
+                counts = self._datasets[r.job.dataset]
+                counts[i] -= 1
+                if not counts[i]:
+                    del counts[i]
+            self._open_segment(i, now)
+        if self._gangs.pop(job_id, 0) is None:
+            self._gang_table = None
+        return r
+
+    def tell(self, job_id: str, job: Job) -> None:
+        """The scheduler's record of a running job changed (e.g. its profile was measured in an
+        earlier attempt): keep the world's copy, not its belief."""
+        self.residents[job_id].job = job
+
+    # -- readings ------------------------------------------------------------------------------
+    def observe_memory(self, job_id: str, held_mib: float, now: float) -> None:
+        """The memory a resident's processes hold on its most loaded device."""
+        r = self.residents.get(job_id)
+        if r is None:
+            return
+        if held_mib <= 0.0:
+            if r.phase is Phase.ACTIVE:  # its processes let go (ending), or a reading missed them
+                self._pause(r, now, True)
+            return
+        if r.phase is Phase.ACTIVE:
+            self._pause(r, now, False)
+        grew = held_mib > r.ramp.peak_mib
+        r.ramp.observe(held_mib, now)
+        if grew and r.phase is Phase.WARMING:  # look again once its memory holds still
+            self._due_at(r.ramp.peaked_at + WARM_QUIET_S, _WARMUP, job_id, r.seq)
+        if r.phase is Phase.STARTING:
+            r.phase = Phase.WARMING
+            r.seen_at = now
+            for i in r.devices:
+                st = self.state[i]
+                if next(reversed(st.residents)) == job_id:
+                    self.seen_at[i] = now
+                st.baseline = st.sm
+                self._close_segment(i)
+                self._open_segment(i, now)
+            self._due_at(now + WARMUP_MAX_S, _WARMUP, job_id, r.seq)
+            self._due_at(now + WARM_QUIET_S, _WARMUP, job_id, r.seq)
+        self._recommit(r, now)
+
+    def set_reading(self, i: int, now: float, sm: float, dram: float | None = None,
+                    occupancy: float | None = None, *, free_mib: float | None = None,
+                    other_mib: float = 0.0) -> None:
+        """Device ``i`` reads these levels from ``now`` on (SM and DRAM activity, occupancy as
+        fractions; None: not reported), has ``free_mib`` free and ``other_mib`` held by
+        processes that are no resident's."""
+        self._integrate(i, now)
+        st = self.state[i]
+        st.sm, st.dram, st.occupancy, st.level_at = sm, dram, occupancy, now
+        if free_mib is not None:
+            self.free[i] = free_mib
+        if other_mib != self.other[i]:
+            self.other[i] = other_mib
+            for j in st.residents:  # a job of unknown memory commits what others leave
+                self._recommit(self.residents[j], now)
+        if st.window is not None:
+            st.window[0].append(sm)
+            st.window[1].append(sm * OCCUPANCY_PER_SM if occupancy is None else occupancy)
+            st.window[2].append(dram or 0.0)
+        if st.segment is not None and dram is None:
+            st.segment.has_dram = False
+        self._refresh_util(i)
+        self._onset(i, now)
+        if st.segment is not None and st.segment.revised is not None:
+            self._teach(i)
+
+    def set_free(self, i: int, free_mib: float) -> None:
+        """Device ``i``'s measured free memory."""
+        self.free[i] = free_mib
+
+    def tick(self, now: float) -> bool:
+        """Apply what is due by ``now`` (quiet memory, lapsed warm-ups, segments with enough
+        readings); whether anything policies see changed."""
+        changed = False
+        while self._due and self._due[0][0] <= now:
+            _, kind, key, epoch = heapq.heappop(self._due)
+            if kind == _MEMORY:
+                r = self.residents.get(key)
+                if r is not None and r.seq == epoch:
+                    changed |= self._recommit(r, now)
+            elif kind == _WARMUP:
+                r = self.residents.get(key)
+                if r is not None and r.seq == epoch and r.phase is Phase.WARMING and (
+                        now >= r.seen_at + WARMUP_MAX_S or self._plateaued_unseen(r, now)):
+                    self._activate(r, now)
+                    changed = True
+            else:
+                i = int(key)
+                st = self.state[i]
+                if st.epoch == epoch and st.segment is not None:
+                    self._integrate(i, now)
+                    changed |= self._teach(i)
+        return changed
+
+    def next_change_at(self) -> float:
+        """When ``tick`` next has something to do (``inf``: nothing pending)."""
+        while self._due:
+            when, kind, key, epoch = self._due[0]
+            if kind == _SEGMENT:
+                st = self.state[int(key)]
+                live = st.epoch == epoch and st.segment is not None
+            else:
+                r = self.residents.get(key)
+                live = r is not None and r.seq == epoch
+            if live:
+                return when
+            heapq.heappop(self._due)
+        return math.inf
+
+    # -- what policies see -------------------------------------------------------------------
+    def snapshot(self, now: float) -> ClusterSnapshot:
+        return ClusterSnapshot(
+            now=now, ids=self.ids, node=self.node, total_mib=self.total,
+            free_mib=_frozen(self.free), committed_mib=_frozen(self.committed),
+            n_jobs=_frozen(self.n_jobs), sm_sum=_frozen(self.sm_sum), dram_sum=_frozen(self.dram_sum),
+            util_sm=_frozen(self.util_sm), util_occ=_frozen(self.util_occ),
+            util_dram=_frozen(self.util_dram), launch_seen_at=_frozen(self.seen_at), speed=self.speed,
+            gang_node=self.gang_node, n_starting=_frozen(self.n_starting),
+            other_mib=_frozen(self.other), has_mig_instances=self.has_mig, sharing=self.sharing,
+            datasets={name: tuple(sorted(c)) for name, c in self._datasets.items() if c},
+            gangs=self._gang_view(), owner=tuple(self.owner), residents=self._ids_view,
+        )
+
+    def on(self, i: int) -> list[Resident]:
+        """Device ``i``'s residents, oldest first."""
+        return [self.residents[j] for j in self.state[i].residents]
+
+    def reading(self, i: int) -> tuple[float, float | None]:
+        st = self.state[i]
+        return st.sm, st.dram
+
+    # -- internals -------------------------------------------------------------------------
+    def _recommit(self, r: Resident, now: float) -> bool:
+        held = r.ramp.committed(float(self.total[r.devices[0]] - self.other[r.devices[0]]), now)
+        changes_at = r.ramp.changes_at()
+        if changes_at > now:
+            self._due_at(changes_at, _MEMORY, r.job.id, r.seq)
+        if held == r.commitment:
+            return False
+        for i in r.devices:
+            self.committed[i] += held - r.commitment
+        r.commitment = held
+        return True
+
+    def _onset(self, i: int, now: float) -> None:
+        """A warming resident whose GPU's reading stepped up is active."""
+        st = self.state[i]
+        if st.sm < st.baseline:
+            st.baseline = st.sm
+        if st.sm < st.baseline + ONSET_STEP:
+            return
+        warming = sorted((self.residents[j] for j in st.residents if self.residents[j].phase is Phase.WARMING),
+                         key=lambda r: (r.seen_at, r.seq))
+        if warming:
+            # the earliest-seen, and those seen with it as long as the step holds ONSET_STEP
+            # each (jobs started together, e.g. a sweep's points, step up together)
+            room = int((st.sm - st.baseline) / ONSET_STEP)
+            for r in warming[:max(1, room)]:
+                if r.seen_at - warming[0].seen_at > ONSET_TOGETHER_S:
+                    break
+                self._activate(r, now)
+            st.baseline = st.sm
+
+    def _plateaued_unseen(self, r: Resident, now: float) -> bool:
+        """Whether a warming job's memory has held still for ``WARM_QUIET_S`` on a GPU whose
+        reading could not show its steps: with its prior activity beside the active jobs there,
+        the GPU would read less than ``ONSET_STEP`` more (a saturated GPU, under MPS above all).
+        Its memory reaching its plateau is then the sign its steps run."""
+        if now - r.ramp.peaked_at < WARM_QUIET_S or self.params is None:
+            return False
+        for i in r.devices:
+            active = [self.residents[j].profile for j in self.state[i].residents
+                      if self.residents[j].phase is Phase.ACTIVE]
+            before = realized(self.params, active, 0) if active else 0.0
+            if realized(self.params, [*active, r.profile], 0) - before >= ONSET_STEP:
+                return False
+        return True
+
+    def _pause(self, r: Resident, now: float, paused: bool) -> None:
+        """While an active resident's processes hold no memory (it is ending, or a reading
+        missed them) what its GPUs read is not its steady work: its segments stop learning."""
+        for i in r.devices:
+            seg = self.state[i].segment
+            if seg is not None and seg.paused != paused and r.job.id in seg.members:
+                self._integrate(i, now)
+                seg.paused = paused
+
+    def _activate(self, r: Resident, now: float) -> None:
+        r.phase = Phase.ACTIVE
+        r.ramp.active_at = now
+        self._recommit(r, now)
+        for i in r.devices:
+            self.n_starting[i] -= 1
+            self._integrate(i, now)
+            self._close_segment(i)
+            self._open_segment(i, now)
+
+    def _open_segment(self, i: int, now: float) -> None:
+        """Start a segment if device ``i``'s readings can teach: learning on, a whole GPU, some
+        active residents and none warming."""
+        st = self.state[i]
+        st.epoch += 1
+        st.segment = None
+        if not self.learn or self.speed[i] < 1.0 or not st.residents:
+            return
+        members = []
+        for j in st.residents:
+            phase = self.residents[j].phase
+            if phase is Phase.WARMING:
+                return
+            if phase is Phase.ACTIVE:
+                members.append(j)
+        if members:
+            st.segment = _Segment(tuple(members), now + self.period)
+            self._due_at(now + self.period + self.min_segment_s, _SEGMENT, str(i), st.epoch)
+
+    def _close_segment(self, i: int) -> None:
+        """End device ``i``'s segment: what it taught becomes what is known of its residents."""
+        st = self.state[i]
+        seg = st.segment
+        if seg is not None and seg.revised is None:
+            self._teach(i)  # enough readings, but nobody asked for the prices yet
+        st.segment = None
+        st.epoch += 1
+        if seg is None or seg.revised is None:
+            return
+        st.joint = st.joint.updated_by(seg.revised)
+        for j in st.residents:
+            r = self.residents[j]
+            r.belief = st.joint.belief(j)
+            self._price(r, r.belief)
+
+    def _integrate(self, i: int, now: float) -> None:
+        """Fold device ``i``'s level since it was set into its segment's moving averages."""
+        st = self.state[i]
+        seg = st.segment
+        if seg is None:
+            return
+        dt = now - max(st.level_at, seg.start)
+        if dt <= 0.0:
+            return
+        if seg.paused:
+            st.level_at = now
+            return
+        if seg.seconds == 0.0:
+            seg.sm, seg.dram = st.sm, st.dram or 0.0
+        else:
+            keep = math.exp(-dt / self.average_s)
+            seg.sm = st.sm + (seg.sm - st.sm) * keep
+            seg.dram = (st.dram or 0.0) + (seg.dram - (st.dram or 0.0)) * keep
+        seg.seconds += dt
+        st.level_at = now
+
+    def _teach(self, i: int) -> bool:
+        """Revise what is known of device ``i``'s residents by its segment's readings so far, once
+        there are ``MIN_SEGMENT_SAMPLES`` of them; whether a price changed."""
+        st = self.state[i]
+        seg = st.segment
+        if seg is None or seg.seconds < self.min_segment_s - 1e-9 or self.params is None:
+            return False
+        samples = min(seg.seconds, 2.0 * self.average_s) / self.period
+        seg.revised = st.joint.revised(seg.members, self.params, seg.sm,
+                                       seg.dram if seg.has_dram else None, samples)
+        changed = False
+        for j in seg.members:
+            changed |= self._price(self.residents[j], seg.revised.belief(j))
+        return changed
+
+    def _price(self, r: Resident, belief: Belief) -> bool:
+        old = r.pricing.profile
+        r.pricing = belief
+        new = belief.profile
+        if new == old:
+            return False
+        for i in r.devices:
+            self.sm_sum[i] += new.sm_activity - old.sm_activity
+            self.dram_sum[i] += new.dram_activity - old.dram_activity
+        if len(r.devices) > 1:
+            self._gang_table = None
+        return True
+
+    def _refresh_util(self, i: int) -> None:
+        """The risk filter's window summary; an empty GPU with nothing foreign on it is idle,
+        whatever its window still holds of the job that left."""
+        st = self.state[i]
+        if not st.residents and self.other[i] <= 0.0:
+            self.util_sm[i] = self.util_occ[i] = self.util_dram[i] = 0.0
+            return
+        if st.window is not None:
+            u = summarize_window(*st.window)
+        else:
+            relative = self.speed[i]  # a monitor reads a MIG device relative to its own SMs
+            busy = min(1.0, st.sm / relative)
+            occupancy = busy * OCCUPANCY_PER_SM if st.occupancy is None else st.occupancy
+            u = Utilization(busy, occupancy, min(1.0, (st.dram or 0.0) / relative))
+        self.util_sm[i], self.util_occ[i], self.util_dram[i] = u.sm_activity, u.sm_occupancy, u.dram_activity
+
+    def _due_at(self, when: float, kind: int, key: str, epoch: int) -> None:
+        if math.isfinite(when):
+            heapq.heappush(self._due, (when, kind, key, epoch))
+
+    def _gang_view(self) -> Gangs | None:
+        if self._gang_table is None and self._gangs:
+            self._gang_table = Gangs.of([(self.residents[j].devices, self.residents[j].profile)
+                                         for j in self._gangs], len(self.ids))
+        return self._gang_table
+
+
+_MEMORY, _WARMUP, _SEGMENT = range(3)
+
+#: SM occupancy when a reading does not say (an A100's NVML, the emulated GPUs, the simulator):
+#: resident warps fill ~60% of an active SM's slots (typical of training kernels).
+OCCUPANCY_PER_SM = 0.6
+
+
+def _frozen(array: np.ndarray) -> np.ndarray:
+    """A read-only view: a policy cannot change the world, and nothing is copied."""
+    view = array.view()
+    view.flags.writeable = False
+    return view
+
+
+def observed_residents(world: World) -> Iterable[tuple[str, Belief]]:
+    """Running jobs whose activity readings taught something, with what (for family priors)."""
+    for job_id, r in world.residents.items():
+        if r.pricing.source in ("measured", "inferred"):
+            yield job_id, r.pricing
+

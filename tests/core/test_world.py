@@ -1,0 +1,139 @@
+"""The world model (``collocate.world``): what is on each GPU, observed, for both worlds."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from collocate.belief import realized
+from collocate.interference import default_interference
+from collocate.model import GpuId, Job, JobProfile, SharingMode
+from collocate.world import MIN_SEGMENT_SAMPLES, ONSET_STEP, WARMUP_MAX_S, Device, Phase, World
+
+LEARN_S = MIN_SEGMENT_SAMPLES + 1.0  # at a 1-s period: a sample's lag, then a few samples
+
+TS = default_interference().modes[SharingMode.TIME_SLICING]
+GIB = 1024.0
+
+
+def world(n: int = 1, **kw) -> World:
+    return World([Device(GpuId("n", i), 80 * GIB) for i in range(n)], sharing=SharingMode.TIME_SLICING,
+                 params=TS, **kw)
+
+
+def job(job_id: str, mem: float | None = 4 * GIB, **kw) -> Job:
+    return Job(job_id, mem_mib=mem, mem_source="declared" if mem else "unknown", **kw)
+
+
+def test_a_job_starts_warms_then_is_active_when_its_gpus_reading_steps_up():
+    w = world()
+    w.place(job("a"), [0], now=0.0)
+    assert w.residents["a"].phase is Phase.STARTING and w.n_starting[0] == 1
+    assert w.seen_at[0] == math.inf  # placed, not seen: CARMA's guard is closed
+    w.set_reading(0, 5.0, 0.0, 0.0)
+    w.observe_memory("a", 500.0, now=6.0)  # a CUDA context: seen, warming
+    assert w.residents["a"].phase is Phase.WARMING and w.seen_at[0] == 6.0
+    w.set_reading(0, 7.0, ONSET_STEP / 2, 0.0)  # first steps: almost nothing
+    assert w.residents["a"].phase is Phase.WARMING
+    w.set_reading(0, 9.0, 0.4, 0.1)  # its steps show
+    assert w.residents["a"].phase is Phase.ACTIVE and w.n_starting[0] == 0
+
+
+def test_a_job_whose_activity_never_shows_counts_as_active_after_the_longest_warm_up():
+    w = world()
+    w.place(job("a"), [0], now=0.0)
+    w.observe_memory("a", 500.0, now=1.0)
+    w.tick(10.0)  # an idle GPU would show its steps: its memory holding still proves nothing
+    assert w.residents["a"].phase is Phase.WARMING
+    assert w.tick(1.0 + WARMUP_MAX_S) and w.residents["a"].phase is Phase.ACTIVE
+
+
+def test_on_a_gpu_too_busy_to_show_its_steps_a_job_whose_memory_holds_still_is_active():
+    from collocate.world import WARM_QUIET_S
+
+    w = World([Device(GpuId("n", 0), 80 * GIB)], sharing=SharingMode.MPS,
+              params=default_interference().modes[SharingMode.MPS])
+    for j in ("a", "b", "c"):
+        w.place(job(j, profile=JobProfile(0.9, 0.4), profile_source="history"), [0], now=0.0)
+        w.observe_memory(j, 2 * GIB, 0.0)
+        w.set_reading(0, 0.0, 0.3 * (1 + "abc".index(j)), 0.1)  # each one's steps show
+    assert all(r.phase is Phase.ACTIVE for r in w.residents.values())
+    w.place(job("d"), [0], now=1.0)
+    w.observe_memory("d", 2 * GIB, 1.0)  # saturated under MPS: its steps cannot raise the reading
+    w.tick(1.0 + WARM_QUIET_S - 0.1)
+    assert w.residents["d"].phase is Phase.WARMING
+    assert w.tick(1.0 + WARM_QUIET_S) and w.residents["d"].phase is Phase.ACTIVE
+
+
+def _active(w: World, job_id: str, device: int, now: float, level: float) -> None:
+    w.observe_memory(job_id, 2 * GIB, now)
+    w.set_reading(device, now, level, level * 0.4)
+
+
+def test_jobs_that_only_ever_share_a_gpu_are_priced_from_its_readings_within_seconds():
+    w = world()
+    true = [JobProfile(0.2, 0.08), JobProfile(0.2, 0.08)]
+    w.place(job("a"), [0], now=0.0)
+    w.place(job("b"), [0], now=0.0)
+    w.observe_memory("a", 2 * GIB, 1.0)
+    w.set_reading(0, 1.0, 0.15, 0.05)  # a's steps
+    w.observe_memory("b", 2 * GIB, 1.0)
+    w.set_reading(0, 2.0, realized(TS, true, 0), realized(TS, true, 1))  # b's too
+    assert all(r.phase is Phase.ACTIVE for r in w.residents.values())
+    assert w.sm_sum[0] == pytest.approx(1.0)  # still the prior: no readings counted yet
+    w.tick(2.0 + LEARN_S - 0.01)
+    assert w.sm_sum[0] == pytest.approx(1.0)
+    assert w.tick(2.0 + LEARN_S)
+    assert w.sm_sum[0] < 0.7 and all(r.pricing.source == "inferred" for r in w.residents.values())
+
+
+def test_a_departure_re_solves_the_rest_and_what_was_learned_is_kept():
+    w = world()
+    heavy, light = JobProfile(0.7, 0.3), JobProfile(0.15, 0.05)
+    for j in ("h", "l"):
+        w.place(job(j), [0], now=0.0)
+        w.observe_memory(j, 2 * GIB, 0.0)
+    w.set_reading(0, 0.0, realized(TS, [heavy, light], 0), realized(TS, [heavy, light], 1))
+    w.tick(10.0)
+    gone = w.remove("h", now=10.0)  # the shared segment taught both; h leaves with its share
+    assert gone.belief.source == "inferred" and gone.belief.sm_var < 0.25 ** 2
+    w.set_reading(0, 10.0, light.sm_activity, light.dram_activity)  # l alone now
+    w.tick(10.0 + LEARN_S)
+    (left,) = w.on(0)
+    assert left.pricing.profile.sm_activity == pytest.approx(0.15, abs=0.02)
+    assert left.pricing.source == "measured"
+
+
+def test_memory_nobody_owns_is_charged_and_an_emptied_gpu_reads_idle():
+    w = world(window=5)
+    w.set_reading(0, 0.0, 0.6, 0.2, 0.5, free_mib=10 * GIB, other_mib=70 * GIB)
+    snap = w.snapshot(0.0)
+    assert snap.other_mib[0] == 70 * GIB and snap.util_sm[0] > 0.0  # a foreign job: not idle
+    w.set_reading(0, 1.0, 0.9, 0.5, 0.7, free_mib=80 * GIB)
+    w.place(job("a"), [0], now=1.0)
+    w.remove("a", now=2.0)
+    snap = w.snapshot(2.0)
+    assert snap.util_sm[0] == 0.0 and snap.n_jobs[0] == 0 and snap.committed_mib[0] == 0.0
+
+
+def test_an_unknown_jobs_memory_is_its_whole_gpu_until_its_peak_holds_still_in_training():
+    from collocate.commitment import QUIET_S, settled_mib
+
+    w = world()
+    w.place(job("u", mem=None), [0], now=0.0)
+    assert w.committed[0] == 80 * GIB
+    w.observe_memory("u", 3 * GIB, 4.0)
+    w.set_reading(0, 5.0, 0.3, 0.1)  # active: its peak counts as reached QUIET_S from now
+    w.tick(5.0 + QUIET_S - 0.1)
+    assert w.committed[0] == 80 * GIB
+    assert w.tick(5.0 + QUIET_S) and w.committed[0] == pytest.approx(settled_mib(3 * GIB))
+
+
+def test_under_mps_a_gpu_belongs_to_the_user_of_its_jobs_until_it_empties():
+    w = World([Device(GpuId("n", 0), 80 * GIB)], sharing=SharingMode.MPS,
+              params=default_interference().modes[SharingMode.MPS])
+    w.place(job("a", user="alice"), [0], now=0.0)
+    assert w.snapshot(0.0).owner == ("alice",)
+    w.remove("a", now=1.0)
+    assert w.snapshot(1.0).owner == ("",)
