@@ -109,7 +109,7 @@ def test_instances_are_gpus_of_their_own_in_the_snapshot():
     sim = Simulation(parse_cluster("2x(2xA100-40GB)"), [job("a")], make_policy("exclusive"),
                      SimConfig(sharing=SharingMode.MIG, mig_layout="4g.20gb+2g.10gb+1g.10gb"))
     assert isinstance(sim.devices, MigInstances)
-    snap = sim._snapshot(0.0)
+    snap = sim.world.snapshot(0.0)
     assert snap.ids[:3] == (GpuId("node0", 0, "1.0"), GpuId("node0", 0, "2.0"), GpuId("node0", 0, "3.0"))
     assert len(snap) == 12 and snap.node.tolist() == [0] * 6 + [1] * 6
     assert snap.speed[:3].tolist() == pytest.approx([4 / 7, 2 / 7, 1 / 7])
@@ -203,10 +203,11 @@ def test_jobs_larger_than_every_instance_are_rejected_up_front():
 class _CheckedMig(Simulation):
     """Asserts after every launch that no instance holds more committed memory than it has."""
 
-    def _launch(self, job_id, gpus, now, given_mib=None):
-        super()._launch(job_id, gpus, now, given_mib)
+    def _launch(self, job_id, gpus, now, room_mib=None):
+        super()._launch(job_id, gpus, now, room_mib)
+        committed = self.world.committed
         for i in gpus:
-            assert self.committed[i] <= self.total[i] + 1e-6, (self.ids[i], self.committed[i], self.total[i])
+            assert committed[i] <= self.total[i] + 1e-6, (self.ids[i], committed[i], self.total[i])
 
 
 LAYOUTS = ("3g.20gb+4g.20gb", "1g.5gb+1g.5gb+1g.5gb+2g.10gb+2g.10gb", "2g.10gb+2g.10gb+3g.20gb", "4g.20gb+2g.10gb+1g.10gb")

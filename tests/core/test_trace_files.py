@@ -43,7 +43,7 @@ def test_self_contained_csv_and_jsonl(tmp_path):
         ("id,arrival_s,gpus,duration_s,peak_mib\n1,0,1,60,100\n1,1,1,60,100\n", "t.csv:3: job id '1' appears twice"),
         ("id,arrival_s,gpus,duration_s,peak_mib,sm_activity\n1,0,1,60,100,1.5\n", "fraction in [0, 1]"),
         ("id,arrival_s,gpus,duration_s,peak_mib,warmup_s\n1,0,1,60,100,61\n",
-         "t.csv:2: warmup_s 61 is longer than duration_s 60"),
+         "t.csv:2: startup_s and warmup_s (61 s) are longer than duration_s 60"),
     ],
 )
 def test_bad_rows_are_reported_with_file_line_and_field(tmp_path, shared_data, text, message):

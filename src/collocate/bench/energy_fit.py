@@ -50,7 +50,7 @@ def simulated_energy_kwh(folder: Path, policy: str, sharing: str, exponent: floa
     jobs = load_trace(folder / REPLAY["trace"])
     model = replace(default_interference(), power_exponent=exponent)
     config = SimConfig(sharing=SharingMode(sharing), startup_s=REPLAY["startup_s"], profiles=REPLAY["profiles"],
-                       wake_s=REPLAY["settle_s"], interference=model)
+                       interference=model)
     params = {"settle_s": REPLAY["settle_s"]} if "settle_s" in policy_parameters(policy) else {}
     result = Simulation(parse_cluster(REPLAY["cluster"]), jobs, make_policy(policy, **params), config).run()
     return result.energy_j / 3.6e6

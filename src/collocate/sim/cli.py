@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
@@ -57,8 +56,7 @@ def simulate(
         typer.Option(
             "--param",
             help="Policy parameter NAME=VALUE (repeatable), given to every compared policy that has "
-            "it, as `serve --param` does; settle_s also sets how soon the simulated scheduler looks "
-            "again after a launch.",
+            "it, as `serve --param` does.",
         ),
     ] = [],
     startup: Annotated[
@@ -190,8 +188,6 @@ def simulate(
     console = Console(stderr=True)
     config = SimConfig(sharing=mode, estimator=estimator, mig_layout=mig_layout, startup_s=startup,
                        profiles=profiles, model_error_seed=model_error)
-    if "settle_s" in params:  # the scheduler wakes when the in-flight guard ends
-        config = replace(config, wake_s=float(params["settle_s"]))  # type: ignore[arg-type]
     results = []
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

@@ -4,7 +4,8 @@ Two input formats, both documented in docs/simulator.md:
 
 * CSV with a header. Either CARMA's short form ``index, arrival_s, workload`` (a name looked up
   in a workload catalogue), or self-contained rows with ``id, arrival_s, gpus, duration_s,
-  peak_mib`` and optional ``mem_estimate_mib, sm_activity, dram_activity, warmup_s, name``.
+  peak_mib`` and optional ``mem_estimate_mib, sm_activity, dram_activity, warmup_s, startup_s,
+  name``.
   A row may mix both: explicit columns override the catalogue.
 * JSON Lines: one object per line with the same keys.
 
@@ -42,6 +43,10 @@ class Workload:
     # (cuDNN autotuning, lazy kernel loading, compilation). Measured on an H100: 2-5 s per CNN,
     # under 1 s for a transformer or DLRM (docs/gpu-validation.md section 5).
     warmup_s: float = 0.0
+    # Seconds of duration_s from launch until the job's process holds memory on its GPUs
+    # (interpreter, imports, model construction: 4-10 s on an H100); None: the simulation's
+    # ``SimConfig.startup_s``.
+    startup_s: float | None = None
     # What stands for the job's command in the daemon's history (jobs with the same command
     # share a measured profile): the catalogue workload it comes from; None for a job described
     # inline, which shares its command with no other.
@@ -186,11 +191,13 @@ def _workload(row: dict, where: str, catalogue: dict[str, Workload] | None) -> W
             _fraction(row.get("dram_activity"), where, "dram_activity", profile.dram_activity),
         )
     warmup = _number_or(row, "warmup_s", where, base.warmup_s)
-    if warmup > duration:
-        raise InputError(f"{where}: warmup_s {warmup:g} is longer than duration_s {duration:g}",
-                         hint="warmup_s is the idle start of the job's duration, not extra time")
+    startup = None if row.get("startup_s") in (None, "") else _number(row["startup_s"], where, "startup_s")
+    if warmup + (startup or 0.0) > duration:
+        raise InputError(f"{where}: startup_s and warmup_s ({warmup + (startup or 0.0):g} s) are longer "
+                         f"than duration_s {duration:g}",
+                         hint="start-up and warm-up are the idle start of the job's duration, not extra time")
     return Workload(str(row.get("name") or base.name), gpus, duration, peak, estimates, profile,
-                    warmup, command=name or None, program=base.program if name else None)
+                    warmup, startup, command=name or None, program=base.program if name else None)
 
 
 def _number_or(row: dict, column: str, where: str, default: float) -> float:
