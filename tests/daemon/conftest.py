@@ -23,7 +23,9 @@ def daemons(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
 
     def make(*args: str, name: str = "state", gpus: str = "emulated:2xA100-40GB",
              period: float = 0.1) -> Daemon:
-        d = Daemon(tmp_path / name, ["--gpus", gpus, "--period", str(period), *args])
+        # time-slicing unless a test asks: the default (auto) is MPS on emulated GPUs
+        sharing = [] if "--sharing" in args else ["--sharing", "time-slicing"]
+        d = Daemon(tmp_path / name, ["--gpus", gpus, "--period", str(period), *sharing, *args])
         started.append(d)
         return d.start()
 

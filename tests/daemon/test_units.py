@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from collocate.daemon.gpu_watch import GpuWatch, WatchedJob
+from collocate.belief import Belief
+from collocate.daemon.gpu_watch import GpuWatch
 from collocate.daemon.isolate import bootstrap_argv
 from collocate.daemon.launcher import plan_launch
 from collocate.daemon.paths import ENV_STATE_DIR, resolve_state_dir
@@ -63,11 +64,11 @@ def test_parse_env():
         parse_env(["NOPE"])
 
 
-def test_signature_is_command_and_cwd():
+def test_identity_is_the_command_and_cwd_not_the_environment():
     a = JobSpec(("python", "t.py", "--lr", "1"), "/w", {"X": "1"})
-    assert a.signature == JobSpec(("python", "t.py", "--lr", "1"), "/w", {"X": "2"}).signature
-    assert a.signature != JobSpec(("python", "t.py", "--lr", "2"), "/w").signature
-    assert a.signature != JobSpec(("python", "t.py", "--lr", "1"), "/v").signature
+    assert a.keys.identity == JobSpec(("python", "t.py", "--lr", "1"), "/w", {"X": "2"}).keys.identity
+    assert a.keys.identity != JobSpec(("python", "t.py", "--lr", "2"), "/w").keys.identity
+    assert a.keys.identity != JobSpec(("python", "t.py", "--lr", "1"), "/v").keys.identity
 
 
 def test_launch_plan_is_exact(tmp_path):
@@ -114,9 +115,14 @@ def test_launch_plan_mps_limits_from_the_estimate(tmp_path):
     assert plan.env["CUDA_MPS_PIPE_DIRECTORY"].startswith(str(tmp_path))
 
 
+def _belief(sm: float, dram: float, source: str = "inferred") -> Belief:
+    return Belief(JobProfile(sm, dram), 0.03 ** 2, 0.02 ** 2, source)
+
+
 def test_store_round_trip(tmp_path):
     store = Store(tmp_path / "db.sqlite")
-    job = Job("1", gpus=1, mem_mib=None, profile=JobProfile(0.2, 0.1), state=JobState.PENDING)
+    job = Job("1", gpus=1, mem_mib=None, profile=JobProfile(0.2, 0.1), profile_var=(0.01, 0.004),
+              state=JobState.PENDING, user="ada")
     assert job_from_json(job_to_json(job)) == job
     assert store.next_id() == "1" and store.next_id() == "2"
     store.add_job(job, JobSpec(("a",), "/"))
@@ -125,16 +131,19 @@ def test_store_round_trip(tmp_path):
     assert loaded.state is JobState.DONE and ended is not None and spec.argv == ("a",)
     store.add_attempt(Attempt("1", 1, 10.0, ("n:0",), ("GPU-a",), str(tmp_path)))
     assert [a.n for a in store.open_attempts()] == [1]
-    store.record_history("sig", 3000.0, JobProfile(0.4, 0.3))
-    store.record_history("sig", 3100.0, None)  # a run never measured alone keeps the old profile
-    assert store.history("sig") == (3100.0, JobProfile(0.4, 0.3))
-    store.record_history("sig", 3200.0, JobProfile(0.6, 0.1))
-    assert store.history("sig") == (3200.0, JobProfile(0.6, 0.1))
+    store.record_history("id", 3000.0, _belief(0.4, 0.3))
+    store.record_history("id", 3100.0, None)  # a run that taught nothing keeps the old belief
+    assert store.history_peak("id") == 3100.0
+    kept = store.identity_belief("id")
+    assert kept.profile == JobProfile(0.4, 0.3) and kept.source == "history"
+    assert kept.sm_sd == pytest.approx(0.05)  # history is never surer than HISTORY_SD_FLOOR
+    store.record_history("id", None, _belief(0.6, 0.1))  # taught, but no peak measured
+    assert store.history_peak("id") == 3100.0 and store.identity_belief("id").profile == JobProfile(0.6, 0.1)
     store.close()
 
 
-def test_store_opens_a_file_from_before_solo_profiles(tmp_path):
-    """An older file gains the new columns; its per-process SM means are not taken as profiles."""
+def test_store_opens_a_file_from_before_identities(tmp_path):
+    """An older file gains the new columns and table; its command-keyed history is not read."""
     import sqlite3
 
     path = tmp_path / "db.sqlite"
@@ -152,38 +161,37 @@ def test_store_opens_a_file_from_before_solo_profiles(tmp_path):
     old.commit()
     old.close()
     store = Store(path)
-    assert store.history("sig") == (2500.0, None)
+    assert store.history_peak("sig") is None
     (attempt,) = store.open_attempts()
     assert attempt.solo_sm is None and attempt.gpus == ("n:0",)
-    store.record_history("sig", 2600.0, JobProfile(0.5, 0.25))
-    assert store.history("sig") == (2600.0, JobProfile(0.5, 0.25))
-    store.record_history("sig", 2600.0, JobProfile(0.5, 0.25), program="prog")
-    assert ProfileKnowledge(store).program_prior("prog") == JobProfile(0.5, 0.25)  # the migrated column works
+    store.record_history("id", 2600.0, _belief(0.5, 0.25), family="fam")
+    assert ProfileKnowledge(store).known("new", "fam").source == "similar"
     store.close()
-    assert Store(path).history("sig") == (2600.0, JobProfile(0.5, 0.25))  # reopening adds nothing
+    assert Store(path).history_peak("id") == 2600.0  # reopening adds nothing
 
 
-def test_program_profile_is_the_median_of_its_measured_commands(tmp_path):
+def test_a_family_prior_comes_from_the_measured_identities_of_the_family(tmp_path):
     store = Store(tmp_path / "db.sqlite")
-    assert ProfileKnowledge(store).program_prior("p") is None
-    store.record_history("a", 1000.0, JobProfile(0.2, 0.1), program="p")
-    store.record_history("b", 1000.0, None, program="p")  # never measured alone: no vote
-    store.record_history("c", 1000.0, JobProfile(0.6, 0.3), program="p")
-    store.record_history("d", 1000.0, JobProfile(0.5, 0.2), program="p")
-    store.record_history("e", 1000.0, JobProfile(0.9, 0.9), program="q")  # another program
-    assert ProfileKnowledge(store).known("new", "p") == (JobProfile(0.5, 0.2), "similar")
-    assert ProfileKnowledge(store).known("c", "p") == (JobProfile(0.6, 0.3), "history")
+    assert ProfileKnowledge(store).known("new", "p").source == "assumed"
+    store.record_history("a", 1000.0, _belief(0.2, 0.1), family="p")
+    store.record_history("b", 1000.0, None, family="p")  # taught nothing: no vote
+    store.record_history("c", 1000.0, _belief(0.6, 0.3), family="p")
+    store.record_history("d", 1000.0, _belief(0.5, 0.2), family="p")
+    store.record_history("e", 1000.0, _belief(0.9, 0.9), family="q")  # another family
+    similar = ProfileKnowledge(store).known("new", "p")
+    assert similar.source == "similar" and similar.profile.sm_activity == pytest.approx(0.5)
+    assert ProfileKnowledge(store).known("c", "p").profile == JobProfile(0.6, 0.3)
     store.close()
 
 
-def test_program_groups_a_sweeps_points_by_script_and_directory():
-    sweep = [JobSpec(("python", "train.py", "--lr", lr), "/w") for lr in ("0.1", "0.2")]
-    assert sweep[0].program == sweep[1].program and sweep[0].signature != sweep[1].signature
-    assert JobSpec(("python", "eval.py", "--lr", "0.1"), "/w").program != sweep[0].program
-    assert JobSpec(("python", "train.py", "--lr", "0.1"), "/v").program != sweep[0].program
-    assert (JobSpec(("torchrun", "--nproc-per-node", "2", "train.py"), "/w").program
-            == JobSpec(("python3", "train.py", "--epochs", "3"), "/w").program)
-    modules = [JobSpec(("python", "-m", m, "--x", "1"), "/w").program for m in ("pkg.a", "pkg.b")]
+def test_identity_and_family_of_a_spec_follow_the_one_rule():
+    sweep = [JobSpec(("python", "train.py", "--lr", lr, "--out", f"runs/{lr}"), "/w") for lr in ("0.1", "0.2")]
+    assert sweep[0].keys.family == sweep[1].keys.family and sweep[0].keys.identity != sweep[1].keys.identity
+    again = JobSpec(("python", "train.py", "--lr", "0.1", "--out", "runs/again"), "/w")
+    assert again.keys.identity == sweep[0].keys.identity  # a new output path: the same job
+    assert JobSpec(("python", "eval.py", "--lr", "0.1"), "/w").keys.family != sweep[0].keys.family
+    assert JobSpec(("python", "train.py", "--lr", "0.1"), "/v").keys.family != sweep[0].keys.family
+    modules = [JobSpec(("python", "-m", m, "--x", "1"), "/w").keys.family for m in ("pkg.a", "pkg.b")]
     assert modules[0] != modules[1]
 
 
@@ -215,26 +223,41 @@ class _Backend:
         pass
 
 
-def test_monitor_attributes_memory_and_commits_by_the_one_rule():
+def _watch(samples, **kw) -> GpuWatch:
+    return GpuWatch(_Backend(samples), sharing=SharingMode.TIME_SLICING, params=None, window=5, **kw)
+
+
+def test_the_watch_attributes_memory_to_jobs_and_charges_what_nobody_owns():
     samples = [DeviceSample("GPU-0", 0.0, 5000, 35000, sm_activity=0.5, processes=(ProcessUsage(11, 5000, 0.5),)),
-               DeviceSample("GPU-1", 0.0, 0, 40000, sm_activity=0.0)]
-    mon = GpuWatch(_Backend(samples), window=5)
-    seen = WatchedJob(Job("1", mem_mib=6000), ("GPU-0",), 1, pids=frozenset({10, 11}))
-    unseen = WatchedJob(Job("2", mem_mib=None), ("GPU-1",), 2, pids=frozenset({20}))
-    mon.refresh([seen, unseen], now=100.0)
-    assert seen.seen_at == 100.0 and seen.peak_mib == 5000
-    snap = mon.snapshot([seen, unseen], now=101.0, sharing=SharingMode.TIME_SLICING)
+               DeviceSample("GPU-1", 0.0, 2500, 37500, sm_activity=0.0, processes=(ProcessUsage(99, 2500, 0.0),))]
+    watch = _watch(samples)
+    watch.place(Job("1", mem_mib=6000, mem_source="declared"), ("GPU-0",), 99.0)
+    watch.place(Job("2", mem_mib=None), ("GPU-1",), 99.0)
+    watch.read()
+    watch.observe({"1": frozenset({10, 11}), "2": frozenset({20})}, now=100.0)
+    seen, unseen = watch.resident("1"), watch.resident("2")
+    assert seen.seen_at == 100.0 and seen.ramp.peak_mib == 5000 and unseen.seen_at == math.inf
+    snap = watch.snapshot(101.0)
     assert snap.launch_seen_at.tolist() == [100.0, math.inf]
-    assert snap.committed_mib.tolist() == [6000.0, 40000.0]  # unknown memory commits the whole GPU
-    assert snap.free_mib.tolist() == [35000.0, 40000.0]
-    # memory settling: the job of unknown memory holds nothing yet; the known one is settled
-    assert snap.mem_settling_at.tolist() == [-math.inf, math.inf]
-    # the known job outgrows its 6,000 MiB: it commits what it holds and its GPU settles anew
-    mon.backend.samples = [DeviceSample("GPU-0", 0.0, 9000, 31000, sm_activity=0.5,
-                                        processes=(ProcessUsage(11, 9000, 0.5),)), samples[1]]
-    mon.refresh([seen, unseen], now=102.0)
-    snap = mon.snapshot([seen, unseen], now=103.0, sharing=SharingMode.TIME_SLICING)
-    assert snap.committed_mib[0] == 9000.0 and snap.mem_settling_at[0] == 102.0
+    # unknown memory commits the whole GPU but what others hold; pid 99 is nobody's
+    assert snap.committed_mib.tolist() == [6000.0, 40000.0 - 2500.0]
+    assert snap.other_mib.tolist() == [0.0, 2500.0] and watch.other_mib["GPU-1"] == 2500.0
+    assert snap.free_mib.tolist() == [35000.0, 37500.0]
+    # the known job outgrows its 6,000 MiB: it commits what it holds and a margin
+    watch.backend.samples = [DeviceSample("GPU-0", 0.0, 9000, 31000, sm_activity=0.5,
+                                          processes=(ProcessUsage(11, 9000, 0.5),)), samples[1]]
+    watch.read()
+    watch.observe({"1": frozenset({11}), "2": frozenset({20})}, now=102.0)
+    assert watch.snapshot(103.0).committed_mib[0] == pytest.approx(9000 * 1.1 + 512)
+
+
+def test_an_unreachable_device_takes_nothing():
+    samples = [DeviceSample("GPU-0", 0.0, 0, 40000, reachable=False), DeviceSample("GPU-1", 0.0, 0, 40000)]
+    watch = _watch(samples)
+    watch.read()
+    watch.observe({}, now=1.0)
+    snap = watch.snapshot(1.0)
+    assert snap.free_mib[0] == 0.0 and snap.other_mib[0] == 40000.0 and snap.other_mib[1] == 0.0
 
 
 def test_state_dir_resolution(monkeypatch, tmp_path):
@@ -316,11 +339,10 @@ def test_dataset_factory_is_remembered_and_conflicts_refused():
 
 
 def test_monitor_tells_the_policy_which_gpus_read_which_dataset():
-    mon = GpuWatch(_Backend([]), window=5)
-    a = WatchedJob(Job("1", mem_mib=1000, dataset="cifar"), ("GPU-1",), 1)
-    b = WatchedJob(Job("2", mem_mib=1000), ("GPU-0",), 2)
-    snap = mon.snapshot([a, b], now=1.0, sharing=SharingMode.TIME_SLICING)
-    assert dict(snap.datasets) == {"cifar": (1,)}
+    watch = _watch([])
+    watch.place(Job("1", mem_mib=1000, dataset="cifar"), ("GPU-1",), 0.0)
+    watch.place(Job("2", mem_mib=1000), ("GPU-0",), 0.0)
+    assert dict(watch.snapshot(1.0).datasets) == {"cifar": (1,)}
 
 
 @pytest.mark.parametrize(
@@ -344,7 +366,7 @@ def test_policies_see_a_mig_instance_at_its_share_of_the_gpu(tmp_path):
     from collocate.gpus.emulated import EmulatedBackend
 
     backend = EmulatedBackend.create(tmp_path, "2xA100-40GB:mig1=3g.20gb,4g.20gb", node="n0")
-    snap = GpuWatch(backend, window=5).snapshot([], now=1.0, sharing=SharingMode.MIG)
+    snap = GpuWatch(backend, sharing=SharingMode.MIG, params=None, window=5).snapshot(1.0)
     assert [round(s, 3) for s in snap.speed] == [1.0, round(42 / 98, 3), round(56 / 98, 3)]
 
 
@@ -361,8 +383,10 @@ def test_log_chunks_never_split_a_character(text, chunk):
     assert "".join(out) == text
 
 
-def _solo_monitor(is_helper=lambda pid: False):
-    """One whole GPU and one MIG-like slice (GPU-1 reports a seventh of the SMs)."""
+def _solo_watch(is_helper=lambda pid: False):
+    """One whole GPU and one MIG-like slice (GPU-1 reports a seventh of the SMs), learning."""
+    from collocate.interference import default_interference
+
     class Backend(_Backend):
         def devices(self):
             whole = DeviceInfo(GpuId("n", 0), "GPU-0", "A100-40GB", 40000.0, 108)
@@ -371,7 +395,9 @@ def _solo_monitor(is_helper=lambda pid: False):
             return [whole, part]
 
     backend = Backend([])
-    return backend, GpuWatch(backend, window=5, is_helper=is_helper)
+    params = default_interference().modes[SharingMode.TIME_SLICING]
+    return backend, GpuWatch(backend, sharing=SharingMode.TIME_SLICING, params=params, window=5,
+                             is_helper=is_helper)
 
 
 def _reading(uuid, sm, *procs, dram=0.3):
@@ -379,9 +405,11 @@ def _reading(uuid, sm, *procs, dram=0.3):
                         processes=tuple(ProcessUsage(pid, mib) for pid, mib in procs))
 
 
-def test_monitor_learns_the_solo_profile_after_warm_up_and_only_alone():
-    backend, mon = _solo_monitor(is_helper=lambda pid: pid == 99)
-    job = WatchedJob(Job("1", mem_mib=6000), ("GPU-0",), 1, pids=frozenset({10}))
+def test_the_watch_learns_a_jobs_activity_once_its_steps_show_and_the_mps_server_is_no_neighbour():
+    from collocate.world import MIN_SEGMENT_SAMPLES, Phase
+
+    backend, watch = _solo_watch(is_helper=lambda pid: pid == 99)
+    watch.place(Job("1", mem_mib=6000, mem_source="declared"), ("GPU-0",), 0.0)
     now = 0.0
 
     def feed(*readings):
@@ -389,29 +417,27 @@ def test_monitor_learns_the_solo_profile_after_warm_up_and_only_alone():
         for r in readings:
             backend.samples = [r]
             now += 1.0
-            mon.refresh([job], now=now)
+            watch.read()
+            watch.observe({"1": frozenset({10})}, now=now)
 
-    feed(*[_reading("GPU-0", 0.01, (10, 900))] * 20)  # warm-up: below the floor, not counted
-    assert job.solo.samples == 0
-    feed(*[_reading("GPU-0", 0.6, (10, 900), (99, 66))] * 5)  # the MPS server is no neighbour
-    feed(*[_reading("GPU-0", 0.9, (10, 900), (20, 500))] * 30)  # a neighbour: not counted
-    feed(*[_reading("GPU-0", 0.9, (10, 900), (20, 0))] * 1)  # a neighbour with no memory yet
-    assert job.solo.samples == 6 and job.learned is None  # not trusted yet
-    snap = mon.snapshot([job], now=now, sharing=SharingMode.TIME_SLICING)
-    assert snap.sm_sum[0] == job.job.profile.sm_activity  # still the assumed profile
-    feed(*[_reading("GPU-0", 0.0, (10, 900), dram=None)] * 4)  # a stall after warm-up counts
-    assert job.learned == JobProfile((5 * 0.6 + 0.9) / 10, 0.3)
-    snap = mon.snapshot([job], now=now, sharing=SharingMode.TIME_SLICING)
-    assert snap.sm_sum[0] == job.learned.sm_activity and snap.dram_sum[0] == 0.3
+    feed(*[_reading("GPU-0", 0.01, (10, 900))] * 15)  # first steps: held, below the onset step
+    job = watch.resident("1")
+    assert job.phase is Phase.WARMING and job.pricing.source == "assumed"
+    feed(*[_reading("GPU-0", 0.6, (10, 900), (99, 66))] * (MIN_SEGMENT_SAMPLES + 2))  # the MPS server is no neighbour
+    assert job.phase is Phase.ACTIVE and watch.other_mib["GPU-0"] == 0.0
+    assert job.pricing.source == "measured" and job.pricing.profile.sm_activity == pytest.approx(0.6, abs=0.03)
+    assert watch.snapshot(now).sm_sum[0] == pytest.approx(job.pricing.profile.sm_activity)
 
 
-def test_monitor_does_not_learn_on_a_mig_slice():
-    backend, mon = _solo_monitor()
-    job = WatchedJob(Job("1", mem_mib=3000), ("GPU-1",), 1, pids=frozenset({10}))
+def test_the_watch_does_not_learn_on_a_mig_slice():
+    backend, watch = _solo_watch()
+    watch.place(Job("1", mem_mib=3000, mem_source="declared"), ("GPU-1",), 0.0)
     backend.samples = [_reading("GPU-1", 1.0, (10, 900))]
     for t in range(30):
-        mon.refresh([job], now=float(t))
-    assert job.peak_mib == 900 and job.solo.samples == 0 and job.learned is None
+        watch.read()
+        watch.observe({"1": frozenset({10})}, now=float(t))
+    job = watch.resident("1")
+    assert job.ramp.peak_mib == 900 and job.pricing.source == "assumed"
 
 
 def test_is_mps_server_reads_the_process_name(tmp_path):

@@ -83,3 +83,17 @@ def test_a_failing_control_daemon_reports_status_and_logs(tmp_path: Path) -> Non
         control.start()
     text = str(err.value)
     assert "status 1" in text and "already running" in text and str(tmp_path / "mps" / "log") in text
+
+
+def test_the_default_sharing_is_mps_for_one_users_daemon_where_mps_can_run():
+    from collocate.gpus.mps import default_sharing
+
+    found = {"nvidia-cuda-mps-control": "/usr/bin/nvidia-cuda-mps-control"}.get
+    assert default_sharing(gpus="nvml", serves_others=False, ray=False, which=found)[0] == "mps"
+    assert default_sharing(gpus="emulated:2xA100-40GB", serves_others=False, ray=False,
+                           which=lambda name: None)[0] == "mps"
+    mode, why = default_sharing(gpus="nvml", serves_others=False, ray=False, which=lambda name: None)
+    assert mode == "time-slicing" and "not installed" in why
+    mode, why = default_sharing(gpus="nvml", serves_others=True, ray=False, which=found)
+    assert mode == "time-slicing" and "group" in why  # MPS would serialise members' jobs
+    assert default_sharing(gpus="nvml", serves_others=False, ray=True, which=found)[0] == "time-slicing"

@@ -22,10 +22,10 @@ from collocate.daemon.paths import StateLayout
 from collocate.daemon.protocol import check_logs_args
 from collocate.daemon.server import Peer
 from collocate.daemon.spec import JobSpec, submit_key, validate_submit
-from collocate.daemon.store import Store, with_profile
+from collocate.daemon.store import Store
 from collocate.daemon.tracking import DaemonTracking
 from collocate.errors import InputError
-from collocate.knowledge import ProfileKnowledge
+from collocate.knowledge import ProfileKnowledge, with_belief
 from collocate.model import Job, JobState, Wait, WaitKind
 from collocate.recovery import Outcome
 from collocate.scheduler import Scheduler
@@ -68,13 +68,13 @@ class Api:
         mem, source, uncertainty = req.mem_mib, req.mem_source, req.mem_uncertainty
         if mem is None:
             source = "unknown"
-        measured = self.store.history(req.spec.signature)
+        keys = req.spec.keys
+        measured = self.store.history_peak(keys.identity)
         if measured is not None:  # measured history beats a declaration (DESIGN: estimators)
-            mem, source, uncertainty = measured[0], "history", 0.05
-        profile, profile_source = self.knowledge.known(req.spec.signature, req.spec.program)
+            mem, source, uncertainty = measured, "history", 0.05
         job = Job(id="0", gpus=req.gpus, mem_mib=mem, mem_source=source,
                   mem_uncertainty=uncertainty, submit_time=time.time(), priority=req.priority,
-                  name=req.name, max_retries=req.max_retries,
+                  name=req.name, max_retries=req.max_retries, user=req.spec.user or str(req.spec.uid),
                   retry_failures=req.spec.retry_failures, dataset=req.spec.dataset, after=req.after)
         why = self.scheduler.capacity.why_not(job)
         if why is not None:
@@ -86,7 +86,8 @@ class Api:
                              hint="check the ids with `collocate ls --all`")
         if disk_nearly_full(self.layout.root):  # refused whole, not half-written into free WAL pages
             raise disk_full(str(self.layout.root))
-        job = with_profile(replace(job, id=self.store.next_id()), profile, profile_source)
+        job = with_belief(replace(job, id=self.store.next_id()),
+                          self.knowledge.known(keys.identity, keys.family))
         self.store.add_job(job, req.spec)
         self.specs[job.id] = req.spec
         job = self.scheduler.submit(job)
@@ -99,7 +100,7 @@ class Api:
     def op_show(self, args: dict, peer: Peer) -> dict:
         job_id = self._job_id(args)
         return {**views.job_detail(self.store, job_id, running=self.attempts.running,
-                                   waiting=self._why_waiting),
+                                   waiting=self._why_waiting, resident=self.watch.resident),
                 "summary": self.tracking.summary(job_id)}
 
     def op_logs(self, args: dict, peer: Peer) -> dict:

@@ -18,17 +18,19 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from collocate.belief import as_history
 from collocate.daemon.datasets import Datasets, ProducerStartError
 from collocate.daemon.executor import Executor, MachineUnreachable
 from collocate.daemon.failures import classify, describe_status, oom_lower_bound_mib
 from collocate.daemon.faults import describe_error, is_disk_full
-from collocate.daemon.gpu_watch import WatchedJob
+from collocate.daemon.gpu_watch import GpuWatch
 from collocate.daemon.launcher import LaunchPlan, plan_launch
 from collocate.daemon.paths import StateLayout
 from collocate.daemon.spec import JobSpec
 from collocate.daemon.store import Attempt, Store
 from collocate.daemon.tracking import DaemonTracking
 from collocate.gpus.mps import MpsDirs
+from collocate.knowledge import with_belief
 from collocate.model import JobState, Placement, SharingMode
 from collocate.monitor.sinks.base import JobInfo
 from collocate.recovery import ExitReport, Outcome
@@ -43,7 +45,8 @@ class LiveAttempt:
     dataset's producer (``waiting``; it holds its GPUs meanwhile, and has no process yet)."""
 
     attempt: Attempt
-    watched: WatchedJob  # what the GPU watch follows of it (memory, activity)
+    name: str  # the job's name (for the sinks)
+    pids: frozenset[int] = frozenset()  # its processes (the runner's tree), as last read
     handle: Any = None  # the executor's handle when this daemon started it; None when re-adopted
     cancel_at: float | None = None  # when the user asked to cancel it
     plan: LaunchPlan | None = None  # what to start once its producer is ready
@@ -82,17 +85,11 @@ class Attempts:
     def __init__(self, *, config: Any, layout: StateLayout, store: Store, scheduler: Scheduler,
                  specs: dict[str, JobSpec], executor: Executor, datasets: Datasets,
                  tracking: DaemonTracking, uuid_of: dict, emulated_dir: Path | None,
-                 mps: Any, stable_s: float) -> None:
+                 mps: Any, watch: GpuWatch) -> None:
         self.config, self.layout, self.store, self.scheduler = config, layout, store, scheduler
         self.specs, self.executor, self.datasets, self.tracking = specs, executor, datasets, tracking
-        self.uuid_of, self.emulated_dir, self.mps, self.stable_s = uuid_of, emulated_dir, mps, stable_s
+        self.uuid_of, self.emulated_dir, self.mps, self.watch = uuid_of, emulated_dir, mps, watch
         self.running: dict[str, LiveAttempt] = {}
-        self._placed_seq = 0
-
-    def watch(self, job: Any, uuids: tuple[str, ...]) -> WatchedJob:
-        """A new ``WatchedJob``, newest on its GPUs (the in-flight guard's order)."""
-        self._placed_seq += 1
-        return WatchedJob(job, uuids, self._placed_seq, self.stable_s)
 
     # -- launching ---------------------------------------------------------------------------
     def launch(self, placement: Placement, now: float) -> None:
@@ -109,7 +106,8 @@ class Attempts:
         plan = plan_launch(job, spec, placement, uuids, attempt=job.attempts, attempt_dir=adir,
                            sharing=self.config.sharing, emulated_dir=self.emulated_dir,
                            mps_dirs=mps_dirs)
-        run = LiveAttempt(attempt, self.watch(job, uuids), plan=plan)
+        self.watch.place(job, uuids, now, placement.room_mib)
+        run = LiveAttempt(attempt, job.name, plan=plan)
         if spec.dataset is None:
             self._start(run)
         else:  # it holds its GPUs (in ``running``) while its producer starts
@@ -182,18 +180,17 @@ class Attempts:
         job_id = run.attempt.job_id
         attempt = replace(run.attempt, pid=pid, pid_started=started)
         self.store.update_attempt(attempt)
-        run.watched.pids = frozenset({pid})
-        self.running[job_id] = LiveAttempt(attempt, run.watched, handle)
+        self.running[job_id] = LiveAttempt(attempt, run.name, frozenset({pid}), handle)
         self.track_start(job_id)
 
     def track_start(self, job_id: str) -> None:
         """Tell the sinks a job (re)started, with the jobs already on its GPUs."""
         run, spec = self.running[job_id], self.specs[job_id]
-        mine = set(run.watched.uuids)
+        mine = set(run.attempt.uuids)
         neighbours = sorted((j for j, r in self.running.items()
-                             if j != job_id and mine & set(r.watched.uuids)), key=_job_key)
+                             if j != job_id and mine & set(r.attempt.uuids)), key=_job_key)
         self.tracking.job_started(JobInfo(
-            job_id, run.watched.job.name, spec.user, tuple(spec.argv), run.attempt.gpus,
+            job_id, run.name, spec.user, tuple(spec.argv), run.attempt.gpus,
             self.config.sharing.value, self.config.policy, tuple(neighbours)))
 
     # -- ending ------------------------------------------------------------------------------
@@ -248,33 +245,46 @@ class Attempts:
 
     def finish(self, run: LiveAttempt, outcome: Outcome, reason: str, returncode: int | None,
                tail: str, end: float) -> None:
-        t = run.watched
-        peak = t.peak_mib if t.peak_mib > 0 else None
+        resident = self.watch.remove(run.attempt.job_id, end)
+        peak = resident.ramp.peak_mib if resident is not None and resident.ramp.peak_mib > 0 else None
+        learned = resident.belief if resident is not None and resident.belief.source in OBSERVED_HERE else None
         observed = peak
         if outcome is Outcome.OOM:
             bound = oom_lower_bound_mib(tail)
             if bound is not None:
                 observed = max(peak or 0.0, bound)
-        learned = t.learned
+            if resident is not None and self._beside_unowned_memory(resident):
+                outcome, reason = Outcome.LOST, f"{reason} beside GPU memory held by processes no job owns; requeued"
         a = replace(run.attempt, end=end, returncode=returncode, outcome=outcome.value,
                     reason=reason, peak_mib=peak,
-                    solo_sm=None if learned is None else learned.sm_activity,
-                    solo_dram=None if learned is None else learned.dram_activity)
+                    solo_sm=None if learned is None else learned.profile.sm_activity,
+                    solo_dram=None if learned is None else learned.profile.dram_activity)
         self.store.update_attempt(a)
         self.store.clear_flag(cancel_key(a.job_id))
         self.running.pop(a.job_id, None)
         spec = self.specs[a.job_id]
         job = self.scheduler.job_exited(a.job_id, ExitReport(outcome, observed, reason))
         if learned is not None and job.state is JobState.PENDING:  # its next attempt starts known
-            job = self.scheduler.update(job.evolve(profile=learned, profile_source="history"))
-        if outcome is Outcome.SUCCEEDED and peak is not None:
-            self.store.record_history(spec.signature, peak, learned, spec.program)
+            job = self.scheduler.update(with_belief(job, as_history(learned)))
+        if outcome is Outcome.SUCCEEDED and (peak is not None or learned is not None):
+            self.store.record_history(spec.keys.identity, peak, learned, spec.keys.family)
         if job.state.is_terminal:  # a requeued job keeps its tracking run for the next attempt
             self.tracking.job_ended(a.job_id, job.state.value)
-        solo = ("not measured alone" if learned is None else
-                f"SM {learned.sm_activity:.2f}, DRAM {learned.dram_activity:.2f} alone")
+        solo = ("not observed" if learned is None else
+                f"SM {learned.profile.sm_activity:.2f} ± {learned.sm_sd:.2f}, "
+                f"DRAM {learned.profile.dram_activity:.2f} ({learned.source})")
         log.info("job %s attempt %d: %s (%s) -> %s; activity %s", a.job_id, a.n, outcome.value,
                  reason, job.state.value, solo)
+
+
+    def _beside_unowned_memory(self, resident: Any) -> bool:
+        """Whether a GPU of the attempt holds memory of processes that are no job's (then an
+        out-of-memory crash is not the job's fault)."""
+        return any(self.watch.world.other[i] > 0.0 for i in resident.devices)
+
+
+#: Belief sources learned from readings in this attempt (what history keeps).
+OBSERVED_HERE = ("measured", "inferred")
 
 
 def _not_the_jobs_fault(exc: BaseException) -> bool:

@@ -76,7 +76,10 @@ def serve(
     gpus: Annotated[str, typer.Option("--gpus", help="nvml, auto, or emulated:4xA100-40GB.")] = "auto",
     policy: Annotated[str, typer.Option("--policy", help="Placement policy (see `collocate simulate`).")] = "auto",
     param: Annotated[list[str], typer.Option("--param", help="Policy parameter NAME=VALUE (repeatable).")] = [],
-    sharing: Annotated[str, typer.Option("--sharing", help="time-slicing or mps.")] = "time-slicing",
+    sharing: Annotated[str, typer.Option("--sharing", help="How jobs on one GPU share it: mps "
+                       "(NVIDIA MPS, per-job memory limits; one user's jobs per GPU), "
+                       "time-slicing, or auto: mps for a daemon of one user where MPS can run, "
+                       "else time-slicing (docs/gpus.md).")] = "auto",
     period: Annotated[float, typer.Option("--period", help="Sampling/scheduling period, seconds.")] = 1.0,
     window: Annotated[int, typer.Option("--window", help="Samples in the utilization window.")] = 30,
     group: Annotated[str | None, typer.Option("--group", help="Also serve members of this group.")] = None,
@@ -110,12 +113,16 @@ def serve(
     from collocate.daemon.paths import resolve_state_dir
     from collocate.daemon.run import run_daemon
     from collocate.daemon.service import ServeConfig
+    from collocate.gpus.mps import default_sharing
     from collocate.model import SharingMode
     from collocate.policies import make_policy, parse_params
     from collocate.recovery import RecoveryRules
 
-    if sharing not in ("time-slicing", "mps"):
-        raise InputError(f"unknown sharing mode {sharing!r}", hint="use time-slicing or mps")
+    if sharing not in ("auto", "time-slicing", "mps"):
+        raise InputError(f"unknown sharing mode {sharing!r}", hint="use auto, time-slicing or mps")
+    why_sharing = "chosen with --sharing"
+    if sharing == "auto":
+        sharing, why_sharing = default_sharing(gpus=gpus, serves_others=group is not None, ray=ray is not None)
     if period <= 0 or window < 1:
         raise InputError("--period must be > 0 and --window >= 1")
     params = parse_params(param)
@@ -152,7 +159,7 @@ def serve(
 
     def ready(service) -> None:
         typer.echo(f"collocate daemon: {len(service.watch.devices)} GPU(s) ({service.backend.name}), "
-                   f"policy {policy}, state {service.layout.root}", err=True)
+                   f"policy {policy}, sharing {sharing} ({why_sharing}), state {service.layout.root}", err=True)
         server, secret = service.tracking.dashboard_server, service.tracking.dashboard_token
         if server is not None:  # a generated token is printed once, like Jupyter's
             shown = "" if secret is None else "?token=" + ("..." if tracking.dashboard_token else secret)

@@ -47,10 +47,13 @@ def mps_env(job: Job, placement: Placement, dirs: MpsDirs) -> dict[str, str]:
     not a safe cap: on an H100 (2026-11-23, docs/gpu-validation.md) capping each job at its solo
     activity slowed jobs that ran alone by up to 1.9x (the transformer, capped at 91%), and the
     measured MPS interference model assumes uncapped clients. Pinned memory: the requirement's
-    upper bound plus a margin, or the room a job of unknown memory was placed with
-    (``collocate.commitment.mps_limit_mib``, the rule the simulator applies too).
+    upper bound plus a margin, the room a job of unknown memory was placed with, for an estimate
+    the larger of the two (``collocate.commitment.mps_limit_mib``, the rule the simulator
+    applies too).
     """
-    limit = mps_limit_mib(job.mem_mib, placement.mem_mib, job.mem_uncertainty, job.mem_source)
+    room = placement.room_mib if placement.room_mib is not None else (
+        placement.mem_mib if job.mem_mib is None else None)
+    limit = mps_limit_mib(job.mem_mib, room, job.mem_uncertainty, job.mem_source)
     return mps_client_env(dirs=dirs, mem_mib=limit, margin_mib=0.0,
                           devices=[str(i) for i in range(len(placement.gpus))])
 

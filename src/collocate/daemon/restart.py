@@ -38,7 +38,8 @@ def restore(store: Store, scheduler: Scheduler, attempts: Attempts, executor: Ex
                                          reason="closed at restart"))
             continue
         a = _fill_pid(store, executor, a)
-        run = LiveAttempt(a, attempts.watch(job, a.uuids))
+        attempts.watch.place(job, a.uuids, a.start, a.mem_mib if job.mem_mib is None else None)
+        run = LiveAttempt(a, job.name)
         if store.get_flag(cancel_key(job_id)):
             run.cancel_at = time.time()  # asked before the restart; the grace period restarts
         if executor.matches(a):
@@ -49,7 +50,7 @@ def restore(store: Store, scheduler: Scheduler, attempts: Attempts, executor: Ex
             attempts.ended(run, runner_status=None, adopted=True)
     adopted = {j: r.attempt for j, r in attempts.running.items()}
     for job_id, tree in executor.read_trees(adopted, time.time(), frozenset()).items():
-        attempts.running[job_id].watched.pids = tree.pids  # its processes, before the first round
+        attempts.running[job_id].pids = tree.pids  # its processes, before the first round
     for job in list(scheduler.jobs.values()):
         if job.state is JobState.RUNNING and job.id not in attempts.running and job.id not in open_attempts:
             _settle_unlaunched(store, scheduler, job)

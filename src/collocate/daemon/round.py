@@ -24,11 +24,13 @@ from collocate.daemon.spec import JobSpec
 from collocate.daemon.store import Store
 from collocate.daemon.tracking import DaemonTracking
 from collocate.interference import InterferenceModel
-from collocate.knowledge import Sibling, sibling_priors
+from collocate.knowledge import ProfileKnowledge, price_pending
+from collocate.model import UNKNOWN_PROFILE
 from collocate.monitor.job_metrics import METRICS_FILE_NAME
 from collocate.monitor.process_tree import TreeUsage
 from collocate.monitor.sampler import UsageJob
 from collocate.scheduler import Scheduler
+from collocate.world import observed_residents
 
 
 class SchedulingRound:
@@ -39,13 +41,14 @@ class SchedulingRound:
         self.config, self.layout, self.store, self.scheduler = config, layout, store, scheduler
         self.specs, self.watch, self.tracking, self.attempts = specs, watch, tracking, attempts
         self.executor, self.datasets, self.interference = executor, datasets, interference
+        self.knowledge = ProfileKnowledge(store)
 
     def run(self) -> None:
         now = time.time()
         running = self.attempts.running
         samples = self.watch.read()
         trees = self._read_trees(samples, now)
-        self.watch.attribute([r.watched for r in running.values()], now)
+        self.watch.observe({j: r.pids for j, r in running.items()}, now)
         metrics = self.executor.read_metrics({j: r.attempt for j, r in running.items() if r.attempt.pid})
         self.tracking.tick(samples, self._usage_jobs(), trees, metrics)
         self.attempts.reap(now)
@@ -55,10 +58,8 @@ class SchedulingRound:
             return
         if disk_nearly_full(self.layout.root):  # a launch could not be recorded: wait for space
             return
-        self._price_from_siblings()
-        snapshot = self.watch.snapshot([r.watched for r in running.values()], now=now,
-                                       sharing=self.config.sharing)
-        plan = self.scheduler.schedule(snapshot)
+        self._price_pending()
+        plan = self.scheduler.schedule(self.watch.snapshot(now))
         for placement in plan.placements:
             try:
                 self.attempts.launch(placement, now)
@@ -85,17 +86,21 @@ class SchedulingRound:
         for job_id, run in launched.items():
             if run.handle is None or run.handle.poll() is None:
                 tree = trees.get(job_id)
-                run.watched.pids = tree.pids if tree is not None else frozenset()
+                run.pids = tree.pids if tree is not None else frozenset()
         return trees
 
-    def _price_from_siblings(self) -> None:
-        """Pending jobs nobody has measured take the profile their running siblings show now
-        (``knowledge.sibling_priors``, the rule the simulator applies too)."""
-        live = [Sibling(self.specs[job_id].program, run.watched.profile,
-                        measured=not run.watched.assumed or run.watched.inferred is not None)
-                for job_id, run in self.attempts.running.items()]
-        for job in sibling_priors(self.scheduler.queue, live,
-                                  lambda job_id: self.specs[job_id].program):
+    def _price_pending(self) -> None:
+        """Pending jobs without history take their family's prior over history and the running
+        siblings the world has observed (``knowledge.price_pending``, the rule the simulator
+        applies too)."""
+        live = [(keys.identity, keys.family, belief) for job_id, belief in observed_residents(self.watch.world)
+                if job_id in self.specs for keys in (self.specs[job_id].keys,)]
+        if not live:
+            return
+        keys_of = {job.id: self.specs[job.id].keys for job in self.scheduler.queue}
+        for job in price_pending(self.scheduler.queue, live,
+                                 lambda job_id: (keys_of[job_id].identity, keys_of[job_id].family),
+                                 self.knowledge):
             self.scheduler.update(job)
 
     def _usage_jobs(self) -> dict[str, UsageJob]:
@@ -104,13 +109,14 @@ class SchedulingRound:
         is expected to draw beside its neighbours (the interference model's split of a GPU
         reading that per-process counters miss, as under MPS)."""
         launched = {j: run for j, run in self.attempts.running.items() if run.attempt.pid}
-        profiles = {j: run.watched.profile for j, run in launched.items()}
+        residents = self.watch.world.residents
+        profiles = {j: residents[j].profile if j in residents else UNKNOWN_PROFILE for j in launched}
         jobs = {}
         for job_id, run in launched.items():
-            mine = set(run.watched.uuids)
-            others = [profiles[o] for o, r in launched.items() if o != job_id and mine & set(r.watched.uuids)]
+            mine = set(run.attempt.uuids)
+            others = [profiles[o] for o, r in launched.items() if o != job_id and mine & set(r.attempt.uuids)]
             rate = 1.0 / self.interference.slowdown(self.config.sharing, profiles[job_id], others)
             jobs[job_id] = UsageJob(run.attempt.pid or 0, self.specs[job_id].user,
-                                    run.watched.job.name, Path(run.attempt.dir) / METRICS_FILE_NAME,
+                                    run.name, Path(run.attempt.dir) / METRICS_FILE_NAME,
                                     expected_sm=profiles[job_id].sm_activity * rate)
         return jobs

@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from collocate.commitment import stable_s_of
 from collocate.daemon.api import Api
 from collocate.daemon.attempts import Attempts
 from collocate.daemon.datasets import Datasets
@@ -105,9 +104,9 @@ class Service:
             self._backend = open_backend(self.config.gpus, state_dir=self.layout.root,
                                          node=socket.gethostname())
         self.backend = self._backend
-        sharing = (None if self.config.sharing is SharingMode.MIG  # instances: not inferred
-                   else self._interference.modes[self.config.sharing])
-        self.watch = GpuWatch(self.backend, window=self.config.window, sharing=sharing)
+        self.watch = GpuWatch(self.backend, sharing=self.config.sharing,
+                              params=self._interference.modes.get(self.config.sharing),
+                              window=self.config.window, period_s=self.config.period_s)
         if not self.watch.devices:
             raise CollocateError("the GPU backend reports no devices",
                                  hint="check `nvidia-smi`, or use --gpus emulated:4xA100-40GB")
@@ -118,8 +117,7 @@ class Service:
             self.mps = MpsControl(self.layout.root)
             self.mps.start()
         policy = make_policy(self.config.policy, **self.config.policy_params)
-        snapshot = self.watch.snapshot([], now=time.time(), sharing=self.config.sharing)
-        self.scheduler = Scheduler(policy, Capacity.of(snapshot), rules=self.config.rules,
+        self.scheduler = Scheduler(policy, Capacity.of(self.watch.snapshot(time.time())), rules=self.config.rules,
                                    on_change=self.store.save_job)
         self.datasets = Datasets(self.layout.root)
         parts: dict[str, Any] = dict(config=self.config, layout=self.layout, store=self.store,
@@ -127,7 +125,7 @@ class Service:
         self.attempts = Attempts(**parts, executor=self.executor, datasets=self.datasets,
                                  uuid_of={d.id: d.uuid for d in self.watch.devices},
                                  emulated_dir=self.backend.emulated_state_dir, mps=self.mps,
-                                 stable_s=stable_s_of(policy))
+                                 watch=self.watch)
         self.round = SchedulingRound(**parts, watch=self.watch, attempts=self.attempts,
                                      executor=self.executor, datasets=self.datasets,
                                      interference=self._interference)

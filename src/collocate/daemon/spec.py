@@ -7,7 +7,6 @@ beside it to launch the job. ``validate_submit`` turns an API request into both,
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from collocate.errors import InputError
+from collocate.identity import JobKeys, program_token
 from collocate.units import parse_mib
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -49,18 +49,10 @@ class JobSpec:
     submit_key: str | None = None
 
     @property
-    def signature(self) -> str:
-        """Same command, arguments and working directory = same job, for memory history."""
-        key = json.dumps([list(self.argv), self.cwd], separators=(",", ":"))
-        return hashlib.sha256(key.encode()).hexdigest()[:32]
-
-    @property
-    def program(self) -> str:
-        """Same script (or module) in the same working directory, whatever its arguments: the
-        points of a sweep. Their GPU activity is a better guess for each other than nothing;
-        their memory is not (a batch size changes it), so only activity is shared."""
-        key = json.dumps([program_token(self.argv), self.cwd], separators=(",", ":"))
-        return hashlib.sha256(key.encode()).hexdigest()[:32]
+    def keys(self) -> JobKeys:
+        """Its identity (history: the same command up to seeds, output paths and run names) and
+        its family (siblings: the same non-numeric, non-path arguments); ``collocate.identity``."""
+        return JobKeys.of(self.argv, self.cwd)
 
     def to_json(self) -> str:
         d = asdict(self)
@@ -87,24 +79,6 @@ class SubmitRequest:
     mem_source: str = "declared"
     mem_uncertainty: float = 0.0
     after: tuple[str, ...] = ()  # job ids that must end done first
-
-
-_LAUNCHERS = re.compile(r"^(python[0-9.]*|pypy[0-9.]*|bash|sh|zsh|torchrun|accelerate|deepspeed|uv|nohup|env)$")
-
-
-def program_token(argv: list[str] | tuple[str, ...]) -> str:
-    """The script or module a command runs, as written: past launchers such as ``python``,
-    ``torchrun`` or ``bash``, so ``python train.py --lr 0.1`` and ``--lr 0.2`` give ``train.py``."""
-    if not _LAUNCHERS.match(os.path.basename(argv[0])):
-        return argv[0]
-    rest = list(argv[1:])
-    for i, arg in enumerate(rest):
-        if arg == "-m" and i + 1 < len(rest):
-            return rest[i + 1]
-        if arg.endswith((".py", ".sh")):
-            return arg
-    plain = [a for a in rest if not a.startswith("-") and "=" not in a and a not in ("run", "launch")]
-    return plain[0] if plain else argv[0]
 
 
 def default_name(argv: list[str] | tuple[str, ...]) -> str:

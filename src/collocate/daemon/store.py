@@ -10,24 +10,28 @@ Tables:
 * ``attempts``: one row per launch: start/end, GPUs, the runner's pid and process start time
   (to re-adopt it after a restart), exit status, outcome, reason, measured peak memory and solo
   activity profile (``collocate.activity``; NULL when the job never ran alone long enough);
-* ``history``: per job signature (command, arguments, cwd), the measured peak and solo profile
-  of its last successful run, used as the estimate of later jobs with the same signature; and
-  the job's program (script and cwd, ``JobSpec.program``), whose other signatures' profiles
-  stand in for a new command's;
+* ``job_history``: per job identity (``collocate.identity``: the same command up to seeds,
+  output paths and run names), the measured peak of its last successful run (the memory of
+  later runs of the same job) and what its runs taught of its activity, with the variance
+  (``collocate.belief``), learned alone or shared; and its family (a sweep's points), whose
+  other identities' beliefs give a new job its prior. (Files from before keep an unused
+  ``history`` table keyed by the exact command.)
 * ``meta``: the id counter and the drain flag.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import sqlite3
 import time
 import uuid
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from collocate.belief import Belief, from_history
 from collocate.daemon.faults import disk_full, is_disk_full
 from collocate.daemon.spec import JobSpec
 from collocate.errors import CollocateError
@@ -45,10 +49,11 @@ CREATE TABLE IF NOT EXISTS attempts (
     pid INTEGER, pid_started REAL, returncode INTEGER, outcome TEXT, reason TEXT,
     peak_mib REAL, sm_activity REAL, solo_sm REAL, solo_dram REAL, PRIMARY KEY (job_id, n)
 );
-CREATE TABLE IF NOT EXISTS history (
-    signature TEXT PRIMARY KEY, peak_mib REAL NOT NULL, sm_activity REAL, runs INTEGER NOT NULL,
-    updated REAL NOT NULL, solo_sm REAL, solo_dram REAL, program TEXT
+CREATE TABLE IF NOT EXISTS job_history (
+    identity TEXT PRIMARY KEY, family TEXT, peak_mib REAL, sm REAL, dram REAL, sm_var REAL,
+    dram_var REAL, source TEXT, runs INTEGER NOT NULL, updated REAL NOT NULL
 );
+CREATE INDEX IF NOT EXISTS job_history_family ON job_history (family);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 # Columns added after the first release: in the schema above, and added to older files on open.
@@ -58,7 +63,6 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 _ADDED_COLUMNS = {
     "jobs": ("submit_key TEXT",),
     "attempts": ("solo_sm REAL", "solo_dram REAL"),
-    "history": ("solo_sm REAL", "solo_dram REAL", "program TEXT"),
 }
 _ATTEMPT_COLUMNS = ("job_id, n, start, gpus, uuids, dir, mem_mib, end, pid, pid_started,"
                     " returncode, outcome, reason, peak_mib, solo_sm, solo_dram")
@@ -106,6 +110,8 @@ def job_from_json(text: str) -> Job:
     d["state"] = JobState(d["state"])
     if "after" in d:  # JSON has no tuples
         d["after"] = tuple(d["after"])
+    if d.get("profile_var") is not None:
+        d["profile_var"] = tuple(d["profile_var"])
     return Job(**d)
 
 
@@ -130,7 +136,6 @@ class Store:
                 for column in columns:
                     if column.split()[0] not in have:
                         self.db.execute(f"ALTER TABLE {table} ADD COLUMN {column}")
-            self.db.execute("CREATE INDEX IF NOT EXISTS history_program ON history (program)")
             self.db.execute("CREATE UNIQUE INDEX IF NOT EXISTS jobs_submit_key ON jobs (submit_key)")
             self._mark()
         except sqlite3.Error as exc:
@@ -267,44 +272,42 @@ class Store:
         return [_attempt(r) for r in rows]
 
     # -- history ---------------------------------------------------------------------------
-    def record_history(self, signature: str, peak_mib: float, profile: JobProfile | None,
-                       program: str | None = None) -> None:
-        """The latest successful run's peak; its profile too, unless it never ran alone long
-        enough to measure one (then the previous run's profile stays)."""
-        sm, dram = (None, None) if profile is None else (profile.sm_activity, profile.dram_activity)
+    def record_history(self, identity: str, peak_mib: float | None, belief: Belief | None,
+                       family: str | None = None) -> None:
+        """A successful run of a job: its peak (when measured) and what it taught of its
+        activity (when readings did), each replacing the last run's."""
+        sm = dram = sm_var = dram_var = None
+        source = None
+        if belief is not None:
+            sm, dram = belief.profile.sm_activity, belief.profile.dram_activity
+            sm_var, dram_var, source = belief.sm_var, belief.dram_var, belief.source
         self.db.execute(
-            "INSERT INTO history (signature, peak_mib, runs, updated, solo_sm, solo_dram, program)"
-            " VALUES (?, ?, 1, ?, ?, ?, ?) ON CONFLICT (signature) DO UPDATE SET"
-            " peak_mib = excluded.peak_mib, runs = runs + 1, updated = excluded.updated,"
-            " solo_sm = COALESCE(excluded.solo_sm, solo_sm),"
-            " solo_dram = COALESCE(excluded.solo_dram, solo_dram),"
-            " program = COALESCE(excluded.program, program)",
-            (signature, peak_mib, time.time(), sm, dram, program),
+            "INSERT INTO job_history (identity, family, peak_mib, sm, dram, sm_var, dram_var, source,"
+            " runs, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1, ?) ON CONFLICT (identity) DO UPDATE SET"
+            " family = COALESCE(excluded.family, family), peak_mib = COALESCE(excluded.peak_mib, peak_mib),"
+            " sm = COALESCE(excluded.sm, sm), dram = COALESCE(excluded.dram, dram),"
+            " sm_var = COALESCE(excluded.sm_var, sm_var), dram_var = COALESCE(excluded.dram_var, dram_var),"
+            " source = COALESCE(excluded.source, source), runs = runs + 1, updated = excluded.updated",
+            (identity, family, peak_mib, sm, dram, sm_var, dram_var, source, time.time()),
         )
 
-    def program_profiles(self, program: str, limit: int) -> list[JobProfile]:
-        """The solo profiles of the program's ``limit`` most recent measured commands
-        (``collocate.knowledge.ProfileStore``)."""
+    def history_peak(self, identity: str) -> float | None:
+        """The measured peak of the last successful run of this job, if any."""
+        row = self.db.execute("SELECT peak_mib FROM job_history WHERE identity = ?", (identity,)).fetchone()
+        return None if row is None else row[0]
+
+    def identity_belief(self, identity: str) -> Belief | None:
+        """What earlier runs of this job taught of its activity (``knowledge.ProfileStore``)."""
+        row = self.db.execute("SELECT sm, dram, sm_var, dram_var FROM job_history WHERE identity = ?"
+                              " AND sm IS NOT NULL", (identity,)).fetchone()
+        return None if row is None else _history_belief(*row)
+
+    def family_beliefs(self, family: str, limit: int) -> dict[str, Belief]:
+        """The beliefs of the family's ``limit`` most recently measured identities."""
         rows = self.db.execute(
-            "SELECT solo_sm, solo_dram FROM history WHERE program = ? AND solo_sm IS NOT NULL"
-            " ORDER BY updated DESC LIMIT ?", (program, limit),
-        ).fetchall()
-        return [JobProfile(sm, dram) for sm, dram in rows]
-
-    def command_profile(self, command: str) -> JobProfile | None:
-        """The solo profile of the last run of this signature that had one."""
-        known = self.history(command)
-        return None if known is None else known[1]
-
-    def history(self, signature: str) -> tuple[float, JobProfile | None] | None:
-        """The measured peak of the last successful run with this signature, and the solo
-        profile measured in the last run that had one."""
-        row = self.db.execute(
-            "SELECT peak_mib, solo_sm, solo_dram FROM history WHERE signature = ?", (signature,)
-        ).fetchone()
-        if row is None:
-            return None
-        return row[0], None if row[1] is None else JobProfile(row[1], row[2])
+            "SELECT identity, sm, dram, sm_var, dram_var FROM job_history WHERE family = ?"
+            " AND sm IS NOT NULL ORDER BY updated DESC LIMIT ?", (family, limit)).fetchall()
+        return {identity: _history_belief(*rest) for identity, *rest in rows}
 
     # -- flags -----------------------------------------------------------------------------
     def get_flag(self, key: str) -> bool:
@@ -326,6 +329,5 @@ def _attempt(r: tuple) -> Attempt:
                    *r[6:])
 
 
-def with_profile(job: Job, profile: JobProfile | None, source: str = "history") -> Job:
-    """The job with a measured solo profile, when history has one (``Job.profile_source``)."""
-    return job if profile is None else replace(job, profile=profile, profile_source=source)
+def _history_belief(sm: float, dram: float, sm_var: float | None, dram_var: float | None) -> Belief:
+    return from_history(JobProfile(sm, dram), math.sqrt(sm_var or 0.0), math.sqrt(dram_var or 0.0))

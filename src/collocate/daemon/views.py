@@ -78,7 +78,8 @@ def _reason(job: Job, running: Mapping[str, Any], waiting: Waiting) -> dict[str,
 
 
 def job_detail(store: Store, job_id: str, *, running: Mapping[str, Any] | None = None,
-               waiting: Waiting = lambda job_id: None) -> dict[str, Any]:
+               waiting: Waiting = lambda job_id: None,
+               resident: Callable[[str], Any] | None = None) -> dict[str, Any]:
     found = store.job(job_id)
     if found is None:
         raise InputError(f"no job {job_id!r}")
@@ -90,29 +91,33 @@ def job_detail(store: Store, job_id: str, *, running: Mapping[str, Any] | None =
         "mem_mib": job.mem_mib, "mem_source": job.mem_source, "priority": job.priority,
         "max_retries": job.max_retries, "attempts_used": job.attempts,
         "oom_crashes": job.oom_crashes, "submit_time": job.submit_time, "end_time": ended,
-        "signature": spec.signature, "after": list(job.after),
-        "profile": _profile(job, (running or {}).get(job_id)),
+        "identity": spec.keys.identity, "after": list(job.after),
+        "profile": _profile(job, resident(job_id) if resident else None),
         "attempts": [a.to_dict() for a in store.attempts(job_id)],
     }
 
 
-def _profile(job: Job, run: Any) -> dict[str, Any]:
-    """The solo activity the policies use for this job, and where it comes from."""
-    learned = None if run is None else run.watched.learned
-    inferred = None if run is None else run.watched.inferred
-    if learned is not None:
-        profile, source = learned, "measured alone in this attempt"
-    elif inferred is not None and job.profile_source == "assumed":
-        profile, source = inferred, "inferred from the readings of the GPU it shares"
-    elif job.profile_source == "history":
-        profile, source = job.profile, "measured alone in an earlier run"
-    elif job.profile_source == "similar":
-        profile, source = job.profile, ("measured alone in runs of the same program with other "
-                                        "arguments")
+_SOURCES = {
+    "measured": "measured on its GPU in this attempt, alone at least once",
+    "inferred": "inferred from the readings of the GPU it shares, in this attempt",
+    "history": "learned in earlier runs of the same job",
+    "similar": "its family's runs (the same script and non-numeric arguments), shrunk toward the prior",
+    "assumed": "assumed: nothing observed yet",
+}
+
+
+def _profile(job: Job, resident: Any) -> dict[str, Any]:
+    """The solo activity the policies use for this job, how sure it is, and where it comes
+    from (``collocate.belief``): the world's belief while it runs, else what it was told."""
+    if resident is not None:
+        belief = resident.pricing
+        sm, dram, sm_var, source = (belief.profile.sm_activity, belief.profile.dram_activity,
+                                    belief.sm_var, belief.source)
     else:
-        profile, source = job.profile, "assumed: not measured alone yet"
-    return {"sm_activity": profile.sm_activity, "dram_activity": profile.dram_activity,
-            "source": source}
+        sm, dram, source = job.profile.sm_activity, job.profile.dram_activity, job.profile_source
+        sm_var = job.profile_var[0] if job.profile_var else None
+    return {"sm_activity": sm, "dram_activity": dram, "sm_sd": None if sm_var is None else sm_var ** 0.5,
+            "source": _SOURCES.get(source, source), "source_kind": source}
 
 
 def logs(store: Store, job_id: str, args: Mapping[str, Any], read: LogReader) -> dict[str, Any]:
@@ -159,15 +164,13 @@ def complete_utf8(data: bytes) -> bytes:
 
 
 def gpu_rows(monitor: GpuWatch, running: Mapping[str, Any], now: float) -> list[dict[str, Any]]:
-    """Each GPU: its reading, its jobs, and the memory they commit (``collocate.commitment``)."""
+    """Each GPU: its reading, its jobs, the memory they commit (``collocate.commitment``) and
+    the memory of processes that are no job's (``other_mib``)."""
     jobs_on: dict[str, list[str]] = {}
-    committed: dict[str, float] = {}
     for job_id, run in running.items():
-        for uuid in run.watched.uuids:
+        for uuid in run.attempt.uuids:
             jobs_on.setdefault(uuid, []).append(job_id)
-            total = monitor.by_uuid[uuid].total_mib if uuid in monitor.by_uuid else 0.0
-            committed[uuid] = committed.get(uuid, 0.0) + run.watched.ramp.committed(total, now)
-    held = {uuid: {j: _held_mib(running[j].watched.pids, monitor.last.get(uuid)) for j in ids}
+    held = {uuid: {j: _held_mib(running[j].pids, monitor.last.get(uuid)) for j in ids}
             for uuid, ids in jobs_on.items()}
     rows = []
     for d in monitor.devices:
@@ -180,7 +183,8 @@ def gpu_rows(monitor: GpuWatch, running: Mapping[str, Any], now: float) -> list[
             "free_mib": None if s is None else s.free_mib,
             "sm_now": None if s is None else s.sm_activity,
             "sm_window": u.sm_activity, "dram_window": u.dram_activity,
-            "committed_mib": committed.get(d.uuid, 0.0),
+            "committed_mib": monitor.committed_mib(d.uuid),
+            "other_mib": monitor.other_mib.get(d.uuid, 0.0),
             "jobs": sorted(jobs_on.get(d.uuid, []), key=int),
             "job_mib": held.get(d.uuid, {}),
         })

@@ -20,8 +20,16 @@ def emulate_job(
     sm: Annotated[float, typer.Option("--sm", help="Solo SM activity, fraction in [0, 1].")] = 0.5,
     dram: Annotated[float, typer.Option("--dram", help="Solo DRAM activity, fraction.")] = 0.2,
     ramp: Annotated[
-        float, typer.Option("--ramp", help="Seconds to grow to --mem (4 steps).")
+        float, typer.Option("--ramp", help="Seconds to grow to --mem (4 steps) after start-up.")
     ] = 2.0,
+    startup: Annotated[
+        float, typer.Option("--startup", help="Seconds of start-up first (imports, model "
+                                              "construction): no GPU memory, no activity.")
+    ] = 0.0,
+    warmup: Annotated[
+        float, typer.Option("--warmup", help="Seconds after start-up of first steps: memory "
+                                             "held, no activity yet.")
+    ] = 0.0,
     peak_mem: Annotated[
         Optional[str],
         typer.Option("--peak-mem", help="A later, larger peak (e.g. to under-run an estimate)."),
@@ -36,10 +44,12 @@ def emulate_job(
 ) -> None:
     """Pretend to train on the emulated GPUs in CUDA_VISIBLE_DEVICES.
 
-    Holds --mem of emulated GPU memory, takes --seconds when alone and longer when it shares a GPU
-    (sharing mode from $COLLOCATE_SHARING), prints PyTorch's out-of-memory error and exits 1 when
-    its memory does not fit, and exits 143 on SIGTERM. Its memory is independent of the --mem a
-    scheduler was told at submit time.
+    Starts up (--startup), takes a CUDA context and ramps to --mem of emulated GPU memory
+    (--ramp), runs first steps with no activity (--warmup), then trains at --sm/--dram; takes
+    --seconds in all when alone and longer when it shares a GPU (sharing mode from
+    $COLLOCATE_SHARING), prints PyTorch's out-of-memory error and exits 1 when its memory does
+    not fit, and exits 143 on SIGTERM. Its memory is independent of the --mem a scheduler was
+    told at submit time.
     """
     from collocate.gpus.emulate_job import JobSpec, run_job
     from collocate.gpus.emulated import state_dir_from_env
@@ -53,6 +63,8 @@ def emulate_job(
         ramp_s=ramp,
         peak_mib=None if peak_mem is None else parse_mib(peak_mem),
         peak_at=peak_at,
+        startup_s=startup,
+        warmup_s=warmup,
     )
     status = run_job(spec, state_dir_from_env(state_dir), os.environ)
     sys.stdout.flush()

@@ -1,12 +1,18 @@
 """An emulated training job: a real process that holds emulated GPU memory and slows down when
 shared.
 
-It behaves like a PyTorch training script as far as the daemon can tell: it finds its devices in
-``CUDA_VISIBLE_DEVICES`` (emulated UUIDs), grows its memory in a few steps, fails with PyTorch's
-exact out-of-memory text and exit status 1 when a step does not fit, prints progress, and dies
-cleanly on SIGTERM (exit 143). Its solo duration is ``seconds``; while other jobs share its device
-it advances by ``dt / slowdown`` with the slowdown from ``collocate.interference``, so collocated
-emulated jobs really take longer.
+It behaves like a PyTorch training script as far as the daemon can tell (shared notes,
+gpu-facts.md, "How real PyTorch training jobs look to a scheduler"): a start-up (``startup_s``:
+interpreter, imports, model construction) in which the process exists but holds no GPU memory
+and uses no SM; then a CUDA context and a memory ramp in a few steps (``ramp_s``); first steps
+(``warmup_s``, counted from the end of start-up) that hold memory but read almost no activity;
+then steady training at its solo SM and DRAM activity. It finds its devices in
+``CUDA_VISIBLE_DEVICES`` (emulated UUIDs), fails with PyTorch's exact out-of-memory text and exit
+status 1 when a step does not fit, prints progress, and dies cleanly on SIGTERM (exit 143). Its
+solo duration is ``seconds``, start-up and warm-up included (they run at full speed, as on a
+GPU); while other jobs share its device its training advances by ``dt / slowdown`` with the
+slowdown from ``collocate.interference``, so collocated emulated jobs really take longer. The
+simulator models the same phases (``collocate.sim.engine``), so the two can be compared.
 
 The memory a job really uses (``mem_mib``, then ``peak_mib`` from ``peak_at`` of its progress) is
 independent of the requirement the scheduler was given at submit time: that is what lets a demo
@@ -37,6 +43,7 @@ from collocate.model import JobProfile, SharingMode
 
 ENV_SHARING = "COLLOCATE_SHARING"
 RAMP_STEPS = 4
+CONTEXT_MIB = 500.0  # what a process holds once it has a CUDA context (``collocate.world``)
 EXIT_OOM = 1
 _MIB = 1024 * 1024
 
@@ -53,6 +60,8 @@ class JobSpec:
     peak_mib: float | None = None
     peak_at: float = 0.5  # fraction of progress at which the peak allocation happens
     tick_s: float | None = None  # None: seconds/40 within [0.02, 0.1] (short jobs stay precise)
+    startup_s: float = 0.0  # no GPU memory, no activity
+    warmup_s: float = 0.0  # after start-up: memory held, no activity yet
 
     def __post_init__(self) -> None:
         checks = [
@@ -64,21 +73,32 @@ class JobSpec:
             (self.peak_mib is None or self.peak_mib >= self.mem_mib, "--peak-mem must be >= --mem"),
             (0 <= self.peak_at <= 1, "--peak-at must be a fraction in [0, 1]"),
             (self.tick_s is None or self.tick_s > 0, "tick must be > 0"),
+            (self.startup_s >= 0 and self.warmup_s >= 0, "--startup and --warmup must be >= 0"),
+            (self.startup_s + self.warmup_s < self.seconds,
+             "--startup and --warmup are part of --seconds: together they must be shorter"),
         ]
         for ok, message in checks:
             if not ok:
                 raise InputError(message)
 
-    def claim_at(self, elapsed: float, progress: float) -> float:
-        """MiB the job holds at wall time ``elapsed`` with ``progress`` in [0, 1] done."""
-        if self.ramp_s == 0:
+    def claim_at(self, elapsed: float, progress: float) -> float | None:
+        """MiB the job holds at wall time ``elapsed`` with ``progress`` in [0, 1] done; None
+        during start-up (nothing on the GPU yet)."""
+        since = elapsed - self.startup_s
+        if since < 0:
+            return None
+        if self.ramp_s == 0 or since >= self.ramp_s:
             target = self.mem_mib
         else:
-            step = min(RAMP_STEPS, 1 + int(elapsed / (self.ramp_s / (RAMP_STEPS - 1))))
-            target = self.mem_mib * step / RAMP_STEPS
+            step = int(since / self.ramp_s * RAMP_STEPS)
+            target = max(min(CONTEXT_MIB, self.mem_mib), self.mem_mib * step / RAMP_STEPS)
         if self.peak_mib is not None and progress >= self.peak_at:
             target = max(target, self.peak_mib)
         return target
+
+    def training(self, elapsed: float) -> bool:
+        """Whether start-up and warm-up are over: its activity shows, and sharing slows it."""
+        return elapsed >= self.startup_s + self.warmup_s
 
 
 class OutOfMemory(Exception):
@@ -191,6 +211,7 @@ class EmulatedJob:
         self.profile = JobProfile(spec.sm, spec.dram)
         self.limits: dict[int, float] = {}  # MPS pinned memory limit per visible ordinal (MiB)
         self.held: float | None = None  # None until the first claim (even of 0 MiB) is stored
+        self.training = False  # whether the stored claim carries the job's activity
         self.reported = 1.0  # the slowdown whose rate the claims carry (new claims: rate 1)
 
     def run(self) -> int:
@@ -222,8 +243,11 @@ class EmulatedJob:
         tick = self.spec.tick_s or min(0.1, max(0.02, self.spec.seconds / 40))
         while True:
             now = self.clock()
-            self._hold(self.spec.claim_at(now - t0, progress))
-            slowdown = self._slowdown()
+            training = self.spec.training(now - t0)
+            target = self.spec.claim_at(now - t0, progress)
+            if target is not None:
+                self._hold(target, training)
+            slowdown = self._slowdown() if training else 1.0
             if self.held is not None and abs(slowdown - self.reported) > 0.01 * self.reported:
                 self.store.set_rate(self.pid, 1.0 / slowdown)
                 self.reported = slowdown
@@ -239,8 +263,9 @@ class EmulatedJob:
                 return 0
             time.sleep(tick)
 
-    def _hold(self, mib: float) -> None:
-        if mib == self.held:
+    def _hold(self, mib: float, training: bool = True) -> None:
+        """Claim ``mib``; the claim carries the job's activity only once it trains."""
+        if mib == self.held and training == self.training:
             return
         for ordinal, device in enumerate(self.devices):
             limit = self.limits.get(ordinal)
@@ -249,17 +274,19 @@ class EmulatedJob:
                 raise OutOfMemory(Refusal(device.uuid, mib - held, limit, max(0.0, limit - held),
                                           held, ()), ordinal)
             refusal = self.store.claim(
-                device.uuid, self.pid, self.started, mib, self.spec.sm, self.spec.dram
+                device.uuid, self.pid, self.started, mib,
+                self.spec.sm if training else 0.0, self.spec.dram if training else 0.0,
             )
             if refusal is not None:
                 raise OutOfMemory(refusal, ordinal)
-        self.held = mib
+        self.held, self.training = mib, training
 
     def _slowdown(self) -> float:
         claims = self.store.live_claims(uuids=[d.uuid for d in self.devices])
         worst = 1.0
         for device in self.devices:
-            others = [_profile(c) for c in claims if c.uuid == device.uuid and c.pid != self.pid]
+            others = [_profile(c) for c in claims if c.uuid == device.uuid and c.pid != self.pid
+                      and (c.sm > 0 or c.dram > 0)]  # a neighbour in its first steps slows nobody
             worst = max(worst, job_slowdown(self.model, self.mode, self.profile, device, others))
         return worst
 
