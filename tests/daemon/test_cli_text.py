@@ -85,10 +85,11 @@ def test_ls_fits_120_columns_shows_reasons_and_prints_names_as_written():
     c.print(render.jobs_table(rows, 120))
     lines = c.file.getvalue().splitlines()
     assert all(len(line) <= 120 for line in lines)
-    assert "REASON" in lines[0] and "train.py[lr=0.1,seed=0]" in lines[1]
-    assert "memory: needs 6.0 GiB" in lines[1] and lines[1].endswith("…")
-    assert "\x1b" not in c.file.getvalue() and "x[/]\\x1b" in lines[2]
-    assert "old requeue" not in lines[3] and lines[4].rstrip().endswith("in-flight")
+    # squeue's order: running, then pending (queue position first), then ended
+    assert "REASON" in lines[0] and "train.py[lr=0.1,seed=0]" in lines[2]
+    assert "memory: needs 6.0 GiB" in lines[2] and lines[2].endswith("…")
+    assert "\x1b" not in c.file.getvalue() and "x[/]\\x1b" in lines[1]
+    assert "old requeue" not in lines[4] and lines[3].rstrip().endswith("in-flight")
     assert "-" in render.when(0) and ":" in render.when(0) and len(render.when(0)) == 19
 
 

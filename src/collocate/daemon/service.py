@@ -34,7 +34,8 @@ from collocate.daemon.datasets import Datasets
 from collocate.daemon.executor import Executor, LocalExecutor
 from collocate.daemon.faults import disk_full, is_disk_full
 from collocate.daemon.gpu_watch import GpuWatch
-from collocate.daemon.paths import StateLayout
+from collocate.daemon.notify import Notifier
+from collocate.daemon.paths import StateLayout, share_with_group
 from collocate.daemon.restart import restore
 from collocate.daemon.round import SchedulingRound
 from collocate.daemon.server import ApiServer, Peer
@@ -105,6 +106,9 @@ class Service:
             self._backend = open_backend(self.config.gpus, state_dir=self.layout.root,
                                          node=socket.gethostname())
         self.backend = self._backend
+        emulated = self.backend.emulated_state_dir
+        if emulated is not None and self.config.allow_gid is not None and emulated.is_relative_to(self.layout.root):
+            share_with_group(emulated, self.config.allow_gid)  # members' emulated jobs claim there
         sharing = (None if self.config.sharing is SharingMode.MIG  # instances: not inferred
                    else self._interference.modes[self.config.sharing])
         self.watch = GpuWatch(self.backend, window=self.config.window, sharing=sharing)
@@ -119,8 +123,14 @@ class Service:
             self.mps.start()
         policy = make_policy(self.config.policy, **self.config.policy_params)
         snapshot = self.watch.snapshot([], now=time.time(), sharing=self.config.sharing)
+        notifier = Notifier(self.layout, self.specs, self.store)
+
+        def changed(job: Any) -> None:
+            self.store.save_job(job)
+            notifier.changed(job)
+
         self.scheduler = Scheduler(policy, Capacity.of(snapshot), rules=self.config.rules,
-                                   on_change=self.store.save_job)
+                                   on_change=changed, fairness=self.store.fairness())
         self.datasets = Datasets(self.layout.root)
         parts: dict[str, Any] = dict(config=self.config, layout=self.layout, store=self.store,
                      scheduler=self.scheduler, specs=self.specs, tracking=self.tracking)

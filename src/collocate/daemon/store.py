@@ -14,7 +14,7 @@ Tables:
   of its last successful run, used as the estimate of later jobs with the same signature; and
   the job's program (script and cwd, ``JobSpec.program``), whose other signatures' profiles
   stand in for a new command's;
-* ``meta``: the id counter and the drain flag.
+* ``meta``: the id counter, the drain flag and the per-user caps (``limits``, JSON).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from typing import Any
 from collocate.daemon.faults import disk_full, is_disk_full
 from collocate.daemon.spec import JobSpec
 from collocate.errors import CollocateError
+from collocate.fairness import Fairness, UserLimits
 from collocate.model import UNKNOWN_PROFILE, Job, JobProfile, JobState
 from collocate.sqlite import open_wal
 
@@ -104,8 +105,9 @@ def job_from_json(text: str) -> Job:
     if "profile_source" not in d and d["profile"] != UNKNOWN_PROFILE:  # stored before it existed
         d["profile_source"] = "history"
     d["state"] = JobState(d["state"])
-    if "after" in d:  # JSON has no tuples
-        d["after"] = tuple(d["after"])
+    for key in ("after", "after_any", "after_notok"):  # JSON has no tuples
+        if key in d:
+            d[key] = tuple(d[key])
     return Job(**d)
 
 
@@ -266,6 +268,15 @@ class Store:
         rows = self.db.execute(f"SELECT {_ATTEMPT_COLUMNS} FROM attempts WHERE end IS NULL")
         return [_attempt(r) for r in rows]
 
+    def gpu_time(self, since: float) -> list[tuple[str, float, float]]:
+        """(user, GPU-seconds, end) of every attempt that ended after ``since``: a restarted
+        daemon's fair-share usage (``fairness.Usage``) is rebuilt from them."""
+        rows = self.db.execute(
+            "SELECT json_extract(j.spec, '$.user'), a.start, a.end, json_array_length(a.gpus)"
+            " FROM attempts a JOIN jobs j ON j.id = a.job_id WHERE a.end IS NOT NULL AND a.end > ?",
+            (since,))
+        return [(user or "", n * max(0.0, end - start), end) for user, start, end, n in rows]
+
     # -- history ---------------------------------------------------------------------------
     def record_history(self, signature: str, peak_mib: float, profile: JobProfile | None,
                        program: str | None = None) -> None:
@@ -319,6 +330,23 @@ class Store:
 
     def clear_flag(self, key: str) -> None:
         self.db.execute("DELETE FROM meta WHERE key = ?", (key,))
+
+    # -- limits ----------------------------------------------------------------------------
+    def fairness(self) -> Fairness:
+        """The per-user caps and fair-share setting the daemon's owner set (``collocate limits``)."""
+        row = self.db.execute("SELECT value FROM meta WHERE key = 'limits'").fetchone()
+        if row is None:
+            return Fairness()
+        d = json.loads(row[0])
+        return Fairness(fair_share=d.get("fair_share", True),
+                        default=UserLimits(**d.get("default", {})),
+                        users={u: UserLimits(**lim) for u, lim in d.get("users", {}).items()})
+
+    def set_fairness(self, fairness: Fairness) -> None:
+        value = json.dumps({"fair_share": fairness.fair_share, "default": asdict(fairness.default),
+                            "users": {u: asdict(lim) for u, lim in fairness.users.items()}})
+        self.db.execute("INSERT INTO meta VALUES ('limits', ?) ON CONFLICT (key) DO UPDATE SET"
+                        " value = excluded.value", (value,))
 
 
 def _attempt(r: tuple) -> Attempt:
