@@ -110,6 +110,9 @@ def test_bad_options_get_a_collocate_error_naming_what_is_wanted(tmp_path):
         (["submit", "--mem", "6", "--", "true"], "error: --mem 6 has no unit", "write 6GiB"),
         (["cancel", "3-x"], "error: cannot read job id '3-x'", "3-7"),
         (["submit", "--bogus", "--", "true"], "No such option: --bogus", "collocate submit --help"),
+        (["submit", "--mem", "3GiBs", "--", "true"], "error: cannot read memory size '3GiBs'",
+         "write 3GiB or 3MiB"),  # never a bare number, which --mem refuses
+        (["submit", "--time", "soon", "--", "true"], "error: cannot read --time 'soon'", "HH:MM:SS"),
     ]
     for args, message, hint in cases:
         out = run(*args)
@@ -117,6 +120,9 @@ def test_bad_options_get_a_collocate_error_naming_what_is_wanted(tmp_path):
         assert message in out.stderr and hint in out.stderr, (args, out.stderr)
         assert "Traceback" not in out.stderr and "Input should be" not in out.stderr
     assert run("ls", "--help").returncode == 0
+    missing = subprocess.run([sys.executable, "-m", "collocate.cli", "estimate", "pkg.mod:fn"], env=env,
+                             capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 2 and "error: --batch-size is missing: give a whole number" in missing.stderr
 
 
 def test_a_jobs_own_words_cannot_forge_or_colour_daemon_log_lines(daemons):

@@ -431,3 +431,30 @@ def test_is_mps_server_reads_the_process_name(tmp_path):
         proc.kill()
         proc.wait()
     assert not is_mps_server(proc.pid)  # reaped: no such process
+
+
+def test_the_rights_table_in_the_docs_is_the_one_in_the_code():
+    """docs/security.md prints ``rights.RIGHTS`` row for row: a rule changed in one place only
+    fails here."""
+    import re
+    from pathlib import Path
+
+    from collocate.daemon.protocol import OPS
+    from collocate.daemon.rights import RIGHTS
+
+    doc = (Path(__file__).parents[2] / "docs" / "security.md").read_text()
+    rows = dict(re.findall(r"^\| `(\w+)` \| ([^|]+) \|", doc, flags=re.MULTILINE))
+    assert {op: who.strip() for op, who in rows.items()} == {op: str(who) for op, (who, _) in RIGHTS.items()}
+    assert set(OPS) == set(RIGHTS)
+
+
+def test_what_another_member_sees_of_a_failed_job():
+    from collocate.daemon.rights import public_reason, redact
+
+    assert public_reason("exited with status 1: password=hunter2") == "exited with status 1"
+    assert public_reason("could not start the job: [Errno 2] /home/ann/x") == "could not start the job"
+    assert public_reason("waits for job 3") == "waits for job 3"
+    shown = redact({"id": "1", "argv": ["x", "--key", "s"], "cwd": "/home/ann", "reason": "exited with status 2: s",
+                    "attempts": [{"n": 1, "reason": "exited with status 2: s", "dir": "/state/jobs/1"}]})
+    assert "argv" not in shown and "cwd" not in shown and "s" not in shown["reason"].split(" ")
+    assert shown["attempts"][0] == {"n": 1, "reason": "exited with status 2", "dir": None}

@@ -268,7 +268,7 @@ def submit(
     from collocate.daemon.spec import default_name, parse_env
     from collocate.daemon.sweep import expand, parse_axis
     from collocate.estimate.providers import EstimateRequest
-    from collocate.units import require_unit
+    from collocate.units import parse_mib, require_unit
 
     if not command:
         raise InputError("empty command", hint="put the command after --, e.g. "
@@ -286,6 +286,7 @@ def submit(
         parse_duration(time_limit)
     if mem is not None:
         require_unit(mem, "--mem")
+        parse_mib(mem)  # a clear error before contacting the daemon
     points = expand(command, [parse_axis(a) for a in sweep]) if sweep else None
     directory = (cwd or Path.cwd()).expanduser().absolute()
     if not directory.is_dir():
@@ -392,7 +393,7 @@ def estimate_fields(est: Estimate) -> dict[str, Any]:
 def ls(
     all_: Annotated[bool, typer.Option("--all", "-a", help="Include ended jobs.")] = False,
     state: Annotated[list[str], typer.Option("--state", "-s", help="Only jobs in these states: "
-                     "pending, running, done, failed, cancelled, rejected (repeatable or a comma "
+                     "pending, running, done, failed, timeout, cancelled, rejected (repeatable or a comma "
                      "list; an ended state implies --all).")] = [],
     user: Annotated[list[str], typer.Option("--user", "-u", help="Only jobs of this user "
                     "(repeatable or a comma list).")] = [],

@@ -139,6 +139,20 @@ class Store:
             self.db.close()
             raise self._unusable(exc) from None
 
+    @classmethod
+    def read_only(cls, path: Path) -> Store:
+        """The store opened for reading only (``collocate report`` beside a running daemon):
+        no schema change, no id check, no write."""
+        store = object.__new__(cls)
+        store.path = Path(path)
+        try:
+            store.db = sqlite3.connect(f"file:{store.path}?mode=ro", uri=True, timeout=30.0)
+            store.db.execute("SELECT 1 FROM jobs LIMIT 1")
+        except sqlite3.Error as exc:
+            raise CollocateError(f"cannot read the job store {store.path}: {exc}",
+                                 hint="run this as the daemon's owner, on its --state-dir") from None
+        return store
+
     @property
     def _marker(self) -> Path:
         """``collocate.sqlite.id``: the store's random id, kept beside it. It outlives a store

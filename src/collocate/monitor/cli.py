@@ -42,7 +42,7 @@ def report(
         )
     store = MonitorStore(path)
     try:
-        result = build_report(store, out, since=start)
+        result = build_report(store, out, since=start, accounting=_accounting(path.parent))
     finally:
         store.close()
     typer.echo(f"{len(result.jobs)} job(s), {len(result.users)} user(s), "
@@ -50,6 +50,23 @@ def report(
                f"attributed to jobs")
     for f in result.files:
         typer.echo(f"wrote {f}")
+
+
+def _accounting(state_dir: Path) -> list[dict] | None:
+    """Every job as ``sacct`` shows it (state, exit code, GPUs, wait, run time), from the job
+    store read-only; None where there is none to read."""
+    from collocate.daemon.store import Store
+    from collocate.daemon.views import job_rows
+
+    try:
+        store = Store.read_only(state_dir / "collocate.sqlite")
+    except CollocateError:
+        return None
+    try:
+        running = {job.id: None for job, _, _ in store.jobs() if job.state.value == "running"}
+        return job_rows(store, include_done=True, running=running)
+    finally:
+        store.close()
 
 
 def dashboard(
