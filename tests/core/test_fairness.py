@@ -20,7 +20,7 @@ def cluster(n=2, now=0.0):
     return ClusterSnapshot.from_views([GpuView(GpuId("n0", i), 40_960.0) for i in range(n)], now=now)
 
 
-def scheduler(n=2, fairness=Fairness(), policy="exclusive"):
+def scheduler(n=2, fairness=None, policy="exclusive"):
     return Scheduler(make_policy(policy), Capacity.of(cluster(n)), fairness=fairness)
 
 

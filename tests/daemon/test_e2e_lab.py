@@ -9,7 +9,7 @@ import time
 
 import pytest
 from daemon_harness import wait_for
-from lab_harness import emulated_job, lab_daemon, lab_members, sh, stop_lab, why_no_lab, work_dir
+from lab_harness import emulated_job, lab_daemon, lab_members, stop_lab, why_no_lab, work_dir
 
 pytestmark = pytest.mark.skipif(why_no_lab() is not None, reason=str(why_no_lab()))
 
