@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 from daemon_harness import job_argv
 
@@ -149,3 +150,20 @@ def test_cancel_of_a_job_that_ended_before_a_restart_says_so(daemons):
     d.start()
     out = cli(d, "cancel", done)
     assert out.returncode == 0 and out.stdout.strip() == f"{done}: already done, nothing to cancel", out
+
+
+def test_gpus_watch_into_a_file_appends_a_table_every_second(daemons, tmp_path):
+    d = daemons()
+    out = tmp_path / "gpus.txt"
+    with out.open("w") as sink:
+        watch = subprocess.Popen([*CLI, "gpus", "--watch", "--state-dir", str(d.state_dir)],
+                                 stdout=sink, stderr=subprocess.PIPE)
+        try:
+            deadline = time.monotonic() + 60
+            while out.read_text().count("COMMITTED") < 2 and time.monotonic() < deadline:
+                time.sleep(0.2)
+        finally:
+            watch.send_signal(signal.SIGINT)
+            watch.wait(timeout=30)
+    text = out.read_text()
+    assert text.count("COMMITTED") >= 2 and text.count("A100-40GB") >= 4, text  # not nothing

@@ -86,12 +86,15 @@ def job_time(r: dict[str, Any]) -> str:
 
 def cut_name(name: str, width: int) -> str:
     """A name cut to ``width``, keeping a sweep's values (``train.py[lr=0.1,seed=2]``): the
-    part before ``[`` gives way first."""
+    part before ``[`` gives way first, then the values' start (the last axis, which varies
+    fastest, is what tells a sweep's jobs apart)."""
     if len(name) <= width:
         return name
     base, bracket, label = name.partition("[")
     if bracket and len(label) + 2 < width:
         return base[: width - len(label) - 2] + "…[" + label
+    if bracket:
+        return "…" + name[-(width - 1):]
     return name[: width - 1] + "…"
 
 
