@@ -53,6 +53,9 @@ from collocate.scheduler import Capacity, Scheduler
 
 log = logging.getLogger("collocate.daemon")
 REQUEST_TIMEOUT_S = 60.0
+#: Requests answered on the caller's thread: they read only the monitoring store (its own
+#: connection and lock), and a day of history may take a while to bucket.
+OFF_LOOP = frozenset({"history"})
 
 
 @dataclass(frozen=True)
@@ -229,6 +232,8 @@ class Service:
         """Run a request on the loop thread and wait for its answer (API threads call this)."""
         if self._stop.is_set():
             raise CollocateError("the daemon is shutting down", hint="start it again with `collocate serve`")
+        if op in OFF_LOOP:  # reads of the monitoring store alone: never hold up a round
+            return self.api.answer(op, args, peer)
         future: Future = Future()
         self._requests.put((op, args, peer, future))
         return future.result(timeout=REQUEST_TIMEOUT_S)

@@ -16,7 +16,10 @@ Two kinds of tables, on purpose:
 from __future__ import annotations
 
 import json
+import sqlite3
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -116,6 +119,8 @@ class MonitorStore:
         self.path = Path(path)
         self.retention = retention or Retention()
         self._lock = threading.Lock()
+        self._reader_lock = threading.Lock()
+        self._reader: sqlite3.Connection | None = None
         self._last_prune = float("-inf")
         self.db = open_wal(self.path, _SCHEMA, what="monitoring store")
         if "committed_mib" not in {r[1] for r in self.db.execute("PRAGMA table_info(mon_gpu)")}:
@@ -124,6 +129,18 @@ class MonitorStore:
     def close(self) -> None:
         with self._lock:
             self.db.close()
+        with self._reader_lock:
+            if self._reader is not None:
+                self._reader.close()
+
+    @contextmanager
+    def _reading(self) -> Iterator[sqlite3.Connection]:
+        """A connection of its own for long reads (a day of history), so they never hold the
+        writer's lock: WAL lets them read beside the daemon's writes."""
+        with self._reader_lock:
+            if self._reader is None:
+                self._reader = sqlite3.connect(self.path, timeout=30.0, check_same_thread=False)
+            yield self._reader
 
     # -- writes ----------------------------------------------------------------------------
     def write(self, tick: Tick) -> None:
@@ -274,13 +291,13 @@ class MonitorStore:
         GPUs held (GPU-seconds / bucket), GPU memory held, SM activity and energy. Bucketed in
         SQL, so an hour of 1 s samples costs no more to draw than two minutes."""
         step = max(1.0, (until - since) / max(1, points))
-        with self._lock:
-            gpu_rows = self.db.execute(
+        with self._reading() as db:
+            gpu_rows = db.execute(
                 "SELECT uuid, gpu, CAST((t - ?) / ? AS INTEGER) AS b, AVG(COALESCE(sm, gpu_util)),"
                 " AVG(used_mib), AVG(committed_mib), SUM(energy_j), MAX(total_mib)"
                 " FROM mon_gpu WHERE t >= ? AND t <= ? GROUP BY uuid, b ORDER BY uuid, b",
                 (since, step, since, until)).fetchall()
-            user_rows = self.db.execute(
+            user_rows = db.execute(
                 "SELECT COALESCE(u.user, ''), CAST((j.t - ?) / ? AS INTEGER) AS b,"
                 " SUM(j.gpu_time_s), SUM(j.gpu_mib), COUNT(DISTINCT j.t),"
                 " SUM(j.sm * j.occupancy_s), SUM(j.occupancy_s), SUM(j.energy_j)"
