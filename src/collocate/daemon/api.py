@@ -188,11 +188,15 @@ class Api:
                           for u, (n, g) in sorted(running.items())}}
 
     def op_set_limits(self, args: dict, peer: Peer) -> dict:
+        """Set the default caps (no ``user``) or one user's (``clear``: drop them); a cap the
+        request leaves out keeps its value."""
         f = self.scheduler.fairness
-        limits = UserLimits(_cap(args.get("max_jobs"), "--max-jobs"), _cap(args.get("max_gpus"), "--max-gpus"))
         user = args.get("user")
         if user is not None and (not isinstance(user, str) or not user.strip()):
             raise InputError(f"--user takes a user name, got {user!r}")
+        now = f.default if user is None else f.users.get(user, UserLimits())
+        limits = UserLimits(_cap(args.get("max_jobs", now.max_running_jobs), "--max-jobs"),
+                            _cap(args.get("max_gpus", now.max_gpus), "--max-gpus"))
         users = dict(f.users)
         if user is None:
             f = Fairness(f.fair_share, f.half_life_s, limits, users)

@@ -80,7 +80,8 @@ def limits(
     max_gpus: Annotated[int | None, typer.Option("--max-gpus", help="Most GPUs one user's running "
                         "jobs may hold at once.")] = None,
     clear: Annotated[bool, typer.Option("--clear", help="With --user: drop that user's own caps "
-                     "(the default applies again); alone: drop the default caps.")] = False,
+                     "(the default applies again); alone: drop the default caps. A cap not "
+                     "given otherwise keeps its value.")] = False,
     fair_share: Annotated[str | None, typer.Option("--fair-share", help="on (the default): among "
                           "jobs of equal priority, the user with the least recent GPU time goes "
                           "first; off: first come, first served.")] = None,
@@ -103,12 +104,14 @@ def limits(
     if changing:
         if user is not None and not (clear or max_jobs is not None or max_gpus is not None):
             raise InputError("--user needs --max-jobs, --max-gpus or --clear")
-        args: dict[str, Any] = {"user": user, "clear": clear}
-        if user is not None or clear or max_jobs is not None or max_gpus is not None:
-            args.update(max_jobs=max_jobs, max_gpus=max_gpus)
-        else:  # only --fair-share: keep the default caps as they are
-            current = client.request("limits")["default"]
-            args.update(max_jobs=current["max_jobs"], max_gpus=current["max_gpus"])
+        current = client.request("limits")
+        # a cap not given keeps its value: `--max-jobs 8` after `--max-gpus 4` keeps both
+        now = current["default"] if user is None else current["users"].get(user, {})
+        args: dict[str, Any] = {"user": user, "clear": clear,
+                                "max_jobs": max_jobs if max_jobs is not None else now.get("max_jobs"),
+                                "max_gpus": max_gpus if max_gpus is not None else now.get("max_gpus")}
+        if clear:
+            args.update(max_jobs=None, max_gpus=None)
         if fair_share is not None:
             args["fair_share"] = fair_share == "on"
         result = client.request("set_limits", **args)
