@@ -12,8 +12,8 @@ daemon. Three parties:
 What a member sees of *other* members' jobs is what ``squeue`` shows (``redact``): id, name,
 user, state, GPUs, memory, times, priority, queue position, and reasons without what the job
 printed (a failed job's reason quotes its last stderr line, which may hold a password). Their
-command, working directory, environment and logs stay theirs, unless they opted in with
-``collocate submit --public``.
+command, working directory, environment, logs and own metrics stay theirs, unless they opted in
+with ``collocate submit --public``.
 """
 
 from __future__ import annotations
@@ -91,7 +91,8 @@ def public_reason(reason: str | None) -> str:
 
 def redact(detail: dict[str, Any]) -> dict[str, Any]:
     """A job row or ``show`` detail as another member may see it (``squeue``'s view)."""
-    out = {k: v for k, v in detail.items() if k not in ("argv", "cwd", "signature", "notify")}
+    # metrics: what the job logged itself (``log_metric``), its own output as its logs are
+    out = {k: v for k, v in detail.items() if k not in ("argv", "cwd", "signature", "notify", "metrics")}
     out["reason"] = public_reason(out.get("reason"))
     if isinstance(out.get("attempts"), list):  # show's attempt rows (ls counts them)
         out["attempts"] = [{**a, "reason": public_reason(a.get("reason")), "dir": None}
