@@ -331,7 +331,8 @@ def test_monitor_tells_the_policy_which_gpus_read_which_dataset():
         (["python", "-m", "mypkg.train", "--epochs", "3"], "mypkg.train"),
         (["torchrun", "--nproc_per_node", "2", "train.py"], "train.py"),
         (["uv", "run", "finetune"], "finetune"),
-        (["bash", "-c", "echo hi"], "echo hi"),
+        (["bash", "-c", "echo hi"], "echo"),  # names are seen by all: no inline code
+        (["python3", "-c", "print('key')"], "python3 -c"),
         (["./train.sh", "x"], "train.sh"),
         (["python"], "python"),
     ],

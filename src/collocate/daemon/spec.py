@@ -128,12 +128,15 @@ _SHELLS = re.compile(r"^(bash|sh|zsh|dash)$")
 
 def default_name(argv: list[str] | tuple[str, ...]) -> str:
     """A job's name when none is given: the script or module a launcher runs, so ``collocate
-    ls`` shows ``train.py`` rather than a column of ``python``; for ``bash -c 'SCRIPT'`` the
-    script up to its first ``{`` or comment (a sweep's ``{placeholders}`` stay out of the
-    name, whose ``[values]`` part says them: ``sleep 30[lr=0.1]``, not ``sleep 30 # {lr}[lr=0.1]``)."""
-    if _SHELLS.match(os.path.basename(argv[0])) and "-c" in argv[1:-1]:
-        script = argv[argv.index("-c", 1) + 1]
-        token = script.split("{", 1)[0].split("#", 1)[0].strip() or script.strip() or argv[0]
+    ls`` shows ``train.py`` rather than a column of ``python``. A name is what every member of a
+    shared daemon sees (``daemon/rights.py``), so inline code never becomes one: ``bash -c
+    'SCRIPT'`` is named by the script's first word (its arguments and a sweep's
+    ``{placeholders}`` stay out: ``sleep[lr=0.1]``), ``python -c CODE`` is ``python -c``."""
+    if "-c" in argv[1:-1] and _LAUNCHERS.match(os.path.basename(argv[0])):
+        if not _SHELLS.match(os.path.basename(argv[0])):
+            return f"{os.path.basename(argv[0])} -c"
+        words = argv[argv.index("-c", 1) + 1].split()
+        token = words[0] if words else argv[0]
     else:
         token = program_token(argv)
     return token if "/" not in token else os.path.basename(token)

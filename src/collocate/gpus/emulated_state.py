@@ -164,6 +164,16 @@ class StateStore:
             if "rate" not in {r[1] for r in db.execute("PRAGMA table_info(claims)")}:  # older state
                 db.execute("ALTER TABLE claims ADD COLUMN rate REAL NOT NULL DEFAULT 1.0")
 
+    def keep_open(self) -> sqlite3.Connection:
+        """A connection held for the daemon's life. While one is open SQLite keeps the -wal and
+        -shm files, so they are made once (and shared with a ``--group`` by the daemon) rather
+        than re-made by every short connection below: each re-made file is briefly 0600 under
+        the daemon's umask, and a member's job opening it then failed with "unable to open
+        database file"."""
+        db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, check_same_thread=False)
+        db.execute("SELECT count(*) FROM devices").fetchone()
+        return db
+
     @contextmanager
     def tx(self, write: bool = True) -> Iterator[sqlite3.Connection]:
         """One transaction; ``write`` takes the write lock up front so check-and-claim is atomic."""
