@@ -13,6 +13,7 @@ REPO = Path(__file__).resolve().parents[1]
 CORE = [
     "src/collocate/model.py",
     "src/collocate/scheduler.py",
+    "src/collocate/fairness.py",
     "src/collocate/recovery.py",
     "src/collocate/interference.py",
     "src/collocate/activity.py",

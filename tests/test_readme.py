@@ -63,6 +63,8 @@ def test_the_readme_using_it_block_runs_as_written(tmp_path: Path) -> None:
     assert proc.returncode == 0, out[-4000:]
     assert re.search(r"runs/first\.pt: accuracy \d", out), out[-3000:]  # job 6 ran after job 1
     assert "1 done" in out and "6 done" in out
-    assert any((tmp_path / "report").iterdir())
+    summary = (tmp_path / "report" / "summary.md").read_text()
+    assert re.search(r"\| 1 \| \S+ \| train\.py \| done \| 0 \|", summary), summary  # sacct's fields
+    assert "No job was seen holding GPU memory" in summary  # the CPU jobs: said, not a table of zeros
     assert "carma-magm" in out and "auto" in out  # the simulator's table
     assert "method: traced" in out  # the estimate

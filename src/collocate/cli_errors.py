@@ -70,6 +70,8 @@ def usage_message(exc: Exception, argv: Sequence[str], commands: set[str]) -> st
         return f"{exc.format_message()}\n  hint: {hint}"  # type: ignore[attr-defined]
     opts = list(getattr(param, "opts", None) or [])
     label = opts[0] if opts and opts[0].startswith("-") else (param.name or "argument").upper()
+    if _is(exc, "MissingParameter"):  # not given at all: say so, not that its value is wrong
+        return f"{label} is missing: give {wanted}\n  hint: {hint}"
     value = _given(opts, argv) if opts and opts[0].startswith("-") else None
     given = "" if value is None else f", not {value!r}"
     return f"{label} takes {wanted}{given}\n  hint: {hint}"

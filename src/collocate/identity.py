@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 #: Launchers whose first script or module argument is the program: ``python train.py`` runs
 #: ``train.py``.
-_LAUNCHERS = re.compile(r"^(python[0-9.]*|pypy[0-9.]*|bash|sh|zsh|torchrun|accelerate|deepspeed|uv|nohup|env)$")
+LAUNCHERS = re.compile(r"^(python[0-9.]*|pypy[0-9.]*|bash|sh|zsh|torchrun|accelerate|deepspeed|uv|nohup|env)$")
 
 #: Option names (lower case, ``-`` as ``_``, the last part of a dotted Hydra key) whose value
 #: names a run rather than shapes it: left out of both keys.
@@ -73,7 +73,7 @@ class JobKeys:
 def program_token(argv: Sequence[str]) -> str:
     """The script or module a command runs, as written: past launchers such as ``python``,
     ``torchrun`` or ``bash``, so ``python train.py --lr 0.1`` and ``--lr 0.2`` give ``train.py``."""
-    if not _LAUNCHERS.match(os.path.basename(argv[0])):
+    if not LAUNCHERS.match(os.path.basename(argv[0])):
         return argv[0]
     rest = list(argv[1:])
     for i, arg in enumerate(rest):

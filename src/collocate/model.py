@@ -29,6 +29,7 @@ class JobState(StrEnum):
     FAILED = "failed"
     CANCELLED = "cancelled"
     REJECTED = "rejected"
+    TIMEOUT = "timeout"  # stopped at its time limit (``Job.time_limit_s``, Slurm's --time)
 
     @property
     def is_terminal(self) -> bool:
@@ -97,7 +98,6 @@ class Job:
     profile_source: str = "assumed"
     #: The variances of ``profile``'s SM and DRAM activity; None: the default for its source.
     profile_var: tuple[float, float] | None = None
-    user: str = ""  # who submitted it: under MPS a GPU serves one user's jobs at a time
     max_retries: int = 3
     retry_failures: bool = False  # retry non-OOM failures too (the user asked with --retries)
     attempts: int = 0
@@ -106,7 +106,18 @@ class Job:
     state: JobState = JobState.PENDING
     dataset: str | None = None
     after: tuple[str, ...] = ()  # ids of jobs that must end done before this one may start
+    after_any: tuple[str, ...] = ()  # ids of jobs that must end, in any state, first
+    after_notok: tuple[str, ...] = ()  # ids of jobs that must end other than done first
     reason: str = ""  # why it was rejected, failed or last requeued
+    #: Who submitted it: fair share and the per-user caps count by this name (``collocate.fairness``),
+    #: and under MPS a GPU serves one user's jobs at a time.
+    user: str = ""
+    time_limit_s: float | None = None  # stopped this long after it started (Slurm's --time)
+    started_at: float | None = None  # when its current attempt was placed (the round's ``now``)
+    #: Non-empty while it is held (``Scheduler.hold``): who held it, "user" or "admin" (a hold
+    #: only the daemon's owner may release, as Slurm's admin hold). A held job stays pending,
+    #: outside the policy's queue.
+    held: str = ""
 
     def evolve(self, **changes: object) -> Job:
         """``dataclasses.replace`` without its per-call introspection: the scheduler updates a
@@ -373,6 +384,8 @@ class WaitKind(StrEnum):
     DEPENDENCY = "dependency"  # a job it runs --after has not ended yet
     DRAIN = "drain"  # the daemon is draining: nothing new starts
     DISK = "disk"  # the daemon's disk is (nearly) full: a launch could not be recorded
+    HELD = "held"  # held by its owner or the daemon's owner (``collocate release`` frees it)
+    LIMIT = "limit"  # its user runs as many jobs or GPUs as the daemon's owner allows
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ class Outcome(StrEnum):
     FAILED = "failed"  # any other non-zero exit
     CANCELLED = "cancelled"
     LOST = "lost"  # the process vanished while the daemon was down; not the job's fault
+    TIMEOUT = "timeout"  # stopped at its time limit; never retried (as Slurm's TIMEOUT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +49,8 @@ def after_exit(job: Job, report: ExitReport, rules: RecoveryRules = RecoveryRule
         return job.evolve(state=JobState.DONE)
     if report.outcome is Outcome.CANCELLED:
         return job.evolve(state=JobState.CANCELLED)
+    if report.outcome is Outcome.TIMEOUT:
+        return job.evolve(state=JobState.TIMEOUT, reason=report.reason or "reached its time limit")
     if report.outcome is Outcome.LOST:  # not an attempt the job used up
         return job.evolve(state=JobState.PENDING, lost_attempts=job.lost_attempts + 1,
             reason=report.reason or "the attempt was lost; requeued",

@@ -2,8 +2,11 @@
 
 It owns the queue and the jobs' states, asks the policy for a plan each round, checks the plan,
 and applies the recovery rules when a job's process ends. A job that depends on others
-(``Job.after``) stays pending outside the policy's queue until they are done, and is cancelled
-if one of them ends any other way. It does no I/O and reads no clock:
+(``Job.after``: must end done; ``after_any``: must end; ``after_notok``: must end other than
+done) stays pending outside the policy's queue until they have, and is cancelled once they
+never can; so does a held job (``hold``/``release``). Among users who wait, fair share orders
+the queue and per-user caps bound what one user runs (``collocate.fairness``); a job with a time
+limit is reported ``overdue`` once it has run that long. It does no I/O and reads no clock:
 the caller passes the cluster snapshot and the time, and persists every changed job through the
 ``on_change`` hook (the daemon writes it to SQLite; the simulator keeps it in memory).
 """
@@ -16,7 +19,17 @@ from dataclasses import dataclass, field
 from sortedcontainers import SortedKeyList
 
 from collocate.errors import CollocateError
-from collocate.model import ClusterSnapshot, Job, JobState, Plan, Rejection, Wait, WaitKind
+from collocate.fairness import Fairness, FairQueue, Usage
+from collocate.model import (
+    ClusterSnapshot,
+    Job,
+    JobState,
+    Placement,
+    Plan,
+    Rejection,
+    Wait,
+    WaitKind,
+)
 from collocate.policies.base import Policy
 from collocate.recovery import ExitReport, RecoveryRules, after_exit
 
@@ -92,7 +105,8 @@ class Capacity:
 
 
 def queue_key(job: Job) -> tuple:
-    """Recovered jobs first, then higher priority, then earlier submission."""
+    """Within one user's queue: recovered jobs first, then higher priority, then earlier
+    submission (``FairQueue`` merges the users' queues by usage between priority and submission)."""
     return (not job.recovered, -job.priority, job.submit_time, job.id)
 
 
@@ -104,27 +118,47 @@ class Scheduler:
         *,
         rules: RecoveryRules = RecoveryRules(),
         on_change: Callable[[Job], None] | None = None,
+        fairness: Fairness | None = None,
     ) -> None:
         self.policy = policy
         self.capacity = capacity
         self.rules = rules
         self.jobs: dict[str, Job] = {}
-        self._queue = SortedKeyList(key=queue_key)
+        self._queues: dict[str, SortedKeyList] = {}  # user -> their pending jobs the policy may see
         self._dependents: dict[str, set[str]] = {}  # job id -> pending jobs waiting for it
         self._on_change = on_change or (lambda job: None)
         self.placements_made = 0
         self.waits: dict[str, Wait] = {}  # why the jobs the last round looked at still wait
         self._known_gpus: tuple[tuple, frozenset] = ((), frozenset())
+        self.fairness = fairness = fairness or Fairness()
+        self.usage = Usage(fairness.half_life_s)
+        self._deadlines: dict[str, float] = {}  # running job id -> when its time limit is up
+        self._now = 0.0  # the last round's time: the order ``queue`` shows between rounds
 
     # -- queue ------------------------------------------------------------------------------
     @property
     def queue(self) -> Sequence[Job]:
-        """Pending jobs in queue order (read-only view)."""
-        return self._queue
+        """Pending jobs the policy may place, in queue order (read-only view): the order of the
+        last round, with users at a cap included (``eligible`` leaves them out)."""
+        return FairQueue(self._queues, self._usage_at(self._now))
+
+    def eligible(self, now: float) -> Sequence[Job]:
+        """What the policy sees at ``now``: the queue without the jobs of users at a cap."""
+        if not self.fairness.capped:
+            return FairQueue(self._queues, self._usage_at(now))
+        # users at a cap whatever the job: left out whole, so a flood costs nothing per round
+        open_users = {user: q for user, q in self._queues.items()
+                      if q and self._cap(q[0].evolve(gpus=1)) is None}
+        return FairQueue(open_users, self._usage_at(now), self._over_cap)
+
+    def set_fairness(self, fairness: Fairness) -> None:
+        """New caps or fair-share settings (the daemon's owner changed them); usage is kept."""
+        self.fairness = fairness
+        self.usage.half_life_s = fairness.half_life_s
 
     def submit(self, job: Job) -> Job:
         """Queue a job, or reject it with a reason when no node could ever run it or a job it
-        depends on is unknown or has already ended without success."""
+        depends on is unknown or has already ended in a way that rules it out."""
         if job.id in self.jobs:
             raise CollocateError(f"job id {job.id!r} is already known")
         reason = self.capacity.why_not(job) or self.why_not_after(job)
@@ -139,12 +173,16 @@ class Scheduler:
 
     def why_not_after(self, job: Job) -> str | None:
         """Why ``job``'s dependencies can never be met, or None."""
-        for dep in job.after:
-            other = self.jobs.get(dep)
-            if other is None:
+        for dep in (*job.after, *job.after_any, *job.after_notok):
+            if dep not in self.jobs:
                 return f"depends on job {dep}, which does not exist"
-            if other.state.is_terminal and other.state is not JobState.DONE:
-                return f"depends on job {dep}, which ended {other.state.value}"
+        for dep in job.after:
+            state = self.jobs[dep].state
+            if state.is_terminal and state is not JobState.DONE:
+                return f"depends on job {dep}, which ended {state.value}"
+        for dep in job.after_notok:
+            if self.jobs[dep].state is JobState.DONE:
+                return f"runs only if job {dep} does not succeed (--after-notok), but it ended done"
         return None
 
     def restore(self, jobs: Iterable[Job]) -> None:
@@ -154,6 +192,8 @@ class Scheduler:
             self.jobs[job.id] = job
         doomed = []
         for job in self.jobs.values():
+            if job.state is JobState.RUNNING:
+                self._running(job)
             if job.state is not JobState.PENDING:
                 continue
             if why := self.why_not_after(job):
@@ -161,24 +201,29 @@ class Scheduler:
             elif waiting := self._unfinished(job):
                 for dep in waiting:
                     self._dependents.setdefault(dep, set()).add(job.id)
-            else:
-                self._queue.add(job)
+            elif not job.held:
+                self._queue_of(job.user).add(job)
         for job in doomed:
             self._store(job)
 
     # -- rounds -----------------------------------------------------------------------------
     def schedule(self, cluster: ClusterSnapshot) -> Plan:
         """Run one policy round and mark the placed jobs running."""
-        if not self._queue:
+        self._now = cluster.now
+        if not any(self._queues.values()):
             return Plan()
         if self.placements_made:  # the scheduler alone counts them; snapshot builders do not
             cluster = cluster.evolve(placements_made=self.placements_made)
-        plan = self.policy(self._queue, cluster)
+        queue = self.eligible(cluster.now)
+        plan = self.policy(queue, cluster) if queue else Plan()
         self._check(plan, cluster)
+        if self.fairness.capped:
+            plan = self._within_caps(plan)
         self.waits = dict(plan.waits)
         for placement in plan.placements:
             job = self.jobs[placement.job_id]
-            self._store(job.evolve(state=JobState.RUNNING, attempts=job.attempts + 1))
+            self._store(job.evolve(state=JobState.RUNNING, attempts=job.attempts + 1,
+                                   started_at=cluster.now))
         for rejection in plan.rejections:
             job = self.jobs[rejection.job_id]
             self._store(job.evolve(state=JobState.REJECTED, reason=rejection.reason))
@@ -186,17 +231,25 @@ class Scheduler:
         return plan
 
     def why_waiting(self, job_id: str) -> Wait | None:
-        """Why a pending job has not started: its dependencies, the last round's reason, or its
-        turn in the queue (the policy stopped before it). None for a job that is not pending."""
+        """Why a pending job has not started: a hold, its dependencies, its user's cap, the
+        last round's reason, or its turn in the queue (the policy stopped before it). None for
+        a job that is not pending."""
         job = self.jobs.get(job_id)
         if job is None or job.state is not JobState.PENDING:
             return None
-        if job.after and (waiting := self._unfinished(job)):
+        if job.held:
+            by = "the daemon's owner" if job.held == "admin" else "its owner"
+            return Wait(WaitKind.HELD, f"held by {by}: `collocate release {job.id}` lets it start")
+        if (job.after or job.after_any or job.after_notok) and (waiting := self._unfinished(job)):
             return Wait(WaitKind.DEPENDENCY, _waits_for(waiting))
+        if self.fairness.capped and (why := self._cap(job)):
+            return Wait(WaitKind.LIMIT, why)
         return self.waits.get(job_id) or Wait(
             WaitKind.QUEUE, "not reached by the last scheduling round: jobs ahead of it go first")
 
-    def job_exited(self, job_id: str, report: ExitReport) -> Job:
+    def job_exited(self, job_id: str, report: ExitReport, now: float | None = None) -> Job:
+        """Apply the recovery rules to a running job's end; ``now`` (when it ended) charges the
+        GPU time it held to its user's fair-share usage."""
         job = self.jobs[job_id]
         if job.state is not JobState.RUNNING:
             raise CollocateError(f"job {job_id} is {job.state}, not running")
@@ -205,49 +258,122 @@ class Scheduler:
             # e.g. an OOM raised its requirement beyond every GPU: waiting would be forever
             cause = report.reason or report.outcome.value
             job = job.evolve(state=JobState.FAILED, reason=f"{cause}; cannot retry: it now {why}")
-        return self._store(job)
+        return self._store(job, now)
 
-    def cancel(self, job_id: str) -> Job:
+    def cancel(self, job_id: str, reason: str = "cancelled by the user", now: float | None = None) -> Job:
         job = self.jobs[job_id]
         if job.state.is_terminal:
             return job
-        return self._store(job.evolve(state=JobState.CANCELLED, reason="cancelled by the user"))
+        return self._store(job.evolve(state=JobState.CANCELLED, reason=reason), now)
+
+    def hold(self, job_id: str, by: str = "user") -> Job:
+        """Keep a pending job from starting until ``release`` (Slurm's ``scontrol hold``)."""
+        job = self.jobs[job_id]
+        if job.state is not JobState.PENDING:
+            raise CollocateError(f"job {job_id} is {job.state.value}: only a pending job can be held")
+        return self._store(job.evolve(held=by or "user"))
+
+    def release(self, job_id: str) -> Job:
+        job = self.jobs[job_id]
+        return job if not job.held else self._store(job.evolve(held=""))
+
+    def overdue(self, now: float) -> list[Job]:
+        """Running jobs whose time limit is up at ``now``: the caller stops them and reports
+        ``Outcome.TIMEOUT``."""
+        return [self.jobs[j] for j, deadline in self._deadlines.items() if deadline <= now]
 
     def update(self, job: Job) -> Job:
         """Replace a job's record (e.g. a new estimate), keeping the queue consistent."""
         return self._store(job)
 
     # -- internals --------------------------------------------------------------------------
-    def _store(self, job: Job) -> Job:
+    def _queue_of(self, user: str) -> SortedKeyList:
+        queue = self._queues.get(user)
+        if queue is None:
+            queue = self._queues[user] = SortedKeyList(key=queue_key)
+        return queue
+
+    def _usage_at(self, now: float) -> Callable[[str], float] | None:
+        if not self.fairness.fair_share:
+            return None
+        return lambda user: self.usage.of(user, now)
+
+    def _store(self, job: Job, now: float | None = None) -> Job:
         old = self.jobs.get(job.id)
         if old is not None and old.state is JobState.PENDING:
-            self._queue.discard(old)  # absent while it waited for its dependencies
+            self._queue_of(old.user).discard(old)
+        if old is not None and old.state is JobState.RUNNING and job.state is not JobState.RUNNING:
+            self._deadlines.pop(job.id, None)
+            started = old.started_at if old.started_at is not None else (now or 0.0)
+            self.usage.stopped(old.user, old.gpus, started, now)
         self.jobs[job.id] = job
-        if job.state is JobState.PENDING and not (job.after and self._unfinished(job)):
-            self._queue.add(job)
+        if job.state is JobState.RUNNING and (old is None or old.state is not JobState.RUNNING):
+            self._running(job)
+        if job.state is JobState.PENDING and not job.held and not (
+                (job.after or job.after_any or job.after_notok) and self._unfinished(job)):
+            self._queue_of(job.user).add(job)
         self._on_change(job)
         if job.state.is_terminal and job.id in self._dependents:
             self._release_dependents(job)
         return job
 
+    def _running(self, job: Job) -> None:
+        started = job.started_at if job.started_at is not None else self._now
+        self.usage.started(job.user, job.gpus, started)
+        if job.time_limit_s is not None:
+            self._deadlines[job.id] = started + job.time_limit_s
+
     def _unfinished(self, job: Job) -> list[str]:
-        return [dep for dep in job.after if self.jobs[dep].state is not JobState.DONE]
+        """The jobs ``job`` still waits for (by id, in the order it named them)."""
+        jobs = self.jobs
+        return ([dep for dep in job.after if jobs[dep].state is not JobState.DONE]
+                + [dep for dep in (*job.after_any, *job.after_notok) if not jobs[dep].state.is_terminal])
 
     def _release_dependents(self, job: Job) -> None:
-        """Queue the jobs that waited only for ``job``, or cancel them all if it did not succeed
-        (which cancels their own dependents in turn)."""
+        """Queue the jobs that waited only for ``job``, or cancel those it can no longer let
+        start (which cancels their own dependents in turn)."""
         for dep_id in sorted(self._dependents.pop(job.id), key=lambda i: (self.jobs[i].submit_time, i)):
             waiter = self.jobs[dep_id]
             if waiter.state is not JobState.PENDING:
                 continue
-            if job.state is not JobState.DONE:
+            if job.id in waiter.after and job.state is not JobState.DONE:
                 self._store(waiter.evolve(
                     state=JobState.CANCELLED, reason=f"job {job.id} it depends on ended {job.state.value}"
                 ))
+            elif job.id in waiter.after_notok and job.state is JobState.DONE:
+                self._store(waiter.evolve(
+                    state=JobState.CANCELLED,
+                    reason=f"job {job.id} ended done; this job was to run only if it did not (--after-notok)"))
             elif not (waiting := self._unfinished(waiter)):
                 self._store(waiter.evolve(reason=""))
             else:
                 self._store(waiter.evolve(reason=_waits_for(waiting)))
+
+    def _cap(self, job: Job, extra_jobs: int = 0, extra_gpus: int = 0) -> str | None:
+        jobs, gpus = self.usage.running(job.user)
+        return self.fairness.limits(job.user).why_not(job.user, jobs + extra_jobs, gpus + extra_gpus, job.gpus)
+
+    def _over_cap(self, job: Job) -> bool:
+        return self._cap(job) is not None
+
+    def _within_caps(self, plan: Plan) -> Plan:
+        """The plan without placements that would take a user past a cap in this round (in the
+        policy's order); those jobs wait with the cap as their reason."""
+        taken: dict[str, tuple[int, int]] = {}
+        kept: list[Placement] = []
+        waits = dict(plan.waits)
+        for p in plan.placements:
+            job = self.jobs[p.job_id]
+            jobs, gpus = taken.get(job.user, (0, 0))
+            why = self._cap(job, jobs, gpus)
+            if why is None:
+                kept.append(p)
+                taken[job.user] = (jobs + 1, gpus + job.gpus)
+            else:
+                waits[job.id] = Wait(WaitKind.LIMIT, why)
+        if len(kept) == len(plan.placements):
+            return plan
+        return Plan(tuple(kept), plan.rejections, waits)
 
     def _check(self, plan: Plan, cluster: ClusterSnapshot) -> None:
         if self._known_gpus[0] is not cluster.ids:

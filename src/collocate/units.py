@@ -1,8 +1,11 @@
-"""Memory sizes as people write them, turned into MiB (the unit the scheduler counts in).
+"""Memory sizes and durations as people write them, turned into MiB and seconds.
 
-Used wherever a size crosses the edge: ``collocate submit --mem``, ``collocate emulate-job
---mem``, trace files. Binary and decimal suffixes both mean powers of 1024, because that is what
-``nvidia-smi`` and PyTorch print ("3G" next to a GPU means GiB to everyone who types it).
+Sizes cross the edge at ``collocate submit --mem``, ``collocate emulate-job --mem`` and in trace
+files. Binary and decimal suffixes both mean powers of 1024, because that is what ``nvidia-smi``
+and PyTorch print ("3G" next to a GPU means GiB to everyone who types it). Durations (``submit
+--time``) read as Slurm's ``--time`` does, so a Slurm user's habit carries over: a bare number
+is minutes, ``MM:SS``, ``HH:MM:SS`` and ``D-HH[:MM[:SS]]``; ``90s``, ``30m``, ``2h``, ``1d``
+too. ``format_duration`` prints them as ``squeue``'s TIME column does.
 """
 
 from __future__ import annotations
@@ -69,7 +72,60 @@ def format_mib(mib: float) -> str:
 
 
 def _bad(text: object) -> InputError:
-    return InputError(
-        f"cannot read memory size {text!r}",
-        hint="write a number with an optional unit, e.g. 3GiB, 512MiB, 1.5G or 2048 (MiB)",
-    )
+    match = _SIZE.match(str(text))
+    if match:  # a number and letters that are no unit: `3GiBs`, `3 gigs`
+        value = match[1]
+        hint = f"write {value}GiB or {value}MiB (K, M, G, T, with or without i and B)"
+    else:
+        hint = "write a number and a unit, e.g. 3GiB, 512MiB or 1.5G"
+    return InputError(f"cannot read memory size {text!r}", hint=hint)
+
+
+_DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_DURATION = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+
+
+def parse_duration(text: str | float | int, option: str = "--time") -> float:
+    """Seconds in a time limit, Slurm-style: ``30`` (minutes), ``30:00`` (MM:SS),
+    ``2:00:00``, ``1-12``, ``1-12:30``, ``1-12:30:00``; or ``90s``, ``30m``, ``2h``, ``1.5d``.
+
+    >>> parse_duration("30"), parse_duration("1:30:00"), parse_duration("1-0"), parse_duration("90s")
+    (1800.0, 5400.0, 86400.0, 90.0)
+    """
+    raw = str(text).strip().lower()
+    seconds: float | None = None
+    if raw and raw[-1] in _DURATION_UNITS:
+        try:
+            seconds = float(raw[:-1]) * _DURATION_UNITS[raw[-1]]
+        except ValueError:
+            seconds = None
+    elif m := _DURATION.match(raw):
+        days, a, b, c = (int(g) if g is not None else None for g in m.groups())
+        if days is not None:  # D-HH, D-HH:MM, D-HH:MM:SS
+            seconds = days * 86400.0 + (a or 0) * 3600.0 + (b or 0) * 60.0 + (c or 0)
+        elif c is not None:  # HH:MM:SS
+            seconds = (a or 0) * 3600.0 + (b or 0) * 60.0 + c
+        elif b is not None:  # MM:SS
+            seconds = (a or 0) * 60.0 + b
+        else:  # a bare number: minutes, as Slurm reads it
+            seconds = (a or 0) * 60.0
+    if seconds is None or not math.isfinite(seconds) or seconds <= 0:
+        raise InputError(f"cannot read {option} {str(text)!r} as a time limit",
+                         hint="write minutes (30), MM:SS, HH:MM:SS, D-HH:MM:SS as Slurm does, "
+                         "or 90s, 30m, 2h, 1d")
+    return seconds
+
+
+def format_duration(seconds: float | None) -> str:
+    """``squeue``'s TIME: ``M:SS``, ``H:MM:SS``, ``D-HH:MM:SS``; ``-`` when unknown."""
+    if seconds is None or not math.isfinite(seconds):
+        return "-"
+    total = max(0, int(seconds))
+    days, rest = divmod(total, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}-{hours:02d}:{minutes:02d}:{secs:02d}"
+    if hours:
+        return f"{hours}:{minutes:02d}:{secs:02d}"
+    return f"{minutes}:{secs:02d}"

@@ -85,10 +85,11 @@ def test_ls_fits_120_columns_shows_reasons_and_prints_names_as_written():
     c.print(render.jobs_table(rows, 120))
     lines = c.file.getvalue().splitlines()
     assert all(len(line) <= 120 for line in lines)
-    assert "REASON" in lines[0] and "train.py[lr=0.1,seed=0]" in lines[1]
-    assert "memory: needs 6.0 GiB" in lines[1] and lines[1].endswith("…")
-    assert "\x1b" not in c.file.getvalue() and "x[/]\\x1b" in lines[2]
-    assert "old requeue" not in lines[3] and lines[4].rstrip().endswith("in-flight")
+    # squeue's order: running, then pending (queue position first), then ended
+    assert "REASON" in lines[0] and "train.py[lr=0.1,seed=0]" in lines[2]
+    assert "memory: needs 6.0 GiB" in lines[2] and lines[2].endswith("…")
+    assert "\x1b" not in c.file.getvalue() and "x[/]\\x1b" in lines[1]
+    assert "old requeue" not in lines[4] and lines[3].rstrip().endswith("in-flight")
     assert "-" in render.when(0) and ":" in render.when(0) and len(render.when(0)) == 19
 
 
@@ -111,3 +112,35 @@ def test_logs_of_a_pending_job_says_why_and_escapes_another_users_output():
     print_logs(lambda *a, **k: next(once), "4", stream="stdout", attempt=None, follow=False,
                out=io.StringIO(), err=err)
     assert err.getvalue() == "--- job 4 cancelled before it started: by you ---\n"
+
+
+def test_a_sweep_keeps_its_values_in_the_name_and_show_quotes_the_command(capsys):
+    from collocate.daemon.spec import default_name
+
+    assert default_name(["bash", "-c", "sleep 30 # {learning_rate}"]) == "sleep"  # no placeholder
+    name = f"{default_name(['python', 'long_experiment_name.py'])}[learning_rate=0.001,seed=3]"
+    cut = render.cut_name(name, 24)
+    assert len(cut) == 24 and cut.endswith("[learning_rate=0.001,seed=3]"[-22:]) and "…" in cut
+    assert render.cut_name("short[a=1]", 24) == "short[a=1]"
+    detail = {"id": "3", "name": "t", "state": "failed", "reason": "exited with status 1",
+              "argv": ["python", "train.py", "--tag", "run one", "--note", "it's"], "cwd": "/w",
+              "user": "ada", "gpus": 1, "mem_mib": 1024.0, "mem_source": "declared", "attempts_used": 1,
+              "max_retries": 3, "oom_crashes": 0, "submit_time": 0.0, "end_time": 1.0, "attempts": []}
+    render.print_detail(detail)
+    out = capsys.readouterr().out
+    assert "python train.py --tag 'run one' --note 'it'\"'\"'s'" in out  # copy, paste, run
+    assert "1 attempt(s); out-of-memory crashes are retried up to 3 time(s), other failures are not" in out
+    retried = render.retries_line({**detail, "retry_failures": True, "oom_crashes": 1})
+    assert retried.startswith("1 attempt(s) of 4 allowed (failures and out-of-memory crashes are retried)")
+
+
+def test_ls_shows_time_against_the_limit_and_the_queue_order():
+    rows = [_row(id="5", position=2), _row(id="6", position=1, priority=-3),
+            _row(id="7", state="running", elapsed_s=75.0, time_limit_s=3600.0, on=["n:0"]),
+            _row(id="8", state="timeout", elapsed_s=7200.0, time_limit_s=7200.0, exit_code=-15, on=["n:1"])]
+    c = Console(file=io.StringIO(), width=160, markup=False, emoji=False, highlight=False)
+    c.print(render.jobs_table(rows, 160))
+    lines = c.file.getvalue().splitlines()
+    assert [line.split()[0] for line in lines[1:]] == ["7", "6", "5", "8"]
+    assert "PRIO" in lines[0] and "EXIT" in lines[0] and "1:15/1:00:00" in lines[1]
+    assert "2:00:00/2:00:00" in lines[4] and "-15" in lines[4] and "n:1" in lines[4]

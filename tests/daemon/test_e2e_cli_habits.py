@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 from daemon_harness import job_argv
 
@@ -110,6 +111,9 @@ def test_bad_options_get_a_collocate_error_naming_what_is_wanted(tmp_path):
         (["submit", "--mem", "6", "--", "true"], "error: --mem 6 has no unit", "write 6GiB"),
         (["cancel", "3-x"], "error: cannot read job id '3-x'", "3-7"),
         (["submit", "--bogus", "--", "true"], "No such option: --bogus", "collocate submit --help"),
+        (["submit", "--mem", "3GiBs", "--", "true"], "error: cannot read memory size '3GiBs'",
+         "write 3GiB or 3MiB"),  # never a bare number, which --mem refuses
+        (["submit", "--time", "soon", "--", "true"], "error: cannot read --time 'soon'", "HH:MM:SS"),
     ]
     for args, message, hint in cases:
         out = run(*args)
@@ -117,6 +121,9 @@ def test_bad_options_get_a_collocate_error_naming_what_is_wanted(tmp_path):
         assert message in out.stderr and hint in out.stderr, (args, out.stderr)
         assert "Traceback" not in out.stderr and "Input should be" not in out.stderr
     assert run("ls", "--help").returncode == 0
+    missing = subprocess.run([sys.executable, "-m", "collocate.cli", "estimate", "pkg.mod:fn"], env=env,
+                             capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 2 and "error: --batch-size is missing: give a whole number" in missing.stderr
 
 
 def test_a_jobs_own_words_cannot_forge_or_colour_daemon_log_lines(daemons):
@@ -143,3 +150,20 @@ def test_cancel_of_a_job_that_ended_before_a_restart_says_so(daemons):
     d.start()
     out = cli(d, "cancel", done)
     assert out.returncode == 0 and out.stdout.strip() == f"{done}: already done, nothing to cancel", out
+
+
+def test_gpus_watch_into_a_file_appends_a_table_every_second(daemons, tmp_path):
+    d = daemons()
+    out = tmp_path / "gpus.txt"
+    with out.open("w") as sink:
+        watch = subprocess.Popen([*CLI, "gpus", "--watch", "--state-dir", str(d.state_dir)],
+                                 stdout=sink, stderr=subprocess.PIPE)
+        try:
+            deadline = time.monotonic() + 60
+            while out.read_text().count("COMMITTED") < 2 and time.monotonic() < deadline:
+                time.sleep(0.2)
+        finally:
+            watch.send_signal(signal.SIGINT)
+            watch.wait(timeout=30)
+    text = out.read_text()
+    assert text.count("COMMITTED") >= 2 and text.count("A100-40GB") >= 4, text  # not nothing

@@ -83,7 +83,20 @@ def test_follow_goes_through_a_retried_failure_and_ends_with_the_failure(daemons
     d.wait_state(never, "failed")
     done = run(d, "logs", never, "-f")
     assert done.returncode == 0 and done.stdout == "once\n"
-    assert f"--- job {never} failed: exited with status 4 ---" in done.stderr
+    ended = f"--- job {never} failed: exited with status 4; its stderr: `collocate logs {never} --stderr` ---"
+    assert ended in done.stderr
+    plain = run(d, "logs", never)  # without -f too: where the cause usually is
+    assert plain.stdout == "once\n" and ended in plain.stderr
+
+
+def test_logs_of_a_pending_job_says_why_it_waits(daemons):
+    d = daemons()
+    d.client.request("drain")
+    job = d.submit([sys.executable, "-c", "pass"], mem="1GiB")
+    out = run(d, "logs", job)
+    assert out.returncode == 0 and out.stdout == ""
+    assert out.stderr.strip() == (f"--- job {job} is pending: drain: the daemon is draining: "
+                                  "`collocate resume` starts jobs again ---")
 
 
 def test_ctrl_c_ends_a_follow_quietly(daemons):

@@ -353,7 +353,8 @@ def test_monitor_tells_the_policy_which_gpus_read_which_dataset():
         (["python", "-m", "mypkg.train", "--epochs", "3"], "mypkg.train"),
         (["torchrun", "--nproc_per_node", "2", "train.py"], "train.py"),
         (["uv", "run", "finetune"], "finetune"),
-        (["bash", "-c", "echo hi"], "echo hi"),
+        (["bash", "-c", "echo hi"], "echo"),  # names are seen by all: no inline code
+        (["python3", "-c", "print('key')"], "python3 -c"),
         (["./train.sh", "x"], "train.sh"),
         (["python"], "python"),
     ],
@@ -457,3 +458,30 @@ def test_is_mps_server_reads_the_process_name(tmp_path):
         proc.kill()
         proc.wait()
     assert not is_mps_server(proc.pid)  # reaped: no such process
+
+
+def test_the_rights_table_in_the_docs_is_the_one_in_the_code():
+    """docs/security.md prints ``rights.RIGHTS`` row for row: a rule changed in one place only
+    fails here."""
+    import re
+    from pathlib import Path
+
+    from collocate.daemon.protocol import OPS
+    from collocate.daemon.rights import RIGHTS
+
+    doc = (Path(__file__).parents[2] / "docs" / "security.md").read_text()
+    rows = dict(re.findall(r"^\| `(\w+)` \| ([^|]+) \|", doc, flags=re.MULTILINE))
+    assert {op: who.strip() for op, who in rows.items()} == {op: str(who) for op, (who, _) in RIGHTS.items()}
+    assert set(OPS) == set(RIGHTS)
+
+
+def test_what_another_member_sees_of_a_failed_job():
+    from collocate.daemon.rights import public_reason, redact
+
+    assert public_reason("exited with status 1: password=hunter2") == "exited with status 1"
+    assert public_reason("could not start the job: [Errno 2] /home/ann/x") == "could not start the job"
+    assert public_reason("waits for job 3") == "waits for job 3"
+    shown = redact({"id": "1", "argv": ["x", "--key", "s"], "cwd": "/home/ann", "reason": "exited with status 2: s",
+                    "attempts": [{"n": 1, "reason": "exited with status 2: s", "dir": "/state/jobs/1"}]})
+    assert "argv" not in shown and "cwd" not in shown and "s" not in shown["reason"].split(" ")
+    assert shown["attempts"][0] == {"n": 1, "reason": "exited with status 2", "dir": None}

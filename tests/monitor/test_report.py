@@ -88,3 +88,29 @@ def test_energy_bars_show_every_job_or_the_rest_as_others():
     labels, values = energy_bars(many)
     assert len(labels) == ENERGY_BARS and labels[0] == "100" and labels[-1] == "others"
     assert sum(values) == sum(j.energy_wh for j in many)  # nothing dropped silently
+
+
+def test_report_gives_each_job_its_sacct_fields_from_the_job_store(tmp_path):
+    """A CPU job on emulated GPUs holds no GPU memory: the report still says what it did
+    (state, exit code, GPUs, wait, run time, GPUs held x hours), and why the measured columns
+    are empty, rather than a table of zeros."""
+    from collocate.daemon.spec import JobSpec
+    from collocate.daemon.store import Attempt, Store
+    from collocate.model import Job, JobState
+
+    store = Store(tmp_path / "collocate.sqlite")
+    for job_id, state, code in (("1", JobState.DONE, 0), ("2", JobState.FAILED, 3)):
+        store.add_job(Job(job_id, submit_time=100.0, name=f"train{job_id}", user="ann"),
+                      JobSpec(("python", "train.py"), "/", user="ann"))
+        store.add_attempt(Attempt(job_id, 1, 160.0, ("n:0",), ("GPU-0",), "/x"))
+        store.update_attempt(Attempt(job_id, 1, 160.0, ("n:0",), ("GPU-0",), "/x", end=3760.0,
+                                     returncode=code, outcome="succeeded"))
+        store.save_job(Job(job_id, submit_time=100.0, name=f"train{job_id}", user="ann", state=state))
+    store.close()
+    MonitorStore(monitor_db_path(tmp_path)).close()
+    result = CliRunner().invoke(app, ["report", "--state-dir", str(tmp_path), "--out", str(tmp_path / "r")])
+    assert result.exit_code == 0, result.output
+    md = (tmp_path / "r" / "summary.md").read_text()
+    assert "| 2 | ann | train2 | failed | 3 | n:0 | 1:00 | 1:00:00 | - | - | - | - |" in md
+    assert "| ann | 2 | 0.000 | 0.00 | 0.000 | 2.000 | 1:00 |" in md  # 2 GPU-hours held
+    assert "No job was seen holding GPU memory" in md

@@ -70,3 +70,29 @@ def test_retention_by_age_and_rows_keeps_totals(tmp_path):
 def test_bad_retention_is_refused():
     with pytest.raises(ValueError, match="max_age_s"):
         Retention(max_age_s=0)
+
+
+def test_history_buckets_gpus_and_users_with_committed_memory(tmp_path):
+    """The dashboard's history: per GPU used beside committed memory, per user GPUs held and
+    energy, in at most ``points`` buckets however long the range; a store of before (no
+    committed column) is upgraded on open."""
+    import dataclasses
+    import sqlite3
+
+    old = tmp_path / "old.sqlite"
+    with sqlite3.connect(old) as db:
+        db.execute("CREATE TABLE mon_gpu (t REAL NOT NULL, uuid TEXT NOT NULL, gpu TEXT NOT NULL,"
+                   " used_mib REAL, total_mib REAL, gpu_util REAL, sm REAL, occ REAL, dram REAL,"
+                   " power_w REAL, energy_j REAL, jobs TEXT NOT NULL)")
+    store = MonitorStore(old)
+    for tick in run_ticks(MonitorStore(tmp_path / "scratch.sqlite"), 11):
+        store.write(dataclasses.replace(tick, committed={UUID: 6000.0}))
+    h = store.history(1000.0, 1010.0, points=5)
+    assert h["step_s"] == 2.0 and len(h["gpus"]) == 1 and len(h["gpus"][0]["points"]) == 6
+    point = h["gpus"][0]["points"][0]
+    assert point["used_mib"] == 4000 and point["committed_mib"] == 6000.0 and point["util"] == 0.8
+    users = {u["user"]: u["points"] for u in h["users"]}
+    assert set(users) == {"ann", "bob"}
+    assert sum(p["energy_wh"] for p in users["ann"]) + sum(p["energy_wh"] for p in users["bob"]) == \
+        pytest.approx(3000 / 3600)
+    assert users["ann"][1]["gpus"] == pytest.approx(0.75)  # its share of the GPU's time

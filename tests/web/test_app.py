@@ -142,7 +142,7 @@ def test_metrics_endpoint_serves_the_registry_and_queue_metrics(source):
                for f in text_string_to_metric_families(r.text) for s in f.samples}
     jobs = {dict(k[1])["state"]: v for k, v in samples.items() if k[0] == "collocate_jobs"}
     assert jobs == {"pending": 3, "running": 1, "done": 2, "failed": 1, "cancelled": 0,
-                    "rejected": 0}
+                    "rejected": 0, "timeout": 0}
     assert samples["collocate_jobs_waiting", (("wait", "memory"),)] == 2
     assert samples["collocate_jobs_waiting", (("wait", "queue"),)] == 1  # no kind given
     assert samples["collocate_oom_crashes_total", ()] == 8

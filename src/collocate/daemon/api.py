@@ -3,7 +3,8 @@
 API threads never call these directly: ``Service.call`` hands each request to the loop, which
 answers it between rounds, so a handler may change the scheduler, the store and the running
 attempts without locks. Requests are checked here (``spec.validate_submit``,
-``protocol.check_logs_args``, ownership) before anything changes.
+``protocol.check_logs_args``, and who may ask, by the one table in ``rights.py``) before
+anything changes; what a member sees of others' jobs is redacted there too.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from collocate.daemon import views
+from collocate.daemon import rights, views
 from collocate.daemon.attempts import Attempts
 from collocate.daemon.datasets import resolve_factory
 from collocate.daemon.faults import disk_full, disk_nearly_full
@@ -25,6 +26,7 @@ from collocate.daemon.spec import JobSpec, submit_key, validate_submit
 from collocate.daemon.store import Store
 from collocate.daemon.tracking import DaemonTracking
 from collocate.errors import InputError
+from collocate.fairness import Fairness, UserLimits
 from collocate.knowledge import ProfileKnowledge, with_belief
 from collocate.model import Job, JobState, Wait, WaitKind
 from collocate.recovery import Outcome
@@ -41,8 +43,9 @@ class Api:
 
     def answer(self, op: str, args: dict[str, Any], peer: Peer) -> Any:
         handler = getattr(self, f"op_{op}", None)
-        if handler is None:  # the server checks names first; this keeps the loop honest
+        if handler is None or op not in rights.RIGHTS:  # the server checks names first
             raise InputError(f"unknown request {op!r}")
+        rights.check_admin(op, peer.uid)
         return handler(args, peer)
 
     def op_ping(self, args: dict, peer: Peer) -> dict:
@@ -62,6 +65,9 @@ class Api:
             return {"id": job.id, "state": job.state.value, "mem_mib": job.mem_mib,
                     "mem_source": job.mem_source}
         req = validate_submit(args, uid=peer.uid, gid=peer.gid, user=peer.user)
+        if req.priority > 0 and not rights.is_admin(peer.uid):
+            raise InputError(f"only the daemon's owner may raise a job's priority (asked {req.priority})",
+                             hint="lower your own job's with --nice N; ask the daemon's owner to raise one")
         if req.spec.dataset is not None:  # remembered per name, so the stored spec is complete
             factory = resolve_factory(req.spec, self.scheduler.jobs.values(), self.specs)
             req = replace(req, spec=replace(req.spec, dataset_factory=factory))
@@ -74,8 +80,10 @@ class Api:
             mem, source, uncertainty = measured, "history", 0.05
         job = Job(id="0", gpus=req.gpus, mem_mib=mem, mem_source=source,
                   mem_uncertainty=uncertainty, submit_time=time.time(), priority=req.priority,
-                  name=req.name, max_retries=req.max_retries, user=req.spec.user or str(req.spec.uid),
-                  retry_failures=req.spec.retry_failures, dataset=req.spec.dataset, after=req.after)
+                  name=req.name, max_retries=req.max_retries,
+                  retry_failures=req.spec.retry_failures, dataset=req.spec.dataset, after=req.after,
+                  after_any=req.after_any, after_notok=req.after_notok, user=peer.user,
+                  time_limit_s=req.time_limit_s, held="user" if req.hold else "")
         why = self.scheduler.capacity.why_not(job)
         if why is not None:
             raise InputError(f"this job can never run here: {why}",
@@ -94,19 +102,26 @@ class Api:
         return {"id": job.id, "state": job.state.value, "mem_mib": job.mem_mib, "mem_source": source}
 
     def op_ls(self, args: dict, peer: Peer) -> list[dict]:
-        return views.job_rows(self.store, include_done=bool(args.get("all")),
-                              running=self.attempts.running, waiting=self._why_waiting)
+        rows = views.job_rows(self.store, include_done=bool(args.get("all")),
+                              running=self.attempts.running, waiting=self._why_waiting,
+                              order=[j.id for j in self.scheduler.queue])
+        return [r if self._sees(r["id"], peer) else rights.redact(r) for r in rows]
 
     def op_show(self, args: dict, peer: Peer) -> dict:
         job_id = self._job_id(args)
-        return {**views.job_detail(self.store, job_id, running=self.attempts.running,
-                                   waiting=self._why_waiting, resident=self.watch.resident),
-                "summary": self.tracking.summary(job_id)}
+        detail = {**views.job_detail(self.store, job_id, running=self.attempts.running,
+                                     waiting=self._why_waiting, resident=self.watch.resident),
+                  "summary": self.tracking.summary(job_id)}
+        if args.get("series"):  # the dashboard's charts of one job
+            detail.update(self.tracking.job_series(job_id))
+        return detail if self._sees(job_id, peer) else rights.redact(detail)
 
     def op_logs(self, args: dict, peer: Peer) -> dict:
         job_id = self._job_id(args)
-        self._check_owner(job_id, peer, "read the logs of")
-        return views.logs(self.store, job_id, check_logs_args(args), self.attempts.executor.read_log)
+        if not self.specs[job_id].public:
+            self._check_owner(job_id, peer, "read the logs of")
+        return views.logs(self.store, job_id, check_logs_args(args), self.attempts.executor.read_log,
+                          self._why_waiting)
 
     def op_cancel(self, args: dict, peer: Peer) -> dict:
         job_id = self._job_id(args)
@@ -130,6 +145,79 @@ class Api:
         if job.attempts:  # requeued after an attempt: its tracking run is still open
             self.tracking.job_ended(job_id, job.state.value)
         return {"id": job_id, "state": job.state.value}
+
+    def op_hold(self, args: dict, peer: Peer) -> dict:
+        job = self._pending_job(args, peer, "hold")
+        by = "admin" if rights.is_admin(peer.uid) and self.specs[job.id].uid != peer.uid else "user"
+        if job.held:
+            return {"id": job.id, "state": job.state.value, "held": job.held}
+        return {"id": job.id, "state": job.state.value, "held": self.scheduler.hold(job.id, by).held}
+
+    def op_release(self, args: dict, peer: Peer) -> dict:
+        job = self._pending_job(args, peer, "release")
+        if job.held == "admin" and not rights.is_admin(peer.uid):
+            raise InputError(f"job {job.id} was held by the daemon's owner; only they may release it",
+                             hint="ask the daemon's owner")
+        return {"id": job.id, "state": job.state.value, "held": self.scheduler.release(job.id).held}
+
+    def op_priority(self, args: dict, peer: Peer) -> dict:
+        from collocate.daemon.spec import PRIORITY_MAX
+
+        job = self._pending_job(args, peer, "change the priority of")
+        value = args.get("priority")
+        if isinstance(value, bool) or not isinstance(value, int) or abs(value) > PRIORITY_MAX:
+            raise InputError(f"priority must be a whole number within +/-{PRIORITY_MAX:,}, got {value!r}")
+        if value > job.priority and not rights.is_admin(peer.uid):
+            raise InputError(f"only the daemon's owner may raise a job's priority ({job.priority} to {value})",
+                             hint="you may lower your own job's priority; ask the daemon's owner to raise it")
+        job = self.scheduler.update(job.evolve(priority=value))
+        return {"id": job.id, "state": job.state.value, "priority": job.priority}
+
+    def op_limits(self, args: dict, peer: Peer) -> dict:
+        f = self.scheduler.fairness
+        running: dict[str, tuple[int, int]] = {}
+        for job in self.scheduler.jobs.values():
+            if job.state is JobState.RUNNING:
+                jobs, gpus = running.get(job.user, (0, 0))
+                running[job.user] = (jobs + 1, gpus + job.gpus)
+        now = time.time()
+        return {"fair_share": f.fair_share, "half_life_s": f.half_life_s,
+                "default": _limits_dict(f.default),
+                "users": {u: _limits_dict(lim) for u, lim in sorted(f.users.items())},
+                "usage": {u: {"running_jobs": n, "running_gpus": g,
+                              "gpu_hours": self.scheduler.usage.of(u, now) / 3600}
+                          for u, (n, g) in sorted(running.items())}}
+
+    def op_set_limits(self, args: dict, peer: Peer) -> dict:
+        """Set the default caps (no ``user``) or one user's (``clear``: drop them); a cap the
+        request leaves out keeps its value."""
+        f = self.scheduler.fairness
+        user = args.get("user")
+        if user is not None and (not isinstance(user, str) or not user.strip()):
+            raise InputError(f"--user takes a user name, got {user!r}")
+        now = f.default if user is None else f.users.get(user, UserLimits())
+        limits = UserLimits(_cap(args.get("max_jobs", now.max_running_jobs), "--max-jobs"),
+                            _cap(args.get("max_gpus", now.max_gpus), "--max-gpus"))
+        users = dict(f.users)
+        if user is None:
+            f = Fairness(f.fair_share, f.half_life_s, limits, users)
+        elif args.get("clear"):
+            users.pop(user, None)
+            f = Fairness(f.fair_share, f.half_life_s, f.default, users)
+        else:
+            users[user] = limits
+            f = Fairness(f.fair_share, f.half_life_s, f.default, users)
+        if isinstance(args.get("fair_share"), bool):
+            f = Fairness(args["fair_share"], f.half_life_s, f.default, f.users)
+        self.store.set_fairness(f)
+        self.scheduler.set_fairness(f)
+        return self.op_limits({}, peer)
+
+    def op_history(self, args: dict, peer: Peer) -> dict:
+        since = args.get("since_s", 600)
+        if isinstance(since, bool) or not isinstance(since, int | float) or not 0 < since <= 30 * 86400:
+            raise InputError(f"since_s must be seconds in (0, 30 days], got {since!r}")
+        return self.tracking.history(time.time() - float(since), points=int(args.get("points") or 120))
 
     def op_gpus(self, args: dict, peer: Peer) -> list[dict]:
         return views.gpu_rows(self.watch, self.attempts.running, time.time())
@@ -157,14 +245,40 @@ class Api:
         return wait
 
     def _check_owner(self, job_id: str, peer: Peer, action: str) -> None:
-        """On a shared daemon (--group) users may see each other's queue but not touch jobs."""
-        owner = self.specs[job_id].uid
-        if peer.uid not in (owner, os.getuid(), 0) and owner != -1:
-            raise InputError(f"you may not {action} job {job_id}: it belongs to {self.specs[job_id].user}",
-                             hint="ask its owner or the daemon's owner")
+        """On a shared daemon (--group) members act on their own jobs only (``rights``)."""
+        spec = self.specs[job_id]
+        rights.check_owner(action, job_id, peer.uid, spec.uid, spec.user)
+
+    def _sees(self, job_id: str, peer: Peer) -> bool:
+        """Whether ``peer`` sees the job in full (its owner, the daemon's owner, or --public)."""
+        spec = self.specs.get(job_id)
+        return spec is None or spec.public or rights.owns(peer.uid, spec.uid)
+
+    def _pending_job(self, args: dict, peer: Peer, action: str) -> Job:
+        job_id = self._job_id(args)
+        self._check_owner(job_id, peer, action)
+        job = self.scheduler.jobs[job_id]
+        if job.state is not JobState.PENDING:
+            what = {"hold": "be held", "release": "be released"}.get(action, "have its priority changed")
+            raise InputError(f"job {job_id} is {job.state.value}: only a pending job can {what}",
+                             hint="`collocate ls` shows which jobs are pending")
+        return job
 
     def _job_id(self, args: dict) -> str:
         job_id = str(args.get("id", "")).strip()
         if self.store.job(job_id) is None:
             raise InputError(f"no job {job_id!r}", hint="`collocate ls --all` lists every job")
         return job_id
+
+
+def _limits_dict(lim: UserLimits) -> dict[str, int | None]:
+    return {"max_jobs": lim.max_running_jobs, "max_gpus": lim.max_gpus}
+
+
+def _cap(value: Any, option: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InputError(f"{option} takes a whole number of 0 or more, got {value!r}",
+                         hint="or leave it out for no cap")
+    return value

@@ -48,7 +48,8 @@ class LiveAttempt:
     name: str  # the job's name (for the sinks)
     pids: frozenset[int] = frozenset()  # its processes (the runner's tree), as last read
     handle: Any = None  # the executor's handle when this daemon started it; None when re-adopted
-    cancel_at: float | None = None  # when the user asked to cancel it
+    cancel_at: float | None = None  # when the user asked to cancel it (or its time limit stopped it)
+    timeout_s: float | None = None  # set when its time limit (--time) stopped it: not a cancel
     plan: LaunchPlan | None = None  # what to start once its producer is ready
     waiting: str | None = None  # the dataset whose producer it waits for
 
@@ -58,11 +59,14 @@ class LiveAttempt:
 
 
 def classify_end(record: dict[str, Any] | None, *, cancelled: bool, adopted: bool, launched: bool,
-                 job_started: bool, runner_status: int | None) -> tuple[Outcome, str]:
+                 job_started: bool, runner_status: int | None,
+                 timeout_s: float | None = None) -> tuple[Outcome, str]:
     """Why an attempt whose runner is gone ended: its exit record when there is one, else what
     is known of how far it got (nothing of a job that never started counts against it)."""
     if record is not None and record.get("lost"):  # e.g. its node stopped answering
         return Outcome.LOST, str(record["lost"])
+    if timeout_s is not None and (record is None or record.get("returncode") != 0):
+        return Outcome.TIMEOUT, timeout_reason(timeout_s)
     if record is not None:
         return classify(record.get("returncode"), record.get("stderr_tail", ""), cancelled=cancelled)
     if cancelled:
@@ -79,6 +83,16 @@ def classify_end(record: dict[str, Any] | None, *, cancelled: bool, adopted: boo
 
 def cancel_key(job_id: str) -> str:
     return f"cancel:{job_id}"
+
+
+def timeout_key(job_id: str) -> str:
+    return f"timeout:{job_id}"
+
+
+def timeout_reason(limit_s: float) -> str:
+    from collocate.units import format_duration
+
+    return f"reached its time limit of {format_duration(limit_s)} (--time); stopped"
 
 
 class Attempts:
@@ -127,7 +141,7 @@ class Attempts:
                 return
             job = self.scheduler.jobs.get(job_id)
             if job is not None and job.state is JobState.RUNNING:
-                self.scheduler.job_exited(job_id, ExitReport(outcome, None, reason))
+                self.scheduler.job_exited(job_id, ExitReport(outcome, None, reason), time.time())
         except Exception as again:  # e.g. the disk is full: a restart settles it
             log.error("job %s: could not record the failed launch: %s", job_id, describe_error(again))
 
@@ -204,6 +218,22 @@ class Attempts:
         self.store.set_flag(cancel_key(run.attempt.job_id), True)
         self.executor.signal(run.attempt, signal.SIGTERM)
 
+    def time_out(self, run: LiveAttempt, limit_s: float) -> None:
+        """Stop an attempt whose time limit is up, as a cancel does (SIGTERM, SIGKILL after the
+        grace period), remembered in the store so that a restart still records a timeout."""
+        if run.timeout_s is not None:
+            return
+        run.timeout_s = limit_s
+        job_id = run.attempt.job_id
+        log.info("job %s: %s", job_id, timeout_reason(limit_s))
+        if run.waiting is not None:  # no process yet: nothing to signal
+            self.finish(run, Outcome.TIMEOUT, timeout_reason(limit_s), None, "", time.time())
+            return
+        self.store.set_flag(timeout_key(job_id), True)
+        if run.cancel_at is None:
+            run.cancel_at = time.time()
+            self.executor.signal(run.attempt, signal.SIGTERM)
+
     def reap(self, now: float) -> None:
         """End the attempts whose runner is gone; kill those past their cancel's grace."""
         for run in list(self.running.values()):
@@ -237,10 +267,10 @@ class Attempts:
             self.executor.signal(a, signal.SIGKILL)  # what is left of the job must not run on
             returncode, tail, end = None, self.executor.stderr_tail(a), time.time()
         outcome, reason = classify_end(
-            record, cancelled=run.cancel_at is not None, adopted=adopted,
+            record, cancelled=run.cancel_at is not None and run.timeout_s is None, adopted=adopted,
             launched=a.pid is not None,
             job_started=record is None and not adopted and self.executor.job_started(a),
-            runner_status=runner_status)
+            runner_status=runner_status, timeout_s=run.timeout_s)
         self.finish(run, outcome, reason, returncode, tail, end or time.time())
 
     def finish(self, run: LiveAttempt, outcome: Outcome, reason: str, returncode: int | None,
@@ -261,9 +291,10 @@ class Attempts:
                     solo_dram=None if learned is None else learned.profile.dram_activity)
         self.store.update_attempt(a)
         self.store.clear_flag(cancel_key(a.job_id))
+        self.store.clear_flag(timeout_key(a.job_id))
         self.running.pop(a.job_id, None)
         spec = self.specs[a.job_id]
-        job = self.scheduler.job_exited(a.job_id, ExitReport(outcome, observed, reason))
+        job = self.scheduler.job_exited(a.job_id, ExitReport(outcome, observed, reason), end)
         if learned is not None and job.state is JobState.PENDING:  # its next attempt starts known
             job = self.scheduler.update(with_belief(job, as_history(learned)))
         if outcome is Outcome.SUCCEEDED and (peak is not None or learned is not None):

@@ -24,8 +24,10 @@ if TYPE_CHECKING:
 
 StateDirOpt = Annotated[
     Path | None,
-    typer.Option("--state-dir", help="Daemon state dir (default: $COLLOCATE_STATE_DIR, then "
-                 "$XDG_STATE_HOME/collocate, then ~/.local/state/collocate)."),
+    # readable=False: a --group member may enter the state dir (0710) but not list it, and the
+    # daemon's socket is all a client needs there
+    typer.Option("--state-dir", readable=False, help="Daemon state dir (default: "
+                 "$COLLOCATE_STATE_DIR, then $XDG_STATE_HOME/collocate, then ~/.local/state/collocate)."),
 ]
 
 
@@ -49,6 +51,12 @@ def register(app: typer.Typer) -> None:
     app.command("cancel")(cancel)
     app.command("wait")(wait)
     app.command("gpus")(gpus)
+    from collocate.daemon.cli_control import hold, limits, priority_, release
+
+    app.command("hold")(hold)
+    app.command("release")(release)
+    app.command("priority")(priority_)
+    app.command("limits")(limits)
     app.command("drain")(drain)
     app.command("resume")(resume)
     app.command("dashboard-url")(dashboard_url)
@@ -213,7 +221,13 @@ def submit(
                    "(6GB = 6G = 6GiB, as nvidia-smi and PyTorch count); a number without a unit "
                    "is refused.")] = None,
     name: Annotated[str | None, typer.Option("--name")] = None,
-    priority: Annotated[int, typer.Option("--priority", help="Higher runs first.")] = 0,
+    priority: Annotated[int, typer.Option("--priority", help="Higher runs first (within "
+                        "+/-1,000,000). Above 0 only the daemon's owner may set; others use --nice.")] = 0,
+    nice: Annotated[int | None, typer.Option("--nice", help="Lower this job's priority by N "
+                    "(0 to 1,000,000), to let your other jobs or other people's go first.")] = None,
+    time_limit: Annotated[str | None, typer.Option("--time", "-t", help="Time limit, as Slurm reads "
+                          "it: minutes (30), MM:SS, HH:MM:SS, D-HH:MM:SS, or 90s, 30m, 2h, 1d. "
+                          "The job is stopped then (SIGTERM, SIGKILL 10 s later), state timeout.")] = None,
     retries: Annotated[int | None, typer.Option("--retries", help="Retries (OOM: default 3; "
                         "giving it also retries other failures).")] = None,
     cwd: Annotated[Path | None, typer.Option("--cwd", help="Working directory (default: here).")] = None,
@@ -235,6 +249,20 @@ def submit(
                                "--dataset; later ones may omit it).")] = None,
     after: Annotated[list[str], typer.Option("--after", help="Start only once this job has ended "
                      "done (repeatable); if it fails or is cancelled, this one is cancelled.")] = [],
+    after_any: Annotated[list[str], typer.Option("--after-any", help="Start once this job has "
+                         "ended, however it ended (Slurm's afterany; repeatable).")] = [],
+    after_notok: Annotated[list[str], typer.Option("--after-notok", help="Start only if this job "
+                           "ends other than done: failed, timeout, cancelled (Slurm's afternotok; "
+                           "repeatable); if it ends done, this one is cancelled.")] = [],
+    hold: Annotated[bool, typer.Option("--hold", help="Queue it held: it starts only after "
+                    "`collocate release ID`.")] = False,
+    notify: Annotated[str | None, typer.Option("--notify", help="A command to run, as you, when "
+                      "the job ends: e.g. 'mail -s collocate you@lab'. Its stdin is a one-line "
+                      "summary; COLLOCATE_JOB_ID, _NAME, _STATE, _REASON and _EXIT_CODE are set. "
+                      "Split like a shell would, but not run through one.")] = None,
+    public: Annotated[bool, typer.Option("--public", help="Let the daemon's other users see this "
+                      "job's command, working directory and logs (they see its name, state and "
+                      "times anyway).")] = False,
     sweep: Annotated[list[str], typer.Option("--sweep", help="NAME=V1,V2,... or NAME=FIRST..LAST: "
                      "one job per combination, {NAME} in the command replaced (repeatable).")] = [],
     state_dir: StateDirOpt = None,
@@ -247,14 +275,25 @@ def submit(
     from collocate.daemon.spec import default_name, parse_env
     from collocate.daemon.sweep import expand, parse_axis
     from collocate.estimate.providers import EstimateRequest
-    from collocate.units import require_unit
+    from collocate.units import parse_mib, require_unit
 
     if not command:
         raise InputError("empty command", hint="put the command after --, e.g. "
                          "collocate submit --mem 6GiB -- python train.py")
     parse_env(env)  # a clear error before contacting the daemon
+    if nice is not None:
+        if priority:
+            raise InputError("give --priority or --nice, not both", hint="--nice N is --priority -N")
+        if not 0 <= nice <= 1_000_000:
+            raise InputError(f"--nice takes 0 to 1,000,000, got {nice}")
+        priority = -nice
+    if time_limit is not None:
+        from collocate.units import parse_duration
+
+        parse_duration(time_limit)
     if mem is not None:
         require_unit(mem, "--mem")
+        parse_mib(mem)  # a clear error before contacting the daemon
     points = expand(command, [parse_axis(a) for a in sweep]) if sweep else None
     directory = (cwd or Path.cwd()).expanduser().absolute()
     if not directory.is_dir():
@@ -274,7 +313,8 @@ def submit(
                          hint="add --estimate ENTRY --batch-size N, or drop them")
     fields = dict(gpus=gpus, priority=priority, retries=retries, cwd=str(directory), env=list(env),
                   base_env=dict(os.environ), dataset=dataset, dataset_factory=dataset_factory,
-                  after=list(after), **extra)
+                  after=list(after), after_any=list(after_any), after_notok=list(after_notok),
+                  time=time_limit, hold=hold, public=public, notify=_notify_argv(notify), **extra)
     if points is None:
         typer.echo(client.request("submit", argv=list(command), name=name, **fields)["id"])
         return
@@ -288,6 +328,22 @@ def submit(
             raise CollocateError(f"{exc.args[0]} ({done} of {len(points)} sweep jobs were queued "
                                  "before it; their ids are printed above)", hint=exc.hint) from exc
         typer.echo(result["id"])
+
+
+def _notify_argv(notify: str | None) -> list[str] | None:
+    """``--notify 'mail -s "job done" me'`` as argv, split as a POSIX shell would."""
+    import shlex
+
+    if notify is None:
+        return None
+    try:
+        argv = shlex.split(notify)
+    except ValueError as exc:
+        raise InputError(f"cannot read --notify {notify!r}: {str(exc).lower()}",
+                         hint="close every quote, e.g. --notify 'mail -s \"job done\" you@lab'") from None
+    if not argv:
+        raise InputError("--notify is empty", hint="e.g. --notify 'mail -s collocate you@lab'")
+    return argv
 
 
 def _daemon_gpu_type(client: Any) -> str | None:
@@ -344,7 +400,7 @@ def estimate_fields(est: Estimate) -> dict[str, Any]:
 def ls(
     all_: Annotated[bool, typer.Option("--all", "-a", help="Include ended jobs.")] = False,
     state: Annotated[list[str], typer.Option("--state", "-s", help="Only jobs in these states: "
-                     "pending, running, done, failed, cancelled, rejected (repeatable or a comma "
+                     "pending, running, done, failed, timeout, cancelled, rejected (repeatable or a comma "
                      "list; an ended state implies --all).")] = [],
     user: Annotated[list[str], typer.Option("--user", "-u", help="Only jobs of this user "
                     "(repeatable or a comma list).")] = [],
@@ -498,11 +554,13 @@ def wait(
 
 
 def gpus(
-    watch: Annotated[bool, typer.Option("--watch", "-w", help="Refresh every second until Ctrl-C.")] = False,
+    watch: Annotated[bool, typer.Option("--watch", "-w", help="Refresh every second until Ctrl-C "
+                       "(into a file or pipe: a dated table appended every second).")] = False,
     fmt: FormatOpt = "table",
     state_dir: StateDirOpt = None,
 ) -> None:
-    """GPUs as the daemon sees them: memory, SM activity, jobs on each; tracking if degraded."""
+    """GPUs as the daemon sees them: memory used, committed to jobs and left (ROOM), SM
+    activity, jobs on each; tracking if degraded."""
     from collocate.daemon import render
 
     _format(fmt)
@@ -519,6 +577,15 @@ def gpus(
         if degraded is not None:
             render.console().print(degraded, style="red")
         return
+    if not sys.stdout.isatty():  # `gpus --watch > file`: a table per second, appended
+        try:
+            while True:
+                render.console().print(render.when(time.time()))
+                render.console().print(render.gpu_table(client.request("gpus")))
+                sys.stdout.flush()
+                time.sleep(1.0)
+        except KeyboardInterrupt:
+            return
     from rich.live import Live
 
     with Live(render.gpu_table(client.request("gpus")), console=render.console(), refresh_per_second=2) as live:
@@ -557,6 +624,8 @@ def dashboard_url(state_dir: StateDirOpt = None) -> None:
     except FileNotFoundError:
         token = ""  # started with --no-dashboard-token
     except OSError as exc:
-        raise CollocateError(f"cannot read the dashboard token {path}: {exc.strerror}",
-                             hint="only the daemon's owner can read it; ask them for the URL") from None
+        raise CollocateError(f"the dashboard at {url} is the daemon owner's (its token in {path} "
+                             f"is theirs: {exc.strerror})",
+                             hint="open your own, with your rights: `collocate dashboard --port 8390` "
+                             "(your jobs in full, others' as `collocate ls` shows them)") from None
     typer.echo(f"{url}?token={token}" if token else url)

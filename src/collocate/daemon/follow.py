@@ -24,7 +24,7 @@ from typing import Any, TextIO
 from collocate.safetext import printable
 from collocate.units import format_mib
 
-TERMINAL = ("done", "failed", "cancelled", "rejected")
+TERMINAL = ("done", "failed", "cancelled", "rejected", "timeout")
 POLL_S = 0.5
 
 Request = Callable[..., dict[str, Any]]
@@ -66,6 +66,17 @@ def not_started(job_id: str, chunk: dict[str, Any]) -> str:
     return f"--- job {job_id} is {state}, no output yet" + (f" ({reason})" if reason else "") + " ---"
 
 
+def ended_badly(job_id: str, chunk: dict[str, Any], stream: str) -> str | None:
+    """The line after a failed (or timed out, cancelled) job's stdout: why it ended and, since
+    the cause is usually there, how to read its stderr. None for a job that did not end so."""
+    state = chunk["state"]
+    if state not in TERMINAL or state == "done":
+        return None
+    reason = printable(chunk.get("reason") or "")
+    hint = f"; its stderr: `collocate logs {job_id} --stderr`" if stream == "stdout" else ""
+    return f"--- job {job_id} {state}" + (f": {reason}" if reason else "") + hint + " ---"
+
+
 def print_logs(request: Request, job_id: str, *, stream: str, attempt: int | None, follow: bool,
                out: TextIO, err: TextIO, sleep: Callable[[float], None] = time.sleep,
                escape_output: bool = False) -> None:
@@ -94,6 +105,9 @@ def print_logs(request: Request, job_id: str, *, stream: str, attempt: int | Non
         if chunk["text"]:
             continue
         if not follow:
+            if (line := ended_badly(job_id, chunk, stream)) is not None:
+                err.write(line + "\n")
+                err.flush()
             return
         later = [a["n"] for a in chunk.get("attempts", []) if cur is not None and a["n"] > cur]
         if chunk.get("ended") and later and attempt is None:
@@ -101,8 +115,8 @@ def print_logs(request: Request, job_id: str, *, stream: str, attempt: int | Non
             continue
         if chunk["state"] in TERMINAL or (attempt is not None and chunk.get("ended")):
             if attempt is None:  # a done job's reason may be an old requeue's: not worth saying
-                reason = printable(chunk.get("reason")) if chunk["state"] != "done" else None
-                err.write(f"--- job {job_id} {chunk['state']}" + (f": {reason}" if reason else "") + " ---\n")
+                line = ended_badly(job_id, chunk, stream)
+                err.write((line or f"--- job {job_id} {chunk['state']} ---") + "\n")
                 err.flush()
             return
         sleep(POLL_S)

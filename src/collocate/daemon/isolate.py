@@ -12,12 +12,17 @@ own installation, never from the job's cwd or environment. So:
 * the job's environment travels in a private file (``write_env_file``, 0600, removed when read)
   and applies only in the job's own process, after ``exec_as`` dropped privileges, changed to
   the job's cwd *as the user* (so a root-only directory is refused, not revealed) and exec'd.
+
+A job keeps its user's groups (``user_groups``, as ``su``, ``sudo`` and Slurm's jobs do): what
+the user may read through a group in their shell (a lab's shared data, the emulated GPUs of a
+``--group`` daemon), their jobs may read too, and nothing more.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pwd
 import signal
 import sys
 from collections.abc import Mapping, Sequence
@@ -55,6 +60,17 @@ def read_env_file(path: Path) -> dict[str, str]:
     return {str(k): str(v) for k, v in env.items()}
 
 
+def user_groups(uid: int, gid: int | None) -> list[int]:
+    """The groups ``uid`` has at login (``/etc/group`` and NSS), ``gid`` among them; only
+    ``gid`` when the user has no name."""
+    try:
+        name = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return [gid] if gid is not None and gid >= 0 else []
+    primary = gid if gid is not None and gid >= 0 else pwd.getpwuid(uid).pw_gid
+    return os.getgrouplist(name, primary)
+
+
 def exec_as(argv: Sequence[str], env: Mapping[str, str], cwd: str, uid: int | None,
             gid: int | None) -> None:
     """In a fresh child: drop to ``uid``/``gid`` (no supplementary groups), enter ``cwd`` as
@@ -65,7 +81,7 @@ def exec_as(argv: Sequence[str], env: Mapping[str, str], cwd: str, uid: int | No
             signal.signal(sig, signal.SIG_DFL)  # Python ignores SIGPIPE; the job must not
         os.umask(JOB_UMASK)
         if uid is not None:
-            os.setgroups([])
+            os.setgroups(user_groups(uid, gid))
             if gid is not None and gid >= 0:
                 os.setgid(gid)
             os.setuid(uid)

@@ -92,6 +92,18 @@ class StateLayout:
             ) from exc
 
 
+def share_with_group(directory: Path, gid: int) -> None:
+    """Let ``--group``'s members' jobs use what lives in ``directory`` (the emulated GPUs' state:
+    their jobs claim memory there): the directory 2770 and its files 0660, group ``gid``.
+    SQLite gives its -wal and -shm files the database file's mode and owner, so they follow."""
+    os.chown(directory, -1, gid, follow_symlinks=False)
+    os.chmod(directory, 0o2770, follow_symlinks=False)
+    for entry in os.scandir(directory):
+        if entry.is_file(follow_symlinks=False):
+            os.chown(entry.path, -1, gid, follow_symlinks=False)
+            os.chmod(entry.path, 0o660, follow_symlinks=False)
+
+
 def check_ownership(root: Path) -> None:
     """Refuse a state dir another user could have planted files or symlinks in.
 

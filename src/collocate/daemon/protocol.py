@@ -14,13 +14,14 @@ import json
 import socket
 from typing import Any
 
+from collocate.daemon.rights import RIGHTS
 from collocate.errors import CollocateError, InputError
 
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # a submit carries the client's environment; logs are capped
 #: A TCP client's first line, ``{"token": "..."}``: read with this limit before anything else.
 MAX_AUTH_BYTES = 4096
 
-OPS = ("ping", "submit", "ls", "show", "logs", "cancel", "gpus", "drain", "resume")
+OPS = tuple(RIGHTS)  # every request the daemon answers, each with its owner rule
 
 
 class ProtocolError(CollocateError):

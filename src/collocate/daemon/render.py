@@ -7,6 +7,7 @@ never as Rich markup: see ``collocate.safetext`` for why.
 
 from __future__ import annotations
 
+import shlex
 import sys
 import time
 from typing import Any
@@ -16,10 +17,10 @@ from rich.table import Table
 from rich.text import Text
 
 from collocate.safetext import printable
-from collocate.units import format_mib
+from collocate.units import format_duration, format_mib
 
 NAME_WIDTH = 24
-ENDED = ("done", "failed", "cancelled", "rejected")
+ENDED = ("done", "failed", "cancelled", "rejected", "timeout")
 
 
 def console() -> Console:
@@ -61,16 +62,65 @@ def row_reason(r: dict[str, Any]) -> str:
     return r.get("reason") or r.get("wait") or ""
 
 
+def queue_order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """As ``squeue`` lists them: running jobs, then pending ones in the order they would start
+    (``position``; held and dependent ones, which have none, after), then ended ones."""
+    def key(r: dict[str, Any]) -> tuple:
+        group = {"running": 0, "pending": 1}.get(r["state"], 2)
+        pos = r.get("position")
+        return (group, pos is None, pos or 0, _id_key(r["id"]))
+    return sorted(rows, key=key)
+
+
+def _id_key(job_id: str) -> tuple[int, str]:
+    return (int(job_id), job_id) if str(job_id).isdigit() else (1 << 62, str(job_id))
+
+
+def job_time(r: dict[str, Any]) -> str:
+    """squeue's TIME (how long it has run; ``0:00`` while pending), with the limit after a
+    slash when it has one: ``12:03/30:00``."""
+    elapsed = format_duration(r.get("elapsed_s") or 0.0)
+    limit = r.get("time_limit_s")
+    return elapsed if limit is None else f"{elapsed}/{format_duration(limit)}"
+
+
+def cut_name(name: str, width: int) -> str:
+    """A name cut to ``width``, keeping a sweep's values (``train.py[lr=0.1,seed=2]``): the
+    part before ``[`` gives way first, then the values' start (the last axis, which varies
+    fastest, is what tells a sweep's jobs apart)."""
+    if len(name) <= width:
+        return name
+    base, bracket, label = name.partition("[")
+    if bracket and len(label) + 2 < width:
+        return base[: width - len(label) - 2] + "…[" + label
+    if bracket:
+        return "…" + name[-(width - 1):]
+    return name[: width - 1] + "…"
+
+
 def jobs_table(rows: list[dict[str, Any]], width: int) -> Table:
     """``collocate ls`` for a terminal ``width`` columns wide (120 reads well): every column
-    keeps its width (NAME, USER and ON cut at 24, 12 and 16 characters) and REASON gets what is
+    keeps its width (NAME, USER and ON cut at 24, 12 and 12 characters) and REASON gets what is
     left, cut with an ellipsis; ``show`` or ``--format json`` give it whole, and the
-    out-of-memory crashes counted in TRIES."""
-    headers = ("ID", "NAME", "STATE", "USER", "GPUS", "MEM", "TRIES", "ON", "SUBMITTED")
-    cells = [[printable(r["id"]), printable(r["name"]), printable(r["state"]), printable(r["user"]),
-              str(r["gpus"]), _mib(r["mem_mib"]), str(r["attempts"]),
-              printable(",".join(r["on"]) or "-"), when_short(r["submit_time"])] for r in rows]
-    caps = {"NAME": NAME_WIDTH, "ON": 16, "USER": 12}
+    out-of-memory crashes counted in TRIES. Rows come in queue order (``queue_order``); with
+    ended jobs, TIME is how long the last run took, ON its GPUs and EXIT its exit code
+    (``sacct``'s Elapsed, NodeList, ExitCode; the wait is in ``--format json`` and the report)."""
+    rows = queue_order(rows)
+    ended = any(r["state"] in ENDED for r in rows)
+    prio = any(r.get("priority") for r in rows)  # PRIO and EXIT only where they say something
+    headers = ["ID", "NAME", "STATE", "USER", "GPUS", "MEM", *(["PRIO"] if prio else []), "TIME",
+               "TRIES", "ON", *(["EXIT"] if ended else []), "SUBMITTED"]
+    cells = []
+    for r in rows:
+        row = [printable(r["id"]), cut_name(printable(r["name"]), NAME_WIDTH), printable(r["state"]),
+               printable(r["user"]), str(r["gpus"]), _mib(r["mem_mib"]),
+               *([str(r.get("priority", 0))] if prio else []),
+               job_time(r), str(r["attempts"]), printable(",".join(r["on"]) or "-")]
+        if ended:
+            code = r.get("exit_code")
+            row.append("-" if code is None else str(code))
+        cells.append([*row, when_short(r["submit_time"])])
+    caps = {"NAME": NAME_WIDTH, "ON": 12, "USER": 12}
     widths = [min(max([len(h), *(len(row[i]) for row in cells)]), caps.get(h, 1 << 30))
               for i, h in enumerate(headers)]
     reason_width = max(12, width - sum(widths) - len(widths))
@@ -98,18 +148,30 @@ def print_detail(d: dict[str, Any]) -> None:
     reason = f" ({printable(why)})" if why else ""
     c.print(Text.assemble((f"job {printable(d['id'])}", "bold"),
                           f" {printable(d['name'])}: {d['state']}{reason}"))
-    c.print(f"  command   {printable(' '.join(d['argv']))}")
-    c.print(f"  cwd       {printable(d['cwd'])}")
+    if "argv" in d:  # quoted as a shell would need it: copy, paste, run
+        c.print(f"  command   {printable(shlex.join(d['argv']))}")
+        c.print(f"  cwd       {printable(d['cwd'])}")
+    else:
+        c.print("  command   (only its owner sees it; `collocate submit --public` shares it)")
     c.print(f"  user      {printable(d['user'])}")
-    c.print(f"  gpus      {d['gpus']}   memory {_mib(d['mem_mib'])} ({printable(d['mem_source'])})")
+    c.print(f"  gpus      {d['gpus']}   memory {_mib(d['mem_mib'])} ({printable(d['mem_source'])})"
+            f"   priority {d.get('priority', 0)}")
     if d.get("profile"):
         p = d["profile"]
         c.print(f"  activity  SM {p['sm_activity']:.2f}, DRAM {p['dram_activity']:.2f} alone"
                 f" ({printable(p['source'])})")
-    c.print(f"  retries   {d['attempts_used']} attempt(s) of {d['max_retries'] + 1} allowed, "
-            f"{d['oom_crashes']} out-of-memory crash(es)")
-    if d.get("after"):
-        c.print(f"  after     job(s) {printable(', '.join(d['after']))} (must end done first)")
+    c.print(f"  retries   {retries_line(d)}")
+    for key, what in (("after", "must end done first"), ("after_any", "must end first"),
+                      ("after_notok", "must end other than done first")):
+        if d.get(key):
+            c.print(f"  {key.replace('_', '-'):<9} job(s) {printable(', '.join(d[key]))} ({what})")
+    if d.get("time_limit_s") is not None:
+        c.print(f"  time      limit {format_duration(d['time_limit_s'])}")
+    if d.get("held"):
+        by = "the daemon's owner" if d["held"] == "admin" else "its owner"
+        c.print(f"  held      by {by}: `collocate release {printable(d['id'])}`")
+    if d.get("notify"):
+        c.print(f"  notify    {printable(shlex.join(d['notify']))}")
     c.print(f"  submitted {when(d['submit_time'])}   ended {when(d['end_time'])}")
     table = Table(box=None, header_style="bold", title="attempts", title_justify="left")
     for col in ("#", "START", "END", "GPU", "MEM", "PEAK", "EXIT", "OUTCOME", "REASON"):
@@ -122,6 +184,17 @@ def print_detail(d: dict[str, Any]) -> None:
     c.print(table)
     for line in measured_lines(d.get("summary")):
         c.print(line)
+
+
+def retries_line(d: dict[str, Any]) -> str:
+    """How many attempts a job used, and what would be retried: out-of-memory crashes up to
+    ``max_retries`` times, other failures only when the user asked (``--retries``)."""
+    used, most, ooms = d["attempts_used"], d["max_retries"], d["oom_crashes"]
+    crashes = f", {ooms} out-of-memory crash(es)" if ooms else ""
+    if d.get("retry_failures"):
+        return f"{used} attempt(s) of {most + 1} allowed (failures and out-of-memory crashes are retried){crashes}"
+    return (f"{used} attempt(s){crashes}; out-of-memory crashes are retried up to {most} time(s), "
+            "other failures are not (`--retries N` retries them)")
 
 
 def measured_lines(summary: dict[str, Any] | None) -> list[str]:
@@ -150,14 +223,23 @@ def tracking_line(ping: dict[str, Any]) -> str | None:
 
 
 def gpu_table(rows: list[dict[str, Any]]) -> Table:
+    """``collocate gpus``: per GPU what its processes hold (USED), what its jobs are charged
+    (COMMITTED: a declared or estimated requirement counts from placement, before the job
+    allocates it) and the ROOM placement can still give, the smaller of free and uncommitted
+    memory: the number a pending job's "most room" reason quotes, before the policy's margins."""
     table = Table(box=None, header_style="bold")
-    for col in ("GPU", "TYPE", "USED", "TOTAL", "SM NOW", "SM WINDOW", "JOBS"):
+    for col in ("GPU", "TYPE", "USED", "COMMITTED", "ROOM", "TOTAL", "SM NOW", "SM WINDOW", "JOBS"):
         table.add_column(col)
     for i, r in enumerate(rows):
         if i and r.get("node") != rows[i - 1].get("node"):
             table.add_row()  # a cluster's GPUs, grouped by node
         sm = "-" if r["sm_now"] is None else f"{r['sm_now'] * 100:.0f}%"
-        used = _mib(r["used_mib"]) if r.get("reachable", True) else "node away"
-        table.add_row(plain(r["id"]), plain(r["type"]), used, _mib(r["total_mib"]), sm,
-                      f"{r['sm_window'] * 100:.0f}%", plain(",".join(r["jobs"]) or "-"))
+        reachable = r.get("reachable", True)
+        used = _mib(r["used_mib"]) if reachable else "node away"
+        committed = r.get("committed_mib") or 0.0
+        free = r["total_mib"] if r.get("free_mib") is None else r["free_mib"]
+        room = max(0.0, min(free, r["total_mib"] - committed)) if reachable else None
+        table.add_row(plain(r["id"]), plain(r["type"]), used, _mib(committed), _mib(room),
+                      _mib(r["total_mib"]), sm, f"{r['sm_window'] * 100:.0f}%",
+                      plain(",".join(r["jobs"]) or "-"))
     return table

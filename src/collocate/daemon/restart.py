@@ -13,8 +13,9 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import replace
+from typing import Any
 
-from collocate.daemon.attempts import Attempts, LiveAttempt, cancel_key
+from collocate.daemon.attempts import Attempts, LiveAttempt, cancel_key, timeout_key
 from collocate.daemon.executor import Executor
 from collocate.daemon.store import Attempt, Store
 from collocate.model import Job, JobState
@@ -29,8 +30,10 @@ def restore(store: Store, scheduler: Scheduler, attempts: Attempts, executor: Ex
     attempt the previous daemon left open."""
     rows = store.jobs()
     attempts.specs.update({job.id: spec for job, spec, _ in rows})
-    scheduler.restore(job for job, _, _ in rows)
     open_attempts = {a.job_id: a for a in store.open_attempts()}
+    scheduler.restore(_upgraded(job, spec, open_attempts.get(job.id)) for job, spec, _ in rows)
+    for user, gpu_s, end in store.gpu_time(time.time() - 10 * scheduler.fairness.half_life_s):
+        scheduler.usage.charge(user, gpu_s, end)  # fair share survives a restart
     for job_id, a in sorted(open_attempts.items(), key=lambda kv: kv[1].start):
         job = scheduler.jobs.get(job_id)
         if job is None or job.state is not JobState.RUNNING:
@@ -42,6 +45,8 @@ def restore(store: Store, scheduler: Scheduler, attempts: Attempts, executor: Ex
         run = LiveAttempt(a, job.name)
         if store.get_flag(cancel_key(job_id)):
             run.cancel_at = time.time()  # asked before the restart; the grace period restarts
+        if store.get_flag(timeout_key(job_id)):  # stopped at its time limit before the restart
+            run.cancel_at, run.timeout_s = time.time(), job.time_limit_s or 0.0
         if executor.matches(a):
             attempts.running[job_id] = run
             attempts.track_start(job_id)
@@ -56,6 +61,16 @@ def restore(store: Store, scheduler: Scheduler, attempts: Attempts, executor: Ex
             _settle_unlaunched(store, scheduler, job)
 
 
+def _upgraded(job: Job, spec: Any, attempt: Attempt | None) -> Job:
+    """A job as this version keeps it: stored by an older one, it lacks its user (fair share
+    counts by it) and, running, when it started (its time limit and usage count from then)."""
+    if not job.user and spec.user:
+        job = job.evolve(user=spec.user)
+    if job.state is JobState.RUNNING and job.started_at is None and attempt is not None:
+        job = job.evolve(started_at=attempt.start)
+    return job
+
+
 def _settle_unlaunched(store: Store, scheduler: Scheduler, job: Job) -> None:
     """A RUNNING job with no open attempt: the daemon died between two of its writes."""
     history = store.attempts(job.id)
@@ -64,7 +79,7 @@ def _settle_unlaunched(store: Store, scheduler: Scheduler, job: Job) -> None:
         report = ExitReport(Outcome(last.outcome), last.peak_mib, last.reason or "")
     else:  # placed but never launched: not the job's fault
         report = ExitReport(Outcome.LOST, None, "placed but never launched")
-    scheduler.job_exited(job.id, report)
+    scheduler.job_exited(job.id, report, time.time())
 
 
 def _fill_pid(store: Store, executor: Executor, a: Attempt) -> Attempt:

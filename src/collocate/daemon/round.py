@@ -23,6 +23,7 @@ from collocate.daemon.paths import StateLayout
 from collocate.daemon.spec import JobSpec
 from collocate.daemon.store import Store
 from collocate.daemon.tracking import DaemonTracking
+from collocate.daemon.views import committed_by_gpu
 from collocate.interference import InterferenceModel
 from collocate.knowledge import ProfileKnowledge, price_pending
 from collocate.model import UNKNOWN_PROFILE
@@ -50,8 +51,12 @@ class SchedulingRound:
         trees = self._read_trees(samples, now)
         self.watch.observe({j: r.pids for j, r in running.items()}, now)
         metrics = self.executor.read_metrics({j: r.attempt for j, r in running.items() if r.attempt.pid})
-        self.tracking.tick(samples, self._usage_jobs(), trees, metrics)
+        self.tracking.tick(samples, self._usage_jobs(), trees, metrics,
+                           committed_by_gpu(self.watch))
         self.attempts.reap(now)
+        for job in self.scheduler.overdue(now):  # --time: stopped, then recorded as a timeout
+            if (run := running.get(job.id)) is not None:
+                self.attempts.time_out(run, job.time_limit_s or 0.0)
         self.attempts.start_waiting()
         self._reconcile_datasets()
         if self.store.get_flag("draining") or not self.scheduler.queue:

@@ -33,7 +33,8 @@ from collocate.daemon.datasets import Datasets
 from collocate.daemon.executor import Executor, LocalExecutor
 from collocate.daemon.faults import disk_full, is_disk_full
 from collocate.daemon.gpu_watch import GpuWatch
-from collocate.daemon.paths import StateLayout
+from collocate.daemon.notify import Notifier
+from collocate.daemon.paths import StateLayout, share_with_group
 from collocate.daemon.restart import restore
 from collocate.daemon.round import SchedulingRound
 from collocate.daemon.server import ApiServer, Peer
@@ -51,6 +52,9 @@ from collocate.scheduler import Capacity, Scheduler
 
 log = logging.getLogger("collocate.daemon")
 REQUEST_TIMEOUT_S = 60.0
+#: Requests answered on the caller's thread: they read only the monitoring store (its own
+#: connection and lock), and a day of history may take a while to bucket.
+OFF_LOOP = frozenset({"history"})
 
 
 @dataclass(frozen=True)
@@ -104,6 +108,9 @@ class Service:
             self._backend = open_backend(self.config.gpus, state_dir=self.layout.root,
                                          node=socket.gethostname())
         self.backend = self._backend
+        emulated = self.backend.emulated_state_dir
+        if emulated is not None and self.config.allow_gid is not None and emulated.is_relative_to(self.layout.root):
+            share_with_group(emulated, self.config.allow_gid)  # members' emulated jobs claim there
         self.watch = GpuWatch(self.backend, sharing=self.config.sharing,
                               params=self._interference.modes.get(self.config.sharing),
                               window=self.config.window, period_s=self.config.period_s)
@@ -117,8 +124,14 @@ class Service:
             self.mps = MpsControl(self.layout.root)
             self.mps.start()
         policy = make_policy(self.config.policy, **self.config.policy_params)
+        notifier = Notifier(self.layout, self.specs, self.store)
+
+        def changed(job: Any) -> None:
+            self.store.save_job(job)
+            notifier.changed(job)
+
         self.scheduler = Scheduler(policy, Capacity.of(self.watch.snapshot(time.time())), rules=self.config.rules,
-                                   on_change=self.store.save_job)
+                                   on_change=changed, fairness=self.store.fairness())
         self.datasets = Datasets(self.layout.root)
         parts: dict[str, Any] = dict(config=self.config, layout=self.layout, store=self.store,
                      scheduler=self.scheduler, specs=self.specs, tracking=self.tracking)
@@ -217,6 +230,8 @@ class Service:
         """Run a request on the loop thread and wait for its answer (API threads call this)."""
         if self._stop.is_set():
             raise CollocateError("the daemon is shutting down", hint="start it again with `collocate serve`")
+        if op in OFF_LOOP:  # reads of the monitoring store alone: never hold up a round
+            return self.api.answer(op, args, peer)
         future: Future = Future()
         self._requests.put((op, args, peer, future))
         return future.result(timeout=REQUEST_TIMEOUT_S)

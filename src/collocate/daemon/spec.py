@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from collocate.errors import InputError
-from collocate.identity import JobKeys, program_token
-from collocate.units import parse_mib
+from collocate.identity import LAUNCHERS, JobKeys, program_token
+from collocate.units import parse_duration, parse_mib
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Set by the daemon for every launch; a user's value would be overwritten, so refuse it.
@@ -25,6 +25,10 @@ RESERVED_ENV = ("CUDA_VISIBLE_DEVICES", "COLLOCATE_JOB_ID", "COLLOCATE_ATTEMPT",
                 "COLLOCATE_SHARE_DIR")
 _FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 MAX_RETRIES = 100
+#: Priorities are whole numbers within +/- this (raising one above 0 is the daemon owner's right,
+#: ``daemon/rights.py``); a bound keeps a pasted 10**22 from meaning anything.
+PRIORITY_MAX = 1_000_000
+MAX_TIME_LIMIT_S = 365 * 86400.0
 _KEY = re.compile(r"^[A-Za-z0-9_-]{8,128}$")
 
 
@@ -47,6 +51,13 @@ class JobSpec:
     # The client's idempotency key: a submit retried after a broken connection gets the job
     # its first try stored (``Store.job_for_key``) instead of a duplicate.
     submit_key: str | None = None
+    # Other members may see its command, working directory and logs (``submit --public``);
+    # by default they see what ``squeue`` shows (``daemon/rights.py``).
+    public: bool = False
+    # Run when the job ends (``submit --notify``), as the job's user, in its cwd and
+    # environment, with the job's id, name, state and reason in COLLOCATE_JOB_* and a one-line
+    # summary on stdin (``daemon/notify.py``). An argv list, never through a shell.
+    notify: tuple[str, ...] = ()
 
     @property
     def keys(self) -> JobKeys:
@@ -56,13 +67,14 @@ class JobSpec:
 
     def to_json(self) -> str:
         d = asdict(self)
-        d["argv"] = list(self.argv)
+        d["argv"], d["notify"] = list(self.argv), list(self.notify)
         return json.dumps(d)
 
     @classmethod
     def from_json(cls, text: str) -> JobSpec:
         d = json.loads(text)
         d["argv"] = tuple(d["argv"])
+        d["notify"] = tuple(d.get("notify") or ())
         return cls(**d)
 
 
@@ -79,12 +91,28 @@ class SubmitRequest:
     mem_source: str = "declared"
     mem_uncertainty: float = 0.0
     after: tuple[str, ...] = ()  # job ids that must end done first
+    after_any: tuple[str, ...] = ()  # job ids that must end first, in any state
+    after_notok: tuple[str, ...] = ()  # job ids that must end other than done first
+    time_limit_s: float | None = None
+    hold: bool = False  # submitted held (``submit --hold``)
+
+
+_SHELLS = re.compile(r"^(bash|sh|zsh|dash)$")
 
 
 def default_name(argv: list[str] | tuple[str, ...]) -> str:
     """A job's name when none is given: the script or module a launcher runs, so ``collocate
-    ls`` shows ``train.py`` rather than a column of ``python``."""
-    token = program_token(argv)
+    ls`` shows ``train.py`` rather than a column of ``python``. A name is what every member of a
+    shared daemon sees (``daemon/rights.py``), so inline code never becomes one: ``bash -c
+    'SCRIPT'`` is named by the script's first word (its arguments and a sweep's
+    ``{placeholders}`` stay out: ``sleep[lr=0.1]``), ``python -c CODE`` is ``python -c``."""
+    if "-c" in argv[1:-1] and LAUNCHERS.match(os.path.basename(argv[0])):
+        if not _SHELLS.match(os.path.basename(argv[0])):
+            return f"{os.path.basename(argv[0])} -c"
+        words = argv[argv.index("-c", 1) + 1].split()
+        token = words[0] if words else argv[0]
+    else:
+        token = program_token(argv)
     return token if "/" not in token else os.path.basename(token)
 
 
@@ -117,13 +145,16 @@ def check_env(env: dict[str, str]) -> None:
 
 def check_cwd(cwd: str, uid: int, gid: int) -> None:
     """The working directory must exist and be enterable *by the submitter*. A root daemon
-    checks as that user (a throwaway ``sh`` with their uid/gid and no supplementary groups),
-    so it neither admits a root-only directory nor tells whether one exists."""
+    checks as that user (a throwaway ``sh`` with their uid/gid and their groups, as the job
+    will have them: ``isolate.user_groups``), so it neither admits a root-only directory nor
+    tells whether one exists."""
     if os.geteuid() == 0 and uid not in (-1, 0):
+        from collocate.daemon.isolate import user_groups
+
         try:
             usable = subprocess.run(
                 ["/bin/sh", "-c", 'cd -- "$1"', "sh", cwd], user=uid, group=gid if gid >= 0 else None,
-                extra_groups=[], env={}, cwd="/", stdin=subprocess.DEVNULL,
+                extra_groups=user_groups(uid, gid), env={}, cwd="/", stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10).returncode == 0
         except (OSError, subprocess.SubprocessError):
             usable = False
@@ -170,7 +201,7 @@ def validate_submit(args: dict[str, Any], *, uid: int, gid: int, user: str) -> S
     env.update(user_env)
     check_env(env)
     name = str(args.get("name") or default_name(argv))[:200]
-    priority = _int(args.get("priority", 0), "--priority")
+    priority = _int(args.get("priority", 0), "--priority", low=-PRIORITY_MAX, high=PRIORITY_MAX)
     source, uncertainty = str(args.get("mem_source") or "declared"), args.get("mem_uncertainty", 0.0)
     if source != "declared" and not source.startswith("static-"):
         raise InputError(f"unknown memory source {source!r}", hint="declared, or static-<method>")
@@ -178,9 +209,34 @@ def validate_submit(args: dict[str, Any], *, uid: int, gid: int, user: str) -> S
         raise InputError(f"memory uncertainty must be a number in [0, 10], got {uncertainty!r}")
     dataset, factory = _dataset(args.get("dataset"), args.get("dataset_factory"))
     spec = JobSpec(tuple(argv), cwd, env, uid, gid, user, retry_failures=retries is not None,
-                   dataset=dataset, dataset_factory=factory, submit_key=submit_key(args.get("key")))
+                   dataset=dataset, dataset_factory=factory, submit_key=submit_key(args.get("key")),
+                   public=bool(args.get("public")), notify=_notify(args.get("notify")))
     return SubmitRequest(spec, gpus, mem_mib, name, priority, max_retries, source, float(uncertainty),
-                         _after(args.get("after")))
+                         _after(args.get("after")), _after(args.get("after_any"), "--after-any"),
+                         _after(args.get("after_notok"), "--after-notok"),
+                         _time_limit(args.get("time")), bool(args.get("hold")))
+
+
+def _time_limit(value: Any) -> float | None:
+    """``--time``: Slurm's forms (``units.parse_duration``), or seconds as a number (the API)."""
+    if value in (None, ""):
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise InputError(f"--time must be a duration, got {value!r}", hint="e.g. --time 2:00:00")
+    seconds = float(value) if isinstance(value, int | float) else parse_duration(value)
+    if not 0 < seconds <= MAX_TIME_LIMIT_S:
+        raise InputError(f"--time must be more than 0 and at most 365 days, got {value!r}")
+    return seconds
+
+
+def _notify(value: Any) -> tuple[str, ...]:
+    if value in (None, "", []):
+        return ()
+    if not isinstance(value, list) or not value or not all(isinstance(a, str) and a and "\0" not in a
+                                                           for a in value):
+        raise InputError(f"--notify takes a command, got {value!r}",
+                         hint="e.g. --notify 'mail -s collocate you@lab' (its stdin is a summary)")
+    return tuple(value)
 
 
 def submit_key(value: Any) -> str | None:
@@ -193,12 +249,13 @@ def submit_key(value: Any) -> str | None:
     return value
 
 
-def _after(value: Any) -> tuple[str, ...]:
-    """``--after`` ids in form only; whether they exist and can still succeed is the scheduler's call."""
+def _after(value: Any, option: str = "--after") -> tuple[str, ...]:
+    """``--after``-like ids in form only; whether they exist and can still be met is the
+    scheduler's call."""
     if value in (None, []):
         return ()
     if not isinstance(value, list) or not all(isinstance(v, str) and v.strip().isdigit() for v in value):
-        raise InputError(f"--after takes job ids, got {value!r}", hint="e.g. --after 12 (repeatable)")
+        raise InputError(f"{option} takes job ids, got {value!r}", hint=f"e.g. {option} 12 (repeatable)")
     return tuple(dict.fromkeys(v.strip() for v in value))
 
 

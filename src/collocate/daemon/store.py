@@ -16,7 +16,7 @@ Tables:
   (``collocate.belief``), learned alone or shared; and its family (a sweep's points), whose
   other identities' beliefs give a new job its prior. (Files from before keep an unused
   ``history`` table keyed by the exact command.)
-* ``meta``: the id counter and the drain flag.
+* ``meta``: the id counter, the drain flag and the per-user caps (``limits``, JSON).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from collocate.belief import Belief, from_history
 from collocate.daemon.faults import disk_full, is_disk_full
 from collocate.daemon.spec import JobSpec
 from collocate.errors import CollocateError
+from collocate.fairness import Fairness, UserLimits
 from collocate.model import UNKNOWN_PROFILE, Job, JobProfile, JobState
 from collocate.sqlite import open_wal
 
@@ -108,8 +109,9 @@ def job_from_json(text: str) -> Job:
     if "profile_source" not in d and d["profile"] != UNKNOWN_PROFILE:  # stored before it existed
         d["profile_source"] = "history"
     d["state"] = JobState(d["state"])
-    if "after" in d:  # JSON has no tuples
-        d["after"] = tuple(d["after"])
+    for key in ("after", "after_any", "after_notok"):  # JSON has no tuples
+        if key in d:
+            d[key] = tuple(d[key])
     if d.get("profile_var") is not None:
         d["profile_var"] = tuple(d["profile_var"])
     return Job(**d)
@@ -141,6 +143,20 @@ class Store:
         except sqlite3.Error as exc:
             self.db.close()
             raise self._unusable(exc) from None
+
+    @classmethod
+    def read_only(cls, path: Path) -> Store:
+        """The store opened for reading only (``collocate report`` beside a running daemon):
+        no schema change, no id check, no write."""
+        store = object.__new__(cls)
+        store.path = Path(path)
+        try:
+            store.db = sqlite3.connect(f"file:{store.path}?mode=ro", uri=True, timeout=30.0)
+            store.db.execute("SELECT 1 FROM jobs LIMIT 1")
+        except sqlite3.Error as exc:
+            raise CollocateError(f"cannot read the job store {store.path}: {exc}",
+                                 hint="run this as the daemon's owner, on its --state-dir") from None
+        return store
 
     @property
     def _marker(self) -> Path:
@@ -271,6 +287,15 @@ class Store:
         rows = self.db.execute(f"SELECT {_ATTEMPT_COLUMNS} FROM attempts WHERE end IS NULL")
         return [_attempt(r) for r in rows]
 
+    def gpu_time(self, since: float) -> list[tuple[str, float, float]]:
+        """(user, GPU-seconds, end) of every attempt that ended after ``since``: a restarted
+        daemon's fair-share usage (``fairness.Usage``) is rebuilt from them."""
+        rows = self.db.execute(
+            "SELECT json_extract(j.spec, '$.user'), a.start, a.end, json_array_length(a.gpus)"
+            " FROM attempts a JOIN jobs j ON j.id = a.job_id WHERE a.end IS NOT NULL AND a.end > ?",
+            (since,))
+        return [(user or "", n * max(0.0, end - start), end) for user, start, end, n in rows]
+
     # -- history ---------------------------------------------------------------------------
     def record_history(self, identity: str, peak_mib: float | None, belief: Belief | None,
                        family: str | None = None) -> None:
@@ -322,6 +347,23 @@ class Store:
 
     def clear_flag(self, key: str) -> None:
         self.db.execute("DELETE FROM meta WHERE key = ?", (key,))
+
+    # -- limits ----------------------------------------------------------------------------
+    def fairness(self) -> Fairness:
+        """The per-user caps and fair-share setting the daemon's owner set (``collocate limits``)."""
+        row = self.db.execute("SELECT value FROM meta WHERE key = 'limits'").fetchone()
+        if row is None:
+            return Fairness()
+        d = json.loads(row[0])
+        return Fairness(fair_share=d.get("fair_share", True),
+                        default=UserLimits(**d.get("default", {})),
+                        users={u: UserLimits(**lim) for u, lim in d.get("users", {}).items()})
+
+    def set_fairness(self, fairness: Fairness) -> None:
+        value = json.dumps({"fair_share": fairness.fair_share, "default": asdict(fairness.default),
+                            "users": {u: asdict(lim) for u, lim in fairness.users.items()}})
+        self.db.execute("INSERT INTO meta VALUES ('limits', ?) ON CONFLICT (key) DO UPDATE SET"
+                        " value = excluded.value", (value,))
 
 
 def _attempt(r: tuple) -> Attempt:

@@ -8,9 +8,10 @@ sampler itself may raise on an unexpected ``/proc`` or a programming error; such
 logged (once per kind of call, then at debug level) and the loop carries on placing jobs.
 
 Threads: everything except the dashboard runs on the loop thread. The dashboard's web threads
-never touch the daemon's SQLite connection: they go through ``LoopRequester``, which hands each
-request to the loop exactly like a socket client does (``Service.call``), and read monitoring
-data from ``MonitorStore``, whose connection is guarded by its own lock.
+never touch the daemon's SQLite connections: they go through ``LoopRequester``, which hands each
+request to the loop exactly like a socket client does (``Service.call``), monitoring history
+included (``history``, ``show`` with ``series``), so the daemon's page and a member's own
+``collocate dashboard`` read the same API.
 
 Dashboard access: the page shows every job's command line and logs, so it is never open by
 default. The token is stable: the first daemon with a dashboard makes a random one and keeps it
@@ -129,10 +130,11 @@ class DaemonTracking:
 
     # -- the loop's calls ---------------------------------------------------------------------
     def tick(self, samples: list, jobs: Mapping[str, Any], trees: Mapping[str, Any] | None = None,
-             metrics: Sequence[Any] | None = None) -> None:
+             metrics: Sequence[Any] | None = None, committed: Mapping[str, float] | None = None) -> None:
         """One sampling period, on the samples, process trees and (read on the jobs' nodes)
-        metric points the loop already read."""
-        self._guard("tick", lambda: self.mon.tick(samples, jobs, trees=trees, metrics=metrics))
+        metric points the loop already read, and the memory committed on each GPU."""
+        self._guard("tick", lambda: self.mon.tick(samples, jobs, trees=trees, metrics=metrics,
+                                                  committed=committed))
 
     def job_started(self, info: Any) -> None:
         self._guard("job_started", self.mon.job_started, info)
@@ -144,6 +146,19 @@ class DaemonTracking:
         """The job's measured usage for ``collocate show`` (None before its first sample)."""
         s = self._guard("summary", self.mon.store.job_summary, job_id)
         return None if s is None else s.to_dict()
+
+    def job_series(self, job_id: str) -> dict[str, Any]:
+        """A job's samples and own metrics, for its charts on the dashboard (served through the
+        API, so a member's dashboard needs no access to the monitoring store)."""
+        found = self._guard("job_series", self.mon.job_detail, job_id)
+        return {k: v for k, v in (found or {}).items() if k != "summary"}
+
+    def history(self, since: float, points: int = 120) -> dict[str, Any]:
+        """Per-GPU and per-user usage since ``since`` (``MonitorStore.history``)."""
+        import time
+
+        found = self._guard("history", self.mon.store.history, since, time.time(), max(10, min(points, 600)))
+        return found or {"since": since, "gpus": [], "users": []}
 
     def status(self) -> dict[str, Any]:
         return self.mon.status()
@@ -172,7 +187,7 @@ class DaemonTracking:
         if self.config.dashboard_auth:
             token = stable_token(self.token_file, self.config.dashboard_token)
         requester = LoopRequester(call)
-        source = ClientSource(requester, store=self.mon.store)
+        source = ClientSource(requester)
         self.prometheus.queue = lambda: requester.request("ls", all=True)
         app = create_app(source, token=token, registry=self.prometheus.registry)
         host, port = self.config.dashboard

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -43,24 +44,39 @@ Waiting = Callable[[str], Wait | None]
 
 
 def job_rows(store: Store, *, include_done: bool, running: Mapping[str, Any],
-             waiting: Waiting = lambda job_id: None) -> list[dict[str, Any]]:
-    starts: dict[str, float] = {}
-    last_gpus: dict[str, list[str]] = {}
-    for job_id, start, gpus in store.db.execute(
-        "SELECT job_id, start, gpus FROM attempts ORDER BY job_id, n"
+             waiting: Waiting = lambda job_id: None, order: Sequence[str] = (),
+             now: float | None = None) -> list[dict[str, Any]]:
+    """One row per job, as ``squeue`` and ``sacct`` give them: ``position`` in the queue
+    (``order``: pending ids in queue order), ``elapsed_s`` of the current or last run, ``wait_s``
+    from submission to first start (so far, while pending), the last attempt's GPUs and exit
+    code, the time limit and whether it is held."""
+    now = time.time() if now is None else now
+    runs: dict[str, list[tuple]] = {}
+    for job_id, start, end, gpus, returncode in store.db.execute(
+        "SELECT job_id, start, end, gpus, returncode FROM attempts ORDER BY job_id, n"
     ):
-        starts.setdefault(job_id, start)
-        last_gpus[job_id] = json.loads(gpus)
+        runs.setdefault(job_id, []).append((start, end, gpus, returncode))
+    position = {job_id: i for i, job_id in enumerate(order, start=1)}
     rows = []
     for job, spec, ended in store.jobs():
         if job.state.is_terminal and not include_done:
             continue
+        mine = runs.get(job.id, [])
+        first, last = (mine[0], mine[-1]) if mine else (None, None)
+        started = first[0] if first else None
+        elapsed = None
+        if last is not None and (job.state is JobState.RUNNING or job.state.is_terminal):
+            elapsed = (last[1] if last[1] is not None else now) - last[0]
         rows.append({
             "id": job.id, "name": job.name, "state": job.state.value, "user": spec.user,
             "gpus": job.gpus, "mem_mib": job.mem_mib, "mem_source": job.mem_source,
             "priority": job.priority, "attempts": job.attempts, "oom_crashes": job.oom_crashes,
-            "submit_time": job.submit_time, "start_time": starts.get(job.id), "end_time": ended,
-            "on": last_gpus.get(job.id, []) if job.id in running else [],
+            "submit_time": job.submit_time, "start_time": started, "end_time": ended,
+            "on": json.loads(last[2]) if last and (job.id in running or job.state.is_terminal) else [],
+            "position": position.get(job.id), "elapsed_s": elapsed,
+            "wait_s": (started if started is not None else (ended or now)) - job.submit_time,
+            "exit_code": last[3] if last and job.state.is_terminal else None,
+            "time_limit_s": job.time_limit_s, "held": job.held, "public": spec.public,
             **_reason(job, running, waiting),
         })
     return rows
@@ -91,7 +107,10 @@ def job_detail(store: Store, job_id: str, *, running: Mapping[str, Any] | None =
         "mem_mib": job.mem_mib, "mem_source": job.mem_source, "priority": job.priority,
         "max_retries": job.max_retries, "attempts_used": job.attempts,
         "oom_crashes": job.oom_crashes, "submit_time": job.submit_time, "end_time": ended,
-        "identity": spec.keys.identity, "after": list(job.after),
+        "identity": spec.keys.identity, "after": list(job.after), "after_any": list(job.after_any),
+        "after_notok": list(job.after_notok), "time_limit_s": job.time_limit_s,
+        "held": job.held, "public": spec.public, "notify": list(spec.notify),
+        "retry_failures": job.retry_failures,
         "profile": _profile(job, resident(job_id) if resident else None),
         "attempts": [a.to_dict() for a in store.attempts(job_id)],
     }
@@ -120,7 +139,8 @@ def _profile(job: Job, resident: Any) -> dict[str, Any]:
             "source": _SOURCES.get(source, source), "source_kind": source}
 
 
-def logs(store: Store, job_id: str, args: Mapping[str, Any], read: LogReader) -> dict[str, Any]:
+def logs(store: Store, job_id: str, args: Mapping[str, Any], read: LogReader,
+         waiting: Waiting = lambda job_id: None) -> dict[str, Any]:
     """A chunk of one attempt's stdout or stderr from ``offset``; the client follows with it.
 
     ``attempts`` summarises every attempt (number, outcome, reason, memory it was placed with,
@@ -129,7 +149,8 @@ def logs(store: Store, job_id: str, args: Mapping[str, Any], read: LogReader) ->
     attempts = store.attempts(job_id)
     found = store.job(job_id)
     state = found[0].state.value if found else "unknown"
-    reason = found[0].reason if found else ""
+    wait = waiting(job_id) if found and found[0].state is JobState.PENDING else None
+    reason = str(wait) if wait is not None else (found[0].reason if found else "")
     summary = [{"n": a.n, "outcome": a.outcome, "reason": a.reason, "mem_mib": a.mem_mib,
                 "ended": a.end is not None} for a in attempts]
     if not attempts:
@@ -161,6 +182,12 @@ def complete_utf8(data: bytes) -> bytes:
         size = 2 if lead >> 5 == 0b110 else 3 if lead >> 4 == 0b1110 else 4 if lead >> 3 == 0b11110 else 1
         return data if back >= size else data[:-back]
     return data
+
+
+def committed_by_gpu(monitor: GpuWatch) -> dict[str, float]:
+    """MiB the running jobs commit on each GPU, by uuid (the world model's,
+    ``collocate.commitment``)."""
+    return {d.uuid: monitor.committed_mib(d.uuid) for d in monitor.devices}
 
 
 def gpu_rows(monitor: GpuWatch, running: Mapping[str, Any], now: float) -> list[dict[str, Any]]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+import sqlite3
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import astuple, replace
@@ -82,6 +83,7 @@ class EmulatedBackend:
         self.store = StateStore.open_existing(Path(state_dir))
         self.emulated_state_dir: Path | None = Path(state_dir)
         self.model = interference or default_interference()
+        self._keeper: sqlite3.Connection | None = None
 
     @classmethod
     def create(
@@ -121,7 +123,9 @@ class EmulatedBackend:
                 hint="GPU indices start at 0",
             )
         _replace_devices(store, lambda _current: rows)
-        return cls(Path(state_dir), interference=interference)
+        backend = cls(Path(state_dir), interference=interference)
+        backend._keeper = store.keep_open()  # the daemon's: its -wal and -shm stay put
+        return backend
 
     # -- GpuBackend ------------------------------------------------------------------------
 
@@ -148,7 +152,10 @@ class EmulatedBackend:
         ]
 
     def close(self) -> None:
-        """Nothing to release: every call opens and closes its own connection."""
+        """Every call opens and closes its own connection; only the creator's keeper stays."""
+        if self._keeper is not None:
+            self._keeper.close()
+            self._keeper = None
 
     # -- emulated-only MIG reconfiguration -------------------------------------------------
 

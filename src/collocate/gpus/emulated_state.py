@@ -17,6 +17,7 @@ Tables (``<state_dir>/emulated.sqlite``):
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
 from collections.abc import Collection, Iterator
@@ -123,7 +124,21 @@ class StateStore:
     def open_existing(cls, state_dir: Path) -> StateStore:
         """Open state the daemon created; a clear error if there is none (jobs call this)."""
         store = cls(state_dir)
-        if not store.path.exists():
+        try:
+            store.path.stat()
+            usable = os.access(store.path, os.R_OK | os.W_OK)
+            exists = True
+        except FileNotFoundError:
+            exists = False
+        except OSError:  # a directory it may not enter: the state is there, but not ours
+            exists, usable = True, False
+        if exists and not usable:
+            raise CollocateError(
+                f"emulated GPU state {store.path} is the daemon's, and this process (uid "
+                f"{os.getuid()}) may not use it",
+                hint="a daemon shared with `collocate serve --group G` lets G's members' jobs use "
+                "its emulated GPUs; run the job through that daemon, as a member of G")
+        if not exists:
             raise CollocateError(
                 f"no emulated GPU state in {state_dir}",
                 hint="start the daemon with --gpus emulated:4xA100-40GB (it creates the state), "
@@ -149,12 +164,22 @@ class StateStore:
             if "rate" not in {r[1] for r in db.execute("PRAGMA table_info(claims)")}:  # older state
                 db.execute("ALTER TABLE claims ADD COLUMN rate REAL NOT NULL DEFAULT 1.0")
 
+    def keep_open(self) -> sqlite3.Connection:
+        """A connection held for the daemon's life. While one is open SQLite keeps the -wal and
+        -shm files, so they are made once (and shared with a ``--group`` by the daemon) rather
+        than re-made by every short connection below: each re-made file is briefly 0600 under
+        the daemon's umask, and a member's job opening it then failed with "unable to open
+        database file"."""
+        db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, check_same_thread=False)
+        db.execute("SELECT count(*) FROM devices").fetchone()
+        return db
+
     @contextmanager
     def tx(self, write: bool = True) -> Iterator[sqlite3.Connection]:
         """One transaction; ``write`` takes the write lock up front so check-and-claim is atomic."""
         try:
             db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, OSError) as exc:
             raise CollocateError(
                 f"cannot open emulated GPU state {self.path}: {exc}",
                 hint="check the directory exists, is writable and is on a local file system",

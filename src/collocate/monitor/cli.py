@@ -10,7 +10,7 @@ import typer
 from collocate.errors import CollocateError
 
 StateDirOpt = Annotated[Path | None, typer.Option(
-    "--state-dir", help="Daemon state dir (default: $COLLOCATE_STATE_DIR, then "
+    "--state-dir", readable=False, help="Daemon state dir (default: $COLLOCATE_STATE_DIR, then "
     "$XDG_STATE_HOME/collocate, then ~/.local/state/collocate).")]
 
 
@@ -42,7 +42,7 @@ def report(
         )
     store = MonitorStore(path)
     try:
-        result = build_report(store, out, since=start)
+        result = build_report(store, out, since=start, accounting=_accounting(path.parent))
     finally:
         store.close()
     typer.echo(f"{len(result.jobs)} job(s), {len(result.users)} user(s), "
@@ -50,6 +50,23 @@ def report(
                f"attributed to jobs")
     for f in result.files:
         typer.echo(f"wrote {f}")
+
+
+def _accounting(state_dir: Path) -> list[dict] | None:
+    """Every job as ``sacct`` shows it (state, exit code, GPUs, wait, run time), from the job
+    store read-only; None where there is none to read."""
+    from collocate.daemon.store import Store
+    from collocate.daemon.views import job_rows
+
+    try:
+        store = Store.read_only(state_dir / "collocate.sqlite")
+    except CollocateError:
+        return None
+    try:
+        running = {job.id: None for job, _, _ in store.jobs() if job.state.value == "running"}
+        return job_rows(store, include_done=True, running=running)
+    finally:
+        store.close()
 
 
 def dashboard(
@@ -66,7 +83,11 @@ def dashboard(
     allow_submit: Annotated[bool, typer.Option(
         "--allow-submit", help="Let the page queue jobs (as you; needs a token).")] = False,
 ) -> None:
-    """Serve the web dashboard of a running daemon until Ctrl-C; open the URL it prints."""
+    """Serve the web dashboard of a running daemon until Ctrl-C; open the URL it prints.
+
+    Anyone the daemon serves may run their own: it acts with their rights (their jobs in full,
+    with cancel, hold and release; others' as `collocate ls` shows them), reads everything
+    through the daemon's API, and needs no access to the state dir."""
     import os
     import secrets
     import signal
@@ -76,7 +97,6 @@ def dashboard(
     from collocate.daemon.paths import StateLayout, resolve_state_dir
     from collocate.daemon.tracking import check_dashboard, stable_token
     from collocate.errors import InputError
-    from collocate.monitor.store import MonitorStore, monitor_db_path
     from collocate.web.app import create_app
     from collocate.web.client_source import ClientSource
     from collocate.web.server import serve_in_thread
@@ -97,10 +117,7 @@ def dashboard(
         token = stable_token(StateLayout(root).dashboard_token)  # the same across restarts
     elif not no_token:
         token = secrets.token_urlsafe(32)
-    path = monitor_db_path(root)
-    store = MonitorStore(path) if path.exists() else None
-    server = serve_in_thread(create_app(ClientSource(client, store=store,
-                                                     allow_submit=allow_submit), token=token),
+    server = serve_in_thread(create_app(ClientSource(client, allow_submit=allow_submit), token=token),
                              host, port)
     stop = threading.Event()  # before the URL is printed: a stop request may follow it at once
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -117,5 +134,3 @@ def dashboard(
         for s, handler in previous.items():
             signal.signal(s, handler)
         server.stop()
-        if store is not None:
-            store.close()

@@ -1,8 +1,12 @@
 """``collocate report``: per-user, per-job and per-GPU summaries with PNG plots.
 
-Input is the monitoring store only (``MonitorStore``), so a report can be made while the daemon
-runs or after it stopped. Without ``since`` the job and GPU numbers are whole-life totals (never
-pruned); with ``since`` they are sums over the retained samples after it. Outputs in ``out``:
+Input is the monitoring store (``MonitorStore``) and, when given, the job store's accounting
+(``accounting``: ``sacct``'s view of each job: state, exit code, GPUs, how long it waited and
+ran, from ``daemon.views.job_rows``), so a report can be made while the daemon runs or after it
+stopped, and a job that held no GPU memory (a CPU job on emulated GPUs) still shows its times
+instead of a row of zeros. Without ``since`` the job and GPU numbers are whole-life totals
+(never pruned); with ``since`` they are sums over the retained samples after it. Outputs in
+``out``:
 
 * ``summary.md`` (tables a human reads) and ``summary.json`` (the same numbers for tools);
 * ``gpu_timeline.png``: one row per GPU, a bar per job while it held memory there
@@ -72,31 +76,48 @@ class Report:
     files: list[Path]
 
 
-def build_report(store: MonitorStore, out: Path, *, since: float | None = None) -> Report:
+def build_report(store: MonitorStore, out: Path, *, since: float | None = None,
+                 accounting: list[dict[str, Any]] | None = None) -> Report:
     """Compute the summaries and write every file into ``out`` (created if missing)."""
     out.mkdir(parents=True, exist_ok=True)
     jobs = store.job_summaries(since=since)
     series = store.gpu_series(since=since or 0.0, limit=MAX_PLOT_ROWS)
-    users = _per_user(jobs)
+    acct = [a for a in accounting or [] if since is None or (a.get("end_time") or time.time()) >= since]
+    users = _per_user(jobs, acct)
     gpus = _per_gpu(store, series, since)
     files = [out / "summary.md", out / "summary.json"]
-    files[0].write_text(_markdown(since, jobs, users, gpus))
+    files[0].write_text(_markdown(since, jobs, users, gpus, acct))
     files[1].write_text(json.dumps({"since": since, "jobs": [j.to_dict() for j in jobs],
-                                    "users": users, "gpus": gpus}, indent=1))
+                                    "accounting": acct, "users": users, "gpus": gpus}, indent=1))
     files += _plots(out, series, jobs)
     return Report(since, jobs, users, gpus, files)
 
 
-def _per_user(jobs: list[JobSummary]) -> list[dict[str, Any]]:
+def _per_user(jobs: list[JobSummary], acct: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per user: measured use (GPU-hours as a share of GPU time, energy, CPU) and, from the
+    job store, jobs, GPUs held x wall time, and the mean wait before a job's first start."""
     users: dict[str, dict[str, Any]] = {}
+
+    def row(user: str) -> dict[str, Any]:
+        return users.setdefault(user or "?", {"user": user or "?", "jobs": 0, "gpu_hours": 0.0,
+                                              "energy_wh": 0.0, "cpu_hours": 0.0,
+                                              "held_gpu_hours": 0.0, "waits": []})
     for j in jobs:
-        u = users.setdefault(j.user or "?", {"user": j.user or "?", "jobs": 0, "gpu_hours": 0.0,
-                                             "energy_wh": 0.0, "cpu_hours": 0.0})
-        u["jobs"] += 1
+        u = row(j.user)
+        u["jobs"] += 0 if acct else 1
         u["gpu_hours"] += j.gpu_hours
         u["energy_wh"] += j.energy_wh
         u["cpu_hours"] += j.cpu_hours
-    return sorted(users.values(), key=lambda u: -u["energy_wh"])
+    for a in acct:
+        u = row(a["user"])
+        u["jobs"] += 1
+        u["held_gpu_hours"] += (a.get("elapsed_s") or 0.0) * a["gpus"] / 3600.0
+        if a.get("start_time") is not None:
+            u["waits"].append(a["wait_s"])
+    for u in users.values():
+        waits = u.pop("waits")
+        u["mean_wait_s"] = sum(waits) / len(waits) if waits else None
+    return sorted(users.values(), key=lambda u: (-u["energy_wh"], -u["held_gpu_hours"]))
 
 
 def _per_gpu(store: MonitorStore, series: list[dict[str, Any]],
@@ -131,7 +152,9 @@ def _per_gpu(store: MonitorStore, series: list[dict[str, Any]],
 
 
 def _markdown(since: float | None, jobs: list[JobSummary], users: list[dict[str, Any]],
-              gpus: list[dict[str, Any]]) -> str:
+              gpus: list[dict[str, Any]], acct: list[dict[str, Any]]) -> str:
+    from collocate.units import format_duration
+
     span = ("whole history" if since is None
             else f"since {datetime.fromtimestamp(since):%Y-%m-%d %H:%M}")
 
@@ -139,13 +162,29 @@ def _markdown(since: float | None, jobs: list[JobSummary], users: list[dict[str,
         return "-" if x is None else f"{100 * x:.0f}%"
 
     lines = [f"# collocate report ({span})", "", "## Per user", "",
-             "| user | jobs | GPU-hours | energy (Wh) | CPU-hours |", "|---|---|---|---|---|"]
+             "| user | jobs | GPU-hours | energy (Wh) | CPU-hours | GPUs held x hours | mean wait |",
+             "|---|---|---|---|---|---|---|"]
     lines += [f"| {_cell(u['user'])} | {u['jobs']} | {u['gpu_hours']:.3f} | {u['energy_wh']:.2f} |"
-              f" {u['cpu_hours']:.3f} |" for u in users]
-    lines += ["", "## Per job", "", "| job | user | name | GPUs | peak MiB | mean SM | GPU-hours |"
-              " energy (Wh) |", "|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {j.job_id} | {_cell(j.user)} | {_cell(j.name)} | {len(j.gpus)} | {j.peak_mib:,.0f} |"
-              f" {pct(j.mean_sm)} | {j.gpu_hours:.3f} | {j.energy_wh:.2f} |" for j in jobs]
+              f" {u['cpu_hours']:.3f} | {u['held_gpu_hours']:.3f} | {format_duration(u['mean_wait_s'])} |"
+              for u in users]
+    measured = {j.job_id: j for j in jobs}
+    lines += ["", "## Per job", "", "| job | user | name | state | exit | GPUs | waited | ran | peak MiB |"
+              " mean SM | GPU-hours | energy (Wh) |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    rows = acct or [{"id": j.job_id, "user": j.user, "name": j.name, "state": "-", "exit_code": None,
+                     "on": list(j.gpus), "wait_s": None, "elapsed_s": None} for j in jobs]
+    for a in rows:
+        j = measured.get(a["id"])
+        code = a.get("exit_code")
+        lines.append(
+            f"| {_cell(a['id'])} | {_cell(a['user'])} | {_cell(a['name'])} | {a['state']} |"
+            f" {'-' if code is None else code} | {_cell(', '.join(a.get('on') or [])) or '-'} |"
+            f" {format_duration(a.get('wait_s'))} | {format_duration(a.get('elapsed_s'))} |"
+            + (f" {j.peak_mib:,.0f} | {pct(j.mean_sm)} | {j.gpu_hours:.3f} | {j.energy_wh:.2f} |"
+               if j is not None else " - | - | - | - |"))
+    if acct and not any(j.peak_mib > 0 for j in jobs):
+        lines += ["", "No job was seen holding GPU memory, so the measured columns are empty or zero: "
+                  "on emulated GPUs, jobs that compute on the CPU (such as examples/train.py without "
+                  "CUDA) claim none. Waits, run times and GPUs held come from the job store."]
     lines += ["", "## Per GPU", "", "| GPU | energy (Wh) | idle (Wh) | mean SM | busy | jobs |",
               "|---|---|---|---|---|---|"]
     lines += [f"| {g['gpu']} | {g['energy_wh']:.2f} | "

@@ -119,6 +119,9 @@ class Tick:
     jobs: tuple[UsageRecord, ...]
     metrics: tuple[MetricPoint, ...] = ()
     attributions: tuple[Attribution, ...] = field(default=(), repr=False)
+    #: Per GPU uuid, the memory its jobs commit (``collocate.commitment``), when the caller knows
+    #: it: the daemon does; kept beside what is used so the dashboard shows both over time.
+    committed: Mapping[str, float] = field(default_factory=dict, repr=False)
 
 
 class UsageSampler:

@@ -10,6 +10,7 @@ already logs and survives those.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -56,11 +57,15 @@ class UsageMonitor:
 
     def tick(self, samples: Sequence[DeviceSample], jobs: Mapping[str, int | UsageJob],
              now: float | None = None, *, trees: Mapping[str, TreeUsage] | None = None,
-             metrics: Sequence[MetricPoint] | None = None) -> Tick:
+             metrics: Sequence[MetricPoint] | None = None,
+             committed: Mapping[str, float] | None = None) -> Tick:
         """One sampling period: attribute, store, export. Returns the tick for the dashboard.
         ``trees`` and ``metrics``: the jobs' process trees and new metric points, when the
-        caller read them this tick (``UsageSampler.observe``)."""
+        caller read them this tick (``UsageSampler.observe``); ``committed``: MiB committed on
+        each GPU (by uuid), stored beside what is used."""
         tick = self.sampler.observe(samples, jobs, now, trees=trees, metrics=metrics)
+        if committed:
+            tick = replace(tick, committed=dict(committed))
         self.sinks.write(tick)
         self.last = tick
         return tick

@@ -16,7 +16,10 @@ Two kinds of tables, on purpose:
 from __future__ import annotations
 
 import json
+import sqlite3
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +32,8 @@ MONITOR_DB_NAME = "monitor.sqlite"
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS mon_gpu (
     t REAL NOT NULL, uuid TEXT NOT NULL, gpu TEXT NOT NULL, used_mib REAL, total_mib REAL,
-    gpu_util REAL, sm REAL, occ REAL, dram REAL, power_w REAL, energy_j REAL, jobs TEXT NOT NULL
+    gpu_util REAL, sm REAL, occ REAL, dram REAL, power_w REAL, energy_j REAL, jobs TEXT NOT NULL,
+    committed_mib REAL
 );
 CREATE INDEX IF NOT EXISTS mon_gpu_t ON mon_gpu (t);
 CREATE TABLE IF NOT EXISTS mon_job (
@@ -115,12 +119,28 @@ class MonitorStore:
         self.path = Path(path)
         self.retention = retention or Retention()
         self._lock = threading.Lock()
+        self._reader_lock = threading.Lock()
+        self._reader: sqlite3.Connection | None = None
         self._last_prune = float("-inf")
         self.db = open_wal(self.path, _SCHEMA, what="monitoring store")
+        if "committed_mib" not in {r[1] for r in self.db.execute("PRAGMA table_info(mon_gpu)")}:
+            self.db.execute("ALTER TABLE mon_gpu ADD COLUMN committed_mib REAL")  # a store of before
 
     def close(self) -> None:
         with self._lock:
             self.db.close()
+        with self._reader_lock:
+            if self._reader is not None:
+                self._reader.close()
+
+    @contextmanager
+    def _reading(self) -> Iterator[sqlite3.Connection]:
+        """A connection of its own for long reads (a day of history), so they never hold the
+        writer's lock: WAL lets them read beside the daemon's writes."""
+        with self._reader_lock:
+            if self._reader is None:
+                self._reader = sqlite3.connect(self.path, timeout=30.0, check_same_thread=False)
+            yield self._reader
 
     # -- writes ----------------------------------------------------------------------------
     def write(self, tick: Tick) -> None:
@@ -139,10 +159,13 @@ class MonitorStore:
 
     def _write(self, tick: Tick) -> None:
         db = self.db
-        db.executemany("INSERT INTO mon_gpu VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", [
-            (g.sample.time, g.uuid, g.gpu, g.sample.used_mib, g.total_mib, g.sample.gpu_util,
-             g.sample.sm_activity, g.sample.sm_occupancy, g.sample.dram_activity,
-             g.sample.power_watts, g.energy_j, json.dumps(g.jobs)) for g in tick.gpus])
+        db.executemany(
+            "INSERT INTO mon_gpu (t, uuid, gpu, used_mib, total_mib, gpu_util, sm, occ, dram, power_w,"
+            " energy_j, jobs, committed_mib) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", [
+                (g.sample.time, g.uuid, g.gpu, g.sample.used_mib, g.total_mib, g.sample.gpu_util,
+                 g.sample.sm_activity, g.sample.sm_occupancy, g.sample.dram_activity,
+                 g.sample.power_watts, g.energy_j, json.dumps(g.jobs), tick.committed.get(g.uuid))
+                for g in tick.gpus])
         db.executemany(
             "INSERT INTO mon_gpu_total VALUES (?,?,?,?,?,?,?,?) ON CONFLICT (uuid) DO UPDATE SET"
             " energy_j = energy_j + excluded.energy_j,"
@@ -261,6 +284,39 @@ class MonitorStore:
         for d in out:
             d["jobs"] = json.loads(d["jobs"])
         return out
+
+    def history(self, since: float, until: float, points: int = 120) -> dict[str, Any]:
+        """GPUs and users over ``[since, until]`` in at most ``points`` buckets, for the dashboard:
+        per GPU the mean utilisation, used and committed memory, and energy; per user the mean
+        GPUs held (GPU-seconds / bucket), GPU memory held, SM activity and energy. Bucketed in
+        SQL, so an hour of 1 s samples costs no more to draw than two minutes."""
+        step = max(1.0, (until - since) / max(1, points))
+        with self._reading() as db:
+            gpu_rows = db.execute(
+                "SELECT uuid, gpu, CAST((t - ?) / ? AS INTEGER) AS b, AVG(COALESCE(sm, gpu_util)),"
+                " AVG(used_mib), AVG(committed_mib), SUM(energy_j), MAX(total_mib)"
+                " FROM mon_gpu WHERE t >= ? AND t <= ? GROUP BY uuid, b ORDER BY uuid, b",
+                (since, step, since, until)).fetchall()
+            user_rows = db.execute(
+                "SELECT COALESCE(u.user, ''), CAST((j.t - ?) / ? AS INTEGER) AS b,"
+                " SUM(j.gpu_time_s), SUM(j.gpu_mib), COUNT(DISTINCT j.t),"
+                " SUM(j.sm * j.occupancy_s), SUM(j.occupancy_s), SUM(j.energy_j)"
+                " FROM mon_job j LEFT JOIN mon_job_total u USING (job_id) WHERE j.t >= ? AND j.t <= ?"
+                " GROUP BY 1, b ORDER BY 1, b", (since, step, since, until)).fetchall()
+        gpus: dict[str, dict[str, Any]] = {}
+        for uuid, gpu, b, util, used, committed, energy, total in gpu_rows:
+            g = gpus.setdefault(uuid, {"uuid": uuid, "gpu": gpu, "total_mib": total, "points": []})
+            g["points"].append({"t": since + (b + 0.5) * step, "util": util, "used_mib": used,
+                                "committed_mib": committed, "energy_wh": (energy or 0.0) / 3600})
+        users: dict[str, dict[str, Any]] = {}
+        for user, b, gpu_s, mib, ticks, sm_time, occ, energy in user_rows:
+            u = users.setdefault(user, {"user": user, "points": []})
+            u["points"].append({"t": since + (b + 0.5) * step, "gpus": (gpu_s or 0.0) / step,
+                                "mem_mib": (mib or 0.0) / max(1, ticks),
+                                "sm": (sm_time / occ) if occ else None,
+                                "energy_wh": (energy or 0.0) / 3600})
+        return {"since": since, "until": until, "step_s": step,
+                "gpus": list(gpus.values()), "users": list(users.values())}
 
     def job_series(self, job_id: str, *, since: float = 0.0,
                    limit: int = 10_000) -> list[dict[str, Any]]:

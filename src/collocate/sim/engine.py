@@ -44,6 +44,7 @@ from collocate.belief import UNKNOWN, as_history, exact
 from collocate.commitment import is_estimated, mps_limit_mib
 from collocate.errors import CollocateError, InputError
 from collocate.estimate.static import TRACED_REL_UNCERTAINTY
+from collocate.fairness import Fairness
 from collocate.gputypes import NodeSpec
 from collocate.interference import InterferenceModel, default_interference
 from collocate.knowledge import MemoryProfiles, ProfileKnowledge, price_pending, with_belief
@@ -114,6 +115,9 @@ class SimConfig:
     # Seed of the model error (``collocate.sim.model_error``): jobs in a mix run at the model's
     # slowdown times a held-out calibration error; None runs them at the model's prediction.
     model_error_seed: int | None = None
+    # Fair share and per-user caps among the trace's users (``collocate.fairness``; a trace
+    # without a ``user`` column is one user, and then neither changes anything).
+    fairness: Fairness = field(default_factory=Fairness)
 
     def __post_init__(self) -> None:
         if self.profiles not in PROFILE_KNOWLEDGE:
@@ -226,7 +230,8 @@ class Simulation:
         }
 
         self.running: dict[str, SimRun] = {}
-        self.scheduler = Scheduler(policy, Capacity.of(self.world.snapshot(0.0)), rules=config.rules)
+        self.scheduler = Scheduler(policy, Capacity.of(self.world.snapshot(0.0)), rules=config.rules,
+                                   fairness=config.fairness)
         self.records: dict[str, SimJobRecord] = {}
         self.peaks: dict[str, float] = {}
         self.profiles = MemoryProfiles()  # what runs taught, as the daemon's history
@@ -319,6 +324,7 @@ class Simulation:
             mem_uncertainty=ESTIMATE_UNCERTAINTY.get(mem_source, 0.5) if mem is not None else 0.0,
             submit_time=now,
             name=w.name,
+            user=self._by_id[job_id].user,  # multi-user traces: fair share and caps count by it
             profile=told.profile,
             profile_source=told.profile_source,
             profile_var=told.profile_var,
@@ -431,7 +437,8 @@ class Simulation:
         if (room < run.peak_mib).any():
             observed = float(max(0.0, room.min()))
             self._stop(run, now)
-            job = self.scheduler.job_exited(job_id, ExitReport(Outcome.OOM, observed, "CUDA out of memory"))
+            job = self.scheduler.job_exited(job_id, ExitReport(Outcome.OOM, observed, "CUDA out of memory"),
+                                            now)  # now: charges its GPU time to its user
             record = self.records[job_id]
             record.oom_crashes = job.oom_crashes
             record.spans[-1][2:] = [now, "oom"]
@@ -468,7 +475,7 @@ class Simulation:
         command = self._by_id[job_id].workload.command
         if resident.belief.source in ("measured", "inferred") and command is not None:
             self.profiles.record(command, self._by_id[job_id].workload.program, as_history(resident.belief))
-        job = self.scheduler.job_exited(job_id, ExitReport(Outcome.SUCCEEDED))
+        job = self.scheduler.job_exited(job_id, ExitReport(Outcome.SUCCEEDED), now)
         self._close(job, now)
         return True
 

@@ -61,6 +61,7 @@ class TraceJob:
     id: str
     arrival_s: float
     workload: Workload
+    user: str = ""  # who submitted it (a trace's optional ``user`` column): fair share counts by it
 
 
 def _number(value: str | float | int | None, where: str, column: str, *, integer: bool = False) -> float:
@@ -150,7 +151,8 @@ def load_trace(path: Path, catalogue: dict[str, Workload] | None = None) -> list
                 hint="sort the trace by arrival_s",
             )
         last_arrival = arrival
-        jobs.append(TraceJob(job_id, arrival, _workload(row, where, catalogue)))
+        jobs.append(TraceJob(job_id, arrival, _workload(row, where, catalogue),
+                             str(row.get("user") or "").strip()))
     if not jobs:
         raise InputError(f"{path}: the trace has no jobs")
     return jobs

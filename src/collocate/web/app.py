@@ -6,9 +6,13 @@
   CSS and JS, no build step, no CDN; polls the API);
 * ``GET /api/gpus``, ``/api/jobs``, ``/api/jobs/{id}``, ``/api/status``, and
   ``/api/jobs/{id}/log?stream=stdout|stderr`` (the tail of the latest attempt's output);
+* ``GET /api/history?since=SECONDS`` when the source keeps history: per GPU and per user over
+  that range (utilisation, used and committed memory, GPUs held, energy);
 * ``POST /api/jobs`` when the source can submit: ``{"command": "python a.py --tag 'a b'", "name":
   ..., "mem": "6GiB"}`` (split as a POSIX shell would, ``shlex.split``; unbalanced quotes are
   refused with a 422) or ``{"argv": [...]}``;
+* ``POST /api/jobs/{id}/cancel|hold|release`` when the source can act: as the source's user, so
+  the daemon's rights decide (a refusal is a 403 with the daemon's words);
 * ``GET /metrics``: the Prometheus registry given (``PrometheusSink.registry``), 404 without one.
 
 Access: with ``token`` set, every route needs it, as ``Authorization: Bearer <token>``, header
@@ -102,7 +106,27 @@ def create_app(source: DashboardSource, *, token: str | None = None,
 
     @app.get("/api/status")
     def status() -> dict[str, Any]:
-        return {**source.status(), "can_submit": can_submit(source)}
+        return {**source.status(), "can_submit": can_submit(source),
+                "can_act": callable(getattr(source, "act", None))}
+
+    @app.get("/api/history")
+    def history(since: float = 600.0) -> dict[str, Any]:
+        keeper = getattr(source, "history", None)
+        if not callable(keeper):
+            raise HTTPException(501, "this dashboard keeps no history")
+        return dict(keeper(since))
+
+    @app.post("/api/jobs/{job_id}/{action}")
+    def act(job_id: str, action: str) -> dict[str, Any]:
+        actor = getattr(source, "act", None)
+        if action not in ("cancel", "hold", "release"):
+            raise HTTPException(404, f"no action {action!r}: cancel, hold or release")
+        if not callable(actor):
+            raise HTTPException(501, "this dashboard is read-only")
+        try:
+            return dict(actor(action, job_id))
+        except CollocateError as exc:
+            raise HTTPException(403, str(exc)) from exc
 
     @app.post("/api/jobs")
     def submit(body: dict[str, Any] = Body(...)) -> dict[str, Any]:

@@ -1,10 +1,12 @@
-"""A ``DashboardSource`` over the daemon's socket API, so the dashboard also runs on its own.
+"""A ``DashboardSource`` over the daemon's API, so the dashboard also runs on its own.
 
-``collocate dashboard`` uses it: the page reads the same ``gpus``/``ls``/``show``/``logs``
-requests the CLI makes, plus the monitoring store (``monitor.sqlite``) for a job's summary,
-timelines and its own metrics when the daemon writes one. It works unchanged inside the daemon
-too (``serve_in_thread`` with a ``Client`` of the daemon's own socket), at the cost of one local
-socket round trip per API call.
+``collocate dashboard`` uses it, and so does the daemon's own dashboard (through its loop:
+``tracking.LoopRequester``): the page reads the same ``gpus``/``ls``/``show``/``logs``
+requests the CLI makes, and ``history`` for charts over a chosen range (per GPU and per user,
+bucketed by the daemon from its monitoring store). Everything goes through the API, so a
+``--group`` member's own dashboard sees what the API lets that member see (their jobs in full,
+others' as ``squeue`` shows them) and needs no access to the state dir; cancelling, holding and
+releasing from the page are the member's own requests, checked by the daemon.
 
 Submitting from the page queues the job as the user running the dashboard, so it is off unless
 asked for (``allow_submit=True``), which ``collocate dashboard`` only allows with a token.
@@ -18,10 +20,10 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Protocol
 
-from collocate.monitor.store import MonitorStore
-
-HISTORY_POINTS = 80
-HISTORY_WINDOW_S = 120.0
+HISTORY_POINTS = 120
+HISTORY_WINDOW_S = 600.0  # the page's default range; it offers up to 24 h
+MAX_HISTORY_S = 7 * 86400.0
+ACTIONS = ("cancel", "hold", "release")
 
 
 class Requester(Protocol):
@@ -29,34 +31,47 @@ class Requester(Protocol):
 
 
 class ClientSource:
-    def __init__(self, client: Requester, *, store: MonitorStore | None = None,
-                 allow_submit: bool = False, cwd: Path | None = None) -> None:
+    def __init__(self, client: Requester, *, allow_submit: bool = False, cwd: Path | None = None,
+                 you: str | None = None) -> None:
         self.client = client
-        self.store = store
         self.cwd = cwd or Path.cwd()
+        self.you = you if you is not None else _me()
         self._history: dict[str, deque[dict[str, Any]]] = {}
         self._held: dict[str, float | None] | None = None  # job id -> MiB it holds, from the last gpus()
         if allow_submit:
             self.submit = self._submit
 
-    def gpus(self) -> list[dict[str, Any]]:
+    def gpus(self, since_s: float | None = None) -> list[dict[str, Any]]:
+        """Every GPU now, with ``history``: over the last ``since_s`` from the daemon's buckets,
+        or (None, as the page polls; it asks ``history`` itself) the points this source saw."""
         rows = self.client.request("gpus")
-        series: dict[str, list[dict[str, Any]]] = {}
-        if self.store is not None:
-            for r in self.store.gpu_series(since=time.time() - HISTORY_WINDOW_S):
-                util = r["sm"] if r["sm"] is not None else r["gpu_util"]
-                series.setdefault(r["uuid"], []).append(
-                    {"t": r["t"], "util": util, "used_mib": r["used_mib"]})
+        series = {} if since_s is None else {g["uuid"]: g["points"] for g in self.history(since_s).get("gpus", [])}
         out = []
         now = time.time()
         for g in rows:
             util = g.get("sm_now")
             hist = self._history.setdefault(g["uuid"], deque(maxlen=HISTORY_POINTS))
-            hist.append({"t": now, "util": util, "used_mib": g.get("used_mib")})
-            out.append({**g, "util": util,
-                        "history": series.get(g["uuid"], [])[-HISTORY_POINTS:] or list(hist)})
+            hist.append({"t": now, "util": util, "used_mib": g.get("used_mib"),
+                         "committed_mib": g.get("committed_mib")})
+            out.append({**g, "util": util, "history": series.get(g["uuid"]) or list(hist)})
         self._held = {job: mib for g in rows for job, mib in (g.get("job_mib") or {}).items()}
         return out
+
+    def history(self, since_s: float = HISTORY_WINDOW_S) -> dict[str, Any]:
+        """Per-GPU and per-user usage over the last ``since_s`` seconds (``Api.op_history``)."""
+        from collocate.errors import CollocateError
+
+        try:
+            return dict(self.client.request("history", since_s=min(max(since_s, 60.0), MAX_HISTORY_S),
+                                            points=HISTORY_POINTS))
+        except CollocateError:  # a daemon of before, without the request
+            return {"gpus": [], "users": []}
+
+    def act(self, action: str, job_id: str) -> dict[str, Any]:
+        """Cancel, hold or release a job as this source's user (the daemon checks the right)."""
+        if action not in ACTIONS:
+            raise ValueError(f"unknown action {action!r}")
+        return dict(self.client.request(action, id=job_id))
 
     def jobs(self) -> list[dict[str, Any]]:
         """Every job; a running one also gets ``used_mib``: what it holds now on its fullest GPU
@@ -73,7 +88,7 @@ class ClientSource:
         from collocate.errors import CollocateError
 
         try:
-            detail = dict(self.client.request("show", id=job_id))
+            detail = dict(self.client.request("show", id=job_id, series=True))
         except CollocateError as exc:  # the daemon's errors arrive as plain CollocateErrors
             if str(exc).startswith("no job"):
                 return None
@@ -82,11 +97,6 @@ class ClientSource:
         if attempts:
             detail.setdefault("on", attempts[-1].get("gpus", []))
             detail.setdefault("start_time", attempts[0].get("start"))
-        if self.store is not None:
-            summary = self.store.job_summary(job_id)
-            detail["summary"] = None if summary is None else summary.to_dict()
-            detail["samples"] = self.store.job_series(job_id, limit=600)
-            detail["metrics"] = self.store.metrics(job_id, limit=600)
         return detail
 
     def log_tail(self, job_id: str, max_bytes: int, stream: str = "stdout") -> str:
@@ -109,11 +119,27 @@ class ClientSource:
         return str(first.get("text", ""))[-max_bytes:] if max_bytes else ""
 
     def status(self) -> dict[str, Any]:
+        """The daemon's state, and who this dashboard acts as (``admin``: the daemon's owner,
+        who may act on every job)."""
         ping = self.client.request("ping")
-        return {"daemon": ping, "tracking": list(ping.get("tracking", []))}
+        try:
+            owner = os.stat(ping.get("state_dir") or "/").st_uid
+        except OSError:
+            owner = -1
+        return {"daemon": ping, "tracking": list(ping.get("tracking", [])), "you": self.you,
+                "admin": os.getuid() in (0, owner)}
 
     def _submit(self, argv: list[str], *, name: str | None, mem: str | None) -> str:
         result = self.client.request(
             "submit", argv=list(argv), gpus=1, mem=mem, name=name, priority=0, retries=None,
             cwd=os.fspath(self.cwd), env=[], base_env=dict(os.environ))
         return str(result["id"])
+
+
+def _me() -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return str(os.getuid())

@@ -7,15 +7,27 @@ DOM calls and ``textContent`` only (job names, reasons and logs are user text: n
 Sizes are formatted as ``collocate.units.format_mib`` does and times as ``YYYY-MM-DD HH:MM:SS``
 local time, as the CLI prints them. ``/jobs/<id>`` is the same page opened on one job.
 
-Element ids used by the browser test: ``#counts`` (``.count[data-state]``), ``#drain``,
-``#gpus`` (one ``.gpu`` card per GPU, ``data-uuid``, each with an ``svg.chart``), ``#queue``,
-``#running``, ``#finished`` (rows ``tr[data-job]``, state cells ``.badge.state-<state>``),
-``#detail`` (``#detail-title``, ``#attempts``, ``#stdout``, ``#stderr``), ``#tracking``.
+A member keeps it open (``collocate dashboard``, their own rights): a range of history
+(``#range``: 2 minutes to 24 hours, from ``/api/history``, polled every ``HISTORY_MS``), per GPU
+(SM activity; memory used beside memory committed to jobs; energy) and per user (GPUs held,
+memory, energy); the queue in the order jobs would start, with each one's reason; filters by
+user, state and text; and cancel, hold and release buttons on the viewer's own jobs (all jobs
+for the daemon's owner) when the source can act.
+
+Element ids used by the browser tests: ``#counts`` (``.count[data-state]``), ``#drain``,
+``#you``, ``#range``, ``#gpus`` (one ``.gpu`` card per GPU, ``data-uuid``, each with two
+``svg.chart``), ``#users`` (``.user[data-user]``), ``#filter-user``, ``#filter-state``,
+``#filter-text``, ``#queue``, ``#running``, ``#finished`` (rows ``tr[data-job]``, state cells
+``.badge.state-<state>``, buttons ``button.act[data-action]``), ``#detail`` (``#detail-title``,
+``#detail-command``, ``#attempts``, ``#stdout``, ``#stderr``), ``#tracking``, ``#act-msg``.
 """
 
 from __future__ import annotations
 
 POLL_MS = 1500
+HISTORY_MS = 10_000  # history is bucketed over up to a day: asked for less often than the rest
+# (and for long ranges less often still: range / 360, 4 min for a day, whose query took 2.1 s
+# over 8 GPUs and 10 jobs sampled every second on the 2-core dev machine)
 
 _STYLE = """
 body{font:14px system-ui,sans-serif;margin:0;background:#f6f7f9;color:#1d2733}
@@ -42,6 +54,12 @@ td a{color:#1a5fb4}.reason{color:#5b6775;max-width:520px}
 .badge{display:inline-block;padding:1px 8px;border-radius:9px;font-size:12px;font-weight:600;color:#fff}
 .state-pending{background:#b7791f}.state-running{background:#1a5fb4}.state-done{background:#2e7d32}
 .state-failed{background:#b3261e}.state-cancelled{background:#6b7480}.state-rejected{background:#7a1f5c}
+.state-timeout{background:#8a3b12}
+.bar div.committed{background:#e6a23c}.legend{font-size:11px;color:#5b6775}
+.user{background:#fff;border:1px solid #d5dae0;border-radius:6px;padding:8px;width:300px}
+#users{display:flex;flex-wrap:wrap;gap:10px}.filters{display:flex;gap:8px;margin:0 0 6px}
+button.act{font-size:11px;padding:1px 6px;margin-right:3px}#act-msg.err{color:#b3261e}
+select,.filters input{padding:2px 4px}
 #detail{background:#fff;border:1px solid #d5dae0;border-radius:6px;padding:8px}
 #detail pre{background:#10161d;color:#d8dee6;padding:8px;max-height:260px;overflow:auto;white-space:pre-wrap}
 .charts{display:flex;flex-wrap:wrap;gap:12px}
@@ -50,17 +68,25 @@ form{display:flex;gap:6px;flex-wrap:wrap}form input{padding:3px 6px}#submit-msg.
 
 _BODY = """
 <header><h1><a href="/">collocate</a></h1><span id="counts"></span>
-<span id="updated">loading...</span><span id="tracking"></span></header>
+<span id="you"></span><label>history <select id="range">
+<option value="120">2 min</option><option value="600" selected>10 min</option>
+<option value="3600">1 h</option><option value="21600">6 h</option><option value="86400">24 h</option>
+</select></label><span id="updated">loading...</span><span id="tracking"></span></header>
 <main>
 <div id="drain" hidden>draining: the daemon places no new jobs (running ones go on);
 <code>collocate resume</code> places jobs again</div>
 <section id="detail-box" hidden><h2>Job</h2><div id="detail"></div></section>
 <section><h2>GPUs</h2><div id="gpus"></div></section>
+<section id="users-box" hidden><h2>Users</h2><div id="users"></div></section>
 <section id="submit-box" hidden><h2>Submit</h2>
 <form id="submit"><input id="cmd" placeholder="command, e.g. python train.py --tag 'run 1'" size="50">
 <input id="mem" placeholder="memory, e.g. 6GiB" size="12"><input id="jobname" placeholder="name">
 <button>submit</button><span id="submit-msg"></span></form></section>
-<section><h2>Queue</h2><table id="queue"></table></section>
+<div class="filters"><input id="filter-user" placeholder="user"><select id="filter-state">
+<option value="">any state</option><option>pending</option><option>running</option><option>done</option>
+<option>failed</option><option>timeout</option><option>cancelled</option><option>rejected</option></select>
+<input id="filter-text" placeholder="name, id or reason contains"><span id="act-msg"></span></div>
+<section><h2>Queue (in the order jobs start)</h2><table id="queue"></table></section>
 <section><h2>Running</h2><table id="running"></table></section>
 <section><h2>Finished</h2><table id="finished"></table></section>
 </main>
@@ -68,7 +94,7 @@ _BODY = """
 
 _SCRIPT = r"""
 "use strict";
-const POLL_MS = __POLL_MS__, NS = "http://www.w3.org/2000/svg";
+const POLL_MS = __POLL_MS__, HISTORY_MS = __HISTORY_MS__, NS = "http://www.w3.org/2000/svg";
 const token = new URLSearchParams(location.search).get("token");
 if (token) history.replaceState(null, "", location.pathname);  // the cookie carries it now
 const jobInPath = () => { const m = location.pathname.match(/^\/jobs\/([^/]+)$/); return m ? decodeURIComponent(m[1]) : null; };
@@ -133,48 +159,101 @@ function chart(series, o) {
   }
   return svg;
 }
+let usage = null, status = {}, lastHistory = 0;  // usage: /api/history's answer
+const sum = (xs, f) => xs.reduce((a, x) => a + (f(x) || 0), 0);
+const wh = x => none(x) ? "-" : x >= 1000 ? (x / 1000).toFixed(2) + " kWh" : x.toFixed(2) + " Wh";
 function renderGpus(gpus) {
+  const kept = {}; for (const g of (usage && usage.gpus) || []) kept[g.uuid] = g.points;
   document.getElementById("gpus").replaceChildren(...gpus.map(g => {
-    const used = g.used_mib || 0, frac = g.total_mib ? used / g.total_mib : 0, hist = g.history || [];
+    const used = g.used_mib || 0, frac = g.total_mib ? used / g.total_mib : 0;
+    const committed = g.committed_mib || 0, cfrac = g.total_mib ? Math.min(1, committed / g.total_mib) : 0;
+    const hist = (kept[g.uuid] && kept[g.uuid].length) ? kept[g.uuid] : (g.history || []);
     const held = Object.entries(g.job_mib || {}).map(([j, m]) => "#" + j + " " + mib(m));
+    const energy = kept[g.uuid] ? sum(kept[g.uuid], p => p.energy_wh) : null;
     return el("div", {"class": "gpu", "data-uuid": g.uuid},
       el("div", {"class": "name"}, g.id + " " + (g.type || "")),
       el("div", {"class": "sub"}, mib(used) + " / " + mib(g.total_mib) + " used"),
-      el("div", {"class": "bar"}, el("div", {"class": frac > 0.9 ? "hot" : "",
+      el("div", {"class": "bar", title: "used"}, el("div", {"class": frac > 0.9 ? "hot" : "",
                                               style: "width:" + (100 * frac).toFixed(1) + "%"})),
+      el("div", {"class": "sub committed-text"}, mib(committed) + " committed to jobs (what placement counts as taken)"),
+      el("div", {"class": "bar", title: "committed"}, el("div", {"class": "committed",
+                                              style: "width:" + (100 * cfrac).toFixed(1) + "%"})),
       el("div", {"class": "sub"}, "SM " + pct(g.util) + " | jobs: "
-        + (held.join(", ") || (g.jobs || []).map(j => "#" + j).join(", ") || "none")),
+        + (held.join(", ") || (g.jobs || []).map(j => "#" + j).join(", ") || "none")
+        + (energy === null ? "" : " | " + wh(energy) + " in range")),
       chart([{points: hist.map(p => [p.t, p.util])}], {title: "SM activity (%)", max: 1, fmt: v => Math.round(100 * v) + "%"}),
-      chart([{points: hist.map(p => [p.t, p.used_mib]), color: "#3a7bd5"}],
-            {title: "memory used", max: g.total_mib, fmt: mib}));
+      chart([{points: hist.map(p => [p.t, p.used_mib]), color: "#3a7bd5"},
+             {points: hist.map(p => [p.t, p.committed_mib]), color: "#e6a23c"}],
+            {title: "memory: used (blue), committed (orange)", max: g.total_mib, fmt: mib}));
   }));
+}
+function renderUsers() {
+  const users = (usage && usage.users) || [];
+  document.getElementById("users-box").hidden = !users.length;
+  document.getElementById("users").replaceChildren(...users.map(u => el("div", {"class": "user", "data-user": u.user},
+    el("div", {"class": "name"}, u.user || "(daemon)"),
+    el("div", {"class": "sub"}, wh(sum(u.points, p => p.energy_wh)) + " in range, up to "
+       + fmt(Math.max(0, ...u.points.map(p => p.gpus || 0)), 2) + " GPUs held"),
+    chart([{points: u.points.map(p => [p.t, p.gpus]), color: "#7a1f5c"}], {title: "GPUs held", fmt: v => v.toFixed(1)}),
+    chart([{points: u.points.map(p => [p.t, p.mem_mib]), color: "#3a7bd5"}], {title: "GPU memory held", fmt: mib}))));
 }
 const badge = j => el("span", {"class": "badge state-" + j.state}, j.state);
 const idLink = j => el("a", {href: "/jobs/" + encodeURIComponent(j.id)}, j.id);
+const dur = s => { if (none(s)) return "-"; s = Math.max(0, Math.floor(s));
+  const d = Math.floor(s / 86400), h = Math.floor(s % 86400 / 3600), m = Math.floor(s % 3600 / 60), x = s % 60;
+  return (d ? d + "-" + pad(h) + ":" : h ? h + ":" : "") + (d || h ? pad(m) : m) + ":" + pad(x); };
+const mine = j => status.admin || (status.you && j.user === status.you);
+function actions(j) {
+  if (!status.can_act || !mine(j) || (j.state !== "pending" && j.state !== "running")) return "";
+  const buttons = [["cancel", "cancel"]];
+  if (j.state === "pending") buttons.push(j.held ? ["release", "release"] : ["hold", "hold"]);
+  return el("span", {}, ...buttons.map(([action, label]) => {
+    const b = el("button", {"class": "act", "data-action": action}, label);
+    b.onclick = async ev => { ev.stopPropagation();
+      const msg = document.getElementById("act-msg");
+      try { await api("/api/jobs/" + encodeURIComponent(j.id) + "/" + action, {method: "POST"});
+            msg.className = ""; msg.textContent = action + ": job " + j.id; refresh(); }
+      catch (e) { msg.className = "err"; msg.textContent = e.message; } };
+    return b; }));
+}
 const COLS = {
+  pos: ["#", j => none(j.position) ? "" : String(j.position)],
   id: ["id", idLink], name: ["name", j => j.name || ""], user: ["user", j => j.user || ""],
-  state: ["state", badge], on: ["on", j => (j.on || []).join(", ")],
+  state: ["state", j => el("span", {}, badge(j), j.held ? " held" : "")], on: ["on", j => (j.on || []).join(", ")],
+  prio: ["priority", j => String(j.priority || 0)],
   need: ["needs", j => mib(j.mem_mib)], held: ["holds now", j => mib(j.used_mib)],
+  time: ["time", j => dur(j.elapsed_s) + (none(j.time_limit_s) ? "" : " / " + dur(j.time_limit_s))],
+  wait: ["waited", j => dur(j.wait_s)], exit: ["exit", j => none(j.exit_code) ? "-" : String(j.exit_code)],
   submitted: ["submitted", j => when(j.submit_time)], started: ["started", j => when(j.start_time)],
   ended: ["ended", j => when(j.end_time)],
   reason: ["reason", j => el("span", {"class": "reason"}, j.reason || "")],
+  act: ["", actions],
 };
 function renderTable(id, rows, cols) {
   const t = document.getElementById(id);
   t.replaceChildren(el("tr", {}, ...cols.map(c => el("th", {}, COLS[c][0]))), ...rows.map(j => {
     const tr = el("tr", {"data-job": j.id, "class": j.id === selected ? "sel" : ""},
                   ...cols.map(c => el("td", {}, COLS[c][1](j))));
-    tr.onclick = ev => { if (ev.target.tagName !== "A") openJob(j.id); };
+    tr.onclick = ev => { if (ev.target.tagName !== "A" && ev.target.tagName !== "BUTTON") openJob(j.id); };
     return tr;
   }));
 }
-function renderJobs(jobs) {
-  const q = jobs.filter(j => j.state === "pending"), r = jobs.filter(j => j.state === "running");
+function filtered(jobs) {
+  const user = document.getElementById("filter-user").value.trim(), state = document.getElementById("filter-state").value;
+  const text = document.getElementById("filter-text").value.trim().toLowerCase();
+  return jobs.filter(j => (!user || j.user === user) && (!state || j.state === state)
+    && (!text || [j.id, j.name, j.reason].some(x => String(x || "").toLowerCase().includes(text))));
+}
+function renderJobs(all) {
+  const jobs = filtered(all);
+  const order = j => none(j.position) ? 1e9 + Number(j.id) : j.position;
+  const q = jobs.filter(j => j.state === "pending").sort((a, b) => order(a) - order(b));
+  const r = jobs.filter(j => j.state === "running");
   const f = jobs.filter(j => j.state !== "pending" && j.state !== "running").reverse().slice(0, 50);
-  renderTable("queue", q, ["id", "name", "user", "state", "need", "submitted", "reason"]);
-  renderTable("running", r, ["id", "name", "user", "state", "on", "need", "held", "started", "reason"]);
-  renderTable("finished", f, ["id", "name", "user", "state", "ended", "reason"]);
-  const n = {}; for (const j of jobs) n[j.state] = (n[j.state] || 0) + 1;
+  renderTable("queue", q, ["pos", "id", "name", "user", "state", "prio", "need", "submitted", "reason", "act"]);
+  renderTable("running", r, ["id", "name", "user", "state", "on", "need", "held", "time", "started", "reason", "act"]);
+  renderTable("finished", f, ["id", "name", "user", "state", "on", "time", "wait", "exit", "ended", "reason"]);
+  const n = {}; for (const j of all) n[j.state] = (n[j.state] || 0) + 1;
   document.getElementById("counts").replaceChildren(...["pending", "running", "done", "failed"].map(s =>
     el("span", {"class": "badge count state-" + s, "data-state": s}, (n[s] || 0) + " " + s)));
 }
@@ -203,7 +282,8 @@ async function refreshDetail() {
     const series = key => [{points: samples.map(x => [x.t, x[key]])}];
     box.replaceChildren(
       el("div", {"class": "name", id: "detail-title"}, "job " + d.id + " " + (d.name || "") + " ", badge(d)),
-      el("div", {"class": "sub"}, (d.argv || []).join(" ")),
+      el("div", {"class": "sub", id: "detail-command"}, d.argv ? d.argv.map(a => /^[\w@%+=:,./-]+$/.test(a) ? a
+         : "'" + a.replace(/'/g, "'\"'\"'") + "'").join(" ") : "command: only its owner sees it (collocate submit --public shares it)"),
       el("div", {"class": "reason"}, d.reason || ""),
       el("div", {}, "user " + (d.user || "-") + " | needs " + mib(d.mem_mib) + " (" + (d.mem_source || "-") +
          ") | submitted " + when(d.submit_time) + " | ended " + when(d.end_time)),
@@ -231,7 +311,15 @@ window.onpopstate = () => { selected = jobInPath(); refresh(); };
 async function refresh() {
   try {
     const [gpus, jobs, st] = await Promise.all([api("/api/gpus"), api("/api/jobs"), api("/api/status")]);
-    renderGpus(gpus); renderJobs(jobs);
+    status = st;
+    document.getElementById("you").textContent = st.you ? "you: " + st.you + (st.admin ? " (the daemon's owner)" : "") : "";
+    const range = Number(document.getElementById("range").value);  // a day's buckets: asked for less often
+    if (Date.now() - lastHistory > Math.max(HISTORY_MS, range * 1000 / 360)) {
+      lastHistory = Date.now();
+      try { usage = await api("/api/history?since=" + document.getElementById("range").value); }
+      catch (e) { usage = null; }  // a source without history: the GPUs' own recent points
+    }
+    renderGpus(gpus); renderUsers(); renderJobs(jobs);
     const bad = (st.tracking || []).filter(s => s.degraded);
     const tr = document.getElementById("tracking");
     tr.className = bad.length ? "bad" : "";
@@ -253,6 +341,8 @@ document.getElementById("submit").onsubmit = async ev => {
     msg.className = ""; msg.textContent = "queued job " + r.id; refresh();
   } catch (e) { msg.className = "err"; msg.textContent = e.message; }
 };
+for (const id of ["filter-user", "filter-state", "filter-text"]) document.getElementById(id).oninput = () => refresh();
+document.getElementById("range").onchange = () => { lastHistory = 0; refresh(); };
 refresh();
 setInterval(refresh, POLL_MS);
 """
@@ -260,4 +350,5 @@ setInterval(refresh, POLL_MS);
 PAGE = ("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n"
         "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
         f"<title>collocate</title>\n<style>{_STYLE}</style></head>\n<body>{_BODY}"
-        f"<script>{_SCRIPT.replace('__POLL_MS__', str(POLL_MS))}</script></body></html>\n")
+        f"<script>{_SCRIPT.replace('__POLL_MS__', str(POLL_MS)).replace('__HISTORY_MS__', str(HISTORY_MS))}"
+        "</script></body></html>\n")

@@ -1,0 +1,7 @@
+# /etc/profile.d/collocate.sh: point every member's shell at the lab's daemon (docs/lab.md).
+# With this, `collocate submit`, `ls`, `logs`, `dashboard`... need no --state-dir.
+export COLLOCATE_STATE_DIR=/var/lib/collocate-lab
+case ":$PATH:" in
+  *:/opt/collocate/bin:*) ;;
+  *) PATH="$PATH:/opt/collocate/bin"; export PATH ;;
+esac
