@@ -7,7 +7,7 @@ daemon exchange these objects; none of them carries behaviour beyond small deriv
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -268,7 +268,7 @@ class ClusterSnapshot:
     datasets: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     gangs: Gangs | None = None  # None: none running
     owner: Sequence[str] = ()
-    residents: Sequence[Sequence[str]] = ()
+    residents: Sequence[Collection[str]] = ()
 
     def __len__(self) -> int:
         return len(self.ids)
