@@ -14,11 +14,14 @@ What a new user does, step by step, on one H100/H200:
    the job's own peak holds still. They go through the daemon's API so that a run does not
    estimate every job again (tens of seconds of device time per run); one job is submitted with
    no memory and one declaring half its estimate (``collocate submit --mem``);
-4. runs, each on a fresh daemon with an empty history: ``exclusive``, ``auto-mps``,
-   ``auto-ts`` (time-slicing), ``carma-magm-mps``; then the **second submission** of the same
-   commands with the history of the exclusive run (its ``collocate.sqlite`` copied into a fresh
-   state directory: memory and solo activity measured there): ``auto-mps-history`` and
-   ``exclusive-history``.
+4. runs, each on a fresh daemon with an empty history: ``exclusive`` (the baseline, measured in
+   the same call) and ``auto`` (the default daemon: ``--sharing auto``, MPS for one user), whose
+   same user then **submits the first 8 jobs again with new output paths** (``--out
+   runs/again/...``) to the same daemon, whose history should find them by their identity
+   (issue 29); optional runs ``auto-mps``, ``auto-ts``, ``carma-magm-mps``, and the second
+   submission of the same commands with the history of the exclusive run (its
+   ``collocate.sqlite`` copied into a fresh state directory: memory and solo activity measured
+   there): ``auto-mps-history`` and ``exclusive-history``.
 
 Jobs run from one fixed working directory (``WORKDIR``, a copy of ``first_run_job.py``), so the
 same command has the same signature on a later machine and the history matches it.
@@ -32,15 +35,13 @@ estimate and declaration, and the daemon's ``ls`` rows (state, reason, wait) eve
 run's measured solo durations, peaks and activities (``--profiles unknown``: what a fresh daemon
 knows); without an exclusive run in the folder it is skipped with a note.
 
-Device time: one call of <= 10 minutes cannot hold all the runs, so the runbook splits them
-(``round.sh D1`` and ``D2``): ``--runs exclusive,auto-mps`` (prepares the trace; about 9 minutes
-on an H100 by the estimates above), then ``--from <D1's folder> --runs
-auto-mps-history,carma-magm-mps,auto-ts`` (about 8 minutes). The second submission is compared
-with the first exclusive run (exclusive places one job at a time whatever it knows);
-``exclusive-history`` measures that baseline again where time allows. Every run is skipped, with
-a note, when ``--budget-s`` cannot hold it; ``--quick`` trains 12 jobs for 5 s each. ``--dry-run``
-does it all on the CPU: emulated H100, 3 tiny plain-PyTorch jobs holding their estimate of
-emulated memory (``FIRST_RUN_EMULATED_MIB``, outside the command, so not in its signature).
+Device time: the default ``--runs exclusive,auto`` with ``--train-s 6`` is one call of about
+8 minutes on an H100 (14 jobs of 6 s training and ~10 s start-up each: exclusive ~4 min, the
+first run and the resubmission ~3 min); the other runs need a call of their own (``--from`` an
+earlier call's folder reuses its trace and history). Every run is skipped, with a note, when
+``--budget-s`` cannot hold it; ``--quick`` trains 12 jobs for 5 s each. ``--dry-run`` does it all
+on the CPU: emulated H100, 3 tiny plain-PyTorch jobs holding their estimate of emulated memory
+(``FIRST_RUN_EMULATED_MIB``, outside the command, so not in its identity).
 """
 
 from __future__ import annotations
@@ -70,6 +71,9 @@ WORKDIR = Path(tempfile.gettempdir()) / "collocate-first-run"  # the jobs' cwd: 
 TERMINAL = ("done", "failed", "cancelled", "rejected")
 RUNS = {  # name: (policy, sharing, with the exclusive run's history)
     "exclusive": ("exclusive", "time-slicing", False),
+    # the default daemon (`--sharing auto`: MPS for one user), then the same user resubmits
+    # RESUBMIT jobs with new output paths to the same daemon (issue 29)
+    "auto": ("auto", "auto", False),
     "auto-mps": ("auto", "mps", False),
     "auto-ts": ("auto", "time-slicing", False),
     "carma-magm-mps": ("carma-magm", "mps", False),
@@ -86,6 +90,7 @@ TRACE = [
 ]
 QUICK = [0, 1, 2, 3, 4, 5, 7, 8, 9, 10, 11, 12]  # 12 jobs: one GPT-2 and one MLP sweep point fewer
 DRY = [("mlp-tiny", 16, 1e-3), ("mlp-tiny", 16, 3e-4), ("unet-tiny", 2, 1e-3)]  # two estimates: light
+RESUBMIT = 8  # jobs the returning user submits again (the first 8, with new output paths)
 NO_MEM, UNDER = "lstm", "resnet34"  # the job submitted without --mem; the one declaring half (first of each)
 STARTUP_S = 10.0  # import + CUDA context per job, measured 9-13 s on an H100 (RUNBOOK, round A)
 
@@ -137,7 +142,8 @@ def prepare(out: Path, *, dry: bool, quick: bool, train_s: float, gpu_type: str,
                      "estimate_error": est.get("error"), "declared": declare,
                      "declared_mib": declared,
                      "argv": [job_python, "first_run_job.py", "--model", model, "--batch-size",
-                              str(batch), "--steps", str(steps), "--lr", f"{lr:g}"]})
+                              str(batch), "--steps", str(steps), "--lr", f"{lr:g}",
+                              "--out", f"runs/first/{model}-{k:02d}.json"]})
     trace = {"workdir": str(WORKDIR), "train_s": train_s, "gpu_type": gpu_type, "jobs": jobs}
     (out / "trace.json").write_text(json.dumps(trace, indent=1) + "\n")
     return trace
@@ -184,13 +190,16 @@ def run_one(name: str, trace: dict[str, Any], out: Path, *, gpus: str, dry: bool
     for p in settle:
         serve += ["--param", p]
     daemon = DaemonProcess(state, serve, run_dir / "daemon.log", name=f"the {name} daemon", client_timeout_s=30)
-    ids: dict[str, dict] = {}
     snaps = open(run_dir / "snapshots.jsonl", "w")
-    most, timed_out = 0, False
-    try:
-        daemon.wait_ready()
+    most, timed_out, again = 0, False, None
+    t0 = time.monotonic()
+
+    def submit(jobs: list[dict], batch: str) -> dict[str, dict]:
+        """Submit ``jobs`` as a user would; their output paths under ``runs/<batch>/``."""
+        ids: dict[str, dict] = {}
         procs, estimated = [], []
-        for job in trace["jobs"]:
+        for job in jobs:
+            job = {**job, "argv": [a.replace("runs/first/", f"runs/{batch}/") for a in job["argv"]]}
             env = []
             if dry and job["estimate_mib"]:  # the tiny CPU job holds its estimate on the emulated GPU (not in the signature)
                 env += [f"FIRST_RUN_EMULATED_MIB={job['estimate_mib']}"]
@@ -207,13 +216,17 @@ def run_one(name: str, trace: dict[str, Any], out: Path, *, gpus: str, dry: bool
             est = Estimate(float(job["estimate_mib"]), job["estimate_method"], float(job["estimate_uncertainty"]))
             ids[daemon.client.request("submit", argv=job["argv"], name=job["name"], gpus=1, cwd=trace["workdir"],
                                       env=env, base_env=dict(os.environ), **estimate_fields(est))["id"]] = job
-        t0 = time.monotonic()
         for job, proc in procs:
             stdout, stderr = proc.communicate(timeout=120)
             if proc.returncode != 0:
                 raise SystemExit(f"collocate submit {job['name']} exited {proc.returncode}: {stderr.strip()}")
             ids[stdout.strip().splitlines()[-1]] = job
-        log(f"{name}: submitted {len(ids)} jobs ({policy}, {sharing}{', with history' if history else ''})")
+        log(f"{name}: submitted {len(ids)} jobs of {batch} ({policy}, {sharing}{', with history' if history else ''})")
+        return ids
+
+    def wait(ids: dict[str, dict]) -> list[dict]:
+        """Poll until ``ids`` have ended (or the budget is spent: cancel them); their details."""
+        nonlocal most, timed_out
         last_snap = 0.0
         while True:
             rows = [r for r in daemon.client.request("ls", all=True) if r["id"] in ids]
@@ -240,7 +253,16 @@ def run_one(name: str, trace: dict[str, Any], out: Path, *, gpus: str, dry: bool
                     time.sleep(1)
                 break
             time.sleep(0.5)
-        details = [daemon.client.request("show", id=i) for i in ids]
+        return [daemon.client.request("show", id=i) for i in ids]
+
+    try:
+        daemon.wait_ready()
+        ids = submit(trace["jobs"], "first")
+        details = wait(ids)
+        if sharing == "auto" and not timed_out:  # the returning user: new output paths, same daemon
+            again_ids = submit(trace["jobs"][:RESUBMIT], "again")
+            again_details = wait(again_ids)
+            again = summarize(name, again_details, again_ids, most=0, timed_out=timed_out)
     except BaseException:
         # Interrupted (round.sh's step limit sends SIGINT) or failed: the jobs run in their own
         # sessions and would outlive the daemon, so cancel them first.
@@ -252,10 +274,23 @@ def run_one(name: str, trace: dict[str, Any], out: Path, *, gpus: str, dry: bool
     (run_dir / "jobs.json").write_text(json.dumps(details, indent=1) + "\n")
     keep_logs(details, run_dir / "job-logs")
     summary = summarize(name, details, ids, most=most, timed_out=timed_out)
+    summary["resolved_sharing"] = resolved_sharing(run_dir / "daemon.log", sharing)
+    if again is not None:
+        summary["again"] = again
     if name == "exclusive":  # the history of the second submission
         copy_db(state / "collocate.sqlite", out / "history.sqlite")
     shutil.rmtree(state, ignore_errors=True)
     return summary
+
+
+def resolved_sharing(log_path: Path, asked: str) -> str:
+    """What ``--sharing auto`` chose, from the daemon's start-up line."""
+    if asked != "auto":
+        return asked
+    import re
+
+    found = re.search(r"sharing (time-slicing|mps) \(", log_path.read_text(errors="replace"))
+    return found.group(1) if found else "time-slicing"
 
 
 def keep_logs(details: list[dict], dest: Path, tail: int = 4096) -> None:
@@ -337,7 +372,8 @@ def simulate(runs: list[dict], gpu_type: str) -> tuple[list[dict], str]:
     for r in runs:
         if r["history"]:
             continue
-        cfg = SimConfig(sharing=SharingMode(r["sharing"]), estimator="static", profiles="unknown")
+        cfg = SimConfig(sharing=SharingMode(r.get("resolved_sharing", r["sharing"])), estimator="static",
+                        profiles="unknown")
         res = Simulation(parse_cluster(f"1x{gpu_type}"), trace, make_policy(r["policy"]), cfg).run()
         jct = [x.end - x.submit for x in res.records if x.end is not None]
         out.append({"run": r["run"], "makespan_s": round(res.makespan_s, 1),
@@ -365,6 +401,8 @@ def report(out: Path, env: dict, trace: dict, runs: list[dict], sims: list[dict]
     base_first = excl[False]
     base_second = excl[True] or excl[False]  # exclusive gains nothing from history but the no-mem job's size
     goals = []
+    solo = next(({j["name"]: j["last_run_s"] for j in r["per_job"]} for r in runs
+                 if r["run"] == "exclusive" and r["done"] == r["jobs"]), {})
     for r in runs:
         base = base_second if r["history"] else base_first
         r["vs_exclusive"] = round(r["makespan_s"] / base, 3) if base and r["makespan_s"] else None
@@ -372,9 +410,18 @@ def report(out: Path, env: dict, trace: dict, runs: list[dict], sims: list[dict]
             target = 0.40 if r["history"] else 0.45
             goals.append({"run": r["run"], "target": target, "ratio": r["vs_exclusive"],
                           "met": r["vs_exclusive"] is not None and r["vs_exclusive"] <= target})
+        again = r.get("again")
+        if again is not None:  # the returning user's jobs, against their exclusive run times
+            names = [j["name"] for j in trace["jobs"][:RESUBMIT]]
+            base_again = sum(solo[n] for n in names if solo.get(n)) if all(solo.get(n) for n in names) else None
+            again["exclusive_s"] = round(base_again, 1) if base_again else None
+            again["vs_exclusive"] = round(again["makespan_s"] / base_again, 3) if base_again and again["makespan_s"] else None
+            goals.append({"run": f"{r['run']} (resubmitted, new output paths)", "target": 0.40,
+                          "ratio": again["vs_exclusive"],
+                          "met": again["vs_exclusive"] is not None and again["vs_exclusive"] <= 0.40})
     doc = {"environment": env, "trace": trace, "runs": runs, "simulator": sims, "goals": goals, "notes": notes}
     (out / "summary.json").write_text(json.dumps(doc, indent=1) + "\n")
-    lines = ["# First run on a real GPU: jobs without history (issue 16)", "",
+    lines = ["# First run on a real GPU: jobs without history, then a returning user (issues 16, 29)", "",
              f"- device: {env.get('device_name')}, driver {env.get('driver')}, CUDA {env.get('cuda')}, "
              f"torch {env.get('torch')}, {env.get('time_utc')}", f"- {len(trace['jobs'])} jobs, "
              f"~{trace['train_s']:g} s of training each alone; `benchmarks/gpu/first_run_gpu.py`"]
@@ -382,9 +429,13 @@ def report(out: Path, env: dict, trace: dict, runs: list[dict], sims: list[dict]
     lines += ["", "| run | makespan (s) | vs exclusive | mean JCT (s) | most at once | done | OOM crashes "
               "| recovered | timed out |", "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in runs:
-        lines.append(f"| {r['run']} | {r['makespan_s']} | {r['vs_exclusive']} | {r['mean_jct_s']} | "
-                     f"{r['most_at_once']} | {r['done']}/{r['jobs']} | {r['oom_crashes']} | "
+        lines.append(f"| {r['run']} ({r.get('resolved_sharing', r['sharing'])}) | {r['makespan_s']} | {r['vs_exclusive']} | "
+                     f"{r['mean_jct_s']} | {r['most_at_once']} | {r['done']}/{r['jobs']} | {r['oom_crashes']} | "
                      f"{r['oom_recovered']}/{r['oom_jobs']} | {r['timed_out']} |")
+        if (a := r.get("again")) is not None:
+            lines.append(f"| {r['run']}: {a['jobs']} resubmitted | {a['makespan_s']} | {a.get('vs_exclusive')} | "
+                         f"{a['mean_jct_s']} | | {a['done']}/{a['jobs']} | {a['oom_crashes']} | "
+                         f"{a['oom_recovered']}/{a['oom_jobs']} | {a['timed_out']} |")
     lines += ["", "Goals: " + ("; ".join(f"{g['run']} {g['ratio']} <= {g['target']}: "
                                          f"{'met' if g['met'] else 'NOT met'}" for g in goals) or "none run")]
     if sims:
@@ -416,18 +467,19 @@ def expected_s(name: str, trace: dict, runs: list[dict]) -> float:
     if RUNS[name][0] == "exclusive":
         return 20 + 1.05 * solo
     measured = next((r["makespan_s"] for r in runs if r["run"] == "exclusive" and r["makespan_s"]), None)
-    return 20 + 0.5 * (measured or solo)
+    resubmit = RESUBMIT / len(trace["jobs"]) if RUNS[name][1] == "auto" else 0.0
+    return 20 + 0.5 * (1.0 + resubmit) * (measured or solo)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--runs", default="exclusive,auto-mps,auto-ts,carma-magm-mps,auto-mps-history",
+    parser.add_argument("--runs", default="exclusive,auto",
                         help=f"in this order, from: {', '.join(RUNS)}")
     parser.add_argument("--from", dest="source", type=Path, help="an earlier call's --out: its trace.json "
                         "(same commands, no new estimates) and history.sqlite")
     parser.add_argument("--budget-s", type=float, default=540.0, help="skip runs that would end after this")
-    parser.add_argument("--train-s", type=float, default=8.0, help="seconds of training per job alone")
+    parser.add_argument("--train-s", type=float, default=6.0, help="seconds of training per job alone")
     parser.add_argument("--snapshot-s", type=float, default=3.0)
     parser.add_argument("--quick", action="store_true", help="12 jobs of 5 s training")
     parser.add_argument("--dry-run", action="store_true", help="CPU: emulated H100, 3 tiny jobs")
@@ -481,8 +533,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def gpu_type_here() -> str:
-    from collocate.gputypes import type_name_from_product
     from collocate.gpus.nvml import driver_versions
+    from collocate.gputypes import type_name_from_product
 
     return type_name_from_product(str(driver_versions(0).get("device_name") or "H100-80GB"))
 

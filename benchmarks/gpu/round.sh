@@ -9,7 +9,8 @@
 #   bash benchmarks/gpu/round.sh B3 <M> <policy>         mini-trace: <policy> + auto, MPS
 #   bash benchmarks/gpu/round.sh C1 [<csv>]              estimator ground truth, C1_JOBS (4) at once
 #   bash benchmarks/gpu/round.sh C2                      shared loading on the GPU (share_gpu.py)
-#   bash benchmarks/gpu/round.sh D1                      first run without history: exclusive, auto MPS
+#   bash benchmarks/gpu/round.sh D1                      first run without history: exclusive, then the default
+#                                                        daemon (auto sharing) and the user's resubmission
 #   bash benchmarks/gpu/round.sh D2 <D>                  D1's trace: auto MPS with history, carma-magm, auto TS
 #   bash benchmarks/gpu/round.sh E1                      issue 20: one-node Ray cluster, serve --ray (carry .whl-ray)
 #   bash benchmarks/gpu/round.sh CHECK                   versions and imports only
@@ -321,7 +322,7 @@ first_run() {
   step first-run $(($(left) - 10)) "$PY" "$GPU/sigrun.py" "$GPU/first_run_gpu.py" "${dry[@]}" \
     --out "$W/first_run" --budget-s $(($(left) - 25)) "$@"
 }
-call_D1() { first_run --runs exclusive,auto-mps ${FIRST_RUN_ARGS:-}; }
+call_D1() { first_run --runs exclusive,auto --train-s 6 ${FIRST_RUN_ARGS:-}; }
 call_D2() { first_run --from "${ARGS[0]}" --runs auto-mps-history,carma-magm-mps,auto-ts ${FIRST_RUN_ARGS:-}; }
 
 # Issue 20 (ray_one_node.py): a one-node Ray cluster on this machine (token auth, the collocate

@@ -26,11 +26,11 @@ def test_the_dry_run_estimates_submits_and_reports_a_first_run_and_a_second_with
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
     env = {"PYTHONPATH": str(ROOT / "src"), "PATH": path, "HOME": str(tmp_path)}
     res = subprocess.run([sys.executable, str(GPU / "first_run_gpu.py"), "--dry-run", "--runs",
-                          "exclusive,auto-mps-history", "--out", str(out)],
+                          "exclusive,auto,auto-mps-history", "--out", str(out)],
                          capture_output=True, text=True, timeout=400, env=env, check=False)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     doc = json.loads((out / "summary.json").read_text())
-    assert [r["run"] for r in doc["runs"]] == ["exclusive", "auto-mps-history"]
+    assert [r["run"] for r in doc["runs"]] == ["exclusive", "auto", "auto-mps-history"]
     jobs = doc["trace"]["jobs"]
     # memory from the real `collocate estimate`; one job without --mem, one declaring half
     assert all(j["estimate_mib"] > 0 and j["estimate_method"] for j in jobs)
@@ -48,8 +48,13 @@ def test_the_dry_run_estimates_submits_and_reports_a_first_run_and_a_second_with
         if j["declared"] == "--estimate":
             assert first[j["name"]]["mem_source"] == f"static-{j['estimate_method']}"
             assert first[j["name"]]["mem_mib"] == pytest.approx(j["estimate_mib"])
+    # the default daemon shares by MPS for one user, and the same user's resubmission with new
+    # output paths finds its history by the job's identity
+    auto = doc["runs"][1]
+    assert auto["resolved_sharing"] == "mps" and auto["again"]["jobs"] == len(jobs)
+    assert all(j["mem_source"] == "history" for j in auto["again"]["per_job"]), auto["again"]["per_job"]
     # the second submission was judged with the exclusive run's history: same command, measured memory
-    second = doc["runs"][1]["per_job"]
+    second = doc["runs"][2]["per_job"]
     assert any(j["mem_source"] == "history" for j in second), second
     assert (out / "history.sqlite").stat().st_size > 0
     # the daemon's reasons were sampled while jobs waited
