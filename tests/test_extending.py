@@ -26,7 +26,7 @@ from collocate.errors import InputError
 from collocate.gpus import registry
 from collocate.gpus.base import DeviceInfo, DeviceSample
 from collocate.gputypes import parse_cluster
-from collocate.model import ClusterSnapshot, GpuId, Job, JobProfile, Plan, SharingMode
+from collocate.model import ClusterSnapshot, GpuId, Job, JobProfile, Plan
 from collocate.monitor.service import UsageMonitor
 from collocate.monitor.sinks.base import JobInfo
 from collocate.policies.base import Ledger, pick_on_one_node
@@ -93,8 +93,9 @@ def test_a_new_backend_is_opened_by_name_and_scheduled_on(monkeypatch, tmp_path)
     monkeypatch.setitem(registry.BACKENDS, "fake", lambda arg, state_dir, node: TwoFakeGpus(node))
     backend = registry.open_backend("fake", state_dir=tmp_path, node="here")
     monitor = GpuWatch(backend, window=3)
-    monitor.refresh([], now=0.0)
-    snapshot = monitor.snapshot([], now=0.0, sharing=SharingMode.TIME_SLICING)
+    monitor.read()
+    monitor.observe({}, now=0.0)
+    snapshot = monitor.snapshot(0.0)
     scheduler = Scheduler(policies.make_policy("exclusive"), Capacity.of(snapshot))
     assert scheduler.submit(Job("big", mem_mib=20_000.0, mem_source="declared")).reason.startswith("needs 20000 MiB")
     scheduler.submit(Job("pair", gpus=2, mem_mib=8000.0, mem_source="declared"))

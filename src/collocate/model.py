@@ -283,6 +283,29 @@ class ClusterSnapshot:
             raise TypeError(f"ClusterSnapshot has no field(s) {', '.join(changes)}")
         return new
 
+    def subset(self, keep: Sequence[int]) -> ClusterSnapshot:
+        """The snapshot of these GPU positions only (a node that does not answer is left out);
+        a multi-GPU job with a GPU left out is left out of ``gangs``."""
+        idx = np.asarray(keep, dtype=np.int64)
+        where = np.full(len(self.ids), -1, dtype=np.int64)
+        where[idx] = np.arange(len(idx))
+        gangs = None
+        if self.gangs is not None:
+            kept = [(where[self.gangs.member_gpu[self.gangs.member_gang == g]].tolist(),
+                     JobProfile(float(self.gangs.sm[g]), float(self.gangs.dram[g])))
+                    for g in range(len(self.gangs))]
+            kept = [(gpus, p) for gpus, p in kept if min(gpus) >= 0]
+            gangs = Gangs.of(kept, len(idx)) if kept else None
+        arrays = {name: getattr(self, name)[idx] for name in (
+            "node", "total_mib", "free_mib", "committed_mib", "n_jobs", "sm_sum", "dram_sum", "util_sm",
+            "util_occ", "util_dram", "launch_seen_at", "speed", "gang_node", "n_starting", "other_mib")}
+        datasets = {name: tuple(int(where[i]) for i in gpus if where[i] >= 0) for name, gpus in self.datasets.items()}
+        return self.evolve(
+            ids=tuple(self.ids[i] for i in keep), **arrays, gangs=gangs,
+            datasets={name: gpus for name, gpus in datasets.items() if gpus},
+            owner=tuple(self.owner[i] for i in keep) if self.owner else (),
+            residents=tuple(self.residents[i] for i in keep) if self.residents else ())
+
     @classmethod
     def from_views(
         cls,

@@ -13,7 +13,7 @@ import pytest
 from collocate import policies
 from collocate.daemon.gpu_watch import GpuWatch
 from collocate.gpus.base import DeviceInfo, DeviceSample
-from collocate.model import GpuId, Job, SharingMode
+from collocate.model import GpuId, Job
 from collocate.scheduler import Capacity, Scheduler
 
 
@@ -57,8 +57,9 @@ class TwoNodes:
 @pytest.mark.parametrize("policy", ["exclusive", "auto", "carma-magm", "round-robin", "declared-memory", "shares"])
 def test_an_unreachable_gpu_takes_no_job(policy: str):
     watch = GpuWatch(TwoNodes(), window=3)
-    watch.refresh([], now=0.0)
-    snapshot = watch.snapshot([], now=0.0, sharing=SharingMode.TIME_SLICING)
+    watch.read()
+    watch.observe({}, now=0.0)
+    snapshot = watch.snapshot(0.0)
     assert [str(g) for g in snapshot.ids] == ["a:0"]
     scheduler = Scheduler(policies.make_policy(policy), Capacity.of(snapshot))
     for i in range(3):

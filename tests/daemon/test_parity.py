@@ -74,7 +74,9 @@ def test_the_daemon_and_the_simulator_share_gpus_alike(daemons, policy, sharing)
     assert _shares(spans) == _shares(sim_spans), (spans, sim_spans)
     assert sim_makespan == pytest.approx(makespan, rel=TOLERANCE), (spans, sim_spans)
     if policy == "auto":  # what was learned changed decisions: all three light jobs shared
-        assert {"1", "2"} <= _shares(spans)["3"] and "5" not in _shares(spans)["4"]
+        assert {"1", "2"} <= _shares(spans)["3"]
+    if (policy, sharing) == ("auto", "time-slicing"):  # and, time-sliced, the heavy ones did not
+        assert "5" not in _shares(spans)["4"]
 
 
 def test_the_simulator_with_nothing_learned_would_decide_otherwise():

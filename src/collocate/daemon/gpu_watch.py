@@ -22,8 +22,8 @@ from collocate.world import Device, Resident, World
 
 
 class GpuWatch:
-    def __init__(self, backend: GpuBackend, *, sharing: SharingMode, params: ModeParams | None,
-                 window: int = WINDOW_SAMPLES, period_s: float = 1.0,
+    def __init__(self, backend: GpuBackend, *, sharing: SharingMode = SharingMode.TIME_SLICING,
+                 params: ModeParams | None = None, window: int = WINDOW_SAMPLES, period_s: float = 1.0,
                  is_helper: Callable[[int], bool] = is_mps_server) -> None:
         """``params``: the interference model of the sharing mode in use (beliefs are revised
         by it; None learns nothing). ``period_s``: the sampling period, how long a reading still
@@ -76,8 +76,7 @@ class GpuWatch:
             self.world.observe_memory(job_id, held, now)
         for uuid, s in self.last.items():
             i = self.position[uuid]
-            if not s.reachable:  # its node is away: nothing can be placed there until it answers
-                self.world.set_reading(i, now, 0.0, 0.0, 0.0, free_mib=0.0, other_mib=self.devices[i].total_mib)
+            if not s.reachable:  # its node is away: left out of the snapshot until it answers
                 continue
             other = sum(p.used_mib for p in s.processes
                         if p.used_mib > 0 and p.pid not in ours and not self.is_helper(p.pid))
@@ -88,8 +87,13 @@ class GpuWatch:
 
     # -- what policies and people see ------------------------------------------------------------
     def snapshot(self, now: float) -> ClusterSnapshot:
+        """The world's snapshot, without the GPUs of a node that does not answer."""
         self.world.tick(now)
-        return self.world.snapshot(now)
+        snapshot = self.world.snapshot(now)
+        away = {u for u, s in self.last.items() if not s.reachable}
+        if not away:
+            return snapshot
+        return snapshot.subset([i for i, d in enumerate(self.devices) if d.uuid not in away])
 
     def util(self, uuid: str) -> Utilization:
         i = self.position[uuid]
