@@ -48,9 +48,9 @@ PEAK_MARGIN_MIB = 512.0
 MIN_LIMIT_SLACK = 0.15
 
 
-#: Where a requirement comes from when it was measured (an earlier run, or a crash's raised
-#: peak), rather than estimated or declared.
-MEASURED_SOURCES = frozenset({"measured", "history", "oom-raised"})
+#: Where a requirement comes from when it was measured (an earlier run, a crash's raised peak, or
+#: a simulated trace's actual peak), rather than estimated or declared.
+MEASURED_SOURCES = frozenset({"measured", "history", "oom-raised", "peak"})
 
 
 def is_estimated(source: str) -> bool:

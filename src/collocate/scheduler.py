@@ -142,6 +142,12 @@ class Scheduler:
         last round, with users at a cap included (``eligible`` leaves them out)."""
         return FairQueue(self._queues, self._usage_at(self._now))
 
+    @property
+    def waiting(self) -> bool:
+        """Whether any job waits in the queue (cheaper than ``queue``: a simulation asks after
+        every event)."""
+        return any(self._queues.values())
+
     def eligible(self, now: float) -> Sequence[Job]:
         """What the policy sees at ``now``: the queue without the jobs of users at a cap."""
         if not self.fairness.capped:

@@ -111,6 +111,7 @@ class Resident:
     phase: Phase = Phase.STARTING
     seen_at: float = math.inf  # when it first held memory on its GPUs
     commitment: float = 0.0  # what it holds against each of its devices (the last charge)
+    memory_due: float = math.inf  # the wake-up asked for its commitment's next change
 
     @property
     def profile(self) -> JobProfile:
@@ -234,7 +235,8 @@ class World:
         for i in r.devices:
             st = self.state[i]
             st.residents[job.id] = None
-            st.joint.add(job.id, belief)
+            if self.learn:
+                st.joint.add(job.id, belief)
             self.committed[i] += r.commitment
             self.n_jobs[i] += 1
             self.n_starting[i] += 1
@@ -262,7 +264,8 @@ class World:
         for i in r.devices:
             st = self.state[i]
             del st.residents[job_id]
-            st.joint.drop(job_id)
+            if job_id in st.joint:
+                st.joint.drop(job_id)
             self.committed[i] -= r.commitment
             self.n_jobs[i] -= 1
             if r.phase is not Phase.ACTIVE:
@@ -384,10 +387,11 @@ class World:
             when, kind, key, epoch = self._due[0]
             if kind == _SEGMENT:
                 st = self.state[int(key)]
-                live = st.epoch == epoch and st.segment is not None
+                live = st.epoch == epoch and st.segment is not None and st.segment.revised is None
             else:
                 r = self.residents.get(key)
-                live = r is not None and r.seq == epoch
+                live = r is not None and r.seq == epoch and (
+                    r.phase is Phase.WARMING if kind == _WARMUP else r.ramp.changes_at() <= when)
             if live:
                 return when
             heapq.heappop(self._due)
@@ -419,7 +423,8 @@ class World:
     def _recommit(self, r: Resident, now: float) -> bool:
         held = r.ramp.committed(float(self.total[r.devices[0]] - self.other[r.devices[0]]), now)
         changes_at = r.ramp.changes_at()
-        if changes_at > now:
+        if changes_at > now and changes_at != r.memory_due:
+            r.memory_due = changes_at
             self._due_at(changes_at, _MEMORY, r.job.id, r.seq)
         if held == r.commitment:
             return False

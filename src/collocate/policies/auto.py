@@ -216,7 +216,10 @@ class Auto:
         if (self.startup_slots <= 0 or job.profile_source not in ("assumed", "similar")
                 or min_gain != self.min_gain):
             return np.zeros(candidates.size, dtype=bool)
-        return ledger.n_starting[candidates] < self.startup_slots
+        open_slot = ledger.n_starting[candidates] < self.startup_slots
+        if not open_slot.all() and ledger.placed_on.intersection(candidates[~open_slot].tolist()):
+            ledger.recheck(ledger.cluster.now)  # a job placed now may be training at once
+        return open_slot
 
     def _slowdown_wait(self, job: Job, ledger: Ledger, candidates: np.ndarray,
                        gain: np.ndarray | None, worst: np.ndarray | None, min_gain: float) -> Wait:

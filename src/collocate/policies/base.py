@@ -43,6 +43,7 @@ class Ledger:
         self.waits: dict[str, Wait] = {}
         self.gangs = cluster.gangs  # the multi-GPU jobs on the cluster, this round's too
         self.recheck_at = math.inf
+        self.placed_on: set[int] = set()  # GPUs given a job in this round
 
     def place(self, job: Job, gpus: Iterable[int]) -> None:
         """Charge ``job`` to these GPUs at once (``collocate.commitment``). A job of unknown
@@ -61,6 +62,7 @@ class Ledger:
             self.launch_seen_at[i] = math.inf  # not seen on the GPU yet
             if self.owner and job.user:
                 self.owner[i] = job.user
+            self.placed_on.add(i)
         if len(idx) > 1:
             self.gangs = (Gangs.of([(idx, job.profile)], len(self.cluster)) if self.gangs is None
                           else self.gangs.plus(idx, job.profile))
@@ -72,8 +74,9 @@ class Ledger:
         self.waits[job.id] = why
 
     def recheck(self, at: float) -> None:
-        """The policy would decide otherwise at ``at`` with nothing else changed."""
-        if at > self.cluster.now:
+        """The policy would decide otherwise at ``at`` with nothing else changed; ``at`` = now:
+        once this round's placements are under way (a job placed now may be seen at once)."""
+        if at >= self.cluster.now:
             self.recheck_at = min(self.recheck_at, at)
 
     def room(self) -> np.ndarray:
@@ -92,10 +95,11 @@ class Ledger:
 
     def in_flight(self, settle_s: float) -> np.ndarray:
         """GPUs whose newest job is not yet seen running plus ``settle_s`` (CARMA's guard)."""
-        in_flight = (self.cluster.now - self.launch_seen_at) < settle_s
+        now = self.cluster.now
+        in_flight = (now - self.launch_seen_at) < settle_s
         seen = self.launch_seen_at[in_flight]
-        if seen.size:
-            self.recheck(float(np.min(seen)) + settle_s)
+        if seen.size:  # a job not seen yet is seen at the earliest now
+            self.recheck(float(np.min(np.minimum(seen, now))) + settle_s)
         return in_flight
 
     def plan(self) -> Plan:

@@ -40,14 +40,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from collocate.belief import UNKNOWN, as_history, exact
+from collocate.belief import UNKNOWN, Belief, as_history, exact
 from collocate.commitment import is_estimated, mps_limit_mib
 from collocate.errors import CollocateError, InputError
 from collocate.estimate.static import TRACED_REL_UNCERTAINTY
 from collocate.fairness import Fairness
 from collocate.gputypes import NodeSpec
 from collocate.interference import InterferenceModel, default_interference
-from collocate.knowledge import MemoryProfiles, ProfileKnowledge, price_pending, with_belief
+from collocate.knowledge import MemoryProfiles, ProfileKnowledge, price_pending
 from collocate.model import Job, JobProfile, JobState, SharingMode
 from collocate.policies.base import Policy
 from collocate.recovery import ExitReport, Outcome, RecoveryRules
@@ -239,6 +239,7 @@ class Simulation:
         self.events: list[tuple[float, int, int, str, int]] = []
         self._seq = 0
         self._wake_at = math.inf  # the earliest wake-up pushed and not yet reached
+        self._recheck_at = math.inf  # when the last plan asked to be looked at again
         self.decisions = 0
         self.wait_counts: dict[str, int] = {}
         self.closed = 0  # jobs in a final state
@@ -278,34 +279,28 @@ class Simulation:
                     changed |= self._seen(job_id, version, now)
                 elif kind == _ACTIVE:
                     changed |= self._active(job_id, version, now)
-                else:
-                    changed = True
-            changed |= world.tick(now)
-            recheck = math.inf
-            if changed and len(self.scheduler.queue):
-                recheck = self._round(now)
-            if len(self.scheduler.queue):
-                self._wake(min(recheck, world.next_change_at()), now)
+            changed |= world.tick(now) or now >= self._recheck_at
+            if changed and self.scheduler.waiting:
+                self._recheck_at = self._round(now)
+            if self.scheduler.waiting:
+                self._wake(min(self._recheck_at, world.next_change_at()), now)
             if self.progress and self.closed != done:
                 done = self.closed
                 self.progress(done, total)
-        if len(self.scheduler.queue):  # nothing left to happen, yet jobs wait: a bug, never a result
+        if self.scheduler.waiting:  # nothing left to happen, yet jobs wait: a bug, never a result
             raise CollocateError(
                 f"the simulation stalled at {now:.0f} s with {len(self.scheduler.queue)} job(s) pending "
                 f"under {self.policy.name}", hint="a policy waits for something it never asks to be "
                 "woken for (Plan.recheck_at); please report it with the trace")
         return self._result(now)
 
-    def _known_profile(self, w: Workload) -> Job:
-        """What the daemon would know of a newly submitted workload's activity (``profiles``),
-        as a job told it."""
-        job = Job(id="", profile=w.profile)
+    def _known_profile(self, w: Workload) -> Belief:
+        """What the daemon would know of a newly submitted workload's activity (``profiles``)."""
         if self.cfg.profiles == "trace":
-            return with_belief(job, exact(w.profile))
+            return exact(w.profile)
         if self.cfg.profiles == "blind":
-            return with_belief(job, UNKNOWN)
-        return with_belief(job, self.knowledge.known(w.command, w.program,
-                                                     families=self.cfg.profiles != "learned"))
+            return UNKNOWN
+        return self.knowledge.known(w.command, w.program, families=self.cfg.profiles != "learned")
 
     # -- events -----------------------------------------------------------------------------
     def _arrive(self, job_id: str, now: float) -> bool:
@@ -326,8 +321,8 @@ class Simulation:
             name=w.name,
             user=self._by_id[job_id].user,  # multi-user traces: fair share and caps count by it
             profile=told.profile,
-            profile_source=told.profile_source,
-            profile_var=told.profile_var,
+            profile_source=told.source,
+            profile_var=(told.sm_var, told.dram_var),
         )
         self.peaks[job_id] = w.peak_mib
         self.records[job_id] = SimJobRecord(job_id, w.name, w.gpus, now, w.peak_mib, mem)
@@ -348,8 +343,7 @@ class Simulation:
         for placement in plan.placements:
             self._launch(placement.job_id, [self._index[g] for g in placement.gpus], now,
                          placement.room_mib)
-        # what it placed is in the world now (seen, guards running): look again at once
-        return now if plan.placements and len(self.scheduler.queue) else plan.recheck_at
+        return plan.recheck_at
 
     def _price_pending(self) -> None:
         """Pending jobs without history take their family's prior over history and the observed
