@@ -51,6 +51,11 @@ RESOURCE = "collocate"  # the custom resource that marks a node as collocate's
 NAME_LABEL = "collocate-node"  # the label that names a node (else its hostname)
 CALL_TIMEOUT_S = 10.0  # one call to one agent
 SAMPLE_TIMEOUT_S = 3.0  # the round's parallel sample
+#: An attempt of a silent node is lost after the grace period plus this: its runner stops the
+#: job once the agent's heartbeat is ``grace`` old (it checks 4 times a second), so the job is
+#: gone before it is requeued elsewhere (fencing; the heartbeat is never newer than the head's
+#: last answer from the node).
+FENCE_MARGIN_S = 2.0
 REFRESH_S = 5.0  # how often the head looks for nodes that (re)joined
 
 
@@ -72,8 +77,11 @@ class Seat:
 class Agents:
     """The agent actors by node name: starts them, calls them, notices nodes leave and return."""
 
-    def __init__(self, *, gpus: str, sharing: str, state_dir: Path) -> None:
+    def __init__(self, *, gpus: str, sharing: str, state_dir: Path,
+                 bounds: dict[str, Any] | None = None, fence_after_s: float | None = None) -> None:
         self.gpus, self.sharing, self.state_dir = gpus, sharing, state_dir
+        self.bounds, self.fence_after_s = bounds or {}, fence_after_s  # each agent's (agent.py)
+        self.confinement: dict[str, str] = {}  # node → how its jobs are confined
         self.seats: dict[str, Seat] = {}
         self.known: dict[str, list[DeviceInfo]] = {}  # devices of every node seen since start
         # Runners (pid, start time) to check at the next sample, by node, and this round's answers:
@@ -135,9 +143,10 @@ class Agents:
             runtime_env={"env_vars": {"RAY_worker_niceness": "0",
                                       "RAY_kill_child_processes_on_worker_exit": "0"}},
         ).remote(node=name, root=str(self.state_dir / "nodes" / name), gpus=self.gpus,
-                 sharing=self.sharing)
+                 sharing=self.sharing, bounds=self.bounds, fence_after_s=self.fence_after_s)
         try:
             devices = ray.get(actor.devices.remote(), timeout=120)
+            self.confinement[name] = ray.get(actor.confinement_words.remote(), timeout=CALL_TIMEOUT_S)
         except (RayError, GetTimeoutError) as exc:
             log.error("node %s: its collocate agent did not start: %s", name, exc)
             ray.kill(actor)
@@ -270,7 +279,8 @@ class ClusterExecutor:
     def start(self, plan: LaunchPlan, attempt: Attempt) -> tuple[Any, int, float]:
         node, rel = self._where(attempt)
         try:
-            pid, started = self.agents.call(node, "start", plan, str(self.head_root), timeout=60)
+            pid, started = self.agents.call(node, "start", plan, str(self.head_root), attempt.job_id,
+                                            attempt.n, timeout=60)
         except NodeDown:
             raise MachineUnreachable(f"node {node} did not answer") from None
         self._owned.add((node, rel))
@@ -287,8 +297,9 @@ class ClusterExecutor:
         else:
             try:
                 alive = self.agents.call(node, "poll", attempt.pid, attempt.pid_started)
-            except NodeDown:  # unconfirmed: alive until the grace period is over
-                alive = self.agents.down_for(node, time.time()) < self.grace_s
+            except NodeDown:  # unconfirmed: alive until the grace period is over (and the
+                # runner had FENCE_MARGIN_S to stop the job: it fences at ``grace_s``)
+                alive = self.agents.down_for(node, time.time()) < self.grace_s + FENCE_MARGIN_S
         if alive:
             self._owned.add((node, rel))
             self.agents.check_next_tick(node, runner)
@@ -306,9 +317,22 @@ class ClusterExecutor:
     def signal(self, attempt: Attempt, sig: int) -> None:
         node, _ = self._where(attempt)
         try:
-            self.agents.call(node, "signal", attempt.pid, sig)
+            self.agents.call(node, "signal", attempt.pid, sig, attempt.job_id, attempt.n)
         except NodeDown:
             pass  # a node that comes back stops what the head no longer owns
+
+    def release(self, attempt: Attempt) -> None:
+        node, _ = self._where(attempt)
+        try:
+            self.agents.call(node, "release", attempt.job_id, attempt.n)
+        except NodeDown:
+            pass  # its runner fenced the job; a returning node stops what the head does not own
+
+    def confinement_words(self) -> str:
+        return "; ".join(f"{name}: {words}" for name, words in sorted(self.agents.confinement.items()))
+
+    def close(self) -> None:
+        pass  # each agent removes its cgroups when it closes
 
     def exit_record(self, attempt: Attempt) -> dict[str, Any] | None:
         node, rel = self._where(attempt)
@@ -440,7 +464,10 @@ def open_cluster(config: Any) -> tuple[ClusterBackend, ClusterExecutor]:
         raise CollocateError(f"cannot connect to the Ray cluster at {config.ray!r}: {exc}",
                              hint="start it first (`ray start --head ...`, see docs/multi-node.md), "
                                   "or pass its address, e.g. --ray 10.0.0.1:6379") from exc
-    agents = Agents(gpus=config.gpus, sharing=config.sharing.value, state_dir=config.state_dir)
+    bounds = dict(max_pids=config.job_max_pids, max_memory=config.job_max_memory,
+                  log_max=config.quotas.log_max, disk_reserve=config.quotas.disk_reserve)
+    agents = Agents(gpus=config.gpus, sharing=config.sharing.value, state_dir=config.state_dir,
+                    bounds=bounds, fence_after_s=config.node_grace_s)
     if not agents.seats:
         raise CollocateError(f"no node of the Ray cluster carries the {RESOURCE!r} resource",
                              hint=f"start each GPU node with `ray start --resources '{{\"{RESOURCE}\": 1}}' "

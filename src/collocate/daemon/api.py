@@ -16,10 +16,11 @@ from typing import Any
 from collocate.daemon import views
 from collocate.daemon.attempts import Attempts
 from collocate.daemon.datasets import resolve_factory
-from collocate.daemon.faults import disk_full, disk_nearly_full
+from collocate.daemon.faults import disk_nearly_full
 from collocate.daemon.gpu_watch import GpuWatch
 from collocate.daemon.paths import StateLayout
-from collocate.daemon.protocol import check_logs_args
+from collocate.daemon.protocol import PAGE_ROWS, check_logs_args, whole_number
+from collocate.daemon.quotas import Accounts, queued_of, request_size
 from collocate.daemon.server import Peer
 from collocate.daemon.spec import JobSpec, submit_key, validate_submit
 from collocate.daemon.store import Store, with_profile
@@ -34,9 +35,10 @@ from collocate.scheduler import Scheduler
 class Api:
     def __init__(self, *, config: Any, layout: StateLayout, store: Store, scheduler: Scheduler,
                  specs: dict[str, JobSpec], watch: GpuWatch, tracking: DaemonTracking,
-                 attempts: Attempts) -> None:
+                 attempts: Attempts, accounts: Accounts) -> None:
         self.config, self.layout, self.store, self.scheduler = config, layout, store, scheduler
         self.specs, self.watch, self.tracking, self.attempts = specs, watch, tracking, attempts
+        self.accounts = accounts  # the members' quotas (daemon/quotas.py)
         self.knowledge = ProfileKnowledge(store)
 
     def answer(self, op: str, args: dict[str, Any], peer: Peer) -> Any:
@@ -61,6 +63,8 @@ class Api:
             job = self.scheduler.jobs.get(stored[0].id, stored[0])
             return {"id": job.id, "state": job.state.value, "mem_mib": job.mem_mib,
                     "mem_source": job.mem_source}
+        self.accounts.check_submit(peer.uid, request_size(args),
+                                   queued_of(peer.uid, self.scheduler.jobs.values(), self.specs))
         req = validate_submit(args, uid=peer.uid, gid=peer.gid, user=peer.user)
         if req.spec.dataset is not None:  # remembered per name, so the stored spec is complete
             factory = resolve_factory(req.spec, self.scheduler.jobs.values(), self.specs)
@@ -84,8 +88,6 @@ class Api:
         if why is not None:
             raise InputError(f"this job could never start: it {why}",
                              hint="check the ids with `collocate ls --all`")
-        if disk_nearly_full(self.layout.root):  # refused whole, not half-written into free WAL pages
-            raise disk_full(str(self.layout.root))
         job = with_profile(replace(job, id=self.store.next_id()), profile, profile_source)
         self.store.add_job(job, req.spec)
         self.specs[job.id] = req.spec
@@ -93,8 +95,16 @@ class Api:
         return {"id": job.id, "state": job.state.value, "mem_mib": job.mem_mib, "mem_source": source}
 
     def op_ls(self, args: dict, peer: Peer) -> list[dict]:
-        return views.job_rows(self.store, include_done=bool(args.get("all")),
-                              running=self.attempts.running, waiting=self._why_waiting)
+        """One page (``after``: the last id of the previous one; ``ids``: only these)."""
+        ids = args.get("ids")
+        if ids is not None and (not isinstance(ids, list) or len(ids) > PAGE_ROWS):
+            raise InputError(f"ls ids must be a list of at most {PAGE_ROWS} job ids")
+        return views.job_rows(
+            self.store, include_done=bool(args.get("all")), running=self.attempts.running,
+            waiting=self._why_waiting, after=whole_number(args.get("after", 0), "ls after", low=0),
+            limit=whole_number(args.get("limit", PAGE_ROWS), "ls limit", low=1,
+                               high=PAGE_ROWS),
+            ids=None if ids is None else [str(i) for i in ids])
 
     def op_show(self, args: dict, peer: Peer) -> dict:
         job_id = self._job_id(args)

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from collocate.daemon.protocol import whole_number
 from collocate.errors import InputError
 from collocate.units import parse_mib
 
@@ -25,6 +26,7 @@ RESERVED_ENV = ("CUDA_VISIBLE_DEVICES", "COLLOCATE_JOB_ID", "COLLOCATE_ATTEMPT",
                 "COLLOCATE_SHARE_DIR")
 _FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 MAX_RETRIES = 100
+MAX_AFTER = 1000  # dependencies of one job
 _KEY = re.compile(r"^[A-Za-z0-9_-]{8,128}$")
 
 
@@ -223,9 +225,15 @@ def _after(value: Any) -> tuple[str, ...]:
     """``--after`` ids in form only; whether they exist and can still succeed is the scheduler's call."""
     if value in (None, []):
         return ()
-    if not isinstance(value, list) or not all(isinstance(v, str) and v.strip().isdigit() for v in value):
+    if not isinstance(value, list) or len(value) > MAX_AFTER:
+        raise InputError(f"--after takes at most {MAX_AFTER} job ids", hint="e.g. --after 12 (repeatable)")
+    try:
+        ids = [str(whole_number(v, "--after", low=1)) for v in value if isinstance(v, str)]
+    except InputError:
+        ids = []
+    if len(ids) != len(value):
         raise InputError(f"--after takes job ids, got {value!r}", hint="e.g. --after 12 (repeatable)")
-    return tuple(dict.fromkeys(v.strip() for v in value))
+    return tuple(dict.fromkeys(ids))
 
 
 def _dataset(name: Any, factory: Any) -> tuple[str | None, str | None]:
@@ -248,14 +256,4 @@ def _dataset(name: Any, factory: Any) -> tuple[str | None, str | None]:
 
 
 def _int(value: Any, option: str, *, low: int | None = None, high: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | str):
-        raise InputError(f"{option} must be a whole number, got {value!r}")
-    try:
-        number = int(value)
-    except ValueError:
-        raise InputError(f"{option} must be a whole number, got {value!r}") from None
-    if low is not None and number < low:
-        raise InputError(f"{option} must be at least {low}, got {number}")
-    if high is not None and number > high:
-        raise InputError(f"{option} must be at most {high}, got {number}")
-    return number
+    return whole_number(value, option, low=low, high=high)

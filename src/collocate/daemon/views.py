@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from collocate.daemon.paths import attempt_files
+from collocate.daemon.protocol import PAGE_ROWS
 from collocate.daemon.store import Store
 from collocate.errors import InputError
 from collocate.model import Job, JobState, Wait
@@ -42,26 +43,34 @@ LogReader = Callable[[Any, str, int, int], bytes]
 Waiting = Callable[[str], Wait | None]
 
 
+ROW_REASON_CHARS = 500  # a reason in ``ls`` rows (``show`` gives it whole): pages stay small
+
+
 def job_rows(store: Store, *, include_done: bool, running: Mapping[str, Any],
-             waiting: Waiting = lambda job_id: None) -> list[dict[str, Any]]:
+             waiting: Waiting = lambda job_id: None, after: int = 0, limit: int = PAGE_ROWS,
+             ids: list[str] | None = None) -> list[dict[str, Any]]:
+    """One page of ``ls``: the jobs after job ``after`` (``client.job_pages`` reads them all)."""
+    page = store.jobs_page(after=after, limit=limit, active=not include_done, ids=ids)
     starts: dict[str, float] = {}
     last_gpus: dict[str, list[str]] = {}
     for job_id, start, gpus in store.db.execute(
-        "SELECT job_id, start, gpus FROM attempts ORDER BY job_id, n"
+        "SELECT job_id, start, gpus FROM attempts WHERE job_id IN (SELECT value FROM json_each(?))"
+        " ORDER BY job_id, n", (json.dumps([job.id for job, _, _ in page]),)
     ):
         starts.setdefault(job_id, start)
         last_gpus[job_id] = json.loads(gpus)
     rows = []
-    for job, spec, ended in store.jobs():
-        if job.state.is_terminal and not include_done:
-            continue
+    for job, spec, ended in page:
+        reason = _reason(job, running, waiting)
+        if reason["reason"] and len(reason["reason"]) > ROW_REASON_CHARS:  # `show` has it whole
+            reason["reason"] = reason["reason"][:ROW_REASON_CHARS - 1] + "…"
         rows.append({
             "id": job.id, "name": job.name, "state": job.state.value, "user": spec.user,
             "gpus": job.gpus, "mem_mib": job.mem_mib, "mem_source": job.mem_source,
             "priority": job.priority, "attempts": job.attempts, "oom_crashes": job.oom_crashes,
             "submit_time": job.submit_time, "start_time": starts.get(job.id), "end_time": ended,
             "on": last_gpus.get(job.id, []) if job.id in running else [],
-            **_reason(job, running, waiting),
+            **reason,
         })
     return rows
 
