@@ -30,6 +30,7 @@ from typing import Any
 
 import psutil
 
+from collocate.cluster.exposure import check_session_dir
 from collocate.daemon import views
 from collocate.daemon.confine import Confinement, signal_group
 from collocate.daemon.datasets import Datasets, ProducerStartError
@@ -91,6 +92,9 @@ class NodeAgent:
     def _confinement(self, bounds: dict[str, Any], fence_after_s: float | None) -> Confinement:
         """This node's bounds on its attempts: the owner's, with the disk-relative defaults taken
         of this node's disk, and the fence (``runner --fence``) on this agent's heartbeat."""
+        session = bounds.pop("session_dir", None)
+        if session is not None and Path(session).exists():  # Ray's folder of this node's sockets
+            check_session_dir(Path(session))
         quotas = Quotas(log_max=bounds.pop("log_max", None),
                         disk_reserve=bounds.pop("disk_reserve", None)).resolved(disk_size(self.root))
         keep = {"job-{}.{}".format(*_job_and_n(rel)) for rel in self.live_runners()}

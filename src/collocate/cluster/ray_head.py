@@ -36,6 +36,7 @@ from ray.exceptions import ActorDiedError, GetTimeoutError, RayError, RayTaskErr
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from collocate.cluster.agent import NodeAgent
+from collocate.cluster.exposure import check_session_dir, require_token
 from collocate.daemon.datasets import ProducerStartError
 from collocate.daemon.executor import MachineUnreachable
 from collocate.daemon.launcher import LaunchPlan
@@ -464,8 +465,16 @@ def open_cluster(config: Any) -> tuple[ClusterBackend, ClusterExecutor]:
         raise CollocateError(f"cannot connect to the Ray cluster at {config.ray!r}: {exc}",
                              hint="start it first (`ray start --head ...`, see docs/multi-node.md), "
                                   "or pass its address, e.g. --ray 10.0.0.1:6379") from exc
+    try:  # before any agent runs: a cluster open to all, or with an open session folder, is refused
+        require_token(ray.get_runtime_context().gcs_address)
+        session = Path(ray._private.worker._global_node.get_session_dir_path())
+        check_session_dir(session)
+    except CollocateError:
+        ray.shutdown()
+        raise
     bounds = dict(max_pids=config.job_max_pids, max_memory=config.job_max_memory,
-                  log_max=config.quotas.log_max, disk_reserve=config.quotas.disk_reserve)
+                  log_max=config.quotas.log_max, disk_reserve=config.quotas.disk_reserve,
+                  session_dir=str(session))
     agents = Agents(gpus=config.gpus, sharing=config.sharing.value, state_dir=config.state_dir,
                     bounds=bounds, fence_after_s=config.node_grace_s)
     if not agents.seats:

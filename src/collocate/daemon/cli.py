@@ -25,7 +25,8 @@ if TYPE_CHECKING:
 StateDirOpt = Annotated[
     Path | None,
     typer.Option("--state-dir", help="Daemon state dir (default: $COLLOCATE_STATE_DIR, then "
-                 "$XDG_STATE_HOME/collocate, then ~/.local/state/collocate)."),
+                 "$XDG_STATE_HOME/collocate, then ~/.local/state/collocate).",
+                 readable=False),  # a --group daemon's dir is 0710: members may only pass through
 ]
 
 

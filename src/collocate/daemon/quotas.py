@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -30,6 +31,7 @@ from collocate.errors import InputError
 from collocate.model import JobState
 
 MIB = 2**20
+RECOUNT_S = 1.0  # a member's stored bytes are counted again after this; submits add meanwhile
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +78,8 @@ class Accounts:
     def __init__(self, quotas: Quotas, root: Path, db, *, owner_uid: int) -> None:
         self.quotas, self.root, self.db, self.owner_uid = quotas, root, db, owner_uid
         self._ended_logs: dict[str, int] = {}  # an ended attempt's dir -> its log bytes (final)
+        # uid -> (stored bytes, when counted): a sweep's thousands of submits count once a second
+        self._stored: dict[int, tuple[int, float]] = {}
 
     def check_submit(self, uid: int, request_bytes: int, queued: int) -> None:
         """Raise ``DiskFull`` below the disk reserve, or ``InputError`` naming the bound a
@@ -99,12 +103,16 @@ class Accounts:
             raise InputError(f"you have {queued} jobs queued, the most a member may have",
                              hint="wait for some to start, cancel some, or ask the daemon's owner to "
                                   "raise --user-max-queued")
-        stored = self.stored_bytes(uid)
+        counted = self._stored.get(uid)
+        if counted is None or time.monotonic() - counted[1] > RECOUNT_S:
+            counted = (self.stored_bytes(uid), time.monotonic())
+        stored = counted[0]
         if q.max_stored is not None and stored + request_bytes > q.max_stored:
             raise InputError(f"your jobs hold {_size(stored)} in the daemon's state (their specs "
                              f"and logs), the most a member may is {_size(q.max_stored)}",
                              hint="cancel queued jobs you do not need (ended jobs' environments are "
                                   "dropped), or ask the daemon's owner to raise --user-max-stored")
+        self._stored[uid] = (stored + request_bytes, counted[1])  # as if stored: it is, next
 
     def stored_bytes(self, uid: int) -> int:
         """What ``uid``'s jobs hold: their rows in the store and their attempts' logs."""

@@ -60,6 +60,8 @@ def write_record_until_written(path: Path, data: dict, *, retry_s: float = 1.0) 
                 return
             except OSError as exc:
                 error = exc
+        if not path.parent.is_dir():  # the attempt's folder was removed: no one can read it
+            return
         try:
             print(f"collocate: cannot write {path.name} ({error}); retrying", file=sys.stderr, flush=True)
         except OSError:
