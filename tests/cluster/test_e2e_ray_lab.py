@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -54,7 +55,8 @@ def test_row9_a_cluster_that_answers_without_a_token_is_refused(ray_cluster, tmp
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    private = tmp_path / "ray"  # tmp_path is root's own: only the token is missing here
+    private = Path(tempfile.mkdtemp(prefix="ray9-")) / "tmp"  # 0700: only the token is missing
+    # here; short, as Ray's socket paths must fit 107 bytes
     ray_bin = str(Path(sys.executable).parent / "ray")
     head = subprocess.Popen([ray_bin, "start", "--head", "--block", "--port", str(port), "--num-gpus", "0",
                              "--num-cpus", "1", "--resources", '{"collocate": 1}', "--labels",
@@ -63,8 +65,10 @@ def test_row9_a_cluster_that_answers_without_a_token_is_refused(ray_cluster, tmp
                             stdout=open(tmp_path / "ray.out", "wb"), stderr=subprocess.STDOUT)
     try:
         address = f"127.0.0.1:{port}"
-        wait_for(lambda: subprocess.run([ray_bin, "status", "--address", address], env=env,
-                                        capture_output=True).returncode == 0, 120, "the open Ray head")
+        wait_for(lambda: head.poll() is not None or subprocess.run(
+            [ray_bin, "status", "--address", address], env=env, capture_output=True).returncode == 0,
+            120, "the open Ray head")
+        assert head.poll() is None, (tmp_path / "ray.out").read_text()[-2000:]
         serve = subprocess.run([sys.executable, "-m", "collocate.daemon", "serve", "--ray", address,
                                 "--state-dir", str(tmp_path / "state"), "--gpus", "emulated:1xA100-40GB"],
                                env=env, capture_output=True, text=True, timeout=180)
@@ -76,6 +80,7 @@ def test_row9_a_cluster_that_answers_without_a_token_is_refused(ray_cluster, tmp
             head.wait(timeout=60)
         except subprocess.TimeoutExpired:
             os.killpg(head.pid, signal.SIGKILL)
+        shutil.rmtree(private.parent, ignore_errors=True)
     status = subprocess.run([ray_bin, "status", "--address", ray_cluster.address], env=env,
                             capture_output=True, text=True, timeout=120)
     assert status.returncode != 0 and "token" in (status.stdout + status.stderr).lower()

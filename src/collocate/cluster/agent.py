@@ -110,6 +110,10 @@ class NodeAgent:
     def confinement_words(self) -> str:
         return self.confinement.cgroups.describe()
 
+    def hello(self) -> tuple[list[DeviceInfo], str]:
+        """What the head asks a new agent once it has started: its GPUs, how it confines jobs."""
+        return self.devices(), self.confinement_words()
+
     # -- GPUs ------------------------------------------------------------------------------
     def ping(self) -> str:
         return self.node

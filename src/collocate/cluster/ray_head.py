@@ -24,6 +24,7 @@ collocate-node=NAME``), else its hostname.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
@@ -51,13 +52,15 @@ log = logging.getLogger("collocate.daemon")
 RESOURCE = "collocate"  # the custom resource that marks a node as collocate's
 NAME_LABEL = "collocate-node"  # the label that names a node (else its hostname)
 CALL_TIMEOUT_S = 10.0  # one call to one agent
-SAMPLE_TIMEOUT_S = 3.0  # the round's parallel sample
+SAMPLE_TIMEOUT_S = 1.5  # the round's parallel sample: the loop answers requests between rounds
 #: An attempt of a silent node is lost after the grace period plus this: its runner stops the
 #: job once the agent's heartbeat is ``grace`` old (it checks 4 times a second), so the job is
 #: gone before it is requeued elsewhere (fencing; the heartbeat is never newer than the head's
 #: last answer from the node).
 FENCE_MARGIN_S = 2.0
+BEAT_S = 0.5  # how often the head reaches every answering agent (``Agents._beat``)
 REFRESH_S = 5.0  # how often the head looks for nodes that (re)joined
+AGENT_START_S = 120.0  # how long a new agent may take to answer
 
 
 class NodeDown(Exception):
@@ -91,9 +94,23 @@ class Agents:
         self.checked: dict[str, tuple[set, set]] = {}  # node → (asked, alive)
         self.since = time.time()  # nodes not seen yet count as down from the head's start
         self._refreshed = 0.0
+        self._pinging: dict[str, Any] = {}  # node → the ping of its silent agent, not waited for
+        self._starting: dict[str, tuple[str, Any, Any, float]] = {}  # node → (id, actor, hello, since)
         self._started = False  # after the first look, a node not seen yet joined late
         self.refresh(force=True)
         self._started = True
+        self._stop_beating = threading.Event()
+        threading.Thread(target=self._beat, name="agent-heartbeats", daemon=True).start()
+
+    def _beat(self) -> None:
+        """Reach every answering agent every ``BEAT_S`` (``NodeAgent.beat``), from a thread of
+        its own: runners fence on that heartbeat, so a head whose loop is held up (seating an
+        agent, a slow call) must not look lost to them. A node marked down gets none: its
+        runners stop their jobs before the grace period (and ``FENCE_MARGIN_S``) requeue them."""
+        while not self._stop_beating.wait(BEAT_S):
+            for seat in list(self.seats.values()):
+                if seat.down_since is None:
+                    seat.actor.beat.remote()  # fire and forget: a lost node's just fail
 
     def nodes(self) -> dict[str, str]:
         """Alive nodes carrying the ``collocate`` resource: name → Ray node id."""
@@ -111,28 +128,43 @@ class Agents:
         return found
 
     def refresh(self, *, force: bool = False) -> None:
-        """Start an agent on each node that joined, or came back, since the last look."""
+        """Start an agent on each node that joined, or came back, since the last look. Nothing
+        here waits on a node (the loop answers requests between rounds): a ping of a silent
+        agent, or a new agent's start, is sent at one look and its answer taken at a later one.
+        ``force`` (the head's start) waits for the new agents."""
         now = time.time()
         if not force and now - self._refreshed < REFRESH_S:
             return
         self._refreshed = now
+        self._seat_started(wait=False)
         for name, node_id in self.nodes().items():
             seat = self.seats.get(name)
-            if seat is not None and seat.node_id == node_id and seat.down_since is None:
+            if name in self._starting or (seat is not None and seat.node_id == node_id
+                                          and seat.down_since is None):
                 continue
-            if seat is not None and seat.node_id == node_id:
-                try:  # same raylet: the agent may only have been slow
-                    ray.get(seat.actor.ping.remote(), timeout=SAMPLE_TIMEOUT_S)
-                    seat.down_since = None
-                    log.warning("node %s answers again", name)
-                    continue
-                except ActorDiedError:
-                    pass  # a new agent below
-                except RayError:
-                    continue  # still slow or unreachable: asked again at the next look
-            self._seat(name, node_id)
+            if seat is not None and seat.node_id == node_id and not self._answered(name, seat):
+                continue  # same raylet: the agent may only be slow, or is back
+            self._start(name, node_id)
+        self._seat_started(wait=force)
 
-    def _seat(self, name: str, node_id: str) -> None:
+    def _answered(self, name: str, seat: Seat) -> bool:
+        """Whether the silent agent on a live raylet must be replaced: the ping sent at the last
+        look found it dead. A ping it answered marks the node back; one still out is asked again."""
+        ref = self._pinging.pop(name, None)
+        if ref is None or not ray.wait([ref], timeout=0)[0]:
+            self._pinging[name] = ref if ref is not None else seat.actor.ping.remote()
+            return False
+        try:
+            ray.get(ref)
+        except ActorDiedError:
+            return True  # a new agent
+        except RayError:
+            return False
+        seat.down_since = None
+        log.warning("node %s answers again", name)
+        return False
+
+    def _start(self, name: str, node_id: str) -> None:
         remote: Any = ray.remote(NodeAgent)
         actor: Any = remote.options(
             num_cpus=0, num_gpus=0, max_restarts=0,
@@ -145,13 +177,24 @@ class Agents:
                                       "RAY_kill_child_processes_on_worker_exit": "0"}},
         ).remote(node=name, root=str(self.state_dir / "nodes" / name), gpus=self.gpus,
                  sharing=self.sharing, bounds=self.bounds, fence_after_s=self.fence_after_s)
-        try:
-            devices = ray.get(actor.devices.remote(), timeout=120)
-            self.confinement[name] = ray.get(actor.confinement_words.remote(), timeout=CALL_TIMEOUT_S)
-        except (RayError, GetTimeoutError) as exc:
-            log.error("node %s: its collocate agent did not start: %s", name, exc)
-            ray.kill(actor)
-            return
+        self._starting[name] = (node_id, actor, actor.hello.remote(), time.monotonic())
+
+    def _seat_started(self, *, wait: bool) -> None:
+        """Seat the agents started earlier that have answered (all of them, with ``wait``)."""
+        for name, (node_id, actor, hello, since) in list(self._starting.items()):
+            left = AGENT_START_S - (time.monotonic() - since)
+            if not ray.wait([hello], timeout=max(0.0, left) if wait else 0)[0] and left > 0:
+                continue
+            del self._starting[name]
+            try:
+                devices, self.confinement[name] = ray.get(hello, timeout=0)
+            except (RayError, GetTimeoutError) as exc:
+                log.error("node %s: its collocate agent did not start: %s", name, exc)
+                ray.kill(actor)
+                continue
+            self._seat(name, node_id, actor, devices)
+
+    def _seat(self, name: str, node_id: str, actor: Any, devices: list[DeviceInfo]) -> None:
         old = self.seats.get(name)
         if old is not None:
             ray.kill(old.actor)
@@ -211,6 +254,7 @@ class Agents:
         return 0.0 if seat.down_since is None else now - seat.down_since
 
     def close(self) -> None:
+        self._stop_beating.set()
         for seat in self.seats.values():
             try:
                 ray.get(seat.actor.close.remote(), timeout=SAMPLE_TIMEOUT_S)

@@ -87,7 +87,8 @@ class AttemptCgroup:
             _write(root / "pids.max", str(self.max_pids))
         if self.max_memory is not None:
             _write(root / "memory.max", str(self.max_memory))
-        _write(root / "memory.oom.group", "1", missing_ok=True)
+        if (root / "memory.oom.group").exists():  # the memory controller's: kill the whole job on OOM
+            _write(root / "memory.oom.group", "1")
 
     def enter(self, pid: int = 0) -> None:
         """Move ``pid`` (0: the calling process) into the attempt's cgroup, every hierarchy."""
@@ -203,7 +204,7 @@ class Cgroups:
             return cls(None, "no cgroup hierarchy is mounted")
         base = Path(unified) / own.get("unified", "/").lstrip("/")
         try:
-            missing = set(V2_CONTROLLERS) - set((Path(unified) / "cgroup.controllers").read_text().split())
+            missing = set(V2_CONTROLLERS) - set((base / "cgroup.controllers").read_text().split())
             if missing:
                 return cls(None, f"cgroup v2 without the {', '.join(sorted(missing))} controller")
             parent = _prepare_v2(base, name)
@@ -307,9 +308,10 @@ def _own_paths(cgroup_file: Path) -> dict[str, str]:
 
 def _prepare_v2(base: Path, name: str) -> Path:
     """``base/name`` with the pids and memory controllers enabled for its children. Controllers
-    pass only to a cgroup's children when it holds no process itself (v2's rule), so if the
-    daemon sits in ``base`` with others it first moves them to ``base/supervisor`` (as a
-    service with ``Delegate=yes`` is expected to)."""
+    pass only to a cgroup's children when it holds no process itself (v2's rule), so a daemon
+    that sits in ``base`` moves itself to ``base/supervisor`` first (as a systemd service with
+    ``Delegate=yes`` is expected to; its runners then start there too). Other processes in
+    ``base`` are not ours to move: then jobs are not confined, and ``detect`` says why."""
     enable = " ".join(f"+{c}" for c in V2_CONTROLLERS)
     try:
         _write(base / "cgroup.subtree_control", enable)
@@ -318,12 +320,16 @@ def _prepare_v2(base: Path, name: str) -> Path:
             raise
         supervisor = base / "supervisor"
         supervisor.mkdir(exist_ok=True)
-        for pid in (base / "cgroup.procs").read_text().split():
-            try:
-                _write(supervisor / "cgroup.procs", pid)
-            except OSError:
-                pass
-        _write(base / "cgroup.subtree_control", enable)
+        _write(supervisor / "cgroup.procs", str(os.getpid()))
+        try:
+            _write(base / "cgroup.subtree_control", enable)
+        except OSError as again:
+            if again.errno != errno.EBUSY:
+                raise
+            others = len((base / "cgroup.procs").read_text().split())
+            raise OSError(errno.EBUSY, f"{base} holds {others} other process(es), so its children "
+                          "cannot get controllers; run the daemon in a cgroup of its own (a systemd "
+                          "service with Delegate=yes)") from None
     parent = base / name
     parent.mkdir(exist_ok=True)
     _write(parent / "cgroup.subtree_control", enable)

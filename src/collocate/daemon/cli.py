@@ -134,6 +134,7 @@ def serve(
     from collocate.model import SharingMode
     from collocate.policies import make_policy, parse_params
     from collocate.recovery import RecoveryRules
+    from collocate.units import option_bytes
 
     if sharing not in ("time-slicing", "mps"):
         raise InputError(f"unknown sharing mode {sharing!r}", hint="use time-slicing or mps")
@@ -162,9 +163,9 @@ def serve(
     tracking = _tracking_config(dashboard, token, mlflow, mlflow_uri, dashboard_auth=dashboard_token)
     if job_max_pids < 0 or user_max_queued < 1:
         raise InputError("--job-max-pids must be 0 or more and --user-max-queued 1 or more")
-    quotas = Quotas(max_queued=user_max_queued, max_request=_bytes(user_max_request, "--user-max-request"),
-                    max_stored=_bytes(user_max_stored, "--user-max-stored"),
-                    log_max=_bytes(log_max, "--log-max"), disk_reserve=_bytes(disk_reserve, "--disk-reserve"))
+    quotas = Quotas(max_queued=user_max_queued, max_request=option_bytes(user_max_request, "--user-max-request"),
+                    max_stored=option_bytes(user_max_stored, "--user-max-stored"),
+                    log_max=option_bytes(log_max, "--log-max"), disk_reserve=option_bytes(disk_reserve, "--disk-reserve"))
     stream = logging.StreamHandler()  # the file log in the state dir always gets INFO
     stream.setLevel(logging.INFO if verbose else logging.WARNING)
     stream.setFormatter(PrintableLogFormatter())
@@ -174,7 +175,7 @@ def serve(
         sharing=SharingMode(sharing), period_s=period, window=window, allow_gid=gid, tcp=tcp_addr,
         token=token if tcp_addr is not None else None, rules=RecoveryRules(growth=retry_growth),
         tracking=tracking, ray=ray, node_grace_s=node_grace_s, quotas=quotas,
-        job_max_pids=job_max_pids or None, job_max_memory=_bytes(job_max_memory, "--job-max-memory"),
+        job_max_pids=job_max_pids or None, job_max_memory=option_bytes(job_max_memory, "--job-max-memory"),
     )
 
     def ready(service) -> None:
@@ -189,19 +190,6 @@ def serve(
                        "`collocate dashboard-url` prints the URL again)", err=True)
 
     run_daemon(config, on_ready=ready)
-
-
-def _bytes(text: str | None, option: str) -> int | None:
-    """A size option with its unit (``64MiB``, ``1G``) in bytes; None when not given."""
-    if text is None:
-        return None
-    from collocate.units import parse_mib, require_unit
-
-    require_unit(text, option)
-    size = int(parse_mib(text) * 2**20)
-    if size <= 0:
-        raise InputError(f"{option} must be more than 0, got {text!r}")
-    return size
 
 
 def _read_token(token_file: Path | None) -> str | None:
