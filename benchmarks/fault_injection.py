@@ -58,6 +58,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from _machine import machine
 
+from collocate.daemon.cgroups import Cgroups
 from collocate.daemon.client import Client, list_jobs
 from collocate.errors import CollocateError
 
@@ -463,15 +464,18 @@ def main() -> None:
     answers: dict[str, dict] = {}
     t0 = time.time()
     daemons: list[Daemon] = []
+    probes: list[subprocess.Popen] = []
     cluster = None
     try:
         d = Daemon(disk / "state", base / "daemon.out", ["--gpus", GPUS, *group])
         daemons.append(d)
         d.start()
         probe = probe_member(d.state, base / "member.jsonl")
+        probes += [probe] if probe is not None else []
         run_phase(d, rng, ns, ns.rounds, faults, ledger, stats, wrong)
         if probe is not None:
             os.killpg(probe.pid, signal.SIGKILL)
+            probe.wait()
             answers["one machine"] = member_answers(base / "member.jsonl", d.down)
         stats["state_dir_mib"] = round(sum(p.stat().st_size for p in d.state.rglob("*") if p.is_file()) / 2**20)
         d.kill()
@@ -484,12 +488,17 @@ def main() -> None:
             daemons.append(h)
             h.start()
             probe = probe_member(h.state, base / "member-cluster.jsonl")
+            probes += [probe] if probe is not None else []
             run_phase(h, rng, ns, ns.node_rounds, ("node",), ledger, stats, wrong, cluster)
             if probe is not None:
                 os.killpg(probe.pid, signal.SIGKILL)
+                probe.wait()
                 answers["Ray head"] = member_answers(base / "member-cluster.jsonl", h.down)
         stats["rounds"] = ns.rounds + ns.node_rounds
     finally:
+        for probe in probes:
+            if probe.poll() is None:
+                os.killpg(probe.pid, signal.SIGKILL)
         for d in daemons:
             d.kill()
             for record in d.state.glob("**/jobs/*/attempt-*/runner.json"):
@@ -497,6 +506,9 @@ def main() -> None:
                     os.killpg(int(json.loads(record.read_text())["pid"]), signal.SIGKILL)
                 except (OSError, ValueError, KeyError):
                     pass
+            time.sleep(0.5)  # the killed jobs leave their cgroups, which can then go
+            for key in [d.state, *d.state.glob("nodes/*")]:
+                Cgroups.remove_leftovers(str(key))
         if cluster is not None:
             cluster.cluster.shutdown()
         if tmpfs:

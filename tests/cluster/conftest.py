@@ -104,3 +104,4 @@ def heads(tmp_path: Path, ray_cluster: LocalCluster,
                 os.killpg(int(json.loads(record.read_text())["pid"]), signal.SIGKILL)
             except (ProcessLookupError, PermissionError, ValueError, KeyError):
                 pass
+        d.remove_cgroups()

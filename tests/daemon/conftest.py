@@ -35,3 +35,4 @@ def daemons(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
                 os.killpg(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+        d.remove_cgroups()

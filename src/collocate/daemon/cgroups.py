@@ -35,6 +35,7 @@ import hashlib
 import os
 import signal
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -151,13 +152,7 @@ class AttemptCgroup:
 
     def remove(self) -> None:
         """Remove the (empty) directories; one still holding a process stays."""
-        for d in self.dirs.values():
-            try:
-                os.rmdir(d)
-            except FileNotFoundError:
-                pass
-            except OSError:
-                continue
+        _rmdirs(self.dirs.values())
 
 
 @dataclass
@@ -236,20 +231,30 @@ class Cgroups:
                 children = [e for e in os.scandir(parent) if e.is_dir() and e.name.startswith("job-")]
             except OSError:
                 continue
-            for child in children:
-                if child.name not in keep:
-                    try:
-                        os.rmdir(child.path)
-                    except OSError:
-                        pass
+            _rmdirs(child.path for child in children if child.name not in keep)
 
     def close(self) -> None:
         """Remove this daemon's parents when no attempt's cgroup is left in them."""
-        for parent in self.parents.values():
-            try:
-                os.rmdir(parent)
-            except OSError:
-                pass
+        _rmdirs(self.parents.values())
+
+    @classmethod
+    def remove_leftovers(cls, key: str) -> bool:
+        """Remove the empty cgroups of the daemon ``key`` names, and its parents: what a daemon
+        killed (not stopped) leaves behind once its jobs are gone (tests kill theirs). True when
+        nothing of it is left."""
+        cgroups = cls.detect(key)
+        cgroups.sweep(keep=set())
+        cgroups.close()
+        return not any(os.path.isdir(p) for p in cgroups.parents.values())
+
+
+def _rmdirs(paths: Iterable[str]) -> None:
+    """Remove each cgroup directory that is empty (one holding a process stays)."""
+    for path in paths:
+        try:
+            os.rmdir(path)
+        except OSError:
+            continue
 
 
 def gpu_denials(given: list[int | None], all_minors: list[int | None]) -> tuple[tuple[int, int], ...]:

@@ -42,9 +42,9 @@ def job_pages(request: Callable[..., Any], **args: Any) -> Iterator[dict[str, An
     after = 0
     while True:
         page = request("ls", after=after, **args)
-        yield from page
-        if len(page) < protocol.PAGE_ROWS:
-            return
+        yield from (row for row in page if int(row["id"]) > after)
+        if len(page) < protocol.PAGE_ROWS or int(page[-1]["id"]) <= after:
+            return  # the last page (or a daemon from before pages, which sent every row at once)
         after = int(page[-1]["id"])
 
 

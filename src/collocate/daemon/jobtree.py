@@ -51,6 +51,8 @@ class JobTree:
             self.cgroup.kill()
             return
         group = os.getpgid(0)
+        if group != os.getpid():  # started outside a session of its own: the group is not the job's
+            return
         for entry in os.listdir("/proc"):
             if not entry.isdigit() or int(entry) in exclude:
                 continue

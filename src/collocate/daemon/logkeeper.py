@@ -22,6 +22,8 @@ import os
 import select
 import signal
 
+from collocate.daemon.faults import free_bytes
+
 TAIL_KEPT = 64 * 1024  # the end of a cut stream, written when it closes
 _CHUNK = 1 << 16
 
@@ -103,15 +105,7 @@ def keep(streams: dict[str, tuple[int, int]], *, max_bytes: int, reserve_bytes: 
                 os.close(fd)
                 by_fd.pop(fd).close()
                 continue
-            stream.take(data, _free(disk), reserve_bytes)
-
-
-def _free(path: str) -> int | None:
-    try:
-        st = os.statvfs(path)
-    except OSError:
-        return None
-    return st.f_bavail * st.f_frsize
+            stream.take(data, free_bytes(disk), reserve_bytes)
 
 
 def _size(n: int) -> str:

@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from collocate.daemon.faults import DiskFull
+from collocate.daemon.faults import DiskFull, free_bytes
 from collocate.daemon.paths import attempt_files
 from collocate.errors import InputError
 from collocate.model import JobState
@@ -62,14 +62,6 @@ class Quotas:
 def disk_size(path: Path) -> int:
     st = os.statvfs(path)
     return st.f_blocks * st.f_frsize
-
-
-def free_bytes(path: Path) -> int | None:
-    try:
-        st = os.statvfs(path)
-    except OSError:
-        return None
-    return st.f_bavail * st.f_frsize
 
 
 class Accounts:
