@@ -489,7 +489,8 @@ def main() -> None:
             h.start()
             probe = probe_member(h.state, base / "member-cluster.jsonl")
             probes += [probe] if probe is not None else []
-            run_phase(h, rng, ns, ns.node_rounds, ("node",), ledger, stats, wrong, cluster)
+            run_phase(h, rng, ns, ns.node_rounds, ("node",), base / "ledger-cluster", stats, wrong,
+                      cluster)  # a ledger of its own: the head numbers its jobs from 1 again
             if probe is not None:
                 os.killpg(probe.pid, signal.SIGKILL)
                 probe.wait()

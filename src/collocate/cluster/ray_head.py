@@ -52,7 +52,7 @@ log = logging.getLogger("collocate.daemon")
 RESOURCE = "collocate"  # the custom resource that marks a node as collocate's
 NAME_LABEL = "collocate-node"  # the label that names a node (else its hostname)
 CALL_TIMEOUT_S = 10.0  # one call to one agent
-SAMPLE_TIMEOUT_S = 1.5  # the round's parallel sample: the loop answers requests between rounds
+SAMPLE_TIMEOUT_S = 1.0  # the round's parallel sample: the loop answers requests between rounds
 #: An attempt of a silent node is lost after the grace period plus this: its runner stops the
 #: job once the agent's heartbeat is ``grace`` old (it checks 4 times a second), so the job is
 #: gone before it is requeued elsewhere (fencing; the heartbeat is never newer than the head's
@@ -76,6 +76,7 @@ class Seat:
     actor: Any
     down_since: float | None = None
     reconcile: bool = True  # stop the runners the head does not own at the next ``collect``
+    agent_died: bool = False  # its actor is gone: a new agent is due once the raylet lives
 
 
 class Agents:
@@ -128,41 +129,45 @@ class Agents:
         return found
 
     def refresh(self, *, force: bool = False) -> None:
-        """Start an agent on each node that joined, or came back, since the last look. Nothing
-        here waits on a node (the loop answers requests between rounds): a ping of a silent
-        agent, or a new agent's start, is sent at one look and its answer taken at a later one.
-        ``force`` (the head's start) waits for the new agents."""
+        """Start an agent on each node that joined, or came back, since the last look (every
+        ``REFRESH_S``), and, every round, see whether a silent agent answers again. Nothing here
+        waits on a node (the loop answers requests between rounds): a ping of a silent agent, or
+        a new agent's start, is sent at one call and its answer taken at a later one. ``force``
+        (the head's start) waits for the new agents."""
+        self._seat_started(wait=False)
+        self._recheck_silent()
         now = time.time()
         if not force and now - self._refreshed < REFRESH_S:
             return
         self._refreshed = now
-        self._seat_started(wait=False)
         for name, node_id in self.nodes().items():
             seat = self.seats.get(name)
             if name in self._starting or (seat is not None and seat.node_id == node_id
-                                          and seat.down_since is None):
-                continue
-            if seat is not None and seat.node_id == node_id and not self._answered(name, seat):
-                continue  # same raylet: the agent may only be slow, or is back
+                                          and not seat.agent_died):
+                continue  # seated, being started, or silent on a live raylet (``_recheck_silent``)
             self._start(name, node_id)
         self._seat_started(wait=force)
 
-    def _answered(self, name: str, seat: Seat) -> bool:
-        """Whether the silent agent on a live raylet must be replaced: the ping sent at the last
-        look found it dead. A ping it answered marks the node back; one still out is asked again."""
-        ref = self._pinging.pop(name, None)
-        if ref is None or not ray.wait([ref], timeout=0)[0]:
-            self._pinging[name] = ref if ref is not None else seat.actor.ping.remote()
-            return False
-        try:
-            ray.get(ref)
-        except ActorDiedError:
-            return True  # a new agent
-        except RayError:
-            return False
-        seat.down_since = None
-        log.warning("node %s answers again", name)
-        return False
+    def _recheck_silent(self) -> None:
+        """Ping each silent agent (one ping out at a time, never waited for): one that answers
+        is back (its node's GPUs and heartbeat return at once, so a head that was only slow to
+        hear it does not fence its jobs for long), one found dead is replaced at the next look."""
+        for name, seat in list(self.seats.items()):
+            if seat.down_since is None or seat.agent_died:
+                continue
+            ref = self._pinging.pop(name, None)
+            if ref is None or not ray.wait([ref], timeout=0)[0]:
+                self._pinging[name] = ref if ref is not None else seat.actor.ping.remote()
+                continue
+            try:
+                ray.get(ref)
+            except ActorDiedError:
+                seat.agent_died = True
+                continue
+            except RayError:
+                continue
+            seat.down_since = None
+            log.warning("node %s answers again", name)
 
     def _start(self, name: str, node_id: str) -> None:
         remote: Any = ray.remote(NodeAgent)
@@ -195,6 +200,7 @@ class Agents:
             self._seat(name, node_id, actor, devices)
 
     def _seat(self, name: str, node_id: str, actor: Any, devices: list[DeviceInfo]) -> None:
+        self._pinging.pop(name, None)
         old = self.seats.get(name)
         if old is not None:
             ray.kill(old.actor)
