@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from _machine import machine
 
-from collocate.daemon.client import Client
+from collocate.daemon.client import Client, list_jobs
 
 GPUS = "emulated:8xA100-40GB"
 
@@ -105,7 +105,7 @@ def bench_submit(root: Path, n: int, clients: int) -> dict:
         for t in threads:
             t.join()
         wall = time.perf_counter() - t0
-        listed = client.request("ls", all=True)
+        listed = list_jobs(client.request, all=True)
         lat = sorted(latencies)
         return {
             "submissions": n, "clients": clients, "accepted": len(ids), "errors": len(errors),

@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _machine import machine
 from daemon_load import wait_until_serving
 
-from collocate.daemon.client import Client
+from collocate.daemon.client import Client, list_jobs
 
 NODES = ("n1", "n2", "n3")
 
@@ -79,7 +79,7 @@ def run(state: Path, args: list[str], jobs: int, idle_s: float,
         t0 = time.time()
         client.request("resume")
         while True:
-            rows = client.request("ls", all=True)
+            rows = list_jobs(client.request, all=True)
             if all(r["state"] in ("done", "failed", "cancelled") for r in rows):
                 break
             if time.time() - t0 > 1800:

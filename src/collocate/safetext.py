@@ -15,9 +15,9 @@ import logging
 import re
 
 # C0 controls, DEL, C1 controls (CSI is U+009B on terminals that read 8-bit controls), the
-# Unicode line and paragraph separators, and the bidirectional marks, overrides and isolates
-# that reorder what a terminal shows.
-_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
+# Unicode line and paragraph separators, the bidirectional marks, overrides and isolates that
+# reorder what a terminal shows, and lone surrogates (no terminal encoding can write one).
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff]")
 _NAMED = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
 
 

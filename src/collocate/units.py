@@ -64,6 +64,17 @@ def require_unit(text: str, option: str) -> None:
                          hint=f"write {value}GiB, or {value}MiB if you mean mebibytes (G, GB and GiB all mean GiB)")
 
 
+def option_bytes(text: str | None, option: str) -> int | None:
+    """A size option written with its unit (``64MiB``, ``1G``) in bytes; None when not given."""
+    if text is None:
+        return None
+    require_unit(text, option)
+    size = int(parse_mib(text) * 2**20)
+    if size <= 0:
+        raise InputError(f"{option} must be more than 0, got {text!r}")
+    return size
+
+
 def format_mib(mib: float) -> str:
     """Short human form of a MiB count: ``512 MiB``, ``3.50 GiB``."""
     if mib >= 1024:

@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
+import shutil
 import signal
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -23,19 +26,33 @@ sys.path.insert(0, str(Path(__file__).parent.parent / "daemon"))
 import daemon_harness  # noqa: E402 - the daemon tests' harness: real `collocate serve` processes
 from daemon_harness import Daemon  # noqa: E402
 
+# Ray reads its token once per process: set before anything here imports Ray (the heads, as
+# children, inherit both).
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ["RAY_AUTH_MODE"] = "token"
+os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
+
 NODES = ("n1", "n2", "n3")
 GPUS = "emulated:2xA100-40GB"
 
 
 class LocalCluster:
-    """The session's Ray cluster; ``kill``/``restart`` a collocate node by name."""
+    """The session's Ray cluster, set up as docs/multi-node.md says: token authentication on
+    every node (``RAY_AUTH_MODE=token``, a random token in ``RAY_AUTH_TOKEN``, which the heads
+    inherit) and Ray's temporary folder under a folder only root may enter. ``kill``/``start``
+    a collocate node by name."""
 
     def __init__(self) -> None:
+        import ray._common.utils
         from ray.cluster_utils import Cluster
 
-        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        self.private = Path(tempfile.mkdtemp(prefix="collocate-ray-"))  # 0700, root's
+        self.temp_dir = self.private / "tmp"
+        # cluster_utils writes the address file under Ray's default folder whatever temp_dir is
+        os.makedirs(ray._common.utils.get_default_ray_temp_dir(), exist_ok=True)
         self.cluster = Cluster(initialize_head=True, head_node_args=dict(
-            num_cpus=0, num_gpus=0, object_store_memory=80 * 2**20, include_dashboard=False))
+            num_cpus=0, num_gpus=0, object_store_memory=80 * 2**20, include_dashboard=False,
+            temp_dir=str(self.temp_dir)))
         self.address = self.cluster.address
         self.nodes: dict[str, object] = {}
         for name in NODES:
@@ -52,6 +69,7 @@ class LocalCluster:
 
     def shutdown(self) -> None:
         self.cluster.shutdown()
+        shutil.rmtree(self.private, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -86,3 +104,4 @@ def heads(tmp_path: Path, ray_cluster: LocalCluster,
                 os.killpg(int(json.loads(record.read_text())["pid"]), signal.SIGKILL)
             except (ProcessLookupError, PermissionError, ValueError, KeyError):
                 pass
+        d.remove_cgroups()

@@ -115,7 +115,7 @@ def test_a_runner_is_double_forked_and_followed_by_its_records(tmp_path: Path):
         assert [str(d.id) for d in agent.devices()] == ["a:0", "a:1"]
         assert len(agent.sample()) == 2
         plan = _plan(tmp_path / "head", (sys.executable, "-c", "print('hello'); import time; time.sleep(1)"))
-        pid, started = agent.start(plan, str(tmp_path / "head"))
+        pid, started = agent.start(plan, str(tmp_path / "head"), "1", 1)
         assert psutil.Process(pid).ppid() != os.getpid()  # nobody's child here: outlives the agent
         assert os.getpgid(pid) == pid  # its own process group, signalled as one
         rel = "jobs/1/attempt-1"
@@ -141,8 +141,8 @@ def test_stop_unowned_kills_only_runners_the_head_does_not_own(tmp_path: Path):
     agent = NodeAgent(node="a", root=str(tmp_path / "node"), gpus="emulated:1xA100-40GB")
     sleeper = (sys.executable, "-c", "import time; time.sleep(60)")
     head = str(tmp_path / "head")
-    mine = agent.start(_plan(tmp_path / "head", sleeper, "1"), head)
-    stray = agent.start(_plan(tmp_path / "head", sleeper, "2"), head)
+    mine = agent.start(_plan(tmp_path / "head", sleeper, "1"), head, "1", 1)
+    stray = agent.start(_plan(tmp_path / "head", sleeper, "2"), head, "2", 1)
     try:
         _wait(lambda: len(agent.live_runners()) == 2)
         assert agent.stop_unowned({"jobs/1/attempt-1"}) == ["jobs/2/attempt-1"]
@@ -152,6 +152,6 @@ def test_stop_unowned_kills_only_runners_the_head_does_not_own(tmp_path: Path):
         trees = agent.read_trees({"1": mine[0]}, time.time(), frozenset())
         assert mine[0] in trees["1"].pids
     finally:
-        for pid, _ in (mine, stray):
-            agent.signal(pid, signal.SIGKILL)
+        for job, (pid, _) in (("1", mine), ("2", stray)):
+            agent.signal(pid, signal.SIGKILL, job, 1)
         agent.close()

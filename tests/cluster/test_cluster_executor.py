@@ -50,7 +50,7 @@ def test_calls_go_to_the_attempts_node_with_its_relative_folder():
     agents = FakeAgents()
     executor = ClusterExecutor(agents, HEAD, grace_s=60)  # type: ignore[arg-type]
     assert executor.start("plan", _attempt("1", "b")) == (None, 42, 1.5)  # type: ignore[arg-type]
-    assert agents.calls[-1] == ("b", "start", "plan", "/state")
+    assert agents.calls[-1] == ("b", "start", "plan", "/state", "1", 1)
     executor.exit_record(_attempt("1", "b"))
     assert agents.calls[-1] == ("b", "exit_record", "jobs/1/attempt-1")
 
@@ -75,6 +75,8 @@ def test_a_silent_node_is_unconfirmed_for_the_grace_period_then_lost(monkeypatch
     assert executor.poll(None, attempt) == (True, None)  # unconfirmed: still counted as running
     assert executor.matches(attempt)  # a restarted head re-adopts it, and waits too
     agents.down["a"] = agents.now - 61
+    assert executor.poll(None, attempt) == (True, None)  # the runner has 2 s to stop the job
+    agents.down["a"] = agents.now - 62.5
     assert executor.poll(None, attempt) == (False, None)
     record = executor.exit_record(attempt)
     assert record is not None and "node a stopped answering" in record["lost"]

@@ -37,3 +37,4 @@ def daemons(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
                 os.killpg(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+        d.remove_cgroups()

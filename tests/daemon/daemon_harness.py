@@ -106,6 +106,16 @@ class Daemon:
                 pids.add(int(r["pid"]))
         return sorted(pids)
 
+    def remove_cgroups(self) -> None:
+        """The (empty) cgroups this daemon and its nodes' agents made, which a SIGKILLed daemon
+        leaves; wait briefly for jobs just killed to leave theirs."""
+        from collocate.daemon.cgroups import Cgroups
+
+        deadline = time.monotonic() + 5
+        for key in [str(self.state_dir), *(str(p) for p in self.state_dir.glob("nodes/*"))]:
+            while not Cgroups.remove_leftovers(key) and time.monotonic() < deadline:
+                time.sleep(0.1)
+
     def runner_pids(self) -> list[int]:
         pids = []
         for record in self.state_dir.glob("jobs/*/attempt-*/runner.json"):
@@ -114,3 +124,4 @@ class Daemon:
             except (OSError, ValueError, KeyError):
                 pass
         return pids
+

@@ -37,6 +37,7 @@ def daemon(small_disk):
             os.killpg(pid, 9)
         except OSError:
             pass
+    d.remove_cgroups()
 
 
 def _fill(disk: Path) -> Path:

@@ -92,16 +92,20 @@ def test_head_then_each_worker_after_the_previous_joined_then_the_collocate_head
     starts = [i for i, line in enumerate(log) if line.startswith("srun")]
     common = "srun --nodes=1 --ntasks=1 --overlap -w"
     ray = 'ray start --block --resources={"collocate": 1} --num-gpus=0 --labels=collocate-node='
+    private = f"install -d -m 700 {tmp_path}/collocate-ray-77"  # Ray's folder under it, on each node
     assert [log[i] for i in starts] == [
         f"{common} n1 hostname --ip-address",
+        f"{common} n1 {private}",
         f"{common} n1 {ray}n1 --disable-usage-stats --head --node-ip-address=10.0.0.1 --port=6379 "
-        "--include-dashboard=false",
+        f"--include-dashboard=false --temp-dir={tmp_path}/collocate-ray-77/tmp",
+        f"{common} n2 {private}",
         f"{common} n2 {ray}n2 --disable-usage-stats --address=10.0.0.1:6379",
+        f"{common} n3 {private}",
         f"{common} n3 {ray}n3 --disable-usage-stats --address=10.0.0.1:6379",
     ]
     assert log[0] == "scontrol show hostnames n[1-3]"
     # one after another: node k starts only after `ray status` saw the k-1 before it
-    for k, i in enumerate(starts[2:], start=2):
+    for k, i in enumerate(starts[4::2], start=2):
         seen = [int(m.group(1)) for line in log[:i] if (m := re.search(r"^ray status .* -> (\d)$", line))]
         assert seen and seen[-1] == k - 1, log
     assert log[-1] == (f"collocate serve --ray 10.0.0.1:6379 --state-dir {tmp_path}/collocate-77 "
@@ -163,6 +167,7 @@ while [ $# -gt 0 ]; do case $1 in -w) shift 2 ;; --*) shift ;; *) break ;; esac;
 free() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 case "$1 $2" in
   "hostname --ip-address") echo 127.0.0.1 ;;
+  "install -d") exec "$@" ;;
   "ray start") exec "$@" --num-cpus=1 --dashboard-agent-listen-port="$(free)" --metrics-export-port="$(free)" ;;
 esac
 """
@@ -200,7 +205,7 @@ def test_a_real_three_node_ray_cluster_on_this_machine(tmp_path: Path) -> None:
         port = s.getsockname()[1]
     ray_tmp = Path(tempfile.mkdtemp(prefix="ray-"))  # short: Ray's socket paths must fit 107 bytes
     env = {"PATH": f"{bin_dir}:{ray.parent}:{os.environ['PATH']}", "HOME": str(tmp_path), "TMPDIR": str(tmp_path),
-           "RAY_TMPDIR": str(ray_tmp), "FAKE_LOG": str(tmp_path / "log"), "SLURM_JOB_ID": "5",
+           "RAY_TMPDIR": str(ray_tmp), "COLLOCATE_RAY_DIR": str(ray_tmp), "FAKE_LOG": str(tmp_path / "log"), "SLURM_JOB_ID": "5",
            "SLURM_JOB_NODELIST": "n[1-3]", "COLLOCATE_RAY_PORT": str(port), "COLLOCATE_JOIN_TIMEOUT_S": "90"}
     try:
         proc = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=240, check=False)

@@ -30,12 +30,22 @@ from typing import Any
 
 import psutil
 
+from collocate.cluster.exposure import check_session_dir
 from collocate.daemon import views
+from collocate.daemon.confine import Confinement, signal_group
 from collocate.daemon.datasets import Datasets, ProducerStartError
-from collocate.daemon.executor import read_chunk, signal_group
+from collocate.daemon.executor import local_confinement, read_chunk
 from collocate.daemon.isolate import CLEAN_ENV, bootstrap_argv, write_env_file
-from collocate.daemon.launcher import ENV_EMULATED_DIR, ENV_FILE, LaunchPlan, process_matches
+from collocate.daemon.launcher import (
+    ENV_EMULATED_DIR,
+    ENV_FILE,
+    RUNNER_MODULE,
+    LaunchPlan,
+    process_matches,
+    with_runner_args,
+)
 from collocate.daemon.paths import attempt_files
+from collocate.daemon.quotas import Quotas, disk_size
 from collocate.daemon.reaping import job_started
 from collocate.daemon.runner import read_tail
 from collocate.daemon.spec import JobSpec
@@ -44,7 +54,7 @@ from collocate.monitor.job_metrics import METRICS_FILE_NAME, MetricPoint, Metric
 from collocate.monitor.process_tree import TreeReader, TreeUsage
 
 log = logging.getLogger("collocate.cluster")
-RUNNER_MODULE = "collocate.daemon.runner"
+HEARTBEAT = "agent.heartbeat"  # touched whenever the head reaches the agent (fencing)
 #: The intermediate process, a shell (it starts in a millisecond where a Python takes seconds on
 #: a busy node, and the agent waits for it): start the runner in the background in a session of
 #: its own (``setsid`` execs it: a background job of a shell without job control is no group
@@ -58,13 +68,17 @@ class NodeAgent:
     """One node's side of a cluster (see the module docstring). ``rel`` arguments are an
     attempt's folder relative to the state root (``jobs/<id>/attempt-<n>``)."""
 
-    def __init__(self, *, node: str, root: str, gpus: str, sharing: str = "time-slicing") -> None:
+    def __init__(self, *, node: str, root: str, gpus: str, sharing: str = "time-slicing",
+                 bounds: Mapping[str, Any] | None = None, fence_after_s: float | None = None) -> None:
         from collocate.gpus.registry import open_backend
 
         self.node, self.root = node, Path(root)
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         (self.root / "jobs").mkdir(mode=0o700, exist_ok=True)
+        self.heartbeat = self.root / HEARTBEAT
+        self.beat()
         self.backend = open_backend(gpus, state_dir=self.root, node=node)
+        self.confinement = self._confinement(dict(bounds or {}), fence_after_s)
         self.mps: Any = None
         if sharing == "mps" and self.backend.needs_mps_server:
             from collocate.gpus.mps import MpsControl
@@ -74,6 +88,31 @@ class NodeAgent:
         self._trees = TreeReader()
         self._metrics = MetricsTail()  # where each job's metrics file was read up to
         self.datasets = Datasets(self.root)  # the producers of the jobs placed on this node
+
+    def _confinement(self, bounds: dict[str, Any], fence_after_s: float | None) -> Confinement:
+        """This node's bounds on its attempts: the owner's, with the disk-relative defaults taken
+        of this node's disk, and the fence (``runner --fence``) on this agent's heartbeat."""
+        session = bounds.pop("session_dir", None)
+        if session is not None and Path(session).exists():  # Ray's folder of this node's sockets
+            check_session_dir(Path(session))
+        quotas = Quotas(log_max=bounds.pop("log_max", None),
+                        disk_reserve=bounds.pop("disk_reserve", None)).resolved(disk_size(self.root))
+        keep = {"job-{}.{}".format(*_job_and_n(rel)) for rel in self.live_runners()}
+        fence = None if fence_after_s is None else (self.heartbeat, fence_after_s)
+        return local_confinement(str(self.root), self.backend.devices(), log_max=quotas.log_max or 0,
+                                 disk_reserve=quotas.disk_reserve or 0, keep=keep, fence=fence,
+                                 max_pids=bounds.get("max_pids"), max_memory=bounds.get("max_memory"))
+
+    def beat(self) -> None:
+        """The head reached this agent now: runners fence on this file's age."""
+        self.heartbeat.touch()
+
+    def confinement_words(self) -> str:
+        return self.confinement.cgroups.describe()
+
+    def hello(self) -> tuple[list[DeviceInfo], str]:
+        """What the head asks a new agent once it has started: its GPUs, how it confines jobs."""
+        return self.devices(), self.confinement_words()
 
     # -- GPUs ------------------------------------------------------------------------------
     def ping(self) -> str:
@@ -87,12 +126,17 @@ class NodeAgent:
 
     def tick(self, runners: list[tuple[int, float]]) -> tuple[list[DeviceSample], list[tuple[int, float]]]:
         """A round's one call: the samples, and which of ``runners`` (pid, start time) still run."""
+        self.beat()
         return self.backend.sample(), [r for r in runners if process_matches(*r)]
 
     # -- runners ---------------------------------------------------------------------------
-    def start(self, plan: LaunchPlan, head_root: str) -> tuple[int, float]:
-        """Start the attempt's runner double-forked; ``(pid, process start time)``."""
+    def start(self, plan: LaunchPlan, head_root: str, job_id: str, n: int) -> tuple[int, float]:
+        """Start attempt ``n`` of job ``job_id``'s runner double-forked, with this node's bounds;
+        ``(pid, process start time)``."""
+        self.beat()
+        uuids = plan.env.get("CUDA_VISIBLE_DEVICES", "").split(",")
         plan = localize(plan, head_root, str(self.root), self.backend.emulated_state_dir)
+        plan = with_runner_args(plan, *self.confinement.runner_args(job_id, n, uuids))
         plan.dir.mkdir(parents=True, exist_ok=True)
         files = attempt_files(plan.dir)
         write_env_file(plan.dir / ENV_FILE, plan.env)
@@ -126,8 +170,11 @@ class NodeAgent:
     def poll(self, pid: int | None, started: float | None) -> bool:
         return process_matches(pid, started)
 
-    def signal(self, pid: int | None, sig: int) -> None:
-        signal_group(pid, sig)
+    def signal(self, pid: int | None, sig: int, job_id: str, n: int) -> None:
+        self.confinement.signal(job_id, n, pid, sig)
+
+    def release(self, job_id: str, n: int) -> None:
+        self.confinement.release(job_id, n)
 
     def exit_record(self, rel: str) -> dict[str, Any] | None:
         return views.read_exit(self._dir(rel))
@@ -180,6 +227,7 @@ class NodeAgent:
         for rel, (pid, _) in sorted(self.live_runners().items()):
             if rel not in owned:
                 signal_group(pid, signal.SIGKILL)
+                self.confinement.release(*_job_and_n(rel))
                 stopped.append(rel)
         return stopped
 
@@ -212,6 +260,7 @@ class NodeAgent:
     def close(self) -> None:
         self._metrics.close()
         self.datasets.close()
+        self.confinement.cgroups.close()
         if self.mps is not None:
             self.mps.stop()
         self.backend.close()
@@ -221,6 +270,12 @@ class NodeAgent:
         if not path.is_relative_to(self.root.resolve() / "jobs"):
             raise ValueError(f"attempt folder {rel!r} is outside this node's jobs/")
         return path
+
+
+def _job_and_n(rel: str) -> tuple[str, int]:
+    """``jobs/<id>/attempt-<n>`` → ``(id, n)``."""
+    parts = Path(rel).parts
+    return parts[1], int(parts[2].removeprefix("attempt-"))
 
 
 def _wait_own_group(pid: int, timeout_s: float = 10.0) -> None:

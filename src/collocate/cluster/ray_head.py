@@ -24,6 +24,7 @@ collocate-node=NAME``), else its hostname.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
@@ -36,6 +37,7 @@ from ray.exceptions import ActorDiedError, GetTimeoutError, RayError, RayTaskErr
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from collocate.cluster.agent import NodeAgent
+from collocate.cluster.exposure import check_session_dir, require_token
 from collocate.daemon.datasets import ProducerStartError
 from collocate.daemon.executor import MachineUnreachable
 from collocate.daemon.launcher import LaunchPlan
@@ -50,8 +52,15 @@ log = logging.getLogger("collocate.daemon")
 RESOURCE = "collocate"  # the custom resource that marks a node as collocate's
 NAME_LABEL = "collocate-node"  # the label that names a node (else its hostname)
 CALL_TIMEOUT_S = 10.0  # one call to one agent
-SAMPLE_TIMEOUT_S = 3.0  # the round's parallel sample
+SAMPLE_TIMEOUT_S = 1.0  # the round's parallel sample: the loop answers requests between rounds
+#: An attempt of a silent node is lost after the grace period plus this: its runner stops the
+#: job once the agent's heartbeat is ``grace`` old (it checks 4 times a second), so the job is
+#: gone before it is requeued elsewhere (fencing; the heartbeat is never newer than the head's
+#: last answer from the node).
+FENCE_MARGIN_S = 2.0
+BEAT_S = 0.5  # how often the head reaches every answering agent (``Agents._beat``)
 REFRESH_S = 5.0  # how often the head looks for nodes that (re)joined
+AGENT_START_S = 120.0  # how long a new agent may take to answer
 
 
 class NodeDown(Exception):
@@ -67,13 +76,17 @@ class Seat:
     actor: Any
     down_since: float | None = None
     reconcile: bool = True  # stop the runners the head does not own at the next ``collect``
+    agent_died: bool = False  # its actor is gone: a new agent is due once the raylet lives
 
 
 class Agents:
     """The agent actors by node name: starts them, calls them, notices nodes leave and return."""
 
-    def __init__(self, *, gpus: str, sharing: str, state_dir: Path) -> None:
+    def __init__(self, *, gpus: str, sharing: str, state_dir: Path,
+                 bounds: dict[str, Any] | None = None, fence_after_s: float | None = None) -> None:
         self.gpus, self.sharing, self.state_dir = gpus, sharing, state_dir
+        self.bounds, self.fence_after_s = bounds or {}, fence_after_s  # each agent's (agent.py)
+        self.confinement: dict[str, str] = {}  # node → how its jobs are confined
         self.seats: dict[str, Seat] = {}
         self.known: dict[str, list[DeviceInfo]] = {}  # devices of every node seen since start
         # Runners (pid, start time) to check at the next sample, by node, and this round's answers:
@@ -82,9 +95,23 @@ class Agents:
         self.checked: dict[str, tuple[set, set]] = {}  # node → (asked, alive)
         self.since = time.time()  # nodes not seen yet count as down from the head's start
         self._refreshed = 0.0
+        self._pinging: dict[str, Any] = {}  # node → the ping of its silent agent, not waited for
+        self._starting: dict[str, tuple[str, Any, Any, float]] = {}  # node → (id, actor, hello, since)
         self._started = False  # after the first look, a node not seen yet joined late
         self.refresh(force=True)
         self._started = True
+        self._stop_beating = threading.Event()
+        threading.Thread(target=self._beat, name="agent-heartbeats", daemon=True).start()
+
+    def _beat(self) -> None:
+        """Reach every answering agent every ``BEAT_S`` (``NodeAgent.beat``), from a thread of
+        its own: runners fence on that heartbeat, so a head whose loop is held up (seating an
+        agent, a slow call) must not look lost to them. A node marked down gets none: its
+        runners stop their jobs before the grace period (and ``FENCE_MARGIN_S``) requeue them."""
+        while not self._stop_beating.wait(BEAT_S):
+            for seat in list(self.seats.values()):
+                if seat.down_since is None:
+                    seat.actor.beat.remote()  # fire and forget: a lost node's just fail
 
     def nodes(self) -> dict[str, str]:
         """Alive nodes carrying the ``collocate`` resource: name → Ray node id."""
@@ -102,28 +129,47 @@ class Agents:
         return found
 
     def refresh(self, *, force: bool = False) -> None:
-        """Start an agent on each node that joined, or came back, since the last look."""
+        """Start an agent on each node that joined, or came back, since the last look (every
+        ``REFRESH_S``), and, every round, see whether a silent agent answers again. Nothing here
+        waits on a node (the loop answers requests between rounds): a ping of a silent agent, or
+        a new agent's start, is sent at one call and its answer taken at a later one. ``force``
+        (the head's start) waits for the new agents."""
+        self._seat_started(wait=False)
+        self._recheck_silent()
         now = time.time()
         if not force and now - self._refreshed < REFRESH_S:
             return
         self._refreshed = now
         for name, node_id in self.nodes().items():
             seat = self.seats.get(name)
-            if seat is not None and seat.node_id == node_id and seat.down_since is None:
-                continue
-            if seat is not None and seat.node_id == node_id:
-                try:  # same raylet: the agent may only have been slow
-                    ray.get(seat.actor.ping.remote(), timeout=SAMPLE_TIMEOUT_S)
-                    seat.down_since = None
-                    log.warning("node %s answers again", name)
-                    continue
-                except ActorDiedError:
-                    pass  # a new agent below
-                except RayError:
-                    continue  # still slow or unreachable: asked again at the next look
-            self._seat(name, node_id)
+            if name in self._starting or (seat is not None and seat.node_id == node_id
+                                          and not seat.agent_died):
+                continue  # seated, being started, or silent on a live raylet (``_recheck_silent``)
+            self._start(name, node_id)
+        self._seat_started(wait=force)
 
-    def _seat(self, name: str, node_id: str) -> None:
+    def _recheck_silent(self) -> None:
+        """Ping each silent agent (one ping out at a time, never waited for): one that answers
+        is back (its node's GPUs and heartbeat return at once, so a head that was only slow to
+        hear it does not fence its jobs for long), one found dead is replaced at the next look."""
+        for name, seat in list(self.seats.items()):
+            if seat.down_since is None or seat.agent_died:
+                continue
+            ref = self._pinging.pop(name, None)
+            if ref is None or not ray.wait([ref], timeout=0)[0]:
+                self._pinging[name] = ref if ref is not None else seat.actor.ping.remote()
+                continue
+            try:
+                ray.get(ref)
+            except ActorDiedError:
+                seat.agent_died = True
+                continue
+            except RayError:
+                continue
+            seat.down_since = None
+            log.warning("node %s answers again", name)
+
+    def _start(self, name: str, node_id: str) -> None:
         remote: Any = ray.remote(NodeAgent)
         actor: Any = remote.options(
             num_cpus=0, num_gpus=0, max_restarts=0,
@@ -135,13 +181,26 @@ class Agents:
             runtime_env={"env_vars": {"RAY_worker_niceness": "0",
                                       "RAY_kill_child_processes_on_worker_exit": "0"}},
         ).remote(node=name, root=str(self.state_dir / "nodes" / name), gpus=self.gpus,
-                 sharing=self.sharing)
-        try:
-            devices = ray.get(actor.devices.remote(), timeout=120)
-        except (RayError, GetTimeoutError) as exc:
-            log.error("node %s: its collocate agent did not start: %s", name, exc)
-            ray.kill(actor)
-            return
+                 sharing=self.sharing, bounds=self.bounds, fence_after_s=self.fence_after_s)
+        self._starting[name] = (node_id, actor, actor.hello.remote(), time.monotonic())
+
+    def _seat_started(self, *, wait: bool) -> None:
+        """Seat the agents started earlier that have answered (all of them, with ``wait``)."""
+        for name, (node_id, actor, hello, since) in list(self._starting.items()):
+            left = AGENT_START_S - (time.monotonic() - since)
+            if not ray.wait([hello], timeout=max(0.0, left) if wait else 0)[0] and left > 0:
+                continue
+            del self._starting[name]
+            try:
+                devices, self.confinement[name] = ray.get(hello, timeout=0)
+            except (RayError, GetTimeoutError) as exc:
+                log.error("node %s: its collocate agent did not start: %s", name, exc)
+                ray.kill(actor)
+                continue
+            self._seat(name, node_id, actor, devices)
+
+    def _seat(self, name: str, node_id: str, actor: Any, devices: list[DeviceInfo]) -> None:
+        self._pinging.pop(name, None)
         old = self.seats.get(name)
         if old is not None:
             ray.kill(old.actor)
@@ -201,6 +260,7 @@ class Agents:
         return 0.0 if seat.down_since is None else now - seat.down_since
 
     def close(self) -> None:
+        self._stop_beating.set()
         for seat in self.seats.values():
             try:
                 ray.get(seat.actor.close.remote(), timeout=SAMPLE_TIMEOUT_S)
@@ -270,7 +330,8 @@ class ClusterExecutor:
     def start(self, plan: LaunchPlan, attempt: Attempt) -> tuple[Any, int, float]:
         node, rel = self._where(attempt)
         try:
-            pid, started = self.agents.call(node, "start", plan, str(self.head_root), timeout=60)
+            pid, started = self.agents.call(node, "start", plan, str(self.head_root), attempt.job_id,
+                                            attempt.n, timeout=60)
         except NodeDown:
             raise MachineUnreachable(f"node {node} did not answer") from None
         self._owned.add((node, rel))
@@ -287,8 +348,9 @@ class ClusterExecutor:
         else:
             try:
                 alive = self.agents.call(node, "poll", attempt.pid, attempt.pid_started)
-            except NodeDown:  # unconfirmed: alive until the grace period is over
-                alive = self.agents.down_for(node, time.time()) < self.grace_s
+            except NodeDown:  # unconfirmed: alive until the grace period is over (and the
+                # runner had FENCE_MARGIN_S to stop the job: it fences at ``grace_s``)
+                alive = self.agents.down_for(node, time.time()) < self.grace_s + FENCE_MARGIN_S
         if alive:
             self._owned.add((node, rel))
             self.agents.check_next_tick(node, runner)
@@ -306,9 +368,22 @@ class ClusterExecutor:
     def signal(self, attempt: Attempt, sig: int) -> None:
         node, _ = self._where(attempt)
         try:
-            self.agents.call(node, "signal", attempt.pid, sig)
+            self.agents.call(node, "signal", attempt.pid, sig, attempt.job_id, attempt.n)
         except NodeDown:
             pass  # a node that comes back stops what the head no longer owns
+
+    def release(self, attempt: Attempt) -> None:
+        node, _ = self._where(attempt)
+        try:
+            self.agents.call(node, "release", attempt.job_id, attempt.n)
+        except NodeDown:
+            pass  # its runner fenced the job; a returning node stops what the head does not own
+
+    def confinement_words(self) -> str:
+        return "; ".join(f"{name}: {words}" for name, words in sorted(self.agents.confinement.items()))
+
+    def close(self) -> None:
+        pass  # each agent removes its cgroups when it closes
 
     def exit_record(self, attempt: Attempt) -> dict[str, Any] | None:
         node, rel = self._where(attempt)
@@ -440,7 +515,18 @@ def open_cluster(config: Any) -> tuple[ClusterBackend, ClusterExecutor]:
         raise CollocateError(f"cannot connect to the Ray cluster at {config.ray!r}: {exc}",
                              hint="start it first (`ray start --head ...`, see docs/multi-node.md), "
                                   "or pass its address, e.g. --ray 10.0.0.1:6379") from exc
-    agents = Agents(gpus=config.gpus, sharing=config.sharing.value, state_dir=config.state_dir)
+    try:  # before any agent runs: a cluster open to all, or with an open session folder, is refused
+        require_token(ray.get_runtime_context().gcs_address)
+        session = Path(ray._private.worker._global_node.get_session_dir_path())
+        check_session_dir(session)
+    except CollocateError:
+        ray.shutdown()
+        raise
+    bounds = dict(max_pids=config.job_max_pids, max_memory=config.job_max_memory,
+                  log_max=config.quotas.log_max, disk_reserve=config.quotas.disk_reserve,
+                  session_dir=str(session))
+    agents = Agents(gpus=config.gpus, sharing=config.sharing.value, state_dir=config.state_dir,
+                    bounds=bounds, fence_after_s=config.node_grace_s)
     if not agents.seats:
         raise CollocateError(f"no node of the Ray cluster carries the {RESOURCE!r} resource",
                              hint=f"start each GPU node with `ray start --resources '{{\"{RESOURCE}\": 1}}' "

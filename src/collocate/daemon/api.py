@@ -17,10 +17,11 @@ from typing import Any
 from collocate.daemon import rights, views
 from collocate.daemon.attempts import Attempts
 from collocate.daemon.datasets import resolve_factory
-from collocate.daemon.faults import disk_full, disk_nearly_full
+from collocate.daemon.faults import disk_nearly_full
 from collocate.daemon.gpu_watch import GpuWatch
 from collocate.daemon.paths import StateLayout
-from collocate.daemon.protocol import check_logs_args
+from collocate.daemon.protocol import PAGE_ROWS, check_logs_args, whole_number
+from collocate.daemon.quotas import Accounts, queued_of, request_size
 from collocate.daemon.server import Peer
 from collocate.daemon.spec import JobSpec, submit_key, validate_submit
 from collocate.daemon.store import Store
@@ -36,9 +37,10 @@ from collocate.scheduler import Scheduler
 class Api:
     def __init__(self, *, config: Any, layout: StateLayout, store: Store, scheduler: Scheduler,
                  specs: dict[str, JobSpec], watch: GpuWatch, tracking: DaemonTracking,
-                 attempts: Attempts) -> None:
+                 attempts: Attempts, accounts: Accounts) -> None:
         self.config, self.layout, self.store, self.scheduler = config, layout, store, scheduler
         self.specs, self.watch, self.tracking, self.attempts = specs, watch, tracking, attempts
+        self.accounts = accounts  # the members' quotas (daemon/quotas.py)
         self.knowledge = ProfileKnowledge(store)
 
     def answer(self, op: str, args: dict[str, Any], peer: Peer) -> Any:
@@ -64,6 +66,8 @@ class Api:
             job = self.scheduler.jobs.get(stored[0].id, stored[0])
             return {"id": job.id, "state": job.state.value, "mem_mib": job.mem_mib,
                     "mem_source": job.mem_source}
+        self.accounts.check_submit(peer.uid, request_size(args),
+                                   queued_of(peer.uid, self.scheduler.jobs.values(), self.specs))
         req = validate_submit(args, uid=peer.uid, gid=peer.gid, user=peer.user)
         if req.priority > 0 and not rights.is_admin(peer.uid):
             raise InputError(f"only the daemon's owner may raise a job's priority (asked {req.priority})",
@@ -92,8 +96,6 @@ class Api:
         if why is not None:
             raise InputError(f"this job could never start: it {why}",
                              hint="check the ids with `collocate ls --all`")
-        if disk_nearly_full(self.layout.root):  # refused whole, not half-written into free WAL pages
-            raise disk_full(str(self.layout.root))
         job = with_belief(replace(job, id=self.store.next_id()),
                           self.knowledge.known(keys.identity, keys.family))
         self.store.add_job(job, req.spec)
@@ -102,9 +104,17 @@ class Api:
         return {"id": job.id, "state": job.state.value, "mem_mib": job.mem_mib, "mem_source": source}
 
     def op_ls(self, args: dict, peer: Peer) -> list[dict]:
-        rows = views.job_rows(self.store, include_done=bool(args.get("all")),
-                              running=self.attempts.running, waiting=self._why_waiting,
-                              order=[j.id for j in self.scheduler.queue])
+        """One page (``after``: the last id of the previous one; ``ids``: only these), each row as
+        the asker may see it."""
+        ids = args.get("ids")
+        if ids is not None and (not isinstance(ids, list) or len(ids) > PAGE_ROWS):
+            raise InputError(f"ls ids must be a list of at most {PAGE_ROWS} job ids")
+        rows = views.job_rows(
+            self.store, include_done=bool(args.get("all")), running=self.attempts.running,
+            waiting=self._why_waiting, order=[j.id for j in self.scheduler.queue],
+            after=whole_number(args.get("after", 0), "ls after", low=0),
+            limit=whole_number(args.get("limit", PAGE_ROWS), "ls limit", low=1, high=PAGE_ROWS),
+            ids=None if ids is None else [str(i) for i in ids])
         return [r if self._sees(r["id"], peer) else rights.redact(r) for r in rows]
 
     def op_show(self, args: dict, peer: Peer) -> dict:

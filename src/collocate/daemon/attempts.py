@@ -213,10 +213,16 @@ class Attempts:
         if run.cancel_at is not None:
             return
         run.cancel_at = time.time()
-        # Remembered in the store first, so a daemon restarted before the job exits still
-        # records the end as a cancel rather than a failure (exit 143).
-        self.store.set_flag(cancel_key(run.attempt.job_id), True)
+        # Signalled first, whatever the disk says (a cancel must work on a full disk); then
+        # remembered in the store, so that a daemon restarted before the job exits still records
+        # the end as a cancel rather than a failure (exit 143). Without that flag the end is
+        # still a cancel while this daemon runs (``cancel_at``).
         self.executor.signal(run.attempt, signal.SIGTERM)
+        try:
+            self.store.set_flag(cancel_key(run.attempt.job_id), True)
+        except Exception as exc:  # noqa: BLE001 - the cancel itself went out
+            log.warning("job %s: cancel sent, but not stored (%s)", run.attempt.job_id,
+                        describe_error(exc))
 
     def time_out(self, run: LiveAttempt, limit_s: float) -> None:
         """Stop an attempt whose time limit is up, as a cancel does (SIGTERM, SIGKILL after the
@@ -289,6 +295,7 @@ class Attempts:
                     reason=reason, peak_mib=peak,
                     solo_sm=None if learned is None else learned.profile.sm_activity,
                     solo_dram=None if learned is None else learned.profile.dram_activity)
+        self.executor.release(a)  # nothing of it runs on; its cgroup is gone
         self.store.update_attempt(a)
         self.store.clear_flag(cancel_key(a.job_id))
         self.store.clear_flag(timeout_key(a.job_id))

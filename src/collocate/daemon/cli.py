@@ -112,19 +112,40 @@ def serve(
                    "node's backend. Needs the ray extra (docs/multi-node.md).")] = None,
     node_grace_s: Annotated[float, typer.Option("--node-grace-s", help="With --ray: how long the "
                             "jobs of a node that stopped answering stay unconfirmed before they "
-                            "are requeued.")] = 60.0,
+                            "are requeued; their runners stop them after as long without the "
+                            "node's agent.")] = 60.0,
+    job_max_pids: Annotated[int, typer.Option("--job-max-pids", help="Processes and threads one "
+                            "job may have at once, in its cgroup (0: no limit).")] = 4096,
+    job_max_memory: Annotated[str | None, typer.Option("--job-max-memory", help="Host memory one "
+                              "job may use, e.g. 64GiB (default: accounted, not limited).")] = None,
+    log_max: Annotated[str | None, typer.Option("--log-max", help="Bytes kept of each log stream "
+                       "of an attempt, e.g. 64MiB; the rest is cut, keeping its last 64 KiB "
+                       "(default: 64 MiB, at most 1/32 of the state dir's disk).")] = None,
+    disk_reserve: Annotated[str | None, typer.Option("--disk-reserve", help="Free space kept on the "
+                            "state dir's disk for the records of accepted jobs: submits are "
+                            "refused and logs stop growing below it (default: 5 percent of the disk, "
+                            "1 MiB to 1 GiB).")] = None,
+    user_max_queued: Annotated[int, typer.Option("--user-max-queued", help="Pending jobs one "
+                               "member may have (the owner and root are not limited).")] = 2000,
+    user_max_request: Annotated[str, typer.Option("--user-max-request", help="Size of one "
+                                "member's submit (command and environment).")] = "1MiB",
+    user_max_stored: Annotated[str | None, typer.Option("--user-max-stored", help="What one "
+                               "member's jobs may hold in the store and their logs (default: a "
+                               "quarter of the state dir's disk).")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log every job event.")] = False,
 ) -> None:
     """Run the daemon in the foreground (Ctrl-C stops it; running jobs keep running)."""
     import grp
 
     from collocate.daemon.paths import resolve_state_dir
+    from collocate.daemon.quotas import Quotas
     from collocate.daemon.run import run_daemon
     from collocate.daemon.service import ServeConfig
     from collocate.gpus.mps import default_sharing
     from collocate.model import SharingMode
     from collocate.policies import make_policy, parse_params
     from collocate.recovery import RecoveryRules
+    from collocate.units import option_bytes
 
     if sharing not in ("auto", "time-slicing", "mps"):
         raise InputError(f"unknown sharing mode {sharing!r}", hint="use auto, time-slicing or mps")
@@ -154,6 +175,11 @@ def serve(
             raise InputError("--tcp needs --token-file", hint="put a long random token in a file only you can read")
         tcp_addr = (host, int(port))
     tracking = _tracking_config(dashboard, token, mlflow, mlflow_uri, dashboard_auth=dashboard_token)
+    if job_max_pids < 0 or user_max_queued < 1:
+        raise InputError("--job-max-pids must be 0 or more and --user-max-queued 1 or more")
+    quotas = Quotas(max_queued=user_max_queued, max_request=option_bytes(user_max_request, "--user-max-request"),
+                    max_stored=option_bytes(user_max_stored, "--user-max-stored"),
+                    log_max=option_bytes(log_max, "--log-max"), disk_reserve=option_bytes(disk_reserve, "--disk-reserve"))
     stream = logging.StreamHandler()  # the file log in the state dir always gets INFO
     stream.setLevel(logging.INFO if verbose else logging.WARNING)
     stream.setFormatter(PrintableLogFormatter())
@@ -162,12 +188,15 @@ def serve(
         state_dir=resolve_state_dir(state_dir), gpus=gpus, policy=policy, policy_params=params,
         sharing=SharingMode(sharing), period_s=period, window=window, allow_gid=gid, tcp=tcp_addr,
         token=token if tcp_addr is not None else None, rules=RecoveryRules(growth=retry_growth),
-        tracking=tracking, ray=ray, node_grace_s=node_grace_s,
+        tracking=tracking, ray=ray, node_grace_s=node_grace_s, quotas=quotas,
+        job_max_pids=job_max_pids or None, job_max_memory=option_bytes(job_max_memory, "--job-max-memory"),
     )
 
     def ready(service) -> None:
         typer.echo(f"collocate daemon: {len(service.watch.devices)} GPU(s) ({service.backend.name}), "
                    f"policy {policy}, sharing {sharing} ({why_sharing}), state {service.layout.root}", err=True)
+        typer.echo(f"  {service.executor.confinement_words()}", err=True)
+        typer.echo(f"  {service.quotas.describe()}", err=True)
         server, secret = service.tracking.dashboard_server, service.tracking.dashboard_token
         if server is not None:  # a generated token is printed once, like Jupyter's
             shown = "" if secret is None else "?token=" + ("..." if tracking.dashboard_token else secret)
@@ -411,12 +440,13 @@ def ls(
 ) -> None:
     """List jobs (pending and running; --all for every job), with why each pending one waits."""
     from collocate.daemon import render
+    from collocate.daemon.client import list_jobs
     from collocate.daemon.select import filter_rows, needs_ended, parse_states
 
     _format(fmt)
     states = parse_states(state)
     users = {u.strip() for value in user for u in value.split(",") if u.strip()}
-    rows = _client(state_dir).request("ls", all=all_ or needs_ended(states))
+    rows = list_jobs(_client(state_dir).request, all=all_ or needs_ended(states))
     rows = filter_rows(rows, states=states, users=users, name=name)
     if fmt == "json":
         typer.echo(json.dumps(rows, indent=1))
@@ -480,6 +510,7 @@ def cancel(
 
     Prints what happened to each job; exits 1 if any could not be cancelled.
     """
+    from collocate.daemon.client import list_jobs
     from collocate.daemon.select import ACTIVE, filter_rows, me, parse_ids
     from collocate.safetext import printable
 
@@ -491,7 +522,7 @@ def cancel(
         raise InputError("which jobs?", hint="give ids (7, 3-7, 3,5,9), --name GLOB or --all")
     client = _client(state_dir)
     if not ids:  # only active jobs can be chosen: the history is not fetched
-        chosen = filter_rows(client.request("ls"), states=set(ACTIVE), users={me()}, name=name)
+        chosen = filter_rows(list_jobs(client.request), states=set(ACTIVE), users={me()}, name=name)
         ids = [r["id"] for r in chosen]
         if not ids:
             what = "to cancel" if name is None else f"has a name matching {printable(name)}"
@@ -524,7 +555,8 @@ def wait(
 
     For scripts: collocate wait $(collocate submit -- python train.py) && python evaluate.py
     """
-    from collocate.daemon.select import parse_ids
+    from collocate.daemon.client import list_jobs
+    from collocate.daemon.select import ACTIVE, parse_ids
     from collocate.safetext import printable
 
     client = _client(state_dir)
@@ -535,8 +567,9 @@ def wait(
     all_done = True
     try:
         while left:
-            active = {row["id"] for row in client.request("ls")}  # pending and running only
-            for job_id in [j for j in left if j not in active]:
+            rows = list_jobs(client.request, all=True, ids=left)  # only these, in pages
+            ended = {row["id"] for row in rows if row["state"] not in ACTIVE}
+            for job_id in [j for j in left if j in ended]:
                 job = client.request("show", id=job_id)  # once per job, when it has ended
                 left.remove(job_id)
                 all_done &= job["state"] == "done"

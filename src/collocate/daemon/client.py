@@ -10,6 +10,7 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,29 @@ class _Retry(Exception):
     def __init__(self, error: CollocateError, *, sent: bool) -> None:
         super().__init__(str(error))
         self.error, self.sent = error, sent
+
+
+def job_pages(request: Callable[..., Any], **args: Any) -> Iterator[dict[str, Any]]:
+    """Every row of ``ls`` (with ``args``: ``all``, ``ids``), one bounded page per request, so a
+    queue of any size never makes a reply too big (``request`` is ``Client.request`` or the
+    dashboard's in-process twin)."""
+    after = 0
+    while True:
+        page = request("ls", after=after, **args)
+        yield from (row for row in page if int(row["id"]) > after)
+        if len(page) < protocol.PAGE_ROWS or int(page[-1]["id"]) <= after:
+            return  # the last page (or a daemon from before pages, which sent every row at once)
+        after = int(page[-1]["id"])
+
+
+def list_jobs(request: Callable[..., Any], **args: Any) -> list[dict[str, Any]]:
+    """``job_pages`` as a list; ``ids`` asked in pages of ``protocol.PAGE_ROWS`` too."""
+    ids = args.pop("ids", None)
+    if ids is None:
+        return list(job_pages(request, **args))
+    ids = list(ids)
+    return [row for i in range(0, len(ids), protocol.PAGE_ROWS)
+            for row in job_pages(request, ids=ids[i:i + protocol.PAGE_ROWS], **args)]
 
 
 class Client:

@@ -15,18 +15,20 @@ and is followed by its recorded pid and process start time instead.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any, Protocol
 
 from collocate.daemon import views
-from collocate.daemon.launcher import LaunchPlan, process_matches, start
+from collocate.daemon.cgroups import Cgroups
+from collocate.daemon.confine import Confinement
+from collocate.daemon.launcher import LaunchPlan, process_matches, start, with_runner_args
 from collocate.daemon.paths import attempt_files
 from collocate.daemon.reaping import OrphanedJob, adopt_orphan, job_started, reap_strays
 from collocate.daemon.runner import read_tail
 from collocate.daemon.store import Attempt
+from collocate.gpus.base import DeviceInfo
 from collocate.monitor.job_metrics import MetricPoint
 from collocate.monitor.process_tree import TreeReader, TreeUsage
 
@@ -52,7 +54,11 @@ class Executor(Protocol):
         ...
 
     def signal(self, attempt: Attempt, sig: int) -> None:
-        """Signal the job's whole process group (gone is fine)."""
+        """Signal the job's whole process tree (gone is fine)."""
+        ...
+
+    def release(self, attempt: Attempt) -> None:
+        """The attempt has ended: stop anything of it still running and free its cgroup."""
         ...
 
     def exit_record(self, attempt: Attempt) -> dict[str, Any] | None: ...
@@ -98,15 +104,24 @@ class Executor(Protocol):
         """Those objects for every other machine (the loop reconciles them, a restart adopts)."""
         ...
 
+    def confinement_words(self) -> str:
+        """How jobs are confined where they run (``collocate serve``'s start-up line)."""
+        ...
+
+    def close(self) -> None: ...
+
 
 class LocalExecutor:
-    """Runs attempts on this machine: runners in their own sessions, ``/proc`` for the trees."""
+    """Runs attempts on this machine: runners in their own sessions, each job in its cgroup
+    (``confinement``), ``/proc`` for the trees."""
 
-    def __init__(self) -> None:
+    def __init__(self, confinement: Confinement | None = None) -> None:
         self._trees = TreeReader()
+        self.confinement = confinement or Confinement()
 
     def start(self, plan: LaunchPlan, attempt: Attempt) -> tuple[Any, int, float]:
-        proc, started = start(plan)
+        bounds = self.confinement.runner_args(attempt.job_id, attempt.n, attempt.uuids)
+        proc, started = start(with_runner_args(plan, *bounds))
         return proc, proc.pid, started
 
     def poll(self, handle: Any, attempt: Attempt) -> tuple[bool, int | None]:
@@ -119,7 +134,10 @@ class LocalExecutor:
         return process_matches(attempt.pid, attempt.pid_started)
 
     def signal(self, attempt: Attempt, sig: int) -> None:
-        signal_group(attempt.pid, sig)
+        self.confinement.signal(attempt.job_id, attempt.n, attempt.pid, sig)
+
+    def release(self, attempt: Attempt) -> None:
+        self.confinement.release(attempt.job_id, attempt.n)
 
     def exit_record(self, attempt: Attempt) -> dict[str, Any] | None:
         return views.read_exit(Path(attempt.dir))
@@ -158,15 +176,24 @@ class LocalExecutor:
     def remote_datasets(self) -> list[Any]:
         return []
 
+    def confinement_words(self) -> str:
+        return self.confinement.cgroups.describe()
 
-def signal_group(pid: int | None, sig: int) -> None:
-    """Signal the process group a runner leads (its pid is the group's id); gone is fine."""
-    if not pid:
-        return
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
+    def close(self) -> None:
+        self.confinement.cgroups.close()
+
+
+def local_confinement(key: str, devices: Sequence[DeviceInfo], *, max_pids: int | None,
+                      max_memory: int | None, log_max: int, disk_reserve: int, keep: set[str],
+                      fence: tuple[Path, float] | None = None) -> Confinement:
+    """This machine's bounds on every attempt (``daemon/confine.py``): cgroups prepared for the
+    daemon or agent ``key`` names (its state root), those an earlier run left empty removed
+    (except ``keep``: open attempts, ``job-<id>.<n>``), the owner's log bounds, the GPUs'
+    device numbers, and on a cluster node the fence."""
+    cgroups = Cgroups.detect(key, max_pids=max_pids, max_memory=max_memory)
+    cgroups.sweep(keep=keep)
+    return Confinement(cgroups, log_max=log_max, disk_reserve=disk_reserve,
+                       minors={d.uuid: d.minor for d in devices}, fence=fence)
 
 
 def read_chunk(path: Path, offset: int, limit: int) -> bytes:

@@ -55,11 +55,17 @@ def describe_error(exc: BaseException) -> str:
 MIN_FREE_BYTES = 256 * 1024
 
 
-def disk_nearly_full(path: Path) -> bool:
-    """Whether the file system holding ``path`` has less than ``MIN_FREE_BYTES`` free (for
-    unprivileged writers: root's reserved blocks are not counted on)."""
+def free_bytes(path: Path | str) -> int | None:
+    """Free space on the file system holding ``path`` for unprivileged writers (root's reserved
+    blocks are not counted on); None when it cannot be read."""
     try:
         st = os.statvfs(path)
     except OSError:
-        return False
-    return st.f_bavail * st.f_frsize < MIN_FREE_BYTES
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def disk_nearly_full(path: Path) -> bool:
+    """Whether the file system holding ``path`` has less than ``MIN_FREE_BYTES`` free."""
+    free = free_bytes(path)
+    return free is not None and free < MIN_FREE_BYTES

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import psutil
@@ -87,10 +87,22 @@ def plan_launch(
     if not as_other:  # where log_metric() appends; a job run as another user cannot write the
         env.update(metrics_env(attempt_dir))  # state dir, so it gets none (log_metric: no-op)
     as_user = ("--uid", str(spec.uid), "--gid", str(spec.gid)) if as_other else ()
-    argv = (*bootstrap_argv("collocate.daemon.runner"), "--dir", str(attempt_dir), *as_user,
+    argv = (*bootstrap_argv(RUNNER_MODULE), "--dir", str(attempt_dir), *as_user,
             "--cwd", spec.cwd, "--env-file", str(attempt_dir / ENV_FILE), "--", *spec.argv)
     return LaunchPlan(argv, env, spec.cwd, attempt_dir,
                       spec.uid if as_other else None, spec.gid if as_other else None)
+
+
+RUNNER_MODULE = "collocate.daemon.runner"
+
+
+def with_runner_args(plan: LaunchPlan, *args: str) -> LaunchPlan:
+    """The plan with ``args`` given to its runner (what the machine that starts it enforces:
+    its cgroup, log bounds, fencing), placed right after the runner's module name."""
+    if not args:
+        return plan
+    at = plan.argv.index(RUNNER_MODULE) + 1
+    return replace(plan, argv=(*plan.argv[:at], *args, *plan.argv[at:]))
 
 
 def start(plan: LaunchPlan) -> tuple[subprocess.Popen, float]:

@@ -6,12 +6,22 @@ unpickle, and a message boundary survives partial reads. Requests are ``{"op": N
 "hint": HINT}``. On TCP the first line is ``{"token": "..."}`` alone (at most ``MAX_AUTH_BYTES``),
 so the daemon reads nothing large from a peer before it knows the peer holds the token. A
 ``submit`` carries a ``key`` (random, from the client) that makes retrying it safe.
+
+What a peer sends is checked here, before any handler sees it: integers are at most 18 digits
+(a 5,000-digit one made ``json`` raise a ``ValueError`` that dropped the connection), ``NaN``
+and ``Infinity`` are refused, and text must be valid Unicode (a lone surrogate in a job's name
+was stored, and then every ``ls --all``, ``show``, the dashboard and the usage monitor failed
+to encode it). Numbers written as text must be ASCII digits (``"²"`` passes ``str.isdigit``).
+Replies are UTF-8; text stored before these checks keeps a lone surrogate as a ``\\ud800``
+escape instead of failing the whole reply.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import socket
+import time
 from typing import Any
 
 from collocate.daemon.rights import RIGHTS
@@ -20,6 +30,9 @@ from collocate.errors import CollocateError, InputError
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024  # a submit carries the client's environment; logs are capped
 #: A TCP client's first line, ``{"token": "..."}``: read with this limit before anything else.
 MAX_AUTH_BYTES = 4096
+#: Rows in one ``ls`` reply (``after`` pages on): with names of at most 200 characters and
+#: reasons cut at 500 in rows, a page stays far below ``MAX_MESSAGE_BYTES``.
+PAGE_ROWS = 500
 
 OPS = tuple(RIGHTS)  # every request the daemon answers, each with its owner rule
 
@@ -28,23 +41,85 @@ class ProtocolError(CollocateError):
     """A malformed or oversized message: the peer is not a collocate client/daemon."""
 
 
+#: The largest integer a message may carry: job ids, offsets, counts and epoch times fit easily.
+MAX_DIGITS = 18
+_DIGITS = re.compile(r"[0-9]{1,%d}" % MAX_DIGITS, re.ASCII)
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def encode(message: dict[str, Any]) -> bytes:
-    data = json.dumps(message, separators=(",", ":")).encode() + b"\n"
+    # UTF-8, not \\u escapes (an emoji is 4 bytes, not 12); a lone surrogate stored by an older
+    # version becomes the JSON escape ``\\ud800`` (raw ones appear only inside JSON strings)
+    text = json.dumps(message, separators=(",", ":"), ensure_ascii=False)
+    data = text.encode("utf-8", "backslashreplace") + b"\n"
     if len(data) > MAX_MESSAGE_BYTES:
         raise ProtocolError(f"message of {len(data)} bytes is over the {MAX_MESSAGE_BYTES} limit")
     return data
 
 
-def decode(line: bytes) -> dict[str, Any]:
+def _bounded_int(text: str) -> int:
+    if not _DIGITS.fullmatch(text.lstrip("-")):
+        raise ProtocolError(f"a number of {len(text)} characters is over the {MAX_DIGITS}-digit limit")
+    return int(text)
+
+
+def _no_constant(name: str) -> Any:
+    raise ProtocolError(f"{name} is not a number this protocol takes")
+
+
+def decode(line: bytes, *, strict: bool = False) -> dict[str, Any]:
+    """One JSON object. ``strict`` (what the daemon reads from peers) also refuses lone
+    surrogates anywhere in it; bounded integers and no ``NaN`` hold both ways."""
     try:
-        message = json.loads(line)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ProtocolError(f"not a JSON message: {exc}") from exc
+        message = json.loads(line, parse_int=_bounded_int, parse_constant=_no_constant)
+    except ProtocolError:
+        raise
     except RecursionError:  # the C decoder's depth guard: a request is never deeply nested
         raise ProtocolError("message nested too deeply") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, and whatever else json raises
+        raise ProtocolError(f"not a JSON message: {exc}") from None
     if not isinstance(message, dict):
         raise ProtocolError("a message must be a JSON object")
+    if strict:
+        check_text(message)
     return message
+
+
+def check_text(value: Any, where: str = "the request") -> None:
+    """Refuse a lone surrogate in any string (or key) of a decoded message: it is not text, and
+    nothing downstream (SQLite, a terminal, the dashboard) can encode it."""
+    stack = [(value, where)]
+    while stack:
+        item, at = stack.pop()
+        if isinstance(item, str):
+            bad = _LONE_SURROGATE.search(item)
+            if bad is not None:
+                raise InputError(f"{at} holds a lone surrogate (\\u{ord(bad[0]):04x}), which is not text",
+                                 hint="send valid Unicode (UTF-8 without unpaired surrogates)")
+        elif isinstance(item, dict):
+            stack.extend((k, f"a key in {at}") for k in item)
+            stack.extend((v, f"field {k!r}" if isinstance(k, str) and not _LONE_SURROGATE.search(k)
+                          else at) for k, v in item.items())
+        elif isinstance(item, list):
+            stack.extend((v, at) for v in item)
+
+
+def whole_number(value: Any, what: str, *, low: int | None = None, high: int | None = None) -> int:
+    """An integer given as a JSON number or as ASCII digits (``"12"``; never ``"²"`` or ``"1.5"``),
+    within ``[low, high]``; an ``InputError`` naming ``what`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise InputError(f"{what} must be a whole number, got {value!r}")
+    if isinstance(value, str):
+        text = value.strip()
+        if not _DIGITS.fullmatch(text.removeprefix("-")):
+            raise InputError(f"{what} must be a whole number, got {value!r}",
+                             hint="write it with the digits 0-9, at most 18 of them")
+        value = int(text)
+    if low is not None and value < low:
+        raise InputError(f"{what} must be at least {low}, got {value}")
+    if high is not None and value > high:
+        raise InputError(f"{what} must be at most {high}, got {value}")
+    return value
 
 
 def read_message(rfile, limit: int = MAX_MESSAGE_BYTES) -> dict[str, Any] | None:
@@ -57,6 +132,60 @@ def read_message(rfile, limit: int = MAX_MESSAGE_BYTES) -> dict[str, Any] | None
     return decode(line)
 
 
+class LateMessage(ProtocolError):
+    """A message that began but did not end within its deadline (a peer trickling bytes)."""
+
+
+class LineReader:
+    """Reads messages from a socket under *overall* deadlines, not per-read timeouts: a peer
+    that sends one byte every few seconds (each read succeeds) still has to finish a message in
+    time. ``read`` waits ``idle_s`` for a message to begin and gives it ``finish_s`` from its
+    first byte to end, never past ``deadline`` (a ``time.monotonic`` value, e.g. the token's)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock, self.buffer = sock, bytearray()
+
+    def read(self, limit: int, *, idle_s: float, finish_s: float,
+             deadline: float | None = None) -> dict[str, Any] | None:
+        """One message, or None when the peer closed (or stayed silent past ``idle_s``) before
+        sending any of it; ``LateMessage`` or ``ProtocolError`` otherwise."""
+        start = time.monotonic()
+        ends = start + idle_s if deadline is None else min(start + idle_s, deadline)
+        began = bool(self.buffer)
+        if began:
+            ends = min(ends, start + finish_s)
+        while True:
+            newline = self.buffer.find(b"\n")
+            if newline >= 0:
+                line = bytes(self.buffer[:newline + 1])
+                del self.buffer[:newline + 1]
+                if len(line) > limit:
+                    raise ProtocolError("message too long or truncated")
+                return decode(line, strict=True)
+            if len(self.buffer) > limit:
+                raise ProtocolError("message too long or truncated")
+            left = ends - time.monotonic()
+            if left <= 0:
+                if began:
+                    raise LateMessage(f"the message did not arrive within {finish_s:g} s")
+                return None
+            self.sock.settimeout(left)
+            try:
+                chunk = self.sock.recv(min(1 << 16, limit + 1 - len(self.buffer)))
+            except TimeoutError:
+                continue  # the deadline check above decides
+            if not chunk:
+                if self.buffer:
+                    raise ProtocolError("message too long or truncated")
+                return None
+            if not began:
+                began = True
+                ends = time.monotonic() + finish_s
+                if deadline is not None:
+                    ends = min(ends, deadline)
+            self.buffer += chunk
+
+
 def check_logs_args(args: dict[str, Any]) -> dict[str, Any]:
     """A ``logs`` request's offset (a whole number >= 0) and attempt (>= 1, or none), checked
     as input rather than failing inside the read."""
@@ -65,13 +194,11 @@ def check_logs_args(args: dict[str, Any]) -> dict[str, Any]:
         value = args.get(key, default)
         if value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, int | str) or not str(value).strip().isdigit():
-            raise InputError(f"logs {key} must be a whole number, got {value!r}",
-                             hint="--attempt N counts from 1; offsets are byte positions from 0")
-        number = int(value)
-        if number < low or number > 1 << 62:
-            raise InputError(f"logs {key} must be at least {low}, got {number}")
-        out[key] = number
+        try:
+            out[key] = whole_number(value, f"logs {key}", low=low, high=1 << 62)
+        except InputError as exc:
+            raise InputError(exc.args[0], hint="--attempt N counts from 1; offsets are byte "
+                                               "positions from 0") from None
     return out
 
 

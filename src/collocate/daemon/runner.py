@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 from collocate.daemon.isolate import exec_as, read_env_file
+from collocate.daemon.jobtree import JobTree
 
 TAIL_BYTES = 16 * 1024  # how much of stderr is kept with an attempt and inspected for OOM
 
@@ -59,6 +60,8 @@ def write_record_until_written(path: Path, data: dict, *, retry_s: float = 1.0) 
                 return
             except OSError as exc:
                 error = exc
+        if not path.parent.is_dir():  # the attempt's folder was removed: no one can read it
+            return
         try:
             print(f"collocate: cannot write {path.name} ({error}); retrying", file=sys.stderr, flush=True)
         except OSError:
@@ -98,6 +101,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gid", type=int, default=None, help="with this group")
     parser.add_argument("--cwd", required=True, help="the job's working directory (entered as the job's user)")
     parser.add_argument("--env-file", required=True, type=Path, help="the job's environment (JSON, removed once read)")
+    parser.add_argument("--confine", default=None, help="the attempt's cgroup (collocate.daemon.cgroups, JSON)")
+    parser.add_argument("--log-max", type=int, default=1 << 62, help="bytes kept of each log stream")
+    parser.add_argument("--disk-reserve", type=int, default=0, help="free bytes logs never take")
+    parser.add_argument("--fence", type=Path, default=None, help="the node agent's heartbeat file")
+    parser.add_argument("--fence-after", type=float, default=60.0, help="stop the job when the "
+                        "heartbeat is older than this (its attempt is requeued elsewhere)")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     ns = parser.parse_args(argv)
     command = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
@@ -115,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         write_json_atomic(ns.dir / "exit.json", {"returncode": -stop_requested[0], "end": time.time(),
                                                   "stderr_tail": ""})
         return 0
+    tree = JobTree.confined(ns.confine)
+    keeper, (out_w, err_w) = _start_keeper(ns.log_max, ns.disk_reserve, str(ns.dir))
     # The job inherits the runner's session and process group; signals reach both. Forked by
     # hand (the runner has no threads) so that privileges are dropped *before* the job's cwd is
     # entered, and nothing of the job's environment touches this root-side process.
@@ -124,11 +135,18 @@ def main(argv: list[str] | None = None) -> int:
     pid = os.fork()
     if pid == 0:
         os.close(go_write)
+        os.dup2(out_w, 1)
+        os.dup2(err_w, 2)
+        os.close(out_w)
+        os.close(err_w)
+        tree.enter()  # as root, before it drops privileges: it cannot leave its cgroup
         if os.read(go_read, 1) != b"g":  # the runner died before recording it: do not run
             os._exit(125)
         os.close(go_read)
         exec_as(command, env, ns.cwd, ns.uid, ns.gid)
     os.close(go_read)
+    os.close(out_w)
+    os.close(err_w)
     try:
         started = psutil.Process(pid).create_time()
     except psutil.Error:
@@ -138,12 +156,92 @@ def main(argv: list[str] | None = None) -> int:
     os.close(go_write)
     if stop_requested:  # the group signal may have come before the child existed
         os.kill(pid, stop_requested[0])
-    returncode = wait_status(pid)
-    write_record_until_written(ns.dir / "exit.json",
-                               {"returncode": returncode, "end": time.time(),
-                                "stderr_tail": read_tail(stderr_path)})
+    fenced = None
+    if ns.fence is None:
+        returncode = wait_status(pid)
+    else:
+        returncode, fenced = _wait_fenced(pid, tree, ns.fence, ns.fence_after, exclude={me, keeper})
+    tree.kill_rest(exclude={me, keeper})  # nothing the job started outlives it
+    _wait_keeper(keeper)
+    record = {"returncode": returncode, "end": time.time(), **tree.usage()}
+    note = tree.memory_note()
+    if note:
+        _note(stderr_path, note)
+    if fenced:
+        record["lost"] = fenced
+    record["stderr_tail"] = read_tail(stderr_path)
+    write_record_until_written(ns.dir / "exit.json", record)
     os.waitpid(pid, 0)  # only now: the record is safe
+    tree.remove()
     return 0
+
+
+def _start_keeper(max_bytes: int, reserve: int, disk: str) -> tuple[int, tuple[int, int]]:
+    """Fork the log keeper (``collocate.daemon.logkeeper``) on two pipes whose write ends the job
+    gets as stdout and stderr; the keeper writes the runner's own stdout and stderr (the logs)."""
+    from collocate.daemon.logkeeper import keep
+
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    keeper = os.fork()
+    if keeper == 0:
+        try:
+            os.close(out_w)
+            os.close(err_w)
+            keep({"stdout": (out_r, os.dup(1)), "stderr": (err_r, os.dup(2))},
+                 max_bytes=max_bytes, reserve_bytes=reserve, disk=disk)
+        finally:
+            os._exit(0)
+    os.close(out_r)
+    os.close(err_r)
+    return keeper, (out_w, err_w)
+
+
+def _wait_keeper(keeper: int, timeout_s: float = 10.0) -> None:
+    """Until the keeper has written the last of the logs (every writer is gone by now); a keeper
+    still held open after ``timeout_s`` (an unconfined job's escaped process) is left to run."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if os.waitpid(keeper, os.WNOHANG)[0]:
+                return
+        except ChildProcessError:
+            return
+        time.sleep(0.01)
+
+
+def _wait_fenced(pid: int, tree: JobTree, heartbeat: Path, after_s: float, *,
+                 exclude: set[int]) -> tuple[int, str | None]:
+    """``wait_status`` on a node of a cluster: the head's agent touches ``heartbeat`` on every
+    round; when it is older than ``after_s`` the head records this attempt lost and runs the job
+    elsewhere, so the job is stopped here first (fencing): it never runs twice."""
+    fenced = None
+    while True:
+        try:
+            info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT | os.WNOHANG)
+        except ChildProcessError:
+            info = None
+        if info is not None and info.si_pid:
+            status = info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+            return status, fenced
+        if fenced is None:
+            try:
+                age = time.time() - heartbeat.stat().st_mtime
+            except OSError:
+                age = 0.0  # no heartbeat file yet: nothing to judge by
+            if age > after_s:
+                fenced = (f"stopped on its node: the node's collocate agent was gone for {age:.0f} s "
+                          f"(over --node-grace-s {after_s:g}); requeued")
+                tree.kill_rest(exclude=exclude)
+        time.sleep(0.25)
+
+
+def _note(path: Path, text: str) -> None:
+    try:
+        with open(path, "a") as f:
+            f.write(f"collocate: {text}\n")
+    except OSError:
+        pass
 
 
 if __name__ == "__main__":

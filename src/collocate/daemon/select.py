@@ -56,17 +56,22 @@ def parse_ids(values: Iterable[str]) -> list[str]:
                 continue
             first, dash, last = part.partition("-")
             if not dash:
-                if not part.isdigit():
+                if not _digits(part):
                     raise _bad_id(part)
                 out[str(int(part))] = None
                 continue
-            if not (first.isdigit() and last.isdigit()) or int(first) > int(last):
+            if not (_digits(first) and _digits(last)) or int(first) > int(last):
                 raise _bad_id(part)
             if int(last) - int(first) >= MAX_RANGE:
                 raise InputError(f"the range {part} names more than {MAX_RANGE} jobs",
                                  hint="check the ends; `collocate ls --all` lists the ids")
             out.update((str(i), None) for i in range(int(first), int(last) + 1))
     return list(out)
+
+
+def _digits(text: str) -> bool:
+    """ASCII digits only: ``str.isdigit`` also passes ``²``, which ``int`` refuses."""
+    return text.isascii() and text.isdigit() and len(text) <= 18
 
 
 def _bad_id(part: str) -> InputError:

@@ -5,32 +5,47 @@ Who may talk to the daemon: on the Unix socket, the kernel tells us the peer's u
 configured group. The socket file is mode 0600 (0660 with a group) inside the 0700 state dir, so
 the file system refuses others first and the credential check is the second lock. TCP has no
 peer credentials, so a TCP client's first line must be ``{"token": "..."}`` with the token from
-``--token-file`` (compared in constant time), read with a 4 KiB limit and a 10 s timeout before
-anything else; jobs submitted over TCP run as the daemon's user.
+``--token-file`` (compared in constant time), read with a 4 KiB limit before anything else; jobs
+submitted over TCP run as the daemon's user.
 
-Bounds: at most 256 connections served at once on the Unix socket (64 on TCP, where the rest
-are turned away at once), a listen backlog of 1024, and every connection closed after 120 s
-idle, so neither a crowd of clients nor slow or silent peers exhaust the daemon.
+Bounds, so that no one peer (or user) can keep the others waiting:
+
+* every message has an overall deadline (``protocol.LineReader``), not a per-read timeout: a
+  request, and a TCP peer's token line, must arrive whole within 10 s of its first byte (the
+  token within 10 s of connecting), and a connection idle 120 s between requests is closed;
+* at most 256 connections are served at once on the Unix socket (a listen backlog of 1024
+  waits behind them), and at most 16 of them per user other than the daemon's own and root,
+  whose further connections are told at once that they hold too many;
+* on TCP, peers that have not sent the token yet hold at most 64 threads, and a new one evicts
+  the oldest of them (so peers trickling ``{"token":"`` cannot keep a token holder out); those
+  with the token get 64 threads of their own;
+* any error inside a handler is answered as a clean error (its traceback goes to the daemon's
+  log, never to the client).
 """
 
 from __future__ import annotations
 
 import grp
 import hmac
+import logging
 import os
 import pwd
 import socket
 import socketserver
 import struct
 import threading
+import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from collocate.daemon import protocol
-from collocate.daemon.faults import describe_error, disk_full, is_disk_full
+from collocate.daemon.faults import disk_full, is_disk_full
 from collocate.errors import CollocateError
+
+log = logging.getLogger("collocate.daemon")
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,9 +99,11 @@ def authorize(peer: Peer, *, daemon_uid: int, allow_gid: int | None) -> None:
     )
 
 
-AUTH_TIMEOUT_S = 10.0  # a TCP peer must send its token line within this
+AUTH_TIMEOUT_S = 10.0  # a TCP peer must send its whole token line within this of connecting
+REQUEST_TIMEOUT_S = 10.0  # a request must arrive whole within this of its first byte
 IDLE_TIMEOUT_S = 120.0  # any connection idle this long between requests is closed
 LISTEN_BACKLOG = 1024  # connections the kernel queues while every slot is busy (capped by somaxconn)
+PER_USER_CONNECTIONS = 16  # Unix connections served at once per user (the owner and root excepted)
 
 Handler = Callable[[str, dict[str, Any], Peer], Any]
 
@@ -94,54 +111,78 @@ Handler = Callable[[str, dict[str, Any], Peer], Any]
 class _Connection(socketserver.StreamRequestHandler):
     server: _UnixServer | _TcpServer
 
+    def setup(self) -> None:  # no buffered files: ``LineReader`` reads, ``_reply`` writes
+        self.reader = protocol.LineReader(self.request)
+
+    def finish(self) -> None:
+        pass
+
     def handle(self) -> None:
         api: ApiServer = self.server.api
-        self.request.settimeout(AUTH_TIMEOUT_S if self.request.family != socket.AF_UNIX else api.idle_timeout_s)
+        connected = time.monotonic()
         try:
             peer = api.peer_for(self.request)
             if peer.tcp:  # nothing big is read, and nothing is parsed, before the token
-                api.check_token((protocol.read_message(self.rfile, protocol.MAX_AUTH_BYTES) or {}).get("token"))
-                self.request.settimeout(api.idle_timeout_s)
-        except (Refused, protocol.ProtocolError) as exc:
-            if self.request.family == socket.AF_UNIX:
-                self.request.settimeout(5.0)  # read the request first, so the client gets the reply
+                token = self.reader.read(protocol.MAX_AUTH_BYTES, idle_s=AUTH_TIMEOUT_S,
+                                         finish_s=AUTH_TIMEOUT_S, deadline=connected + AUTH_TIMEOUT_S)
+                api.check_token((token or {}).get("token"))
+                self.server.authenticated(self.request)  # type: ignore[union-attr]
+        except (Refused, Busy, protocol.ProtocolError, CollocateError) as exc:
+            if self.request.family == socket.AF_UNIX:  # read the request first, so the client gets the reply
                 try:
-                    protocol.read_message(self.rfile, protocol.MAX_AUTH_BYTES)
-                except (OSError, protocol.ProtocolError):
+                    self.reader.read(protocol.MAX_AUTH_BYTES, idle_s=5.0, finish_s=5.0)
+                except (OSError, CollocateError):
                     pass
             self._reply(protocol.error(exc))
             return
         except OSError:  # silent or gone before it authenticated
             return
+        first = True
         while True:
             try:
-                message = protocol.read_message(self.rfile)
-            except protocol.ProtocolError as exc:
+                message = self.reader.read(protocol.MAX_MESSAGE_BYTES, finish_s=REQUEST_TIMEOUT_S,
+                                           idle_s=min(REQUEST_TIMEOUT_S, api.idle_timeout_s) if first
+                                           else api.idle_timeout_s)
+            except CollocateError as exc:  # malformed, too long, too slow, not text
                 self._reply(protocol.error(exc))
                 return
-            except OSError:  # idle past idle_timeout_s, or the peer went away
+            except OSError:  # the peer went away
                 return
             if message is None:
                 return
-            try:
-                op, args = protocol.check_request(message)
-                reply = protocol.ok(api.handler(op, args, peer))
-            except CollocateError as exc:
-                reply = protocol.error(exc)
-            except Exception as exc:
-                reply = protocol.error(CollocateError(f"internal error: {describe_error(exc)}",
-                                                      hint="see the daemon's log")
-                                       if not is_disk_full(exc) else disk_full("the daemon's state"))
-            if not self._reply(reply):
+            first = False
+            if not self._reply(answer(api, message, peer)):
                 return
 
     def _reply(self, reply: dict[str, Any]) -> bool:
         try:
-            self.wfile.write(protocol.encode(reply))
-            self.wfile.flush()
+            data = protocol.encode(reply)
+        except protocol.ProtocolError as exc:  # e.g. a reply over the size limit
+            data = protocol.encode(protocol.error(exc))
+        try:
+            self.request.settimeout(REQUEST_TIMEOUT_S)  # a peer that does not read is let go
+            self.request.sendall(data)
             return True
-        except (OSError, protocol.ProtocolError):
+        except OSError:
             return False
+
+
+def answer(api: ApiServer, message: dict[str, Any], peer: Peer) -> dict[str, Any]:
+    """The reply to one request: its result, its ``CollocateError``, or for anything else a
+    clean "internal error" whose details (and traceback) go to the daemon's log only."""
+    op = message.get("op")
+    try:
+        op, args = protocol.check_request(message)
+        return protocol.ok(api.handler(op, args, peer))
+    except CollocateError as exc:
+        return protocol.error(exc)
+    except Exception as exc:
+        if is_disk_full(exc):
+            return protocol.error(disk_full("the daemon's state"))
+        log.exception("request %r from uid %d failed", op, peer.uid)
+        return protocol.error(CollocateError(
+            f"internal error ({type(exc).__name__}) while answering {op!r}",
+            hint="the daemon logged the details in daemon.log; please report it"))
 
 
 class _Capped:
@@ -154,26 +195,46 @@ class _Capped:
 
     def server_activate(self) -> None:
         self._slots = threading.BoundedSemaphore(self.max_connections)
+        self._guard = threading.Lock()
         super().server_activate()  # type: ignore[misc]
 
+    def turn_away(self, request: socket.socket, why: str) -> None:
+        try:
+            request.settimeout(1.0)
+            request.sendall(protocol.encode(protocol.error(Busy(
+                f"the daemon is busy: {why}",
+                hint="retry in a moment; collocate clients retry by themselves"))))
+        except OSError:
+            pass
+        self.shutdown_request(request)  # type: ignore[attr-defined]
+
+    def admit(self, request: socket.socket) -> bool:
+        """Whether this connection may have a thread (a subclass's per-peer rule); may evict."""
+        return True
+
     def process_request(self, request, client_address) -> None:
-        if not self._slots.acquire(timeout=self.slot_wait_s):
-            try:
-                request.settimeout(1.0)
-                request.sendall(protocol.encode(protocol.error(Busy(
-                    "the daemon is busy: too many open connections",
-                    hint="retry in a moment; collocate clients retry by themselves"))))
-            except OSError:
-                pass
-            self.shutdown_request(request)  # type: ignore[attr-defined]
+        if not self.admit(request):
             return
-        super().process_request(request, client_address)  # type: ignore[misc]
+        if not self._slots.acquire(timeout=self.slot_wait_s):
+            self.release(request)
+            self.turn_away(request, "too many open connections")
+            return
+        try:
+            super().process_request(request, client_address)  # type: ignore[misc]
+        except Exception:  # e.g. no thread could be started: never take the accept loop down
+            self._slots.release()
+            self.release(request)
+            self.shutdown_request(request)  # type: ignore[attr-defined]
 
     def process_request_thread(self, request, client_address) -> None:
         try:
             super().process_request_thread(request, client_address)  # type: ignore[misc]
         finally:
+            self.release(request)
             self._slots.release()
+
+    def release(self, request: socket.socket) -> None:
+        """Forget what ``admit`` counted for this connection."""
 
 
 class _UnixServer(_Capped, socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
@@ -181,14 +242,79 @@ class _UnixServer(_Capped, socketserver.ThreadingMixIn, socketserver.UnixStreamS
     request_queue_size = LISTEN_BACKLOG
     api: ApiServer
 
+    def server_activate(self) -> None:
+        self._per_uid: dict[int, int] = {}
+        self._uid_of: dict[int, int] = {}  # id(request) -> uid it counts against
+        super().server_activate()
+
+    def admit(self, request: socket.socket) -> bool:
+        try:
+            uid = peer_of(request).uid
+        except OSError:
+            self.shutdown_request(request)
+            return False
+        if uid in (self.api.daemon_uid, 0):
+            return True
+        with self._guard:
+            held = self._per_uid.get(uid, 0)
+            if held < PER_USER_CONNECTIONS:
+                self._per_uid[uid] = held + 1
+                self._uid_of[id(request)] = uid
+                return True
+        self.turn_away(request, f"uid {uid} already has {held} connections open to it")
+        return False
+
+    def release(self, request: socket.socket) -> None:
+        with self._guard:
+            uid = self._uid_of.pop(id(request), None)
+            if uid is not None:
+                self._per_uid[uid] -= 1
+                if not self._per_uid[uid]:
+                    del self._per_uid[uid]
+
 
 class _TcpServer(_Capped, socketserver.ThreadingMixIn, socketserver.TCPServer):
+    """Peers before their token (``pending``, at most ``max_pending``, the oldest evicted for a
+    newcomer) and peers with it (at most ``max_authenticated``) hold threads apart."""
+
     daemon_threads = True
     allow_reuse_address = True
     request_queue_size = LISTEN_BACKLOG
-    max_connections = 64  # unauthenticated peers hold at most this many threads...
-    slot_wait_s = 0.0  # ...and are turned away at once beyond it
+    max_pending = 64
+    max_authenticated = 64
+    max_connections = max_pending * 2 + max_authenticated  # evicted ones may still be ending
+    slot_wait_s = 0.0
     api: ApiServer
+
+    def server_activate(self) -> None:
+        self._pending: OrderedDict[int, socket.socket] = OrderedDict()
+        self._authenticated: set[int] = set()
+        super().server_activate()
+
+    def admit(self, request: socket.socket) -> bool:
+        with self._guard:
+            while len(self._pending) >= self.max_pending:
+                _, oldest = self._pending.popitem(last=False)
+                try:
+                    oldest.shutdown(socket.SHUT_RDWR)  # its thread's read ends at once
+                except OSError:
+                    pass
+            self._pending[id(request)] = request
+        return True
+
+    def authenticated(self, request: socket.socket) -> None:
+        """Move a peer that sent the token from the pending pool to its own; ``Busy`` if full."""
+        with self._guard:
+            self._pending.pop(id(request), None)
+            if len(self._authenticated) >= self.max_authenticated:
+                raise Busy("the daemon is busy: too many open connections",
+                           hint="retry in a moment; collocate clients retry by themselves")
+            self._authenticated.add(id(request))
+
+    def release(self, request: socket.socket) -> None:
+        with self._guard:
+            self._pending.pop(id(request), None)
+            self._authenticated.discard(id(request))
 
 
 class ApiServer:

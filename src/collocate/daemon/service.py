@@ -23,18 +23,20 @@ import socket
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from collocate.daemon.api import Api
 from collocate.daemon.attempts import Attempts
+from collocate.daemon.cgroups import DEFAULT_MAX_PIDS
 from collocate.daemon.datasets import Datasets
-from collocate.daemon.executor import Executor, LocalExecutor
+from collocate.daemon.executor import Executor, LocalExecutor, local_confinement
 from collocate.daemon.faults import disk_full, is_disk_full
 from collocate.daemon.gpu_watch import GpuWatch
 from collocate.daemon.notify import Notifier
 from collocate.daemon.paths import StateLayout, share_with_group
+from collocate.daemon.quotas import Accounts, Quotas, disk_size
 from collocate.daemon.restart import restore
 from collocate.daemon.round import SchedulingRound
 from collocate.daemon.server import ApiServer, Peer
@@ -76,6 +78,15 @@ class ServeConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     ray: str | None = None  # a Ray cluster's address: run as its head (docs/multi-node.md)
     node_grace_s: float = 60.0  # with ``ray``: how long a silent node's jobs stay unconfirmed
+    quotas: Quotas = field(default_factory=Quotas)  # what one member may hold (daemon/quotas.py)
+    job_max_pids: int | None = DEFAULT_MAX_PIDS  # per attempt, in its cgroup
+    job_max_memory: int | None = None  # host memory per attempt (bytes); accounted either way
+
+
+def job_bounds(config: ServeConfig, quotas: Quotas) -> dict[str, Any]:
+    """What every attempt's runner enforces, wherever it runs (``executor.local_confinement``)."""
+    return dict(max_pids=config.job_max_pids, max_memory=config.job_max_memory,
+                log_max=quotas.log_max, disk_reserve=quotas.disk_reserve)
 
 
 class Service:
@@ -84,7 +95,7 @@ class Service:
         self.config = config
         self.layout = StateLayout(config.state_dir)
         self._backend = backend
-        self.executor: Executor = executor or LocalExecutor()  # where jobs run: the one seam
+        self._executor = executor  # where jobs run: the one seam (made in ``open`` if not given)
         self._requests: queue.Queue[tuple[str, dict, Peer, Future]] = queue.Queue()
         self._stop = threading.Event()
         self.specs: dict[str, JobSpec] = {}
@@ -98,10 +109,11 @@ class Service:
         self.layout.create(allow_gid=self.config.allow_gid)
         self._take_lock()
         self.store = Store(self.layout.db)
+        self.quotas = self.config.quotas.resolved(disk_size(self.layout.root))
         if self._backend is None and self.config.ray is not None:  # the only door to Ray
             from collocate.cluster.ray_head import open_cluster
 
-            self._backend, self.executor = open_cluster(self.config)
+            self._backend, self._executor = open_cluster(self.config)
         if self._backend is None:
             from collocate.gpus.registry import open_backend
 
@@ -117,6 +129,9 @@ class Service:
         if not self.watch.devices:
             raise CollocateError("the GPU backend reports no devices",
                                  hint="check `nvidia-smi`, or use --gpus emulated:4xA100-40GB")
+        self.executor: Executor = self._executor or LocalExecutor(local_confinement(
+            str(self.layout.root), self.watch.devices, **job_bounds(self.config, self.quotas),
+            keep={f"job-{a.job_id}.{a.n}" for a in self.store.open_attempts()}))
         self.tracking = DaemonTracking(self.layout.root, self.watch.devices, self.config.tracking)
         if self.config.sharing is SharingMode.MPS and self.backend.needs_mps_server:
             from collocate.gpus.mps import MpsControl
@@ -124,17 +139,13 @@ class Service:
             self.mps = MpsControl(self.layout.root)
             self.mps.start()
         policy = make_policy(self.config.policy, **self.config.policy_params)
-        notifier = Notifier(self.layout, self.specs, self.store)
-
-        def changed(job: Any) -> None:
-            self.store.save_job(job)
-            notifier.changed(job)
-
+        self.notifier = Notifier(self.layout, self.specs, self.store)
         self.scheduler = Scheduler(policy, Capacity.of(self.watch.snapshot(time.time())), rules=self.config.rules,
-                                   on_change=changed, fairness=self.store.fairness())
+                                   on_change=self._job_changed, fairness=self.store.fairness())
         self.datasets = Datasets(self.layout.root)
         parts: dict[str, Any] = dict(config=self.config, layout=self.layout, store=self.store,
                      scheduler=self.scheduler, specs=self.specs, tracking=self.tracking)
+        accounts = Accounts(self.quotas, self.layout.root, self.store.db, owner_uid=os.getuid())
         self.attempts = Attempts(**parts, executor=self.executor, datasets=self.datasets,
                                  uuid_of={d.id: d.uuid for d in self.watch.devices},
                                  emulated_dir=self.backend.emulated_state_dir, mps=self.mps,
@@ -142,7 +153,7 @@ class Service:
         self.round = SchedulingRound(**parts, watch=self.watch, attempts=self.attempts,
                                      executor=self.executor, datasets=self.datasets,
                                      interference=self._interference)
-        self.api = Api(**parts, watch=self.watch, attempts=self.attempts)
+        self.api = Api(**parts, watch=self.watch, attempts=self.attempts, accounts=accounts)
         restore(self.store, self.scheduler, self.attempts, self.executor)
         names = {s.dataset for s in self.specs.values() if s.dataset}
         if names:  # producers a previous run started (on this machine or the jobs' nodes)
@@ -155,6 +166,15 @@ class Service:
         self.layout.pid_file.write_text(f"{os.getpid()}\n")
         log.info("serving %d GPU(s) with policy %s from %s", len(self.watch.devices),
                  self.config.policy, self.layout.root)
+
+    def _job_changed(self, job: Any) -> None:
+        """Persist a job the scheduler changed; an ended one's environment is dropped (as the
+        store drops it), so memory holds the environments of pending and running jobs only."""
+        self.store.save_job(job)
+        self.notifier.changed(job)
+        spec = self.specs.get(job.id)
+        if job.state.is_terminal and spec is not None and spec.env:
+            self.specs[job.id] = replace(spec, env={})
 
     def _take_lock(self) -> None:
         fd = os.open(self.layout.root / "daemon.lock", os.O_RDWR | os.O_CREAT, 0o600)
@@ -183,6 +203,8 @@ class Service:
                 log.warning("%s", exc)
         if hasattr(self, "datasets"):
             self.datasets.close()
+        if hasattr(self, "executor"):
+            self.executor.close()
         if hasattr(self, "store"):
             self.store.close()
         if self._backend is not None:

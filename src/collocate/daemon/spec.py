@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from collocate.daemon.protocol import whole_number
 from collocate.errors import InputError
 from collocate.identity import LAUNCHERS, JobKeys, program_token
 from collocate.units import parse_duration, parse_mib
@@ -29,6 +30,7 @@ MAX_RETRIES = 100
 #: ``daemon/rights.py``); a bound keeps a pasted 10**22 from meaning anything.
 PRIORITY_MAX = 1_000_000
 MAX_TIME_LIMIT_S = 365 * 86400.0
+MAX_AFTER = 1000  # dependencies of one job
 _KEY = re.compile(r"^[A-Za-z0-9_-]{8,128}$")
 
 
@@ -254,9 +256,15 @@ def _after(value: Any, option: str = "--after") -> tuple[str, ...]:
     scheduler's call."""
     if value in (None, []):
         return ()
-    if not isinstance(value, list) or not all(isinstance(v, str) and v.strip().isdigit() for v in value):
+    if not isinstance(value, list) or len(value) > MAX_AFTER:
+        raise InputError(f"{option} takes at most {MAX_AFTER} job ids", hint=f"e.g. {option} 12 (repeatable)")
+    try:
+        ids = [str(whole_number(v, option, low=1)) for v in value if isinstance(v, str)]
+    except InputError:
+        ids = []
+    if len(ids) != len(value):
         raise InputError(f"{option} takes job ids, got {value!r}", hint=f"e.g. {option} 12 (repeatable)")
-    return tuple(dict.fromkeys(v.strip() for v in value))
+    return tuple(dict.fromkeys(ids))
 
 
 def _dataset(name: Any, factory: Any) -> tuple[str | None, str | None]:
@@ -279,14 +287,4 @@ def _dataset(name: Any, factory: Any) -> tuple[str | None, str | None]:
 
 
 def _int(value: Any, option: str, *, low: int | None = None, high: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | str):
-        raise InputError(f"{option} must be a whole number, got {value!r}")
-    try:
-        number = int(value)
-    except ValueError:
-        raise InputError(f"{option} must be a whole number, got {value!r}") from None
-    if low is not None and number < low:
-        raise InputError(f"{option} must be at least {low}, got {number}")
-    if high is not None and number > high:
-        raise InputError(f"{option} must be at most {high}, got {number}")
-    return number
+    return whole_number(value, option, low=low, high=high)

@@ -245,16 +245,31 @@ class Store:
         return None if row is None else (job_from_json(row[0]), JobSpec.from_json(row[1]), row[2])
 
     def save_job(self, job: Job) -> None:
-        """Persist a changed job (the scheduler's ``on_change`` hook lands here)."""
+        """Persist a changed job (the scheduler's ``on_change`` hook lands here). An ended job's
+        environment is dropped: it was kept only to launch the job again, and it is what makes
+        a job big (and may hold secrets)."""
         self.db.execute(
-            "UPDATE jobs SET job = ?, ended = CASE WHEN ? THEN COALESCE(ended, ?) ELSE NULL END"
-            " WHERE id = ?",
-            (job_to_json(job), job.state.is_terminal, time.time(), job.id),
+            "UPDATE jobs SET job = ?, ended = CASE WHEN ? THEN COALESCE(ended, ?) ELSE NULL END,"
+            " spec = CASE WHEN ? THEN json_set(spec, '$.env', json('{}')) ELSE spec END WHERE id = ?",
+            (job_to_json(job), job.state.is_terminal, time.time(), job.state.is_terminal, job.id),
         )
 
     def jobs(self) -> list[tuple[Job, JobSpec, float | None]]:
         """Every job in submit order, with its spec and end time."""
         rows = self.db.execute("SELECT job, spec, ended FROM jobs ORDER BY seq")
+        return [(job_from_json(j), JobSpec.from_json(s), e) for j, s, e in rows]
+
+    def jobs_page(self, *, after: int, limit: int, active: bool,
+                  ids: list[str] | None = None) -> list[tuple[Job, JobSpec, float | None]]:
+        """At most ``limit`` jobs submitted after job ``after``, in submit order: only those not
+        ended with ``active``, only ``ids`` when given (one page of ``ls``)."""
+        where = ["seq > ?"] + (["ended IS NULL"] if active else [])
+        params: list[Any] = [after]
+        if ids is not None:
+            where.append("id IN (SELECT value FROM json_each(?))")
+            params.append(json.dumps(ids))
+        rows = self.db.execute(f"SELECT job, spec, ended FROM jobs WHERE {' AND '.join(where)}"
+                               " ORDER BY seq LIMIT ?", (*params, limit))
         return [(job_from_json(j), JobSpec.from_json(s), e) for j, s, e in rows]
 
     def job(self, job_id: str) -> tuple[Job, JobSpec, float | None] | None:

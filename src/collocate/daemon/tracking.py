@@ -179,6 +179,7 @@ class DaemonTracking:
         """Serve the page, its JSON API and ``/metrics`` from a thread; ``call`` is ``Service.call``."""
         if self.config.dashboard is None:
             return
+        from collocate.daemon.client import list_jobs
         from collocate.web.app import create_app
         from collocate.web.client_source import ClientSource
         from collocate.web.server import serve_in_thread
@@ -188,7 +189,7 @@ class DaemonTracking:
             token = stable_token(self.token_file, self.config.dashboard_token)
         requester = LoopRequester(call)
         source = ClientSource(requester)
-        self.prometheus.queue = lambda: requester.request("ls", all=True)
+        self.prometheus.queue = lambda: list_jobs(requester.request, all=True)
         app = create_app(source, token=token, registry=self.prometheus.registry)
         host, port = self.config.dashboard
         self.dashboard_server = serve_in_thread(app, host, port)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from collocate.daemon.paths import attempt_files
+from collocate.daemon.protocol import PAGE_ROWS
 from collocate.daemon.store import Store
 from collocate.errors import InputError
 from collocate.model import Job, JobState, Wait
@@ -43,30 +44,39 @@ LogReader = Callable[[Any, str, int, int], bytes]
 Waiting = Callable[[str], Wait | None]
 
 
+ROW_REASON_CHARS = 500  # a reason in ``ls`` rows (``show`` gives it whole): pages stay small
+
+
 def job_rows(store: Store, *, include_done: bool, running: Mapping[str, Any],
              waiting: Waiting = lambda job_id: None, order: Sequence[str] = (),
-             now: float | None = None) -> list[dict[str, Any]]:
-    """One row per job, as ``squeue`` and ``sacct`` give them: ``position`` in the queue
-    (``order``: pending ids in queue order), ``elapsed_s`` of the current or last run, ``wait_s``
-    from submission to first start (so far, while pending), the last attempt's GPUs and exit
-    code, the time limit and whether it is held."""
+             now: float | None = None, after: int = 0, limit: int = PAGE_ROWS,
+             ids: list[str] | None = None) -> list[dict[str, Any]]:
+    """One page of ``ls`` (the jobs after job ``after``; ``client.job_pages`` reads them all),
+    one row per job as ``squeue`` and ``sacct`` give them: ``position`` in the queue (``order``:
+    pending ids in queue order), ``elapsed_s`` of the current or last run, ``wait_s`` from
+    submission to first start (so far, while pending), the last attempt's GPUs and exit code, the
+    time limit and whether it is held."""
     now = time.time() if now is None else now
+    page = store.jobs_page(after=after, limit=limit, active=not include_done, ids=ids)
     runs: dict[str, list[tuple]] = {}
     for job_id, start, end, gpus, returncode in store.db.execute(
-        "SELECT job_id, start, end, gpus, returncode FROM attempts ORDER BY job_id, n"
+        "SELECT job_id, start, end, gpus, returncode FROM attempts"
+        " WHERE job_id IN (SELECT value FROM json_each(?)) ORDER BY job_id, n",
+        (json.dumps([job.id for job, _, _ in page]),)
     ):
         runs.setdefault(job_id, []).append((start, end, gpus, returncode))
     position = {job_id: i for i, job_id in enumerate(order, start=1)}
     rows = []
-    for job, spec, ended in store.jobs():
-        if job.state.is_terminal and not include_done:
-            continue
+    for job, spec, ended in page:
         mine = runs.get(job.id, [])
         first, last = (mine[0], mine[-1]) if mine else (None, None)
         started = first[0] if first else None
         elapsed = None
         if last is not None and (job.state is JobState.RUNNING or job.state.is_terminal):
             elapsed = (last[1] if last[1] is not None else now) - last[0]
+        reason = _reason(job, running, waiting)
+        if reason["reason"] and len(reason["reason"]) > ROW_REASON_CHARS:  # `show` has it whole
+            reason["reason"] = reason["reason"][:ROW_REASON_CHARS - 1] + "…"
         rows.append({
             "id": job.id, "name": job.name, "state": job.state.value, "user": spec.user,
             "gpus": job.gpus, "mem_mib": job.mem_mib, "mem_source": job.mem_source,
@@ -77,7 +87,7 @@ def job_rows(store: Store, *, include_done: bool, running: Mapping[str, Any],
             "wait_s": (started if started is not None else (ended or now)) - job.submit_time,
             "exit_code": last[3] if last and job.state.is_terminal else None,
             "time_limit_s": job.time_limit_s, "held": job.held, "public": spec.public,
-            **_reason(job, running, waiting),
+            **reason,
         })
     return rows
 

@@ -288,6 +288,7 @@ def _info(d: DeviceRow) -> DeviceInfo:
         sm_count=d.sm_count,
         parent_uuid=d.parent_uuid,
         mig_profile=d.mig_profile,
+        minor=d.idx,  # as if /dev/nvidia<index>: a job's cgroup denies the other GPUs' numbers
     )
 
 

@@ -177,6 +177,12 @@ class NvmlBackend:
 
     # -- internals -------------------------------------------------------------------------
 
+    def _minor(self, uuid: str, handle: Any) -> int | None:
+        """N of /dev/nvidiaN (not always the NVML index): the device a job's cgroup allows."""
+        get = getattr(self.nvml, "nvmlDeviceGetMinorNumber", None)
+        minor = None if get is None else self._call("minor_number", uuid, get, handle)
+        return None if minor is None else int(minor)
+
     def _call(self, metric: str, uuid: str, fn: Callable[..., Any], *args: Any) -> Any:
         """Call NVML; unsupported (or any NVML error) → None, and remember what happened."""
         try:
@@ -220,7 +226,8 @@ class NvmlBackend:
             attrs = self._call("attributes", uuid, n.nvmlDeviceGetAttributes, handle)
             known = GPU_TYPES.get(type_name)
             sms = int(attrs.multiprocessorCount) if attrs else (known.sm_count if known else 0)
-            info = DeviceInfo(GpuId(self.node, index), uuid, type_name, mem.total / _MIB, sms)
+            info = DeviceInfo(GpuId(self.node, index), uuid, type_name, mem.total / _MIB, sms,
+                              minor=self._minor(uuid, handle))
             out.append(self._with_gpm(_Device(info, handle), handle))
         return out
 
@@ -247,7 +254,8 @@ class NvmlBackend:
                                               float(attrs.memorySizeMB))
             info = DeviceInfo(GpuId(self.node, index, f"{gi}.{ci}"), uuid, type_name,
                               mem.total / _MIB, int(attrs.multiprocessorCount) if attrs else 0,
-                              parent_uuid=parent_uuid, mig_profile=profile)
+                              parent_uuid=parent_uuid, mig_profile=profile,
+                              minor=self._minor(parent_uuid, parent))
             device = _Device(info, handle, parent_handle=parent, gpu_instance_id=gi)
             out.append(self._with_gpm(device, parent))
         return out

@@ -1,0 +1,112 @@
+"""The process that writes a job's logs: the job writes to pipes, this process to the files.
+
+Why a process between the job and its log files: a job writing to a file it holds can fill the
+state dir's disk (200 MiB of stdout filled a 64 MiB disk, and then every submit and even the
+job's own ``cancel`` failed, issue 31). Polling the file's size would be too late (a job writes
+a gigabyte a second), and ``RLIMIT_FSIZE`` would also cap the job's checkpoints. So the runner
+gives the job pipes, and ``keep`` copies them to ``stdout.log``/``stderr.log`` while each stays
+under ``max_bytes`` and the disk keeps ``reserve_bytes`` free. Past either bound a stream is cut:
+a line in the log says so at that point, its last ``TAIL_KEPT`` bytes are kept in memory and
+written at the end with how much was cut (an out-of-memory message at the end of stderr is what
+classifies the attempt, so the tail matters most).
+
+It is a process of its own, not the runner: a runner killed by a fault (the daemon then watches
+the job) must not take the job's output with it, which would make the job's next write fail.
+It ignores the signals a cancel sends to the job's process group and ends when every writer has
+closed its end (the job's whole process tree is gone; the runner makes sure of that).
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+
+from collocate.daemon.faults import free_bytes
+
+TAIL_KEPT = 64 * 1024  # the end of a cut stream, written when it closes
+_CHUNK = 1 << 16
+
+
+class _Stream:
+    def __init__(self, name: str, out: int, max_bytes: int) -> None:
+        self.name, self.out, self.max_bytes = name, out, max_bytes
+        try:
+            self.written = os.fstat(out).st_size
+        except OSError:
+            self.written = 0
+        self.cut = 0
+        self.why: str | None = None
+        self.tail = bytearray()
+
+    def take(self, data: bytes, free: int | None, reserve: int) -> None:
+        if self.why is None:
+            room = self.max_bytes - self.written
+            if free is not None and free - len(data) < reserve:
+                self._start_cut("the state dir's disk is nearly full")
+            elif len(data) > room:
+                self._write(data[:max(0, room)])
+                data = data[max(0, room):]
+                self._start_cut(f"the log passed its limit of {_size(self.max_bytes)} (--log-max)")
+            else:
+                self._write(data)
+                return
+        self.cut += len(data)
+        self.tail += data
+        del self.tail[:-TAIL_KEPT]
+
+    def close(self) -> None:
+        if self.why is not None:
+            self._write(f"\n[collocate: {self.cut} bytes of {self.name} were cut here ({self.why}); "
+                        f"its last {len(self.tail)} bytes follow]\n".encode() + bytes(self.tail), force=True)
+        os.close(self.out)
+
+    def _start_cut(self, why: str) -> None:
+        self.why = why
+        self._write(f"\n[collocate: {self.name} is cut from here: {why}; its last "
+                    f"{TAIL_KEPT // 1024} KiB are added when the job ends]\n".encode(), force=True)
+
+    def _write(self, data: bytes, *, force: bool = False) -> None:
+        while data:
+            try:
+                n = os.write(self.out, data)
+            except OSError:  # a full disk: nothing more of this stream fits
+                if self.why is None:
+                    self.why = "the disk is full"
+                if not force:
+                    self.cut += len(data)
+                return
+            self.written += n
+            data = data[n:]
+
+
+def keep(streams: dict[str, tuple[int, int]], *, max_bytes: int, reserve_bytes: int,
+         disk: str) -> None:
+    """Copy each stream (``name -> (pipe read end, log file fd)``) until every pipe is closed."""
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    by_fd = {r: _Stream(name, out, max_bytes) for name, (r, out) in streams.items()}
+    poller = select.poll()
+    for fd in by_fd:
+        poller.register(fd, select.POLLIN)
+    while by_fd:
+        for fd, _ in poller.poll():
+            stream = by_fd.get(fd)
+            if stream is None:
+                continue
+            try:
+                data = os.read(fd, _CHUNK)
+            except InterruptedError:
+                continue
+            except OSError:
+                data = b""
+            if not data:
+                poller.unregister(fd)
+                os.close(fd)
+                by_fd.pop(fd).close()
+                continue
+            stream.take(data, free_bytes(disk), reserve_bytes)
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 1024:.0f} KiB"
