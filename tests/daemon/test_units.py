@@ -256,8 +256,8 @@ def test_an_unreachable_device_takes_nothing():
     watch = _watch(samples)
     watch.read()
     watch.observe({}, now=1.0)
-    snap = watch.snapshot(1.0)
-    assert snap.free_mib[0] == 0.0 and snap.other_mib[0] == 40000.0 and snap.other_mib[1] == 0.0
+    snap = watch.snapshot(1.0)  # its node is away: the GPU is left out until it answers
+    assert [str(g) for g in snap.ids] == ["n:1"] and snap.other_mib.tolist() == [0.0]
 
 
 def test_state_dir_resolution(monkeypatch, tmp_path):
