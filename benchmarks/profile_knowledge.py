@@ -1,14 +1,12 @@
 """What knowing each job's activity profile is worth to ``auto``, and how much of it the daemon's
-learning (``collocate.activity``) recovers: the same traces simulated with the policies told the
+learning (``collocate.world``) recovers: the same traces simulated with the policies told the
 trace's profiles, told nothing (``"blind"``: every job priced at 0.5 SM / 0.2 DRAM), told all a
-fresh daemon learns as the trace runs (``"unknown"``: what follows, plus profiles inferred from
-what a shared GPU reads), and told its parts (``"learned"``): a job's profile once it has run alone for 10 s,
-and, from its history, the profile of an earlier job of the same command; and with the
-program prior (``"similar"``): a new command starts with the median profile learned for other
-commands of its program. In the CARMA traces jobs of one catalogue workload share a command and
-the workloads of one model and dataset (other batch sizes) a program; every synthetic job has a
-command and no program of its own. The catalogue gives one model and dataset one profile, so
-"similar" is exact there: an upper bound on what the prior is worth.
+fresh daemon learns as the trace runs (``"unknown"``: every GPU's readings revise the beliefs of
+the jobs on it, alone or shared; a job's history; its family's prior), and the same without
+family priors (``"learned"``). In the CARMA traces jobs of one catalogue workload share a
+command and the workloads of one model and dataset (other batch sizes) a family; every
+synthetic job has a command and no family of its own. The catalogue gives one model and dataset
+one profile, so the family prior is exact there: an upper bound on what it is worth.
 
     python benchmarks/profile_knowledge.py [--data ../shared/data] [--synthetic 2000] [--seeds 1,2,3]
 
@@ -88,13 +86,12 @@ def markdown(rows: list[dict], info: dict) -> str:
         f"{info['date']}, {info['host_cpu']} ({info['cores']} cores), simulator only (no GPU): "
         "`python benchmarks/profile_knowledge.py`. Policy `auto`, measured-peak memory estimates; "
         "`trace`: policies told every job's profile; `blind`: told nothing (0.5 SM / 0.2 DRAM "
-        "for every job); `unknown`: all a fresh daemon learns as the trace runs (what follows, and "
-        "profiles inferred from what a shared GPU reads); `learned`: a job's profile once it has run "
-        "alone for 10 s, and from submission on for a job whose command (catalogue workload) "
-        "ran before; `similar`: as learned, and a new command starts with the median profile "
-        "learned for its program's other commands (the catalogue's other batch sizes of one model "
-        "and dataset, which share one profile: an upper bound). Every synthetic job has a command "
-        "of its own and no program. Times in minutes.",
+        "for every job); `unknown`: all a fresh daemon learns as the trace runs (every GPU's "
+        "readings revise the beliefs of the jobs on it, alone or shared; a job's history, from "
+        "submission on, for a command (catalogue workload) that ran before; a new command's family "
+        "prior from the catalogue's other batch sizes of one model and dataset, which share one "
+        "profile: an upper bound); `learned`: as unknown without family priors. Every synthetic "
+        "job has a command of its own and no family. Times in minutes.",
         "",
         "| trace | sharing | profiles | makespan | JCT mean | JCT p95 | SM util | kWh | OOM |",
         "|---|---|---|---:|---:|---:|---:|---:|---:|",
@@ -103,14 +100,14 @@ def markdown(rows: list[dict], info: dict) -> str:
         lines.append(f"| {r['trace']} | {r['sharing']} | {r['profiles']} | {r['makespan_min']:.1f} "
                      f"| {r['mean_jct_min']:.1f} | {r['p95_jct_min']:.1f} | {r['sm_util']:.2f} "
                      f"| {r['energy_kwh']:.4g} | {r['oom_crashes']} |")
-    lines += ["", "Share of the blind → trace change that `unknown` (all a fresh daemon learns), "
-              "`learned` and `similar` achieve (1.00 = all of it, 0 = none, negative = moved the other "
+    lines += ["", "Share of the blind → trace change that `unknown` (all a fresh daemon learns) "
+              "and `learned` achieve (1.00 = all of it, 0 = none, negative = moved the other "
               "way; – = knowing changed nothing). Where the change itself is a few minutes (most "
               "makespans) the share is noise:",
               "", "| trace | sharing | makespan, unknown | JCT mean, unknown | makespan, learned "
-              "| JCT mean, learned | makespan, similar | JCT mean, similar |",
-              "|---|---|---:|---:|---:|---:|---:|---:|"]
-    columns = [recovered(rows, metric, knowing) for knowing in ("unknown", "learned", "similar")
+              "| JCT mean, learned |",
+              "|---|---|---:|---:|---:|---:|"]
+    columns = [recovered(rows, metric, knowing) for knowing in ("unknown", "learned")
                for metric in ("makespan_min", "mean_jct_min")]
     for key in sorted(columns[0]):
         cells = ["–" if c[key] is None else f"{c[key]:.2f}" for c in columns]

@@ -328,11 +328,11 @@ def test_learned_profiles_are_remembered_for_jobs_of_the_same_command(command, c
 
 
 @pytest.mark.parametrize(("profiles", "program", "c_waits"),
-                         [("similar", "train.py", True), ("learned", "train.py", False),
-                          ("similar", None, False)])
+                         [("unknown", "train.py", True), ("learned", "train.py", False),
+                          ("unknown", None, False)])
 def test_similar_profiles_come_from_other_commands_of_the_program(profiles, program, c_waits):
     # a is learned; b and c are other commands (a sweep's other points) arriving after a's end.
-    # With "similar" and a shared family they start with a's profile shrunk half-way toward the
+    # With "unknown" (family priors) and a shared family they start with a's profile shrunk half-way toward the
     # prior, heavy enough that c waits for b; with "learned" (or no family) they are unknown and
     # c is paired with b. (Start-up slots off: they would let the unpriced c start beside b.)
     from collocate.model import JobProfile

@@ -74,10 +74,9 @@ def simulate(
         typer.Option(
             help="What the policies know of each job's SM/DRAM activity: 'trace' (the trace's "
             "values), 'unknown' (what a fresh daemon knows: nothing at first, then all it learns "
-            "as the trace runs: alone, from history, from running siblings, from what a shared "
-            "GPU reads), 'blind' (nothing ever: 0.5/0.2 for every job), 'learned' (only learning "
-            "alone for 10 s, remembered for its command), or 'similar' (as learned, and a new "
-            "command starts with what was learned for its program's other commands). Jobs "
+            "as the trace runs from what each GPU reads, alone or shared, from the job's history "
+            "and its family's: a sweep's other points), 'blind' (nothing ever: 0.5/0.2 for every "
+            "job) or 'learned' (as unknown, without family priors). Jobs "
             "progress by the trace's values either way.",
         ),
     ] = "trace",

@@ -64,7 +64,7 @@ _FINISH, _RAMP, _SEEN, _ACTIVE, _ARRIVE, _WAKE = range(6)
 #: A memory ramp is seen in this many steps (the daemon samples it as it grows).
 RAMP_STEPS = 4
 
-PROFILE_KNOWLEDGE = ("trace", "unknown", "blind", "learned", "similar")  # SimConfig.profiles
+PROFILE_KNOWLEDGE = ("trace", "unknown", "blind", "learned")  # SimConfig.profiles
 
 ESTIMATE_UNCERTAINTY = {
     # Relative uncertainty the simulator attaches to each catalogue estimator, from its published
@@ -93,7 +93,7 @@ class SimConfig:
     # and for a job without history its family's prior (``Workload.program``: a sweep's other
     # points) over history and observed running siblings. "blind": nothing, ever
     # (``model.UNKNOWN_PROFILE``). "learned": learning and the same job's history, no family
-    # priors; "similar": the same as "unknown" (kept for comparisons). Progress and power always
+    # priors. Progress and power always
     # follow the trace.
     profiles: str = "trace"
     ramp_s: float = 10.0  # from the end of start-up until a job holds its peak memory
@@ -209,7 +209,7 @@ class Simulation:
         self._index = {g: i for i, g in enumerate(self.ids)}
         self.total = np.array(hw.total_mib)
         self.speed = np.array(hw.speed)
-        learning = config.profiles in ("unknown", "learned", "similar")
+        learning = config.profiles in ("unknown", "learned")
         self.world = World([Device(g, t, sp) for g, t, sp in zip(ids, hw.total_mib, hw.speed, strict=True)],
                            sharing=config.sharing, learn=learning, period_s=config.period_s,
                            params=config.interference.modes.get(config.sharing))
@@ -334,7 +334,7 @@ class Simulation:
 
     def _round(self, now: float) -> float:
         """One policy round; when the policy wants to look again."""
-        if self.cfg.profiles in ("unknown", "similar"):
+        if self.cfg.profiles == "unknown":
             self._price_pending()
         plan = self.scheduler.schedule(self.world.snapshot(now))
         self.decisions += 1
