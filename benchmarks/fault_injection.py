@@ -282,6 +282,10 @@ def run_round(d: Daemon, rng: random.Random, n: int, clients: int, ledger: Path,
         flood = acked[len(plan) - 1]
         log = d.state / "jobs" / flood / "attempt-1" / "stdout.log"
         stats["flood_log_max_bytes"] = max(stats["flood_log_max_bytes"], log.stat().st_size if log.exists() else 0)
+        free = shutil.disk_usage(d.state).free
+        stats["free_mib_after_a_flood_min"] = min(stats.get("free_mib_after_a_flood_min", 1 << 30), free >> 20)
+        log.unlink(missing_ok=True)  # the owner clears it: logs have no retention, and 30 floods
+        # of 1/32 of the disk each would fill it (then submits are refused, as designed)
     if fault == "escape":
         left = subprocess.run(["pgrep", "-f", f"^sleep 90[01]\\.{r}$"], capture_output=True, text=True).stdout.split()
         stats["escaped_processes"] += len(left)
@@ -315,6 +319,8 @@ def check(result: dict, ledger: Path, rows: list[dict], stats: Counter, state: P
     by_name = Counter(row["name"] for row in rows)
     stats["submits"] += len(result["plan"])
     stats["client_errors"] += len(result["errors"])
+    for error in result["errors"]:
+        stats[f"client_error:{error[:80]}"] += 1
     for i in range(len(result["plan"])):
         name = f"r{result['round']}-{i}"
         if by_name[name] > 1:
@@ -547,7 +553,8 @@ def _write(out: Path, report: dict) -> None:
         f"Faults injected: {faults}. Jobs we SIGKILLed ourselves: {s.get('jobs_killed', 0)}; cancelled: "
         f"{s.get('jobs_cancelled', 0)}. Final states: {states}.",
         "",
-        f"Log floods: the largest flooded stdout.log held {s.get('flood_log_max_bytes', 0)} bytes. "
+        f"Log floods: the largest flooded stdout.log held {s.get('flood_log_max_bytes', 0)} bytes; the "
+        f"least free space on the state dir's disk after one: {s.get('free_mib_after_a_flood_min', '-')} MiB. "
         f"Processes left behind by `escape` jobs: {s.get('escaped_processes', 0)}. Jobs run again after "
         f"their node was lost (fenced first, never overlapping): {s.get('jobs_run_again_after_fencing', 0)}.",
         "",

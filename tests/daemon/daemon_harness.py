@@ -108,10 +108,10 @@ class Daemon:
 
     def remove_cgroups(self) -> None:
         """The (empty) cgroups this daemon and its nodes' agents made, which a SIGKILLed daemon
-        leaves; wait briefly for jobs just killed to leave theirs."""
+        leaves; wait a while for jobs just killed, or launched as it was killed, to leave theirs."""
         from collocate.daemon.cgroups import Cgroups
 
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 15
         for key in [str(self.state_dir), *(str(p) for p in self.state_dir.glob("nodes/*"))]:
             while not Cgroups.remove_leftovers(key) and time.monotonic() < deadline:
                 time.sleep(0.1)
