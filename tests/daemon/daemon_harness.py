@@ -116,6 +116,17 @@ class Daemon:
             while not Cgroups.remove_leftovers(key) and time.monotonic() < deadline:
                 time.sleep(0.1)
 
+    def kill_all(self) -> None:
+        """Kill the daemon and everything it started (runners and producers outlive a killed
+        daemon, as they should in use), and remove the cgroups its jobs left."""
+        self.kill()
+        for pid in [*self.runner_pids(), *self.producer_pids()]:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        self.remove_cgroups()
+
     def runner_pids(self) -> list[int]:
         pids = []
         for record in self.state_dir.glob("jobs/*/attempt-*/runner.json"):

@@ -160,14 +160,7 @@ def lab_daemon(*args: str, gpus: str = "emulated:2xA100-40GB", period: float = 0
 
 def stop_lab(d) -> None:
     """Kill the daemon and every job it started (they outlive a killed daemon), remove its dir."""
-    import signal
-
-    d.kill()
-    for pid in d.runner_pids():
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+    d.kill_all()
     shutil.rmtree(d.state_dir.parent, ignore_errors=True)
 
 
