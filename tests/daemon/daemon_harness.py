@@ -28,7 +28,8 @@ START_TIMEOUT_S = 30.0
 def job_argv(mem_mib: float, seconds: float, peak_mib: float | None = None, sm: float = 0.1,
              *extra: str) -> list[str]:
     """An emulated job: holds ``mem_mib`` (then ``peak_mib`` from 30 % progress) for ``seconds``;
-    ``extra``: ``--startup S``, ``--warmup W``, ``--dram D``, or arguments that only name it."""
+    ``extra``: ``--startup S``, ``--warmup W``, ``--dram D``, ``--steps-per-s N`` (steps it
+    reports), or arguments that only name it."""
     return [sys.executable, JOB, str(mem_mib), str(seconds),
             "-" if peak_mib is None else str(peak_mib), str(sm), *extra]
 

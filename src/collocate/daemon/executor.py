@@ -29,7 +29,7 @@ from collocate.daemon.reaping import OrphanedJob, adopt_orphan, job_started, rea
 from collocate.daemon.runner import read_tail
 from collocate.daemon.store import Attempt
 from collocate.gpus.base import DeviceInfo
-from collocate.monitor.job_metrics import MetricPoint
+from collocate.monitor.job_metrics import METRICS_FILE_NAME, MetricPoint, MetricsTail
 from collocate.monitor.process_tree import TreeReader, TreeUsage
 
 
@@ -84,10 +84,10 @@ class Executor(Protocol):
         """One reading of each launched job's process tree (``{job_id: attempt}``), once per tick."""
         ...
 
-    def read_metrics(self, attempts: Mapping[str, Attempt]) -> list[MetricPoint] | None:
-        """The launched jobs' new ``log_metric`` points (``{job_id: attempt}``), once per tick,
-        when their files are on other machines; None: the usage sampler reads them here, from
-        each attempt's folder."""
+    def read_metrics(self, attempts: Mapping[str, Attempt]) -> list[MetricPoint]:
+        """The launched jobs' new ``log_metric`` points (``{job_id: attempt}``) since the last
+        call, once per tick, read where the jobs run; files of jobs no longer asked about are
+        closed."""
         ...
 
     def collect(self, keep: set[int]) -> None:
@@ -117,6 +117,7 @@ class LocalExecutor:
 
     def __init__(self, confinement: Confinement | None = None) -> None:
         self._trees = TreeReader()
+        self._metrics = MetricsTail()  # where each job's metrics file was read up to
         self.confinement = confinement or Confinement()
 
     def start(self, plan: LaunchPlan, attempt: Attempt) -> tuple[Any, int, float]:
@@ -164,8 +165,8 @@ class LocalExecutor:
                    gpu_pids: AbstractSet[int]) -> dict[str, TreeUsage]:
         return self._trees.read({j: a.pid or 0 for j, a in roots.items()}, now, gpu_pids)
 
-    def read_metrics(self, attempts: Mapping[str, Attempt]) -> list[MetricPoint] | None:
-        return None
+    def read_metrics(self, attempts: Mapping[str, Attempt]) -> list[MetricPoint]:
+        return self._metrics.read({j: Path(a.dir) / METRICS_FILE_NAME for j, a in attempts.items()})
 
     def collect(self, keep: set[int]) -> None:
         reap_strays(keep)
@@ -180,6 +181,7 @@ class LocalExecutor:
         return self.confinement.cgroups.describe()
 
     def close(self) -> None:
+        self._metrics.close()
         self.confinement.cgroups.close()
 
 

@@ -51,6 +51,7 @@ class SchedulingRound:
         trees = self._read_trees(samples, now)
         self.watch.observe({j: r.pids for j, r in running.items()}, now)
         metrics = self.executor.read_metrics({j: r.attempt for j, r in running.items() if r.attempt.pid})
+        self.watch.progress(metrics)
         self.tracking.tick(samples, self._usage_jobs(), trees, metrics,
                            committed_by_gpu(self.watch))
         self.attempts.reap(now)
