@@ -38,6 +38,16 @@ class GpuWatch:
         self.last: dict[str, DeviceSample] = {}
         self.other_mib: dict[str, float] = {}  # per device, memory of processes that are no job's
 
+    def add_devices(self, devices: Sequence[DeviceInfo]) -> list[DeviceInfo]:
+        """GPUs that joined (a node that joined the cluster): appended; those new returned."""
+        new = [d for d in devices if d.uuid not in self.position]
+        for d in new:
+            self.position[d.uuid] = len(self.devices)
+            self.devices.append(d)
+            self.by_uuid[d.uuid] = d
+        self.world.add_devices([Device(d.id, d.total_mib, d.sm_fraction) for d in new])
+        return new
+
     # -- residents ------------------------------------------------------------------------------
     def place(self, job: Job, uuids: Sequence[str], now: float, room_mib: float | None = None) -> Resident:
         return self.world.place(job, [self.position[u] for u in uuids], now, room_mib=room_mib)
@@ -53,8 +63,12 @@ class GpuWatch:
 
     # -- readings -------------------------------------------------------------------------------
     def read(self) -> list[DeviceSample]:
-        """Read the backend once; the samples, for the usage monitor."""
-        for s in self.backend.sample():
+        """Read the backend once (taking in the GPUs of nodes that joined); the samples, for
+        the usage monitor."""
+        samples = self.backend.sample()
+        if len(self.backend.devices()) != len(self.devices):
+            self.add_devices(self.backend.devices())
+        for s in samples:
             if s.uuid in self.position:
                 self.last[s.uuid] = s
         return list(self.last.values())
