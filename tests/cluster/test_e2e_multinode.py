@@ -10,13 +10,15 @@
 
 from __future__ import annotations
 
-import os
+import json
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 from daemon_harness import wait_for
+
+from collocate.node.launcher import process_matches
 
 ALLREDUCE = textwrap.dedent("""
     import os, sys, torch, torch.distributed as dist
@@ -76,8 +78,10 @@ def test_a_node_killed_during_a_two_node_job_stops_the_gang_and_runs_it_once(hea
         again = wait_for(lambda: len((d := head.job(job))["attempts"]) == 2 and d, 90, "a second attempt")
         assert again["attempts"][0]["outcome"] == "lost" and lost in again["attempts"][0]["reason"]
         assert lost not in _nodes_of(again) and again["state"] == "running"  # requeued, not failed
-        survivor_part = head.state_dir / "nodes" / survivor / "jobs" / job / "attempt-1" / "exit.json"
-        assert survivor_part.exists()  # the part on the surviving node was stopped with the gang
+        runner = json.loads((head.state_dir / "nodes" / survivor / "jobs" / job / "attempt-1" / "runner.json")
+                            .read_text())
+        wait_for(lambda: not process_matches(runner["pid"], runner["started"]), 15,
+                 "the part on the surviving node to be stopped with the gang")
         done = head.wait_state(job, ("done", "failed"), timeout=120)
         assert done["state"] == "done", done
         assert done["attempts_used"] == 1 or done["attempts"][0]["outcome"] == "lost"
@@ -88,10 +92,12 @@ def test_a_node_killed_during_a_two_node_job_stops_the_gang_and_runs_it_once(hea
 
 def test_a_node_that_joins_mid_run_takes_work_without_a_restart(heads, ray_cluster, tmp_path: Path):
     head = heads("--policy", "exclusive")
-    busy = [head.submit(_gang_job(tmp_path / f"busy{i}", 60.0), mem=1000, gpus=2) for i in range(3)]
+    sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
+    busy = [head.submit(sleeper, mem=1000, gpus=2) for _ in range(3)]
     for job in busy:
         head.wait_state(job, "running", timeout=60)  # every GPU of n1..n3 taken
-    waiting = head.submit(_gang_job(tmp_path / "late", 0.5), mem=1000)
+    late = tmp_path / "late"
+    waiting = head.submit([sys.executable, "-c", f"open({str(late)!r}, 'w').write('ran')"], mem=1000)
     assert head.job(waiting)["state"] == "pending"
     ray_cluster.start("n4")
     try:
@@ -105,4 +111,4 @@ def test_a_node_that_joins_mid_run_takes_work_without_a_restart(heads, ray_clust
         for job in busy:
             head.client.request("cancel", id=job)
         ray_cluster.kill("n4")
-    assert os.path.exists(tmp_path / "late")
+    assert late.read_text() == "ran"

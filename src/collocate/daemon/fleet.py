@@ -29,6 +29,7 @@ import time
 from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from pathlib import Path
 from typing import Protocol
 
@@ -142,12 +143,14 @@ class Part:
     ref: PartRef
 
 
-def parts_of(attempt: Attempt) -> list[Part]:
-    """The attempt's parts in rank order (one per node of its GPUs)."""
+@lru_cache(maxsize=1 << 16)
+def parts_of(attempt: Attempt) -> tuple[Part, ...]:
+    """The attempt's parts in rank order (one per node of its GPUs); kept for the attempt's
+    rows a round asks about again and again."""
     nodes = attempt.nodes
     runners = attempt.runners or ((attempt.pid, attempt.pid_started),)
-    return [Part(node, PartRef(attempt.job_id, attempt.n, rank, *(runners[rank] if rank < len(runners) else (None, None))))
-            for rank, node in enumerate(nodes)]
+    return tuple(Part(node, PartRef(attempt.job_id, attempt.n, rank, *(runners[rank] if rank < len(runners) else (None, None))))
+                 for rank, node in enumerate(nodes))
 
 
 class Fleet:

@@ -11,6 +11,7 @@ running siblings, asks the same ``Scheduler`` the simulator uses for a plan, and
 from __future__ import annotations
 
 import time
+from functools import lru_cache
 from pathlib import Path
 
 from collocate.daemon.attempts import Attempts
@@ -26,6 +27,12 @@ from collocate.monitor.process_tree import TreeUsage
 from collocate.monitor.sampler import UsageJob
 from collocate.scheduler import Capacity
 from collocate.world import observed_residents
+
+
+@lru_cache(maxsize=1 << 16)
+def _metrics_file(attempt_dir: str) -> Path:
+    """Where an attempt's ``log_metric`` points are (made once per attempt, not per round)."""
+    return Path(attempt_dir) / METRICS_FILE_NAME
 
 
 class SchedulingRound:
@@ -117,12 +124,16 @@ class SchedulingRound:
         launched = {j: run for j, run in self.attempts.running.items() if run.attempt.pid}
         residents = self.watch.world.residents
         profiles = {j: residents[j].profile if j in residents else UNKNOWN_PROFILE for j in launched}
+        on_gpu: dict[str, list[str]] = {}  # who shares each GPU: one pass, not one per pair of jobs
+        for job_id, run in launched.items():
+            for uuid in run.attempt.uuids:
+                on_gpu.setdefault(uuid, []).append(job_id)
         jobs = {}
         for job_id, run in launched.items():
-            mine = set(run.attempt.uuids)
-            others = [profiles[o] for o, r in launched.items() if o != job_id and mine & set(r.attempt.uuids)]
+            neighbours = dict.fromkeys(o for uuid in run.attempt.uuids for o in on_gpu[uuid] if o != job_id)
+            others = [profiles[o] for o in neighbours]
             rate = 1.0 / self.interference.slowdown(self.config.sharing, profiles[job_id], others)
             jobs[job_id] = UsageJob(run.attempt.pid or 0, self.specs[job_id].user,
-                                    run.name, Path(run.attempt.dir) / METRICS_FILE_NAME,
+                                    run.name, _metrics_file(run.attempt.dir),
                                     expected_sm=profiles[job_id].sm_activity * rate)
         return jobs
