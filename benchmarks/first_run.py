@@ -144,7 +144,7 @@ def simulate(policy: str, sharing: str, scale: float) -> dict:
 
 def model_floor(jobs, sharing: str, scale: float) -> float:
     """The fluid floor of ``jobs``' work, start-ups and first steps taken out (they overlap)."""
-    trace = [SimJob(t.name, 0.0, replace(w, duration_s=w.duration_s - (w.startup_s or 0.0) - w.warmup_s,
+    trace = [SimJob(t.id, 0.0, replace(w, duration_s=w.duration_s - (w.startup_s or 0.0) - w.warmup_s,
                                          startup_s=None, warmup_s=0.0))
              for t in sim_trace(jobs, scale) for w in (t.workload,)]
     return round(floors(trace, parse_cluster("1xH100-80GB"), SharingMode(sharing)).model_floor_s, 1)
@@ -154,14 +154,35 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every duration (0.25: quick)")
     parser.add_argument("--quick", action="store_true", help="0.25x durations, exclusive and auto-mps only")
-    parser.add_argument("--out", type=Path, help="write the results here instead of benchmarks/results/")
+    parser.add_argument("--out", type=Path, help="write the results here (a path without suffix) "
+                        "instead of benchmarks/results/")
+    parser.add_argument("--resume", action="store_true", help="keep the daemon runs an earlier, "
+                        "interrupted run of the same day and scale finished (<out>.partial.json)")
     args = parser.parse_args()
     scale = 0.25 if args.quick else args.scale
     runs = QUICK_RUNS if args.quick else RUNS
+    today = date.today().isoformat()
+    out = args.out or ROOT / "results" / f"first_run-emulated-{today}{'-quick' if args.quick else ''}"
+    # what needs no daemon first, so a mistake there costs seconds, not the runs
+    sim_only = {f"{p}-{m}": simulate(p, m, scale) for m in ("time-slicing", "mps") for p in (*CARMA, "exclusive")}
+    floor = {m: {"first": model_floor(TRACE, m, scale), "returning": model_floor([TRACE[k] for k in RETURNING], m, scale)}
+             for m in ("time-slicing", "mps")}
+    # each daemon run is kept as it ends (``--resume`` picks them up): a run takes minutes
+    partial = out.with_suffix(".partial.json")
+    done = json.loads(partial.read_text()) if args.resume and partial.exists() else {}
+    if done.get("scale", scale) != scale:
+        parser.error(f"{partial} was measured at scale {done['scale']}: drop --resume or pass --scale {done['scale']}")
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for policy, sharing in runs:
-            measured = run_daemon(policy, sharing, Path(tmp), scale)
+            key = f"{policy}/{sharing}"
+            if key in done.get("runs", {}):
+                measured = done["runs"][key]
+            else:
+                measured = run_daemon(policy, sharing, Path(tmp), scale)
+                done = {"scale": scale, "runs": {**done.get("runs", {}), key: measured}}
+                partial.parent.mkdir(parents=True, exist_ok=True)
+                partial.write_text(json.dumps(done, indent=1) + "\n")
             predicted = simulate(policy, sharing, scale)
             results.append({"policy": policy, "sharing": sharing, "daemon": measured, "simulator": predicted})
             print(policy, sharing, json.dumps(measured["first"]), json.dumps(predicted), flush=True)
@@ -177,14 +198,10 @@ def main() -> None:
         s = r["simulator"]
         s["first_error"] = round(s["first_makespan_s"] / d["first"]["makespan_s"] - 1.0, 3)
         s["returning_error"] = round(s["returning_makespan_s"] / d["returning"]["makespan_s"] - 1.0, 3)
-    sim_only = {f"{p}-{m}": simulate(p, m, scale) for m in ("time-slicing", "mps") for p in (*CARMA, "exclusive")}
-    floor = {m: {"first": model_floor(TRACE, m, scale), "returning": model_floor([TRACE[k] for k in RETURNING], m, scale)}
-             for m in ("time-slicing", "mps")}
-    doc = {"machine": "2-core CPU dev machine, no GPU; emulated 1xH100-80GB", "date": date.today().isoformat(),
+    doc = {"machine": "2-core CPU dev machine, no GPU; emulated 1xH100-80GB", "date": today,
            "scale": scale, "trace": [t.__dict__ | {"name": t.name} for t in TRACE],
            "returning": [TRACE[k].name for k in RETURNING], "exclusive_returning_s": base_again,
            "results": results, "simulator_only": sim_only, "model_floor_s": floor}
-    out = args.out or ROOT / "results" / f"first_run-emulated-{doc['date']}{'-quick' if args.quick else ''}"
     out.with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n")
     lines = [f"# First run and returning user on an emulated H100 ({doc['date']})", "",
              f"Issue 29's trace (`benchmarks/first_run_trace.py`), durations x{scale:g}; "
@@ -205,6 +222,7 @@ def main() -> None:
               "", "Simulator only (same trace): " +
               ", ".join(f"{k} {v['first_makespan_s']:.0f} s" for k, v in sim_only.items())]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    partial.unlink(missing_ok=True)
     print("\n".join(lines))
 
 

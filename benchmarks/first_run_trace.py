@@ -12,7 +12,7 @@ MLPs at the bottom of the range, launch-bound as gpu-facts.md measured them; DRA
 
 ``python benchmarks/first_run_trace.py --job NAME [--lr LR] --out PATH`` runs one job as an
 emulated training job (``collocate.gpus.emulate_job``: start-up, memory ramp, first steps, then
-steady activity), so the daemon sees one script with different arguments, as it did on the GPU:
+steady activity, its step reported every 0.25 s as a training loop logs it), so the daemon sees one script with different arguments, as it did on the GPU:
 the MLP sweep's points are one family (``collocate.identity``), ``--job lstm`` and ``--job mlp``
 are not, and a resubmission with another ``--out`` is the same job.
 """
@@ -80,6 +80,9 @@ def find(job: str, lr: str) -> TraceJob:
     raise SystemExit(f"no job {job} --lr {lr} in the trace")
 
 
+STEPS_PER_S = 10.0  # reported as a training loop logs its step (the GPU jobs every 5 steps)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="One emulated job of issue 29's first-run trace.")
     parser.add_argument("--job", required=True)
@@ -92,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     from collocate.gpus.emulated import state_dir_from_env
 
     spec = JobSpec(mem_mib=t.peak_mib, seconds=t.seconds * scale, sm=t.sm, dram=t.dram,
-                   ramp_s=2.0 * scale, startup_s=t.startup_s * scale, warmup_s=t.warmup_s * scale)
+                   ramp_s=2.0 * scale, startup_s=t.startup_s * scale, warmup_s=t.warmup_s * scale,
+                   steps_per_s=STEPS_PER_S / scale)
     return run_job(spec, state_dir_from_env(None), os.environ)
 
 

@@ -288,16 +288,32 @@ def hold_emulated_memory() -> Callable[[], None]:
     return lambda: store.release(pid)
 
 
+REPORT_EVERY = 5  # steps between two reports of the step counter
+
+
+def step_reporter() -> Callable[[int], None]:
+    """Under the daemon, log the step every ``REPORT_EVERY`` steps as a training loop logs its
+    loss (``collocate.monitor.log_metric``): the daemon measures the job's slowdown from its pace.
+    Elsewhere nothing (and collocate is not imported)."""
+    if not os.environ.get("COLLOCATE_METRICS_FILE"):
+        return lambda n: None
+    from collocate.monitor import log_metric
+
+    return lambda n: None if n % REPORT_EVERY else log_metric("step", n, step=n)
+
+
 def train(name: str, batch_size: int, steps: int, lr: float) -> dict[str, Any]:
     dev = device()
     t0 = time.monotonic()
     release = hold_emulated_memory()
+    report = step_reporter()
     try:
         trainer = Trainer(name, batch_size, lr, dev)
         t_start = time.monotonic()
         loss = torch.zeros(())
-        for _ in range(steps):
+        for n in range(1, steps + 1):
             loss = trainer.step()
+            report(n)
         trainer.sync()
     finally:
         release()

@@ -166,7 +166,8 @@ class GpuView:
     was first seen holding memory on it: ``inf`` while not yet seen, ``-inf`` when it has no job
     (CARMA's one-launch-in-flight guard reads it). ``starting``: how many of its jobs have not
     shown their steady activity yet (``collocate.world.Phase``). ``owner``: under MPS, the user
-    whose jobs it serves ("" when none).
+    whose jobs it serves ("" when none). ``slowed``: the largest slowdown measured for its jobs
+    from the progress they report (0: none measured; ``collocate.world``).
     """
 
     id: GpuId
@@ -180,6 +181,7 @@ class GpuView:
     starting: int = 0
     other_mib: float = 0.0
     owner: str = ""
+    slowed: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,7 +247,8 @@ class ClusterSnapshot:
     ``speed`` and ``gang_node`` (the node number for multi-GPU placement, -1 on a MIG instance:
     see ``gang_nodes``). ``owner``: per GPU, the user whose jobs it serves under MPS ("" when
     none; empty when nobody's). ``residents``: per GPU, the ids of its jobs (for wait reasons
-    that name them). ``datasets`` maps a
+    that name them). ``slowed``: per GPU, the largest slowdown measured for its jobs from the
+    progress they report (0 where none is measured; None: nothing measured anywhere). ``datasets`` maps a
     shared dataset's name to the GPU positions whose jobs read it (for placing jobs of one
     ``collocate share`` producer together). ``gangs``: the running multi-GPU jobs, whose pace
     on one GPU is set by their slowest.
@@ -277,6 +280,7 @@ class ClusterSnapshot:
     gangs: Gangs | None = None  # None: none running
     owner: Sequence[str] = ()
     residents: Sequence[Collection[str]] = ()
+    slowed: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -312,7 +316,8 @@ class ClusterSnapshot:
             ids=tuple(self.ids[i] for i in keep), **arrays, gangs=gangs,
             datasets={name: gpus for name, gpus in datasets.items() if gpus},
             owner=tuple(self.owner[i] for i in keep) if self.owner else (),
-            residents=tuple(self.residents[i] for i in keep) if self.residents else ())
+            residents=tuple(self.residents[i] for i in keep) if self.residents else (),
+            slowed=None if self.slowed is None else self.slowed[idx])
 
     @classmethod
     def from_views(
@@ -371,6 +376,7 @@ class ClusterSnapshot:
             gangs=running_gangs(views, running),
             owner=tuple(v.owner for v in views) if any(v.owner for v in views) else (),
             residents=tuple(v.jobs for v in views),
+            slowed=column(v.slowed for v in views) if any(v.slowed for v in views) else None,
         )
 
 

@@ -23,6 +23,11 @@ meters read, and both get the same answers because every rule of observation liv
   (over about ``AVERAGE_SAMPLES``) revises the beliefs of every resident in it (``Joint.revised``),
   and when the segment ends (a resident leaves, joins or becomes active) what it taught is kept.
   Jobs learn while they share a GPU, and a departure re-solves the rest at once.
+* **Progress, where a job reports it.** A job that logs a step counter (``log_metric(..., step=)``)
+  shows its step rate over the last ``PROGRESS_WINDOW_S``; its fastest such rate while active is
+  what it can do (sharing only slows a job), and that over its rate now is its *measured*
+  slowdown. Policies see each GPU's largest (``slowed``): the model's predictions are checked
+  against it, so a mix the model thinks harmless stops growing once its jobs are seen to slow.
 * **When to look again** (``next_change_at``): when a commitment, a phase or a belief will change
   with no new reading, so the simulator wakes only then.
 
@@ -36,6 +41,7 @@ and reads no clock.
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from collections import deque
 from collections.abc import Iterable, Sequence
@@ -76,6 +82,10 @@ MIN_SEGMENT_SAMPLES = 3
 #: Time constant of a segment's moving average, in samples: recent readings count most, so a job
 #: whose first steps were slow is priced by its steady steps within seconds.
 AVERAGE_SAMPLES = 5
+#: A reported step rate is read over this much of a job's latest reports, and needs
+#: ``PROGRESS_MIN_REPORTS`` of them (a job logging every few steps shows a rate within seconds).
+PROGRESS_WINDOW_S = 5.0
+PROGRESS_MIN_REPORTS = 3
 #: Bytes of memory a process shows once it has a CUDA context (about 500 MiB on an H100): what a
 #: simulated job holds from the end of its start-up until its ramp.
 CONTEXT_MIB = 500.0
@@ -112,6 +122,9 @@ class Resident:
     seen_at: float = math.inf  # when it first held memory on its GPUs
     commitment: float = 0.0  # what it holds against each of its devices (the last charge)
     memory_due: float = math.inf  # the wake-up asked for its commitment's next change
+    steps: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=256))  # reported (time, step)
+    best_rate: float = 0.0  # its fastest reported step rate while active: what it can do
+    slowdown: float = 0.0  # measured: ``best_rate`` over its rate now (0: not measured)
 
     @property
     def profile(self) -> JobProfile:
@@ -208,6 +221,7 @@ class World:
         self.util_sm = np.zeros(n)
         self.util_occ = np.zeros(n)
         self.util_dram = np.zeros(n)
+        self.slowed = np.zeros(n)  # the largest measured slowdown of each device's residents
         self.state = [_DeviceState() for _ in range(n)]
         self.window = window
         if window:
@@ -304,6 +318,8 @@ class World:
                 self.n_starting[i] -= 1
             self.sm_sum[i] -= r.pricing.profile.sm_activity
             self.dram_sum[i] -= r.pricing.profile.dram_activity
+            if r.slowdown:
+                self._refresh_slowed(i)
             if not st.residents:  # clear float drift; an empty GPU has nothing in flight
                 self.committed[i] = self.sm_sum[i] = self.dram_sum[i] = 0.0
                 self.seen_at[i] = -math.inf
@@ -330,6 +346,35 @@ class World:
         self.residents[job_id].job = job
 
     # -- readings ------------------------------------------------------------------------------
+    def observe_progress(self, job_id: str, now: float, step: float) -> None:
+        """A resident reported reaching ``step`` at ``now`` (its own counter, e.g. the step of a
+        ``log_metric``). Reports before it is active are dropped: start-up and first steps are
+        not its pace."""
+        r = self.residents.get(job_id)
+        if r is None or r.phase is not Phase.ACTIVE:
+            return
+        if r.steps and (step < r.steps[-1][1] or now <= r.steps[-1][0]):
+            if step < r.steps[-1][1]:  # its counter went back (a restarted loop): start over
+                r.steps.clear()
+            else:
+                return
+        r.steps.append((now, step))
+        while r.steps[0][0] < now - PROGRESS_WINDOW_S:
+            r.steps.popleft()
+        if len(r.steps) < PROGRESS_MIN_REPORTS:
+            return
+        points = list(r.steps)
+        rates = sorted((s1 - s0) / (t1 - t0) for (t0, s0), (t1, s1) in itertools.pairwise(points))
+        if rates[0] <= 0.0:  # it paused in the window (an evaluation, a checkpoint): not its pace
+            return
+        rate = rates[len(rates) // 2]  # the median: one long gap between reports is no slowdown
+        r.best_rate = max(r.best_rate, rate)
+        slowdown = r.best_rate / rate
+        if slowdown != r.slowdown:
+            r.slowdown = slowdown
+            for i in r.devices:
+                self._refresh_slowed(i)
+
     def observe_memory(self, job_id: str, held_mib: float, now: float) -> None:
         """The memory a resident's processes hold on its most loaded device."""
         r = self.residents.get(job_id)
@@ -441,11 +486,15 @@ class World:
             other_mib=_frozen(self.other), has_mig_instances=self.has_mig, sharing=self.sharing,
             datasets={name: tuple(sorted(c)) for name, c in self._datasets.items() if c},
             gangs=self._gang_view(), owner=tuple(self.owner), residents=self._ids_view,
+            slowed=_frozen(self.slowed) if self.slowed.any() else None,
         )
 
     def on(self, i: int) -> list[Resident]:
         """Device ``i``'s residents, oldest first."""
         return [self.residents[j] for j in self.state[i].residents]
+
+    def _refresh_slowed(self, i: int) -> None:
+        self.slowed[i] = max((self.residents[j].slowdown for j in self.state[i].residents), default=0.0)
 
     def reading(self, i: int) -> tuple[float, float | None]:
         st = self.state[i]

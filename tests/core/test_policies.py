@@ -181,6 +181,24 @@ def test_auto_refuses_collocation_that_slows_jobs_too_much():
     assert placed(make_policy("auto")([job("new", mem=GIB, profile=heavy)], cluster)) == {}
 
 
+def test_auto_stops_adding_to_a_gpu_whose_jobs_are_measured_slower_than_the_model_says():
+    # Two light jobs: the model admits a third (its slowdowns stay small); measured, the
+    # residents already run 3.8x slower than alone (the model missed something), so the limit
+    # holds for what they show and the GPU takes nobody, and the reason says so.
+    light = JobProfile(0.3, 0.1)
+    running = {j: RunningJob(j, (GpuId("n0", 0),), light, 4 * GIB) for j in ("a", "b")}
+    views = [gpu(0, free=30 * GIB, committed=8 * GIB, jobs=["a", "b"])]
+    newcomer = job("new", mem=2 * GIB, profile=light, profile_source="history")
+    assert placed(make_policy("auto")([newcomer], ClusterSnapshot.from_views(views, running=running))) == {
+        "new": ["n0:0"]}
+    slowed = [GpuView(**{**{f: getattr(views[0], f) for f in GpuView.__slots__}, "slowed": 3.8})]
+    plan = make_policy("auto")([newcomer], ClusterSnapshot.from_views(slowed, running=running))
+    assert placed(plan) == {} and "measured 3.8x" in str(plan.waits["new"])
+    told = [GpuView(**{**{f: getattr(views[0], f) for f in GpuView.__slots__}, "slowed": 1.0})]
+    assert placed(make_policy("auto")([newcomer], ClusterSnapshot.from_views(told, running=running))) == {
+        "new": ["n0:0"]}  # a measurement kinder than the model changes nothing
+
+
 def test_auto_counts_committed_memory_not_only_measured_free():
     # 30 GiB measured free, but a job committed 25 GiB has not allocated yet
     cluster = ClusterSnapshot.from_views([gpu(0, free=30 * GIB, committed=35 * GIB, jobs=["x"])])

@@ -137,3 +137,59 @@ def test_under_mps_a_gpu_belongs_to_the_user_of_its_jobs_until_it_empties():
     assert w.snapshot(0.0).owner == ("alice",)
     w.remove("a", now=1.0)
     assert w.snapshot(1.0).owner == ("",)
+
+
+# -- progress a job reports ----------------------------------------------------------------------
+def _report(w: World, job_id: str, start: float, end: float, rate: float, step0: float = 0.0) -> float:
+    """Steps at ``rate`` a second from ``start`` to ``end``, reported every half second; the
+    last step reported."""
+    step, t = step0, start
+    while t <= end + 1e-9:
+        w.observe_progress(job_id, t, step)
+        t += 0.5
+        step += 0.5 * rate
+    return step - 0.5 * rate
+
+
+def test_a_jobs_measured_slowdown_is_its_fastest_step_rate_over_its_rate_now():
+    w = world()
+    w.place(job("a"), [0], now=0.0)
+    _report(w, "a", 0.0, 3.0, 10.0)  # starting: start-up and first steps are not its pace
+    assert w.residents["a"].best_rate == 0.0
+    _active(w, "a", 0, 4.0, 0.6)
+    step = _report(w, "a", 4.0, 12.0, 10.0)
+    assert w.residents["a"].slowdown == pytest.approx(1.0) and w.slowed[0] == pytest.approx(1.0)
+    _report(w, "a", 12.5, 30.0, 4.0, step)  # something slows it to 4 steps a second
+    assert w.residents["a"].slowdown == pytest.approx(2.5)
+    assert w.snapshot(30.0).slowed[0] == pytest.approx(2.5)
+
+
+def test_an_evaluation_without_steps_or_a_restarted_counter_is_not_a_slowdown():
+    w = world()
+    w.place(job("a"), [0], now=0.0)
+    _active(w, "a", 0, 1.0, 0.6)
+    step = _report(w, "a", 1.0, 10.0, 10.0)
+    _report(w, "a", 10.5, 20.0, 0.0, step)  # no steps for 10 s: unknown, not infinitely slow
+    assert w.residents["a"].slowdown == pytest.approx(1.0)
+    for t in (25.0, 25.5, 26.0, 28.0, 28.5, 29.0):  # one 2-s gap between reports: a stall
+        step += 5.0
+        w.observe_progress("a", t, step)
+    assert w.residents["a"].slowdown == pytest.approx(1.0)
+    _report(w, "a", 20.5, 30.0, 10.0, 0.0)  # the counter went back (a new epoch loop): start over
+    assert w.residents["a"].slowdown == pytest.approx(1.0)
+
+
+def test_a_gpu_shows_its_slowest_jobs_measurement_until_that_job_leaves():
+    w = world()
+    for j, level in (("a", 0.4), ("b", 0.8)):
+        w.place(job(j), [0], now=0.0)
+        _active(w, j, 0, 1.0, level)
+    step = _report(w, "a", 1.0, 8.0, 10.0)
+    _report(w, "a", 8.5, 20.0, 5.0, step)
+    _report(w, "b", 1.0, 20.0, 7.0)  # b reports a steady rate: 1x
+    assert w.slowed[0] == pytest.approx(2.0)
+    w.remove("a", 21.0)
+    assert w.slowed[0] == pytest.approx(1.0)
+    assert w.snapshot(21.0).slowed is not None
+    w.remove("b", 22.0)
+    assert w.slowed[0] == 0.0 and w.snapshot(22.0).slowed is None  # nothing measured anywhere

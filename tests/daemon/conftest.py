@@ -8,8 +8,6 @@ shared-dataset producer still serving. The helpers live in ``daemon_harness``.
 
 from __future__ import annotations
 
-import os
-import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -31,10 +29,4 @@ def daemons(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
 
     yield make
     for d in started:
-        d.kill()
-        for pid in [*d.runner_pids(), *d.producer_pids()]:
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        d.remove_cgroups()
+        d.kill_all()

@@ -28,7 +28,8 @@ START_TIMEOUT_S = 30.0
 def job_argv(mem_mib: float, seconds: float, peak_mib: float | None = None, sm: float = 0.1,
              *extra: str) -> list[str]:
     """An emulated job: holds ``mem_mib`` (then ``peak_mib`` from 30 % progress) for ``seconds``;
-    ``extra``: ``--startup S``, ``--warmup W``, ``--dram D``, or arguments that only name it."""
+    ``extra``: ``--startup S``, ``--warmup W``, ``--dram D``, ``--steps-per-s N`` (steps it
+    reports), or arguments that only name it."""
     return [sys.executable, JOB, str(mem_mib), str(seconds),
             "-" if peak_mib is None else str(peak_mib), str(sm), *extra]
 
@@ -115,6 +116,17 @@ class Daemon:
         for key in [str(self.state_dir), *(str(p) for p in self.state_dir.glob("nodes/*"))]:
             while not Cgroups.remove_leftovers(key) and time.monotonic() < deadline:
                 time.sleep(0.1)
+
+    def kill_all(self) -> None:
+        """Kill the daemon and everything it started (runners and producers outlive a killed
+        daemon, as they should in use), and remove the cgroups its jobs left."""
+        self.kill()
+        for pid in [*self.runner_pids(), *self.producer_pids()]:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        self.remove_cgroups()
 
     def runner_pids(self) -> list[int]:
         pids = []

@@ -7,8 +7,8 @@ user in a process of its own (``subprocess``'s ``user``/``group``/``extra_groups
 Python the user may run (``member_python``): the one running the tests, or where that one
 lives in a directory members cannot enter (a venv under ``/root``), the system's
 ``python3`` of the same version with this one's ``sys.path``, as ``docs/lab.md`` tells a lab to
-install the daemon where members can read it. Tests skip, saying why, when not root or when no
-such Python exists.
+install the daemon where members can read it. Tests skip, saying why, when not root; they fail
+when no such Python exists (a venv or checkout members cannot enter: ``.ci/run`` opens its own).
 """
 
 from __future__ import annotations
@@ -160,14 +160,7 @@ def lab_daemon(*args: str, gpus: str = "emulated:2xA100-40GB", period: float = 0
 
 def stop_lab(d) -> None:
     """Kill the daemon and every job it started (they outlive a killed daemon), remove its dir."""
-    import signal
-
-    d.kill()
-    for pid in d.runner_pids():
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+    d.kill_all()
     shutil.rmtree(d.state_dir.parent, ignore_errors=True)
 
 

@@ -31,13 +31,7 @@ def daemon(small_disk):
     d = Daemon(small_disk / "state", ["--gpus", "emulated:1xA100-40GB", "--period", "0.1"])
     d.start()
     yield d
-    d.kill()
-    for pid in d.runner_pids():
-        try:
-            os.killpg(pid, 9)
-        except OSError:
-            pass
-    d.remove_cgroups()
+    d.kill_all()
 
 
 def _fill(disk: Path) -> Path:

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
+
+import pytest
 
 from daemon_harness import job_argv, wait_for
 
@@ -162,3 +165,30 @@ def test_under_mps_the_pinned_limit_enforces_the_requirement_and_the_job_recover
 
 
 
+
+
+def test_jobs_that_report_their_steps_are_measured_slowing_down_as_they_share(daemons):
+    # Two heavy jobs packed by their declarations on one GPU, each logging its step every
+    # quarter second as a training loop would: the daemon measures each one's slowdown from
+    # its steps (its fastest rate over its rate now), as fast as the emulated jobs really run.
+    d = daemons("--policy", "declared-memory", gpus="emulated:1xA100-40GB")
+    first = d.submit(job_argv(2000, 40.0, None, 0.7, "--steps-per-s", "20", "--dram", "0.3"), mem="4GiB")
+    wait_for(lambda: d.job(first)["profile"]["measured_slowdown"] is not None, 15, "its steps, alone")
+    assert d.job(first)["profile"]["measured_slowdown"] < 1.15
+    second = d.submit(job_argv(2000, 40.0, None, 0.7, "--steps-per-s", "20", "--dram", "0.3"), mem="4GiB")
+    wait_for(lambda: _running(d, second), 10, "the second job beside it")
+
+    def shown() -> float | None:
+        slowed = _gpu(d)["slowed"]
+        return slowed if slowed and slowed > 1.3 else None
+    wait_for(shown, 20, "the slowdown its steps show")
+
+    def running_at() -> float | None:  # what the emulated job says it runs at, once shared
+        said = [float(line.split("slowdown ")[1].split()[0])
+                for line in d.client.request("logs", id=first)["text"].splitlines() if "slowdown " in line]
+        return said[-1] if said and said[-1] > 1.1 else None
+    real = wait_for(running_at, 20, "the emulated job to print its slowdown")
+    assert _gpu(d)["slowed"] == pytest.approx(real, rel=0.2)
+    shown = subprocess.run([sys.executable, "-m", "collocate.daemon", "show", first, "--state-dir",
+                            str(d.state_dir)], capture_output=True, text=True, timeout=60, check=True)
+    assert "from the steps it reports" in shown.stdout

@@ -70,9 +70,11 @@ def test_priority_is_the_owners_to_raise_and_members_may_lower_their_own(lab):
     d, (alice, _, _), work = lab
     up = alice.requests(d.state_dir, ("submit", {"argv": ["/bin/true"], "cwd": str(work),
                                                  "mem": "1GiB", "priority": "99999999999999999999999"}),
+                        ("submit", {"argv": ["/bin/true"], "cwd": str(work), "mem": "1GiB", "priority": -99999999}),
                         ("submit", {"argv": ["/bin/true"], "cwd": str(work), "mem": "1GiB", "priority": 5}))
-    assert not up[0]["ok"] and "at most 1000000" in up[0]["error"]
-    assert not up[1]["ok"] and "only the daemon's owner may raise" in up[1]["error"]
+    assert not up[0]["ok"] and "whole number" in up[0]["error"] and "at most 18" in up[0]["error"] + up[0].get("hint", "")
+    assert not up[1]["ok"] and "at least -1000000" in up[1]["error"]
+    assert not up[2]["ok"] and "only the daemon's owner may raise" in up[2]["error"]
     nice = alice.run(d.state_dir, "submit", "--nice", "10", "--mem", "1GiB", "--", "/bin/true", cwd=str(work))
     assert nice.returncode == 0, nice.stderr
     assert d.job(nice.stdout.strip())["priority"] == -10

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import time
 import urllib.request
@@ -44,12 +43,7 @@ def lab_daemon(daemons):
 
     yield make
     for d, where in made:
-        d.kill()
-        for pid in d.runner_pids():
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        d.kill_all()
         where.close()
 
 

@@ -160,6 +160,8 @@ def print_detail(d: dict[str, Any]) -> None:
         p = d["profile"]
         c.print(f"  activity  SM {p['sm_activity']:.2f}, DRAM {p['dram_activity']:.2f} alone"
                 f" ({printable(p['source'])})")
+        if isinstance(p.get("measured_slowdown"), (int, float)):
+            c.print(f"  slowdown  {p['measured_slowdown']:.2f}x now, from the steps it reports")
     c.print(f"  retries   {retries_line(d)}")
     for key, what in (("after", "must end done first"), ("after_any", "must end first"),
                       ("after_notok", "must end other than done first")):

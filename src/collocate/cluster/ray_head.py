@@ -284,7 +284,7 @@ class Agents:
                    gpu_pids: AbstractSet[int]) -> dict[str, dict[str, TreeUsage]]:
         return self.call_all("read_trees", {n: (dict(r), now, frozenset(gpu_pids)) for n, r in roots.items()})
 
-    def read_metrics(self, parts: Mapping[str, Mapping[str, PartRef]]) -> dict[str, list[MetricPoint] | None]:
+    def read_metrics(self, parts: Mapping[str, Mapping[str, PartRef]]) -> dict[str, list[MetricPoint]]:
         """Each node reads its jobs' metrics files; a node whose jobs all ended is asked with
         none, so it closes their files."""
         return self.call_all("read_metrics", {n: (dict(p),) for n, p in parts.items()})
@@ -340,7 +340,7 @@ class RayNode:
                    gpu_pids: AbstractSet[int]) -> dict[str, TreeUsage]:
         return self._call("read_trees", dict(roots), now, frozenset(gpu_pids))
 
-    def read_metrics(self, parts: Mapping[str, PartRef]) -> list[MetricPoint] | None:
+    def read_metrics(self, parts: Mapping[str, PartRef]) -> list[MetricPoint]:
         return self._call("read_metrics", dict(parts))
 
     def collect(self, owned: Collection[PartRef]) -> list[str]:

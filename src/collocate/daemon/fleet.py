@@ -78,7 +78,7 @@ class Nodes(Protocol):
     def read_trees(self, roots: Mapping[str, Mapping[str, int]], now: float,
                    gpu_pids: AbstractSet[int]) -> dict[str, dict[str, TreeUsage]]: ...
 
-    def read_metrics(self, parts: Mapping[str, Mapping[str, PartRef]]) -> dict[str, list[MetricPoint] | None]: ...
+    def read_metrics(self, parts: Mapping[str, Mapping[str, PartRef]]) -> dict[str, list[MetricPoint]]: ...
 
     def confinement_words(self) -> str: ...
 
@@ -122,7 +122,7 @@ class InProcessNodes:
                    gpu_pids: AbstractSet[int]) -> dict[str, dict[str, TreeUsage]]:
         return {name: self.nodes[name].read_trees(r, now, gpu_pids) for name, r in roots.items()}
 
-    def read_metrics(self, parts: Mapping[str, Mapping[str, PartRef]]) -> dict[str, list[MetricPoint] | None]:
+    def read_metrics(self, parts: Mapping[str, Mapping[str, PartRef]]) -> dict[str, list[MetricPoint]]:
         return {name: self.nodes[name].read_metrics(p) for name, p in parts.items()}
 
     def confinement_words(self) -> str:
@@ -385,17 +385,23 @@ class Fleet:
                 trees[job_id] = tree if job_id not in trees else _summed(trees[job_id], tree)
         return trees
 
-    def read_metrics(self, attempts: Mapping[str, Attempt]) -> list[MetricPoint] | None:
-        """The launched jobs' new ``log_metric`` points, read on their nodes; None when every
-        node leaves that to the head (one server: the usage sampler reads the files)."""
+    def read_metrics(self, attempts: Mapping[str, Attempt]) -> tuple[list[MetricPoint], list[MetricPoint]]:
+        """The launched jobs' new ``log_metric`` points, read on their nodes: all of them (the
+        dashboard's), and those of each job's first part (its pace: the ranks of a job across
+        nodes step together, and their reports interleaved would read as pauses)."""
         per_node: dict[str, dict[str, PartRef]] = {name: {} for name in self.nodes.names()}
+        first: dict[str, str] = {}
         for job_id, attempt in attempts.items():
-            for part in parts_of(attempt):
+            parts = parts_of(attempt)
+            for part in parts:
                 per_node.setdefault(part.node, {})[job_id] = part.ref
+            if parts:
+                first[job_id] = parts[0].node
         answers = self.nodes.read_metrics(per_node)
-        if answers and all(points is None for points in answers.values()):
-            return None
-        return [point for points in answers.values() for point in points or ()]
+        points = [p for points in answers.values() for p in points]
+        if len(answers) <= 1:
+            return points, points
+        return points, [p for name, pts in answers.items() for p in pts if first.get(p.job_id) == name]
 
     def collect(self, running: Sequence[Attempt]) -> None:
         """Once per round, after the attempts were polled: each node reaps what its jobs left

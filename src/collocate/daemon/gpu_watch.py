@@ -4,19 +4,21 @@ Each sampling period the watch reads the backend once and tells the world what t
 meters tell it in a simulation: per device its SM, occupancy and DRAM activity (GPM where the GPU
 has it, else NVML's utilization), its free memory, and the memory held by processes that belong
 to no running attempt (an MPS server aside: ``is_helper``); per job the memory its processes
-hold on its most loaded GPU (a job's processes are its runner's process tree). Everything the
+hold on its most loaded GPU (a job's processes are its runner's process tree), and the steps
+jobs report with their metrics. Everything the
 policies then see (phases, commitments, beliefs learned alone or shared, the risk window, the
 snapshot) is the world's, the same code the simulator runs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from collocate.gpus.base import DeviceInfo, DeviceSample, GpuBackend
 from collocate.gpus.mps import is_mps_server
 from collocate.interference import ModeParams
 from collocate.model import ClusterSnapshot, Job, SharingMode, Utilization
+from collocate.monitor.job_metrics import MetricPoint
 from collocate.policies.risk import WINDOW_SAMPLES
 from collocate.world import Device, Resident, World
 
@@ -60,6 +62,13 @@ class GpuWatch:
 
     def resident(self, job_id: str) -> Resident | None:
         return self.world.residents.get(job_id)
+
+    def progress(self, points: Iterable[MetricPoint]) -> None:
+        """The steps jobs reported with their metrics (``log_metric(..., step=)``): the world
+        measures their slowdowns from them."""
+        for p in points:
+            if p.step is not None:
+                self.world.observe_progress(p.job_id, p.time, float(p.step))
 
     # -- readings -------------------------------------------------------------------------------
     def read(self) -> list[DeviceSample]:

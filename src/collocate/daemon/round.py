@@ -11,8 +11,6 @@ running siblings, asks the same ``Scheduler`` the simulator uses for a plan, and
 from __future__ import annotations
 
 import time
-from functools import lru_cache
-from pathlib import Path
 
 from collocate.daemon.attempts import Attempts
 from collocate.daemon.config import Wiring
@@ -22,17 +20,10 @@ from collocate.daemon.views import committed_by_gpu
 from collocate.interference import InterferenceModel
 from collocate.knowledge import ProfileKnowledge, price_pending
 from collocate.model import UNKNOWN_PROFILE
-from collocate.monitor.job_metrics import METRICS_FILE_NAME
 from collocate.monitor.process_tree import TreeUsage
 from collocate.monitor.sampler import UsageJob
 from collocate.scheduler import Capacity
 from collocate.world import observed_residents
-
-
-@lru_cache(maxsize=1 << 16)
-def _metrics_file(attempt_dir: str) -> Path:
-    """Where an attempt's ``log_metric`` points are (made once per attempt, not per round)."""
-    return Path(attempt_dir) / METRICS_FILE_NAME
 
 
 class SchedulingRound:
@@ -52,7 +43,8 @@ class SchedulingRound:
             self._devices_joined(now)
         trees = self._read_trees(samples, now)
         self.watch.observe({j: r.pids for j, r in running.items()}, now)
-        metrics = self.fleet.read_metrics({j: r.attempt for j, r in running.items() if r.attempt.pid})
+        metrics, paced = self.fleet.read_metrics({j: r.attempt for j, r in running.items() if r.attempt.pid})
+        self.watch.progress(paced)
         self.tracking.tick(samples, self._usage_jobs(), trees, metrics,
                            committed_by_gpu(self.watch))
         self.attempts.reap(now)
@@ -117,8 +109,8 @@ class SchedulingRound:
             self.scheduler.update(job)
 
     def _usage_jobs(self) -> dict[str, UsageJob]:
-        """Running jobs as the usage sampler sees them: the runner's tree, owner, name, metrics
-        file (unless the executor read the metrics on the jobs' nodes), and the SM activity each
+        """Running jobs as the usage sampler sees them: the runner's tree, owner, name (their
+        metrics are read on their nodes, each round), and the SM activity each
         is expected to draw beside its neighbours (the interference model's split of a GPU
         reading that per-process counters miss, as under MPS)."""
         launched = {j: run for j, run in self.attempts.running.items() if run.attempt.pid}
@@ -134,6 +126,5 @@ class SchedulingRound:
             others = [profiles[o] for o in neighbours]
             rate = 1.0 / self.interference.slowdown(self.config.sharing, profiles[job_id], others)
             jobs[job_id] = UsageJob(run.attempt.pid or 0, self.specs[job_id].user,
-                                    run.name, _metrics_file(run.attempt.dir),
-                                    expected_sm=profiles[job_id].sm_activity * rate)
+                                    run.name, expected_sm=profiles[job_id].sm_activity * rate)
         return jobs

@@ -135,7 +135,9 @@ def _profile(job: Job, resident: Any) -> dict[str, Any]:
         sm, dram, source = job.profile.sm_activity, job.profile.dram_activity, job.profile_source
         sm_var = job.profile_var[0] if job.profile_var else None
     return {"sm_activity": sm, "dram_activity": dram, "sm_sd": None if sm_var is None else sm_var ** 0.5,
-            "source": _SOURCES.get(source, source), "source_kind": source}
+            "source": _SOURCES.get(source, source), "source_kind": source,
+            # from the steps it reports (``log_metric(..., step=)``): its fastest rate over its rate now
+            "measured_slowdown": (resident.slowdown or None) if resident is not None else None}
 
 
 def logs(store: Store, job_id: str, args: Mapping[str, Any], read: LogReader,
@@ -224,6 +226,7 @@ def gpu_rows(monitor: GpuWatch, running: Mapping[str, Any], now: float,
             "sm_window": u.sm_activity, "dram_window": u.dram_activity,
             "committed_mib": monitor.committed_mib(d.uuid),
             "other_mib": monitor.other_mib.get(d.uuid, 0.0),
+            "slowed": float(monitor.world.slowed[monitor.position[d.uuid]]) or None,
             "jobs": sorted(jobs_on.get(d.uuid, []), key=int),
             "job_mib": held.get(d.uuid, {}),
             "node_event": latest.get(d.id.node),

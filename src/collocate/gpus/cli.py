@@ -30,6 +30,10 @@ def emulate_job(
         float, typer.Option("--warmup", help="Seconds after start-up of first steps: memory "
                                              "held, no activity yet.")
     ] = 0.0,
+    steps_per_s: Annotated[
+        float, typer.Option("--steps-per-s", help="Training steps a second when alone, reported "
+                                                  "with log_metric as a training loop would (0: none).")
+    ] = 0.0,
     peak_mem: Annotated[
         Optional[str],
         typer.Option("--peak-mem", help="A later, larger peak (e.g. to under-run an estimate)."),
@@ -65,6 +69,7 @@ def emulate_job(
         peak_at=peak_at,
         startup_s=startup,
         warmup_s=warmup,
+        steps_per_s=steps_per_s,
     )
     status = run_job(spec, state_dir_from_env(state_dir), os.environ)
     sys.stdout.flush()

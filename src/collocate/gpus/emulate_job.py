@@ -16,7 +16,8 @@ simulator models the same phases (``collocate.sim.engine``), so the two can be c
 
 The memory a job really uses (``mem_mib``, then ``peak_mib`` from ``peak_at`` of its progress) is
 independent of the requirement the scheduler was given at submit time: that is what lets a demo
-show an under-estimated job crash and recover.
+show an under-estimated job crash and recover. With ``steps_per_s`` it reports its training steps
+as a real loop's ``log_metric(..., step=)`` does, every ``STEP_REPORT_S``, slowed as it is.
 """
 
 from __future__ import annotations
@@ -40,11 +41,13 @@ from collocate.gpus.emulated_state import (
 )
 from collocate.interference import InterferenceModel, default_interference
 from collocate.model import JobProfile, SharingMode
+from collocate.monitor.job_metrics import ENV_METRICS_FILE, log_metric
 
 ENV_SHARING = "COLLOCATE_SHARING"
 RAMP_STEPS = 4
 CONTEXT_MIB = 500.0  # what a process holds once it has a CUDA context (``collocate.world``)
 EXIT_OOM = 1
+STEP_REPORT_S = 0.25  # how often an emulated job that reports steps logs them
 _MIB = 1024 * 1024
 
 
@@ -62,6 +65,7 @@ class JobSpec:
     tick_s: float | None = None  # None: seconds/40 within [0.02, 0.1] (short jobs stay precise)
     startup_s: float = 0.0  # no GPU memory, no activity
     warmup_s: float = 0.0  # after start-up: memory held, no activity yet
+    steps_per_s: float = 0.0  # training steps a second alone, reported with log_metric (0: none)
 
     def __post_init__(self) -> None:
         checks = [
@@ -74,6 +78,7 @@ class JobSpec:
             (0 <= self.peak_at <= 1, "--peak-at must be a fraction in [0, 1]"),
             (self.tick_s is None or self.tick_s > 0, "tick must be > 0"),
             (self.startup_s >= 0 and self.warmup_s >= 0, "--startup and --warmup must be >= 0"),
+            (self.steps_per_s >= 0, "--steps-per-s must be >= 0"),
             (self.startup_s + self.warmup_s < self.seconds,
              "--startup and --warmup are part of --seconds: together they must be shorter"),
         ]
@@ -198,9 +203,12 @@ class EmulatedJob:
         self, spec: JobSpec, store: StateStore, devices: list[DeviceRow], *,
         mode: SharingMode = SharingMode.TIME_SLICING, model: InterferenceModel | None = None,
         out: TextIO = sys.stdout, err: TextIO = sys.stderr,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.monotonic, metrics_file: str | None = None,
     ) -> None:
+        """``metrics_file``: where its steps are reported (``$COLLOCATE_METRICS_FILE``, as a
+        real job's ``log_metric`` writes them), when ``spec.steps_per_s`` asks for reports."""
         self.spec, self.store, self.devices, self.mode = spec, store, devices, mode
+        self.metrics_file = metrics_file
         self.model = model or default_interference()
         self.out, self.err, self.clock = out, err, clock
         self.pid = os.getpid()
@@ -240,6 +248,7 @@ class EmulatedJob:
         self._say(f"emulated job pid {self.pid} on {uuids} mode {self.mode.value}")
         t0 = last = self.clock()
         progress, next_report = 0.0, 0.1
+        steps, next_step_report = 0.0, 0.0
         tick = self.spec.tick_s or min(0.1, max(0.02, self.spec.seconds / 40))
         while True:
             now = self.clock()
@@ -252,6 +261,11 @@ class EmulatedJob:
                 self.store.set_rate(self.pid, 1.0 / slowdown)
                 self.reported = slowdown
             progress += (now - last) / self.spec.seconds / slowdown
+            if training and self.spec.steps_per_s and self.metrics_file:
+                steps += (now - last) * self.spec.steps_per_s / slowdown
+                if now >= next_step_report:  # as a training loop logs every few steps
+                    log_metric("steps", steps, step=int(steps), path=self.metrics_file)
+                    next_step_report = now + STEP_REPORT_S
             last = now
             if progress >= next_report or progress >= 1.0:
                 shown = min(1.0, progress)
@@ -298,7 +312,7 @@ def run_job(spec: JobSpec, state_dir: Path, env: os._Environ[str] | dict[str, st
     """Entry point for the CLI: resolve devices and mode from ``env`` and run the job."""
     store = StateStore.open_existing(state_dir)
     devices = resolve_devices(env.get("CUDA_VISIBLE_DEVICES"), store.devices())
-    job = EmulatedJob(spec, store, devices, mode=sharing_mode(env))
+    job = EmulatedJob(spec, store, devices, mode=sharing_mode(env), metrics_file=env.get(ENV_METRICS_FILE))
     if job.mode is SharingMode.MPS:
         job.limits = pinned_limits(env.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"))
     return job.run()

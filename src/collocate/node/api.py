@@ -174,9 +174,9 @@ class Node(Protocol):
         """One reading of each job's process tree here (``job id → runner pid``)."""
         ...
 
-    def read_metrics(self, parts: Mapping[str, PartRef]) -> list[MetricPoint] | None:
-        """The new ``log_metric`` points of these jobs' parts here; None: the head reads them
-        itself, from each part's folder (a node in the head's own process)."""
+    def read_metrics(self, parts: Mapping[str, PartRef]) -> list[MetricPoint]:
+        """The new ``log_metric`` points of these jobs' parts here since the last call, read
+        where the jobs run; files of parts no longer asked about are closed."""
         ...
 
     def collect(self, owned: Collection[PartRef]) -> list[str]:

@@ -1,7 +1,7 @@
 """What the runners of one machine enforce on every attempt they start.
 
 An attempt's bounds are the machine's business, not the plan's: the head of a cluster plans a
-launch, and the machine that starts it adds what holds there (``LocalExecutor`` on one
+launch, and the machine that starts it adds what holds there (``LocalNode`` on one
 machine, ``cluster.agent.NodeAgent`` on each node). So the plan stays the same everywhere and
 ``runner_args`` gives the runner:
 

@@ -120,7 +120,7 @@ class FakeNode:
         self._check()
         return {job: TreeUsage(frozenset({pid}), 0.0, 0.0, 0.0, None, None) for job, pid in roots.items()}
 
-    def read_metrics(self, parts: Mapping[str, PartRef]) -> list[MetricPoint] | None:
+    def read_metrics(self, parts: Mapping[str, PartRef]) -> list[MetricPoint]:
         self._check()
         return []
 

@@ -61,9 +61,6 @@ class LocalNode:
 
             backend = open_backend(gpus, state_dir=self.root, node=name)
         self.backend = backend
-        #: A node in another process than the head reads its jobs' metrics files; in the
-        #: head's own process, the head's usage sampler reads them from the attempt folders.
-        self.reads_metrics = detach if reads_metrics is None else reads_metrics
         live = {f"job-{job_id}.{n}" for job_id, n in (_job_and_n(rel) for rel in self.live_runners())}
         fence = None if fence_after_s is None else (self.heartbeat, fence_after_s)
         self.confinement: Confinement = local_confinement(
@@ -163,9 +160,7 @@ class LocalNode:
                    gpu_pids: AbstractSet[int]) -> dict[str, TreeUsage]:
         return self._trees.read(dict(roots), now, gpu_pids)
 
-    def read_metrics(self, parts: Mapping[str, PartRef]) -> list[MetricPoint] | None:
-        if not self.reads_metrics:
-            return None
+    def read_metrics(self, parts: Mapping[str, PartRef]) -> list[MetricPoint]:
         return self._metrics.read({job_id: self._dir(part) / METRICS_FILE_NAME
                                    for job_id, part in parts.items()})
 

@@ -43,6 +43,12 @@ placement adds the most total training progress?" and answers with the interfere
   activity the gate decides on what the GPU reads. The slowdown bound keeps a GPU from filling
   up with unpriced jobs; a job whose profile is known gains nothing by being observed and
   passes the gate or waits.
+* **Measured slowdowns check the model** (rule 9). Where a job reports its progress (a step
+  counter in ``log_metric``), the world measures its slowdown: its fastest step rate over its
+  rate now (``ClusterSnapshot.slowed``, each GPU's largest). A GPU whose jobs are measured
+  slower than the model predicts for them is scored with the model's prediction scaled by that
+  ratio, so ``max_slowdown`` (and ``startup_max_slowdown``) hold for what the jobs show, not only
+  for what the model thinks; a model more pessimistic than the measurement is kept.
 * A job not placed gets a reason (``Plan.waits``): the first test that left it no GPU.
 * The queue is scanned up to ``backfill_depth`` jobs, so a blocked head does not stop smaller
   jobs behind it. Once the first blocked job has waited ``reserve_after_s``, room is reserved
@@ -234,6 +240,9 @@ class Auto:
         gpu = int(candidates[best])
         before = self._resident_slowdown(ledger, gpu)
         who = _jobs_on(cluster, gpu)
+        if cluster.slowed is not None and cluster.slowed[gpu] > 0:
+            who += f" (measured {float(cluster.slowed[gpu]):.1f}x)"
+
         if worst[best] > self.max_slowdown:
             return Wait(WaitKind.SLOWDOWN, f"on {cluster.ids[gpu]} it would slow {who} from {before:.1f}x "
                                            f"to {worst[best]:.1f}x (limit {self.max_slowdown:g}x)")
@@ -276,6 +285,9 @@ class Auto:
         if ledger.gangs is not None:
             gain = gain - self._gang_losses(job, ledger, gpus, resident_before, resident_after)
         worst = np.maximum(newcomer, resident_after)
+        seen = ledger.cluster.slowed
+        if seen is not None:  # the model checked against what the jobs there report
+            worst = np.maximum(worst, resident_after * seen[gpus] / resident_before)
         return gain, worst <= self.max_slowdown, worst
 
     def _gang_losses(self, job: Job, ledger: Ledger, gpus: np.ndarray, before: np.ndarray,
