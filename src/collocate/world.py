@@ -253,7 +253,7 @@ class World:
         self.speed = np.concatenate([self.speed, [d.speed for d in new]])
         self.has_mig = any(g.mig is not None for g in self.ids)
         self.free = np.concatenate([self.free, self.total[-k:]])
-        for name in ("committed", "other", "sm_sum", "dram_sum", "util_sm", "util_occ", "util_dram"):
+        for name in ("committed", "other", "sm_sum", "dram_sum", "util_sm", "util_occ", "util_dram", "slowed"):
             setattr(self, name, np.concatenate([getattr(self, name), np.zeros(k)]))
         for name in ("n_jobs", "n_starting"):
             setattr(self, name, np.concatenate([getattr(self, name), np.zeros(k, dtype=np.int64)]))
