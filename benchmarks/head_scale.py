@@ -16,7 +16,8 @@ back to back (``SchedulingRound.run``, what ``serve_forever`` calls every ``--pe
   places as many new ones.
 
 Reported per scale: round time (median, p95, max) in each phase, placement latency (a churn
-round's time over the jobs it placed, and the fill's time per job placed), and memory (the
+round's time over the jobs it placed, and the fill's time per job placed), the process's CPU
+time in the median round (what the wall time is on a machine nobody else uses), and memory (the
 process's RSS after opening and after the queue is in, from ``psutil``). Writes
 benchmarks/results/head_scale-<date>.json and .md (``_machine.machine()`` says where).
 """
@@ -55,10 +56,13 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-def summary(times_s: list[float]) -> dict:
+def summary(times_s: list[float], cpu_s: list[float]) -> dict:
+    """Wall time of the rounds, and the process's CPU time in them: on a shared machine the
+    wall time also counts the time others held the cores, the CPU time does not."""
     ms = [t * 1000 for t in times_s]
     return {"rounds": len(ms), "median_ms": statistics.median(ms) if ms else None,
-            "p95_ms": pct(ms, 0.95), "max_ms": max(ms) if ms else None}
+            "p95_ms": pct(ms, 0.95), "max_ms": max(ms) if ms else None,
+            "cpu_median_ms": statistics.median(cpu_s) * 1000 if cpu_s else None}
 
 
 def run_scale(n_nodes: int, n_jobs: int, rounds: int, workdir: Path) -> dict:
@@ -79,20 +83,23 @@ def run_scale(n_nodes: int, n_jobs: int, rounds: int, workdir: Path) -> dict:
     queued = rss_mib()
     service.api.answer("resume", {}, me)
 
-    def timed_round() -> tuple[float, int]:
+    cpu: dict[str, list[float]] = {"fill": [], "steady": [], "churn": []}
+
+    def timed_round(phase: str) -> tuple[float, int]:
         before = len(service.attempts.running)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         service.round.run()
+        cpu[phase].append(time.process_time() - c0)
         return time.perf_counter() - t0, len(service.attempts.running) - before
 
     fill, placed_fill = [], 0
     while True:  # fill: until a round places nothing
-        dt, placed = timed_round()
+        dt, placed = timed_round("fill")
         fill.append(dt)
         placed_fill += max(0, placed)
         if placed <= 0 or len(fill) > 500:
             break
-    steady = [timed_round()[0] for _ in range(rounds)]
+    steady = [timed_round("steady")[0] for _ in range(rounds)]
     churn, per_job = [], []
     for _ in range(rounds):
         running = list(service.attempts.running.values())
@@ -100,7 +107,7 @@ def run_scale(n_nodes: int, n_jobs: int, rounds: int, workdir: Path) -> dict:
             node = next(n for n in nodes if n.name == run.attempt.nodes[0])
             node.finish(run.attempt.job_id, run.attempt.n)
         before = sum(1 for j in service.scheduler.jobs.values() if j.state.value == "done")
-        dt, _ = timed_round()
+        dt, _ = timed_round("churn")
         ended = sum(1 for j in service.scheduler.jobs.values() if j.state.value == "done") - before
         churn.append(dt)
         if ended:
@@ -108,10 +115,10 @@ def run_scale(n_nodes: int, n_jobs: int, rounds: int, workdir: Path) -> dict:
     result = {
         "nodes": n_nodes, "gpus": 8 * n_nodes, "jobs_queued": n_jobs,
         "running_after_fill": placed_fill, "submit_s": round(submit_s, 1),
-        "fill": {**summary(fill), "placed": placed_fill,
+        "fill": {**summary(fill, cpu["fill"]), "placed": placed_fill,
                  "ms_per_placement": 1000 * sum(fill) / placed_fill if placed_fill else None},
-        "steady": summary(steady),
-        "churn": {**summary(churn), "placement_latency_ms_median": 1000 * statistics.median(per_job) if per_job else None},
+        "steady": summary(steady, cpu["steady"]),
+        "churn": {**summary(churn, cpu["churn"]), "placement_latency_ms_median": 1000 * statistics.median(per_job) if per_job else None},
         "rss_mib": {"before_open": round(base, 1), "opened": round(opened, 1),
                     "with_queue": round(queued, 1), "after_rounds": round(rss_mib(), 1)},
     }
@@ -141,13 +148,15 @@ def main() -> None:
              f"Machine: {where['host_cpu']}, {where['cores']} cores, Python {where['python']}; "
              f"device: {where['device']}. Policy auto, 20 GiB jobs on H100-80GB fake nodes "
              "(`benchmarks/head_scale.py`).", "",
-             "| nodes x GPUs | queued | round, full cluster (median / p95) | round, 1 % churn (median / p95) "
-             "| placement latency (churn, per job) | fill: rounds, ms per job placed | RSS: opened / with queue / after |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+             "| nodes x GPUs | queued | running | round, full cluster (median / p95; CPU) "
+             "| round, 1 % churn (median / p95; CPU) | placement latency (churn, per job) "
+             "| fill: rounds, ms per job placed | RSS: opened / with queue / after |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in results:
         lines.append(
-            f"| {r['nodes']} x 8 | {r['jobs_queued']:,} | {r['steady']['median_ms']:.0f} / {r['steady']['p95_ms']:.0f} ms "
-            f"| {r['churn']['median_ms']:.0f} / {r['churn']['p95_ms']:.0f} ms "
+            f"| {r['nodes']} x 8 | {r['jobs_queued']:,} | {r['running_after_fill']:,} "
+            f"| {r['steady']['median_ms']:.0f} / {r['steady']['p95_ms']:.0f} ms; {r['steady']['cpu_median_ms']:.0f} ms "
+            f"| {r['churn']['median_ms']:.0f} / {r['churn']['p95_ms']:.0f} ms; {r['churn']['cpu_median_ms']:.0f} ms "
             f"| {r['churn']['placement_latency_ms_median'] or float('nan'):.1f} ms "
             f"| {r['fill']['rounds']}, {r['fill']['ms_per_placement'] or float('nan'):.1f} ms "
             f"| {r['rss_mib']['opened']:.0f} / {r['rss_mib']['with_queue']:.0f} / {r['rss_mib']['after_rounds']:.0f} MiB |")

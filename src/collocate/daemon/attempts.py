@@ -103,7 +103,7 @@ class Attempts:
 
     @property
     def uuid_of(self) -> dict[GpuId, str]:
-        return {d.id: d.uuid for d in self.watch.devices}
+        return self.watch.uuid_of
 
     # -- launching ---------------------------------------------------------------------------
     def launch(self, placement: Placement, now: float) -> None:
@@ -216,9 +216,7 @@ class Attempts:
     def track_start(self, job_id: str) -> None:
         """Tell the sinks a job (re)started, with the jobs already on its GPUs."""
         run, spec = self.running[job_id], self.specs[job_id]
-        mine = set(run.attempt.uuids)
-        neighbours = sorted((j for j, r in self.running.items()
-                             if j != job_id and mine & set(r.attempt.uuids)), key=_job_key)
+        neighbours = sorted((j for j in self.watch.neighbours(job_id) if j in self.running), key=_job_key)
         self.tracking.job_started(JobInfo(
             job_id, run.name, spec.user, tuple(spec.argv), run.attempt.gpus,
             self.config.sharing.value, self.config.policy, tuple(neighbours)))

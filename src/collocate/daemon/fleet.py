@@ -29,7 +29,6 @@ import time
 from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
-from functools import lru_cache
 from pathlib import Path
 from typing import Protocol
 
@@ -143,10 +142,8 @@ class Part:
     ref: PartRef
 
 
-@lru_cache(maxsize=1 << 16)
 def parts_of(attempt: Attempt) -> tuple[Part, ...]:
-    """The attempt's parts in rank order (one per node of its GPUs); kept for the attempt's
-    rows a round asks about again and again."""
+    """The attempt's parts in rank order (one per node of its GPUs)."""
     nodes = attempt.nodes
     runners = attempt.runners or ((attempt.pid, attempt.pid_started),)
     return tuple(Part(node, PartRef(attempt.job_id, attempt.n, rank, *(runners[rank] if rank < len(runners) else (None, None))))
@@ -170,7 +167,20 @@ class Fleet:
         self.events: list[tuple[float, str, str]] = []
         self._generation = -1
         self._away: set[str] = set()
+        #: Each running attempt's parts, by the identity of its record: a round asks about
+        #: each attempt four times, and hashing a whole ``Attempt`` to find them cost more
+        #: than making them. Kept for the attempts ``collect`` was last given.
+        self._parts: dict[int, tuple[Attempt, tuple[Part, ...]]] = {}
         self.learn_devices()
+
+    def parts(self, attempt: Attempt) -> tuple[Part, ...]:
+        """``parts_of(attempt)``, made once per attempt record."""
+        kept = self._parts.get(id(attempt))
+        if kept is not None and kept[0] is attempt:
+            return kept[1]
+        parts = parts_of(attempt)
+        self._parts[id(attempt)] = (attempt, parts)
+        return parts
 
     # -- the GPUs ----------------------------------------------------------------------------
     def learn_devices(self) -> None:
@@ -233,7 +243,7 @@ class Fleet:
         cannot start stops those started: all or none."""
         started: list[Part] = []
         try:
-            for part, plan in zip(parts_of(attempt), plans, strict=True):
+            for part, plan in zip(self.parts(attempt), plans, strict=True):
                 node = self.nodes.node(part.node)
                 started.append(Part(part.node, node.start(plan, part.ref, str(self.head_root))))
         except Exception:
@@ -249,7 +259,7 @@ class Fleet:
     def poll(self, attempt: Attempt) -> tuple[bool, int | None]:
         """``(alive, runner exit status)`` by the gang rules (module docstring)."""
         silent: set[str] = set()
-        statuses = [(part, self._part_status(part, silent)) for part in parts_of(attempt)]
+        statuses = [(part, self._part_status(part, silent)) for part in self.parts(attempt)]
         if len(statuses) == 1:
             part, status = statuses[0]
             if status.alive:
@@ -293,7 +303,7 @@ class Fleet:
     def matches(self, attempt: Attempt) -> bool:
         """At a head restart: whether every part's runner still runs (a part on a node that does
         not answer is taken as running, and followed through the grace period)."""
-        for part in parts_of(attempt):
+        for part in self.parts(attempt):
             try:
                 if not self.nodes.node(part.node).status([part.ref])[part.ref.key].alive:
                     return False
@@ -304,7 +314,7 @@ class Fleet:
     def started(self, attempt: Attempt) -> Attempt:
         """An attempt whose pids were not yet stored, with those its runners recorded."""
         refs = []
-        for part in parts_of(attempt):
+        for part in self.parts(attempt):
             try:
                 ref = self.nodes.node(part.node).started(part.ref)
             except NodeUnreachable:
@@ -317,7 +327,7 @@ class Fleet:
         """How an attempt whose ``poll`` said it is over ended: the end of the part that decided
         it (lost, else the first that failed, else rank 0's), after stopping the parts that
         still run (a gang never runs on without one of its parts)."""
-        parts = parts_of(attempt)
+        parts = self.parts(attempt)
         ends = [(part, self._ended(part)) for part in parts]
         if len(parts) > 1:
             for part, end in ends:
@@ -342,11 +352,11 @@ class Fleet:
 
     def signal(self, attempt: Attempt, sig: int) -> None:
         """Signal every part's job (a silent node's is stopped by its runner's fence)."""
-        for part in parts_of(attempt):
+        for part in self.parts(attempt):
             self._quietly(part, "signal", sig)
 
     def release(self, attempt: Attempt) -> None:
-        for part in parts_of(attempt):
+        for part in self.parts(attempt):
             self._quietly(part, "release")
 
     def _quietly(self, part: Part, method: str, *args: int) -> None:
@@ -360,7 +370,7 @@ class Fleet:
             pass  # a node that comes back stops what the head no longer owns
 
     def read_log(self, attempt: Attempt, stream: str, offset: int, limit: int, rank: int = 0) -> bytes:
-        parts = parts_of(attempt)
+        parts = self.parts(attempt)
         if not 0 <= rank < len(parts):
             return b""
         try:
@@ -377,7 +387,7 @@ class Fleet:
         several nodes: its parts' trees summed)."""
         per_node: dict[str, dict[str, int]] = {}
         for job_id, attempt in roots.items():
-            for part in parts_of(attempt):
+            for part in self.parts(attempt):
                 per_node.setdefault(part.node, {})[job_id] = part.ref.pid or 0
         trees: dict[str, TreeUsage] = {}
         for answer in self.nodes.read_trees(per_node, now, frozenset(gpu_pids)).values():
@@ -392,7 +402,7 @@ class Fleet:
         per_node: dict[str, dict[str, PartRef]] = {name: {} for name in self.nodes.names()}
         first: dict[str, str] = {}
         for job_id, attempt in attempts.items():
-            parts = parts_of(attempt)
+            parts = self.parts(attempt)
             for part in parts:
                 per_node.setdefault(part.node, {})[job_id] = part.ref
             if parts:
@@ -407,9 +417,12 @@ class Fleet:
         """Once per round, after the attempts were polled: each node reaps what its jobs left
         behind, and a node seen anew stops the runners the head does not own."""
         owned: dict[str, list[PartRef]] = {name: [] for name in self.nodes.names()}
+        kept: dict[int, tuple[Attempt, tuple[Part, ...]]] = {}
         for attempt in running:
-            for part in parts_of(attempt):
+            parts = kept[id(attempt)] = (attempt, self.parts(attempt))
+            for part in parts[1]:
                 owned.setdefault(part.node, []).append(part.ref)
+        self._parts = kept
         for name, refs in owned.items():
             try:
                 stopped = self.nodes.node(name).collect(refs)

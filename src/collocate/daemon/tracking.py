@@ -123,7 +123,7 @@ class DaemonTracking:
                                      hint="check --mlflow-uri, or use --mlflow alone for the "
                                      "local store under the state dir") from exc
             log.info("tracking jobs in MLflow at %s", uri)
-        self.mon = UsageMonitor(state_dir, devices, sinks=sinks)
+        self.mon = UsageMonitor(state_dir, devices, sinks=sinks, store_in_background=True)
 
     def _sink_status(self) -> list[dict[str, Any]]:
         return self.mon.status()["tracking"]
