@@ -16,7 +16,9 @@ back to back (``SchedulingRound.run``, what ``serve_forever`` calls every ``--pe
   places as many new ones.
 
 Reported per scale: round time (median, p95, max) in each phase, placement latency (a churn
-round's time over the jobs it placed, and the fill's time per job placed), the process's CPU
+round's time over the jobs it placed, and the fill's time per job placed), how long the
+monitoring store's writer (a thread of its own) then took to write the round's tick (untimed in
+the round: each round waits for it, as the daemon's period leaves it the time), the process's CPU
 time in the median round (what the wall time is on a machine nobody else uses), and memory (the
 process's RSS after opening and after the queue is in, from ``psutil``). Writes
 benchmarks/results/head_scale-<date>.json and .md (``_machine.machine()`` says where).
@@ -84,13 +86,23 @@ def run_scale(n_nodes: int, n_jobs: int, rounds: int, workdir: Path) -> dict:
     service.api.answer("resume", {}, me)
 
     cpu: dict[str, list[float]] = {"fill": [], "steady": [], "churn": []}
+    written: list[float] = []  # how long the store's writer took after each round
+
+    def store_pending() -> int:
+        return next(s["pending"] for s in service.tracking.mon.status()["tracking"] if s["sink"] == "store")
 
     def timed_round(phase: str) -> tuple[float, int]:
+        """One round; then, untimed, wait for the monitoring store's writer (a thread of its
+        own, which the daemon leaves the rest of its period) to write what the round made."""
         before = len(service.attempts.running)
         t0, c0 = time.perf_counter(), time.process_time()
         service.round.run()
         cpu[phase].append(time.process_time() - c0)
-        return time.perf_counter() - t0, len(service.attempts.running) - before
+        t1 = time.perf_counter()
+        while store_pending():
+            time.sleep(0.0005)
+        written.append(time.perf_counter() - t1)
+        return t1 - t0, len(service.attempts.running) - before
 
     fill, placed_fill = [], 0
     while True:  # fill: until a round places nothing
@@ -119,6 +131,7 @@ def run_scale(n_nodes: int, n_jobs: int, rounds: int, workdir: Path) -> dict:
                  "ms_per_placement": 1000 * sum(fill) / placed_fill if placed_fill else None},
         "steady": summary(steady, cpu["steady"]),
         "churn": {**summary(churn, cpu["churn"]), "placement_latency_ms_median": 1000 * statistics.median(per_job) if per_job else None},
+        "store_write_ms_median": 1000 * statistics.median(written[-2 * rounds:]),
         "rss_mib": {"before_open": round(base, 1), "opened": round(opened, 1),
                     "with_queue": round(queued, 1), "after_rounds": round(rss_mib(), 1)},
     }
@@ -150,15 +163,15 @@ def main() -> None:
              "(`benchmarks/head_scale.py`).", "",
              "| nodes x GPUs | queued | running | round, full cluster (median / p95; CPU) "
              "| round, 1 % churn (median / p95; CPU) | placement latency (churn, per job) "
-             "| fill: rounds, ms per job placed | RSS: opened / with queue / after |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| fill: rounds, ms per job placed | store write after a round | RSS: opened / with queue / after |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in results:
         lines.append(
             f"| {r['nodes']} x 8 | {r['jobs_queued']:,} | {r['running_after_fill']:,} "
             f"| {r['steady']['median_ms']:.0f} / {r['steady']['p95_ms']:.0f} ms; {r['steady']['cpu_median_ms']:.0f} ms "
             f"| {r['churn']['median_ms']:.0f} / {r['churn']['p95_ms']:.0f} ms; {r['churn']['cpu_median_ms']:.0f} ms "
             f"| {r['churn']['placement_latency_ms_median'] or float('nan'):.1f} ms "
-            f"| {r['fill']['rounds']}, {r['fill']['ms_per_placement'] or float('nan'):.1f} ms "
+            f"| {r['fill']['rounds']}, {r['fill']['ms_per_placement'] or float('nan'):.1f} ms | {r['store_write_ms_median']:.0f} ms "
             f"| {r['rss_mib']['opened']:.0f} / {r['rss_mib']['with_queue']:.0f} / {r['rss_mib']['after_rounds']:.0f} MiB |")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print(out.with_suffix(".md").read_text())
