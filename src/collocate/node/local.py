@@ -50,7 +50,7 @@ class LocalNode:
     def __init__(self, name: str, root: Path, *, gpus: str = "auto", backend: GpuBackend | None = None,
                  sharing: SharingMode = SharingMode.TIME_SLICING, bounds: NodeBounds | None = None,
                  detach: bool = False, fence_after_s: float | None = None, keep: Collection[str] = (),
-                 address: str = "127.0.0.1", reads_metrics: bool | None = None) -> None:
+                 address: str = "127.0.0.1") -> None:
         self.name, self.root, self.detach, self._address = name, Path(root), detach, address
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         (self.root / "jobs").mkdir(mode=0o700, exist_ok=True)
