@@ -11,6 +11,7 @@ import pytest
 
 from collocate.daemon.fleet import FENCE_MARGIN_S, Fleet, InProcessNodes, parts_of
 from collocate.daemon.store import Attempt
+from collocate.monitor.job_metrics import MetricPoint
 from collocate.node.api import NodeUnreachable
 from collocate.node.fake import FakeNode
 from collocate.node.launcher import LaunchPlan
@@ -139,3 +140,21 @@ def test_collect_tells_each_node_which_parts_the_head_owns(monkeypatch):
     second = fleet.start(_attempt("2", "c"), [_plan(0)])
     fleet.collect([first, second])
     assert sorted(owned) == [("a", ["1"]), ("b", ["1"]), ("c", ["2"])]
+
+
+class Reporting(FakeNode):
+    """A fake node whose every asked part reports one step, named after the node."""
+
+    def read_metrics(self, parts):
+        self._check()
+        return [MetricPoint(job_id, 1.0, self.name, 0.5, step=7) for job_id in parts]
+
+
+def test_a_jobs_pace_comes_from_its_first_part_and_every_parts_points_are_kept():
+    nodes = [Reporting(n, gpus=2) for n in ("a", "b", "c")]
+    fleet = Fleet(InProcessNodes(nodes), HEAD)
+    gang = fleet.start(_attempt("1", "b", "a"), [_plan(0), _plan(1)])
+    solo = fleet.start(_attempt("2", "c"), [_plan(0)])
+    points, paced = fleet.read_metrics({"1": gang, "2": solo})
+    assert sorted((p.job_id, p.key) for p in points) == [("1", "a"), ("1", "b"), ("2", "c")]
+    assert sorted((p.job_id, p.key) for p in paced) == [("1", "b"), ("2", "c")]  # rank 0's steps only
