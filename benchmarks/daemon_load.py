@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from _machine import machine
 
-from collocate.daemon.client import Client, list_jobs
+from collocate.client.connect import Client, list_jobs
 
 GPUS = "emulated:8xA100-40GB"
 

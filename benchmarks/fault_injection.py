@@ -58,8 +58,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from _machine import machine
 
-from collocate.daemon.cgroups import Cgroups
-from collocate.daemon.client import Client, list_jobs
+from collocate.node.cgroups import Cgroups
+from collocate.client.connect import Client, list_jobs
 from collocate.errors import CollocateError
 
 GPUS = "emulated:2xA100-40GB"

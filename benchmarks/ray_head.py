@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _machine import machine
 from daemon_load import wait_until_serving
 
-from collocate.daemon.client import Client, list_jobs
+from collocate.client.connect import Client, list_jobs
 
 NODES = ("n1", "n2", "n3")
 

@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from collocate import policies
-from collocate.daemon.executor import LocalExecutor
+from collocate.daemon.fleet import InProcessNodes
+from collocate.node.local import LocalNode
 from collocate.daemon.gpu_watch import GpuWatch
 from collocate.daemon.server import Peer
 from collocate.daemon.service import ServeConfig, Service
@@ -139,37 +140,38 @@ def test_a_new_sink_receives_ticks_and_job_events(tmp_path: Path):
     assert monitoring.status()["degraded"] is False
 
 
-# -- an executor --------------------------------------------------------------------------------
+# -- a node -----------------------------------------------------------------------------------
 
 
-class CountingExecutor(LocalExecutor):
-    """Toy executor: runs attempts on this machine, as ``LocalExecutor``, and counts what the
-    daemon asks of it (an executor for other machines would forward each call to a node)."""
+class CountingNode(LocalNode):
+    """Toy node: runs attempts on this machine, as ``LocalNode``, and counts what the daemon
+    asks of it through the ``Node`` API (a node on another machine forwards each call there, as
+    ``cluster.ray_head.RayNode`` does)."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, root: Path) -> None:
+        super().__init__("here", root, backend=TwoFakeGpus("here"))
         self.calls: dict[str, int] = {}
 
     def _count(self, what: str) -> None:
         self.calls[what] = self.calls.get(what, 0) + 1
 
-    def start(self, plan, attempt):
+    def start(self, plan, part, head_root):
         self._count("start")
-        return super().start(plan, attempt)
+        return super().start(plan, part, head_root)
 
-    def poll(self, handle, attempt):
-        self._count("poll")
-        return super().poll(handle, attempt)
+    def tick(self, parts):
+        self._count("tick")
+        return super().tick(parts)
 
     def read_trees(self, roots, now, gpu_pids):
         self._count("read_trees")
         return super().read_trees(roots, now, gpu_pids)
 
 
-def test_a_new_executor_runs_the_daemons_jobs(tmp_path: Path):
-    executor = CountingExecutor()
+def test_a_new_node_runs_the_daemons_jobs(tmp_path: Path):
+    node = CountingNode(tmp_path / "state")
     service = Service(ServeConfig(tmp_path / "state", policy="exclusive", period_s=0.05),
-                      backend=TwoFakeGpus("here"), executor=executor)
+                      nodes=InProcessNodes([node]))
     service.open()
     loop = threading.Thread(target=service.serve_forever, daemon=True)
     loop.start()
@@ -186,5 +188,5 @@ def test_a_new_executor_runs_the_daemons_jobs(tmp_path: Path):
         loop.join(timeout=10)
         service.close()
     assert state == "done"
-    assert executor.calls["start"] == 1 and executor.calls["poll"] >= 1
-    assert executor.calls["read_trees"] >= 1
+    assert node.calls["start"] == 1 and node.calls["tick"] >= 1
+    assert node.calls["read_trees"] >= 1

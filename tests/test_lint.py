@@ -1,6 +1,6 @@
 """The lint and type gate: ruff must report nothing on the whole package, and mypy nothing on the
-scheduling core and the policies; both configured in pyproject.toml and pinned in the ``dev``
-extra."""
+scheduling core and the policies, nor on the daemon, the node seam, the cluster head and the
+client commands; both configured in pyproject.toml and pinned in the ``dev`` extra."""
 
 import importlib.util
 import subprocess
@@ -26,6 +26,14 @@ CORE = [
     "src/collocate/sim/devices.py",
     "src/collocate/sim/mig.py",
 ]
+#: The daemon and what it talks to through typed seams: the ``Node`` API and its nodes (local, Ray
+#: agents), and the client commands.
+SERVICE = [
+    "src/collocate/daemon",
+    "src/collocate/node",
+    "src/collocate/cluster",
+    "src/collocate/client",
+]
 
 
 def _run(tool: str, *args: str, paths: list[str] = CORE) -> subprocess.CompletedProcess:
@@ -42,4 +50,9 @@ def test_ruff_finds_nothing_in_the_package():
 
 def test_mypy_finds_nothing_in_the_core():
     out = _run("mypy", "--cache-dir", str(REPO / ".mypy_cache"))
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_mypy_finds_nothing_in_the_daemon_and_the_node_code():
+    out = _run("mypy", "--cache-dir", str(REPO / ".mypy_cache"), paths=SERVICE)
     assert out.returncode == 0, out.stdout + out.stderr

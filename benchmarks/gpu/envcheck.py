@@ -42,7 +42,7 @@ NEEDS: dict[str, list[str]] = {
     "CHECK": ["matplotlib", "collocate.bench.report", "collocate.daemon.service", "PIL",
               "collocate.share", "collocate.estimate.entrypoint"],
     "A": ["matplotlib", "collocate.bench.report"],
-    "B": ["collocate.daemon.service", "collocate.daemon.runner", "collocate.bench.minitrace_run"],
+    "B": ["collocate.daemon.service", "collocate.node.runner", "collocate.bench.minitrace_run"],
     "C1": ["collocate.estimate.entrypoint", "collocate.estimate.trace"],
     "C2": ["PIL", "collocate.share", "tensorsocket", "zmq", "tornado"],
     "D": ["collocate.daemon.service", "collocate.estimate.trace", "collocate.bench.minitrace_run"],

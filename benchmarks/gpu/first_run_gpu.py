@@ -10,7 +10,7 @@ What a new user does, step by step, on one H100/H200:
 3. **all jobs submitted at once** to a fresh ``collocate serve --gpus nvml`` (private state
    directory) as ``collocate submit --estimate <entry> --batch-size B --precision P --gpu-type T``
    submits them: the request carries step 2's estimate as an estimate (``mem_source``
-   ``static-…``, ``collocate.daemon.cli.estimate_fields``), which the daemon commits only until
+   ``static-…``, ``collocate.client.cli.estimate_fields``), which the daemon commits only until
    the job's own peak holds still. They go through the daemon's API so that a run does not
    estimate every job again (tens of seconds of device time per run); one job is submitted with
    no memory and one declaring half its estimate (``collocate submit --mem``);
@@ -62,7 +62,7 @@ from typing import Any
 
 from collocate.bench.minitrace_run import cancel_all
 from collocate.daemon.child import DaemonProcess
-from collocate.daemon.cli import estimate_fields
+from collocate.client.cli import estimate_fields
 from collocate.estimate.base import Estimate
 
 HERE = Path(__file__).resolve().parent

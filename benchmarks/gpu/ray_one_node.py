@@ -13,6 +13,11 @@
    backend listed, not an emulated one) and that NVML measured them (an attempt's ``peak_mib``
    above zero, the GPU's ``used_mib`` read while they ran).
 
+With ``--torchrun`` (round E2, issue 32) the job is instead one ``submit --nodes 1 --gpus 1``
+torchrun job (``torchrun_allreduce.py``: an all-reduce over NCCL, gloo in a dry run) through the
+same path, the multi-node launch path with one part; checks it ended ``done`` and printed the
+all-reduce's result.
+
 Needs h-ray's ``collocate serve --ray`` (the lead merges it with this) and Ray on the device:
 ``bash benchmarks/gpu/fetch_wheels.sh`` fills ``.whl-ray``, which the call carries. ``--dry-run``
 does the same plumbing on a CPU machine with ``--gpus emulated:1xH100-80GB`` and tiny models,
@@ -77,16 +82,23 @@ def stop_marked(mark: str) -> None:
 
 
 def submit(daemon: DaemonProcess, env: dict[str, str], model: str, batch: int, steps: int, workdir: Path) -> str:
-    argv = [sys.executable, "-m", "collocate.cli", "submit", "--state-dir", str(daemon.state_dir), "--name", model,
-            "--cwd", str(workdir), "--", sys.executable, str(HERE / "first_run_job.py"), "--model", model,
-            "--batch-size", str(batch), "--steps", str(steps), "--lr", "1e-3"]
+    if model.startswith("torchrun"):  # round E2: one part, through the multi-node launch path
+        backend = model.split("-")[1]
+        command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1",
+                   str(HERE / "torchrun_allreduce.py"), "--backend", backend]
+        argv = [sys.executable, "-m", "collocate.cli", "submit", "--state-dir", str(daemon.state_dir),
+                "--name", model, "--nodes", "1", "--gpus", "1", "--cwd", str(workdir), "--", *command]
+    else:
+        argv = [sys.executable, "-m", "collocate.cli", "submit", "--state-dir", str(daemon.state_dir), "--name", model,
+                "--cwd", str(workdir), "--", sys.executable, str(HERE / "first_run_job.py"), "--model", model,
+                "--batch-size", str(batch), "--steps", str(steps), "--lr", "1e-3"]
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, check=False)
     if done.returncode != 0:
         raise SystemExit(f"collocate submit {model} exited {done.returncode}: {done.stderr.strip()}")
     return done.stdout.strip().splitlines()[-1]
 
 
-def run(out: Path, dry: bool, timeout_s: float) -> dict:
+def run(out: Path, dry: bool, timeout_s: float, torchrun: bool = False) -> dict:
     mark = secrets.token_hex(8)
     scratch = Path(tempfile.mkdtemp(prefix="r1n-"))  # short: the API socket lives here
     (scratch / "home").mkdir()
@@ -104,7 +116,8 @@ def run(out: Path, dry: bool, timeout_s: float) -> dict:
                                out / "daemon.log", name="the collocate head", client_timeout_s=30)
         daemon.wait_ready(timeout_s=120)
         result["head_ready_s"] = round(time.monotonic() - t0, 1)
-        ids = [submit(daemon, env, *job, workdir=scratch) for job in JOBS[dry]]
+        jobs = [(f"torchrun-{'gloo' if dry else 'nccl'}", 0, 0)] if torchrun else JOBS[dry]
+        ids = [submit(daemon, env, *job, workdir=scratch) for job in jobs]
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             rows = daemon.client.request("gpus")
@@ -114,6 +127,8 @@ def run(out: Path, dry: bool, timeout_s: float) -> dict:
                 break
             time.sleep(1)
         result["jobs"] = [daemon.client.request("show", id=i) for i in ids]
+        result["stdout"] = [daemon.client.request("logs", id=i, offset=0)["text"] for i in ids]
+        result["torchrun"] = torchrun
         result["address"] = address
     finally:
         if daemon is not None:
@@ -129,6 +144,16 @@ def run(out: Path, dry: bool, timeout_s: float) -> dict:
 
 def checks(result: dict, dry: bool) -> dict[str, bool]:
     jobs = result["jobs"]
+    if result.get("torchrun"):
+        backend = "gloo" if dry else "nccl"
+        out = {"the torchrun job ended done": len(jobs) == 1 and jobs[0]["state"] == "done",
+               f"its all-reduce over {backend} gave 1 on a world of 1": any(
+                   f"all_reduce 1 world 1 backend {backend}" in text for text in result.get("stdout", []))}
+        if not dry:
+            uuids = {u for j in jobs for a in j["attempts"] for u in a["uuids"]}
+            out["ran on a real GPU (GPU-/MIG- UUID, not emulated)"] = bool(uuids) and all(
+                u.startswith(("GPU-", "MIG-")) and "emu" not in u for u in uuids)
+        return out
     attempts = [a for j in jobs for a in j["attempts"]]
     uuids = {u for a in attempts for u in a["uuids"]}
     seen_uuids = {r["uuid"] for snap in result["gpu_rows"] for r in snap["rows"]}
@@ -149,9 +174,11 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--dry-run", action="store_true", help="emulated GPU, tiny models: the plumbing on a CPU")
     parser.add_argument("--timeout-s", type=float, default=240.0, help="how long the two jobs may take")
+    parser.add_argument("--torchrun", action="store_true", help="round E2: one --nodes 1 torchrun "
+                        "job with an NCCL all-reduce (gloo in a dry run) instead of the two jobs")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    result = run(args.out, args.dry_run, args.timeout_s)
+    result = run(args.out, args.dry_run, args.timeout_s, args.torchrun)
     (args.out / "summary.json").write_text(json.dumps(result, indent=1) + "\n")
     for name, ok in result["checks"].items():
         print(f"{'ok  ' if ok else 'FAIL'} {name}")

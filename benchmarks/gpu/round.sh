@@ -13,6 +13,7 @@
 #                                                        daemon (auto sharing) and the user's resubmission
 #   bash benchmarks/gpu/round.sh D2 <D>                  D1's trace: auto MPS with history, carma-magm, auto TS
 #   bash benchmarks/gpu/round.sh E1                      issue 20: one-node Ray cluster, serve --ray (carry .whl-ray)
+#   bash benchmarks/gpu/round.sh E2                      issue 32 (optional): the same, a --nodes 1 torchrun job, NCCL
 #   bash benchmarks/gpu/round.sh CHECK                   versions and imports only
 #
 #   bash benchmarks/gpu/round.sh --rehearse <CALL> ...   (or DRY=1) the same plumbing on a CPU
@@ -53,9 +54,9 @@ for i in "${!ARGS[@]}"; do
   if [[ "$a" == /* && ! -e "$a" && "$a" == */benchmarks/* ]]; then ARGS[$i]=benchmarks/${a#*/benchmarks/}; fi
 done
 
-usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 case "$CALL" in
-  A1|C2|D1|E1|CHECK) [[ ${#ARGS[@]} -eq 0 ]] || usage ;;
+  A1|C2|D1|E1|E2|CHECK) [[ ${#ARGS[@]} -eq 0 ]] || usage ;;
   D2) [[ ${#ARGS[@]} -eq 1 && -f "${ARGS[0]}/trace.json" ]] || { echo "D2 needs D1's folder <D> (with trace.json)" >&2; usage; } ;;
   A2|A3) [[ ${#ARGS[@]} -eq 1 && -f "${ARGS[0]}/results.jsonl" ]] || { echo "$CALL needs a bench folder with results.jsonl" >&2; usage; } ;;
   B2|B3) [[ ${#ARGS[@]} -eq 2 && -f "${ARGS[0]}/jobs.json" ]] || { echo "$CALL needs <M> (with jobs.json) and a policy" >&2; usage; } ;;
@@ -335,6 +336,16 @@ call_E1() {
     --out "$W/ray_one_node" --timeout-s $(($(left) - 60))
 }
 
+# Issue 32 (optional): the multi-node launch path with one part on the real GPU: a one-node Ray
+# cluster, `submit --nodes 1 --gpus 1 -- torchrun --nproc-per-node 1 torchrun_allreduce.py`, an
+# all-reduce over NCCL (gloo in the rehearsal). Carry .whl-ray as for E1.
+call_E2() {
+  local dry=()
+  [[ $REHEARSE == 0 ]] || dry=(--dry-run)
+  step torchrun-nccl $(($(left) - 10)) "$PY" "$GPU/sigrun.py" "$GPU/ray_one_node.py" "${dry[@]}" --torchrun \
+    --out "$W/torchrun_nccl" --timeout-s $(($(left) - 60))
+}
+
 call_CHECK() { :; }
 
 # ---------------------------------------------------------------- summary and packing
@@ -374,7 +385,9 @@ summary() {
       [[ ! -f "$W/first_run/summary.md" ]] || cat "$W/first_run/summary.md"
       ;;
     E*)
-      [[ ! -f "$W/ray_one_node/summary.json" ]] || "$PY" -c 'import json,sys; d=json.load(open(sys.argv[1])); [print("-", "ok" if v else "FAIL", k) for k, v in d["checks"].items()]; print("jobs:", [(j["name"], j["state"], [(a["uuids"], a.get("peak_mib")) for a in j["attempts"]]) for j in d["jobs"]])' "$W/ray_one_node/summary.json"
+      for d in ray_one_node torchrun_nccl; do
+        [[ ! -f "$W/$d/summary.json" ]] || "$PY" -c 'import json,sys; d=json.load(open(sys.argv[1])); [print("-", "ok" if v else "FAIL", k) for k, v in d["checks"].items()]; print("jobs:", [(j["name"], j["state"], [(a["uuids"], a.get("peak_mib")) for a in j["attempts"]]) for j in d["jobs"]]); [print("stdout:", t.strip()) for t in d.get("stdout", [])]' "$W/$d/summary.json"
+      done
       ;;
     C2)
       [[ ! -f "$W/share_gpu.json" ]] || "$PY" -c 'import json,sys; d=json.load(open(sys.argv[1])); print("correctness:", d["correctness"]); [print("-", r) for r in d["throughput"]]' "$W/share_gpu.json"

@@ -35,6 +35,7 @@ COMMAND_MODULES = (
     "collocate.gpus.cli",
     "collocate.estimate.cli",
     "collocate.daemon.cli",
+    "collocate.client.cli",
     "collocate.monitor.cli",
     "collocate.bench.cli",
 )

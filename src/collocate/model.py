@@ -84,7 +84,7 @@ class Job:
     """
 
     id: str
-    gpus: int = 1
+    gpus: int = 1  # per node
     mem_mib: float | None = None
     mem_source: str = "unknown"
     mem_uncertainty: float = 0.0
@@ -118,6 +118,14 @@ class Job:
     #: only the daemon's owner may release, as Slurm's admin hold). A held job stays pending,
     #: outside the policy's queue.
     held: str = ""
+    #: How many nodes it runs on, ``gpus`` on each (a data-parallel job across servers): placed
+    #: as a gang, all of its GPUs in one round or none (``policies.base.pick_gang``).
+    nodes: int = 1
+
+    @property
+    def width(self) -> int:
+        """All the GPUs it holds: ``gpus`` on each of its ``nodes``."""
+        return self.gpus * self.nodes
 
     def evolve(self, **changes: object) -> Job:
         """``dataclasses.replace`` without its per-call introspection: the scheduler updates a

@@ -79,8 +79,10 @@ class Capacity:
         return cls(tuple(shape.values()), instance)
 
     def why_not(self, job: Job) -> str | None:
-        if job.gpus < 1:
-            return "a job needs at least 1 GPU"
+        if job.gpus < 1 or job.nodes < 1:
+            return "a job needs at least 1 GPU on at least 1 node"
+        if job.nodes > 1:
+            return self._why_not_across(job)
         most_gpus = len(self._largest) - 1
         if job.gpus > most_gpus:
             if self.largest_instance_mib:
@@ -101,6 +103,20 @@ class Capacity:
                 return (
                     f"needs {job.mem_mib:.0f} MiB per GPU but the largest GPU has {largest:.0f} MiB"
                 )
+        return None
+
+    def _why_not_across(self, job: Job) -> str | None:
+        """A job on several nodes needs that many nodes with ``job.gpus`` whole GPUs each, big
+        enough for it (MIG instances never join: NCCL does not run across them)."""
+        fit = [(count, mib) for count, mib in self.nodes if count >= job.gpus]
+        if len(fit) < job.nodes:
+            return (f"needs {job.nodes} nodes with {job.gpus} whole GPU(s) each, but only {len(fit)} "
+                    f"of the {len(self.nodes)} node(s) have that many")
+        if job.mem_mib is not None:
+            big = [mib for _, mib in fit if mib >= job.mem_mib]
+            if len(big) < job.nodes:
+                return (f"needs {job.mem_mib:.0f} MiB per GPU on {job.nodes} nodes, but only {len(big)} "
+                        f"node(s) have {job.gpus} GPU(s) that large")
         return None
 
 
@@ -154,7 +170,7 @@ class Scheduler:
             return FairQueue(self._queues, self._usage_at(now))
         # users at a cap whatever the job: left out whole, so a flood costs nothing per round
         open_users = {user: q for user, q in self._queues.items()
-                      if q and self._cap(q[0].evolve(gpus=1)) is None}
+                      if q and self._cap(q[0].evolve(gpus=1, nodes=1)) is None}
         return FairQueue(open_users, self._usage_at(now), self._over_cap)
 
     def set_fairness(self, fairness: Fairness) -> None:
@@ -311,7 +327,7 @@ class Scheduler:
         if old is not None and old.state is JobState.RUNNING and job.state is not JobState.RUNNING:
             self._deadlines.pop(job.id, None)
             started = old.started_at if old.started_at is not None else (now or 0.0)
-            self.usage.stopped(old.user, old.gpus, started, now)
+            self.usage.stopped(old.user, old.width, started, now)
         self.jobs[job.id] = job
         if job.state is JobState.RUNNING and (old is None or old.state is not JobState.RUNNING):
             self._running(job)
@@ -325,7 +341,7 @@ class Scheduler:
 
     def _running(self, job: Job) -> None:
         started = job.started_at if job.started_at is not None else self._now
-        self.usage.started(job.user, job.gpus, started)
+        self.usage.started(job.user, job.width, started)
         if job.time_limit_s is not None:
             self._deadlines[job.id] = started + job.time_limit_s
 
@@ -357,7 +373,7 @@ class Scheduler:
 
     def _cap(self, job: Job, extra_jobs: int = 0, extra_gpus: int = 0) -> str | None:
         jobs, gpus = self.usage.running(job.user)
-        return self.fairness.limits(job.user).why_not(job.user, jobs + extra_jobs, gpus + extra_gpus, job.gpus)
+        return self.fairness.limits(job.user).why_not(job.user, jobs + extra_jobs, gpus + extra_gpus, job.width)
 
     def _over_cap(self, job: Job) -> bool:
         return self._cap(job) is not None
@@ -374,7 +390,7 @@ class Scheduler:
             why = self._cap(job, jobs, gpus)
             if why is None:
                 kept.append(p)
-                taken[job.user] = (jobs + 1, gpus + job.gpus)
+                taken[job.user] = (jobs + 1, gpus + job.width)
             else:
                 waits[job.id] = Wait(WaitKind.LIMIT, why)
         if len(kept) == len(plan.placements):
@@ -392,11 +408,14 @@ class Scheduler:
             if job is None or job.state is not JobState.PENDING or p.job_id in seen:
                 raise PolicyError(f"policy {self.policy.name} placed job {p.job_id} that is not pending")
             seen.add(p.job_id)
-            if len(set(p.gpus)) != job.gpus or not set(p.gpus) <= known:
+            if len(set(p.gpus)) != job.width or not set(p.gpus) <= known:
                 raise PolicyError(
-                    f"policy {self.policy.name} gave job {p.job_id} GPUs {p.gpus}; it needs {job.gpus}"
+                    f"policy {self.policy.name} gave job {p.job_id} GPUs {p.gpus}; it needs {job.width}"
                 )
-            if job.gpus > 1 and any(g.mig is not None for g in p.gpus):
+            if len({g.node for g in p.gpus}) != job.nodes:
+                raise PolicyError(f"policy {self.policy.name} put job {p.job_id} on GPUs {p.gpus}; it "
+                                  f"runs on {job.nodes} node(s), {job.gpus} GPU(s) each")
+            if job.width > 1 and any(g.mig is not None for g in p.gpus):
                 raise PolicyError(
                     f"policy {self.policy.name} spread job {p.job_id} over GPUs {p.gpus}, which "
                     "include a MIG instance: a multi-GPU job needs whole GPUs"

@@ -236,6 +236,38 @@ class World:
         self._due: list[tuple[float, int, str, int]] = []  # (when, kind, key, epoch) wake-ups
         self._ids_view = tuple(st.residents for st in self.state)
 
+    def add_devices(self, devices: Sequence[Device]) -> None:
+        """Devices that joined (a node of a cluster, or GPUs a node now shows), appended after
+        the others: every resident keeps its positions, the new devices start empty."""
+        new = tuple(d for d in devices if d.id not in self.index)
+        if not new:
+            return
+        self.devices = self.devices + new
+        self.ids = tuple(d.id for d in self.devices)
+        self.index = {g: i for i, g in enumerate(self.ids)}
+        nodes: dict[str, int] = {}
+        self.node = np.array([nodes.setdefault(g.node, len(nodes)) for g in self.ids], dtype=np.int64)
+        self.gang_node = gang_nodes(self.ids, self.node)
+        k = len(new)
+        self.total = np.concatenate([self.total, [d.total_mib for d in new]])
+        self.speed = np.concatenate([self.speed, [d.speed for d in new]])
+        self.has_mig = any(g.mig is not None for g in self.ids)
+        self.free = np.concatenate([self.free, self.total[-k:]])
+        for name in ("committed", "other", "sm_sum", "dram_sum", "util_sm", "util_occ", "util_dram", "slowed"):
+            setattr(self, name, np.concatenate([getattr(self, name), np.zeros(k)]))
+        for name in ("n_jobs", "n_starting"):
+            setattr(self, name, np.concatenate([getattr(self, name), np.zeros(k, dtype=np.int64)]))
+        self.seen_at = np.concatenate([self.seen_at, np.full(k, -math.inf)])
+        for _ in new:
+            st = _DeviceState()
+            if self.window:
+                st.window = (deque(maxlen=self.window), deque(maxlen=self.window), deque(maxlen=self.window))
+            self.state.append(st)
+        if self.sharing is SharingMode.MPS:
+            self.owner.extend("" for _ in new)
+        self._ids_view = tuple(st.residents for st in self.state)
+        self._gang_table = None
+
     # -- residents ------------------------------------------------------------------------------
     def place(self, job: Job, devices: Sequence[int], now: float, *, room_mib: float | None = None) -> Resident:
         """A job was placed on these devices (positions)."""

@@ -1,4 +1,5 @@
-"""``NodeAgent`` in-process, without Ray: real runners on emulated GPUs, started double-forked."""
+"""``NodeAgent`` (a ``LocalNode`` that starts runners double-forked) in-process, without Ray:
+real runners on emulated GPUs, through the ``Node`` API."""
 
 from __future__ import annotations
 
@@ -12,12 +13,15 @@ from pathlib import Path
 import psutil
 import pytest
 
-from collocate.cluster.agent import NodeAgent, localize
-from collocate.daemon.isolate import bootstrap_argv
-from collocate.daemon.launcher import ENV_EMULATED_DIR, plan_launch
+from collocate.cluster.agent import NodeAgent
+from collocate.daemon.plan import plan_launch
+from collocate.daemon.producers import producer_request
 from collocate.daemon.spec import JobSpec
 from collocate.gpus.mps import MpsDirs
 from collocate.model import GpuId, Job, Placement, SharingMode
+from collocate.node.api import PartRef
+from collocate.node.isolate import bootstrap_argv
+from collocate.node.launcher import ENV_EMULATED_DIR, localize
 
 
 def _plan(head: Path, argv: tuple[str, ...], job_id: str = "1", cwd: str = "/"):
@@ -42,7 +46,7 @@ def test_localize_moves_the_heads_paths_to_the_node(tmp_path: Path):
     plan = _plan(head, ("python", "train.py", str(head / "not-moved-job-args")), cwd="/work")
     local = localize(plan, str(head), "/node/root", Path("/node/root/emulated"))
     assert local.dir == Path("/node/root/jobs/1/attempt-1")
-    assert local.argv[:6] == tuple(bootstrap_argv("collocate.daemon.runner"))
+    assert local.argv[:6] == tuple(bootstrap_argv("collocate.node.runner"))
     assert "--dir" in local.argv and "/node/root/jobs/1/attempt-1" in local.argv
     assert local.env[ENV_EMULATED_DIR] == "/node/root/emulated"
     assert local.env["CUDA_MPS_PIPE_DIRECTORY"] == "/node/root/mps/pipe"
@@ -70,7 +74,7 @@ def test_read_metrics_returns_each_jobs_new_points_since_the_last_call(tmp_path:
         adir = tmp_path / "node" / "jobs" / "7" / "attempt-1"
         adir.mkdir(parents=True)
         metrics = adir / "metrics.jsonl"
-        rel = {"7": "jobs/7/attempt-1"}
+        rel = {"7": PartRef("7", 1)}
         assert agent.read_metrics(rel) == []  # not written yet
         metrics.write_text('{"t": 1.0, "key": "loss", "value": 0.5, "step": 0}\n{"t": 2.0, "ke')
         assert [(p.job_id, p.key, p.value, p.step) for p in agent.read_metrics(rel)] == [("7", "loss", 0.5, 0)]
@@ -79,7 +83,7 @@ def test_read_metrics_returns_each_jobs_new_points_since_the_last_call(tmp_path:
         assert [(p.key, p.value) for p in agent.read_metrics(rel)] == [("loss", 0.25)]
         assert agent.read_metrics(rel) == []
         with pytest.raises(ValueError, match="outside"):
-            agent.read_metrics({"8": "../elsewhere"})
+            agent.read_metrics({"8": PartRef("../../elsewhere", 1)})
     finally:
         agent.close()
 
@@ -87,19 +91,19 @@ def test_read_metrics_returns_each_jobs_new_points_since_the_last_call(tmp_path:
 def test_a_new_agent_adopts_and_stops_a_producer_an_earlier_one_started(tmp_path: Path):
     """The node was away and got a new agent; the head still knows the producer runs there."""
     daemon_tests = Path(__file__).parent.parent / "daemon"
-    spec = JobSpec((sys.executable, "job.py"), str(daemon_tests), env=dict(os.environ),
-                   dataset="tiny", dataset_factory="_dataset_factory:tiny")
+    spec = producer_request(JobSpec((sys.executable, "job.py"), str(daemon_tests), env=dict(os.environ),
+                                    dataset="tiny", dataset_factory="_dataset_factory:tiny"))
     first = NodeAgent(node="a", root=str(tmp_path / "node"), gpus="emulated:1xA100-40GB")
-    ready, error, env, producers = first.datasets_ensure(spec)
-    assert error is None and env["COLLOCATE_SHARE_DIR"] == str(tmp_path / "node" / "share")
-    pid = producers["tiny"]
-    _wait(lambda: first.datasets_ensure(spec)[0], timeout=60)
+    answer = first.ensure_producer(spec)
+    assert answer.error is None and answer.job_env["COLLOCATE_SHARE_DIR"] == str(tmp_path / "node" / "share")
+    pid = answer.running["tiny"]
+    _wait(lambda: first.ensure_producer(spec).ready, timeout=60)
     first.close()  # a daemon's (and an agent's) producers outlive it
     second = NodeAgent(node="a", root=str(tmp_path / "node"), gpus="emulated:1xA100-40GB")
     try:
-        assert second.datasets_reconcile(set(), set()) == {}  # knows nothing of it by itself
-        assert second.datasets_reconcile(set(), {"tiny"}) == {"tiny": pid}  # adopted, SIGTERM sent
-        _wait(lambda: second.datasets_reconcile(set(), set()) == {}, timeout=30)
+        assert second.reconcile_producers(set(), set()).running == {}  # knows nothing of it by itself
+        assert second.reconcile_producers(set(), {"tiny"}).running == {"tiny": pid}  # adopted, SIGTERM sent
+        _wait(lambda: second.reconcile_producers(set(), set()).running == {}, timeout=30)
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     finally:
         second.close()
@@ -113,26 +117,26 @@ def test_a_runner_is_double_forked_and_followed_by_its_records(tmp_path: Path):
     agent = NodeAgent(node="a", root=str(tmp_path / "node"), gpus="emulated:2xA100-40GB")
     try:
         assert [str(d.id) for d in agent.devices()] == ["a:0", "a:1"]
-        assert len(agent.sample()) == 2
+        assert len(agent.tick([]).samples) == 2
         plan = _plan(tmp_path / "head", (sys.executable, "-c", "print('hello'); import time; time.sleep(1)"))
-        pid, started = agent.start(plan, str(tmp_path / "head"), "1", 1)
+        part = agent.start(plan, PartRef("1", 1), str(tmp_path / "head"))
+        pid, started = part.runner
         assert psutil.Process(pid).ppid() != os.getpid()  # nobody's child here: outlives the agent
         assert os.getpgid(pid) == pid  # its own process group, signalled as one
         rel = "jobs/1/attempt-1"
-        assert agent.poll(pid, started)
-        samples, alive = agent.tick([(pid, started), (pid, started + 5.0)])
-        assert len(samples) == 2 and alive == [(pid, started)]
+        other = PartRef("2", 1, pid=pid, started=started + 5.0)
+        tick = agent.tick([part, other])
+        assert len(tick.samples) == 2 and tick.status[part.key].alive and not tick.status[other.key].alive
         assert _wait(agent.live_runners) == {rel: (pid, started)}
-        assert agent.started_record(rel)["pid"] == pid
-        record = _wait(lambda: agent.exit_record(rel))
-        assert record["returncode"] == 0
-        assert agent.job_started(rel)
-        assert agent.read_log(rel, "stdout", 0, 100) == b"hello\n"
-        assert agent.read_log(rel, "stdout", 2, 2) == b"ll"
-        assert _wait(lambda: not agent.poll(pid, started))
+        assert agent.started(PartRef("1", 1)) == part
+        assert _wait(lambda: not agent.status([part])[part.key].alive)
+        end = agent.ended(part)
+        assert end.record is not None and end.record.returncode == 0
+        assert agent.read_log(part, "stdout", 0, 100) == b"hello\n"
+        assert agent.read_log(part, "stdout", 2, 2) == b"ll"
         assert agent.live_runners() == {}
         with pytest.raises(ValueError):
-            agent.read_log("../../etc", "stdout", 0, 10)
+            agent.read_log(PartRef("../../../etc", 1), "stdout", 0, 10)
     finally:
         agent.close()
 
@@ -141,17 +145,18 @@ def test_stop_unowned_kills_only_runners_the_head_does_not_own(tmp_path: Path):
     agent = NodeAgent(node="a", root=str(tmp_path / "node"), gpus="emulated:1xA100-40GB")
     sleeper = (sys.executable, "-c", "import time; time.sleep(60)")
     head = str(tmp_path / "head")
-    mine = agent.start(_plan(tmp_path / "head", sleeper, "1"), head, "1", 1)
-    stray = agent.start(_plan(tmp_path / "head", sleeper, "2"), head, "2", 1)
+    mine = agent.start(_plan(tmp_path / "head", sleeper, "1"), PartRef("1", 1), head)
+    stray = agent.start(_plan(tmp_path / "head", sleeper, "2"), PartRef("2", 1), head)
     try:
         _wait(lambda: len(agent.live_runners()) == 2)
-        assert agent.stop_unowned({"jobs/1/attempt-1"}) == ["jobs/2/attempt-1"]
-        _wait(lambda: not agent.poll(*stray))  # runner and job: the whole group is gone
-        assert agent.poll(*mine)
+        assert agent.collect([mine]) == ["jobs/2/attempt-1"]  # a new agent's first collect
+        _wait(lambda: not agent.status([stray])[stray.key].alive)  # runner and job: the whole group
+        assert agent.status([mine])[mine.key].alive
         assert list(agent.live_runners()) == ["jobs/1/attempt-1"]
-        trees = agent.read_trees({"1": mine[0]}, time.time(), frozenset())
-        assert mine[0] in trees["1"].pids
+        assert agent.collect([]) == []  # once: the next rounds stop nothing
+        trees = agent.read_trees({"1": mine.pid or 0}, time.time(), frozenset())
+        assert mine.pid in trees["1"].pids
     finally:
-        for job, (pid, _) in (("1", mine), ("2", stray)):
-            agent.signal(pid, signal.SIGKILL, job, 1)
+        for part in (mine, stray):
+            agent.signal(part, signal.SIGKILL)
         agent.close()

@@ -193,3 +193,14 @@ def test_a_gpu_shows_its_slowest_jobs_measurement_until_that_job_leaves():
     assert w.snapshot(21.0).slowed is not None
     w.remove("b", 22.0)
     assert w.slowed[0] == 0.0 and w.snapshot(22.0).slowed is None  # nothing measured anywhere
+
+
+def test_devices_that_join_start_unmeasured_beside_a_measured_one():
+    w = world()
+    w.place(job("a"), [0], now=0.0)
+    _active(w, "a", 0, 1.0, 0.6)
+    step = _report(w, "a", 1.0, 8.0, 10.0)
+    _report(w, "a", 8.5, 20.0, 5.0, step)
+    w.add_devices([Device(GpuId("m", 0), 80 * GIB)])  # a node joined
+    assert len(w.slowed) == len(w.ids) and w.slowed[-1] == 0.0
+    assert w.snapshot(21.0).slowed is not None and len(w.snapshot(21.0).slowed) == len(w.ids)

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from collocate.daemon.client import Client
+from collocate.client.connect import Client
 
 HERE = Path(__file__).parent
 JOB = str(HERE / "job.py")
@@ -92,7 +92,7 @@ class Daemon:
     def producer_pids(self) -> list[int]:
         """Shared-dataset producers still serving or starting (they outlive a killed daemon, like
         jobs): those that answer a probe, and those the daemon's pid records name."""
-        from collocate.daemon.launcher import process_matches
+        from collocate.node.launcher import process_matches
         from collocate.share.lifecycle import probe
 
         share = self.state_dir / "share"
@@ -110,7 +110,7 @@ class Daemon:
     def remove_cgroups(self) -> None:
         """The (empty) cgroups this daemon and its nodes' agents made, which a SIGKILLed daemon
         leaves; wait a while for jobs just killed, or launched as it was killed, to leave theirs."""
-        from collocate.daemon.cgroups import Cgroups
+        from collocate.node.cgroups import Cgroups
 
         deadline = time.monotonic() + 15
         for key in [str(self.state_dir), *(str(p) for p in self.state_dir.glob("nodes/*"))]:

@@ -67,9 +67,9 @@ def lab_users() -> dict[str, User]:
 _PRELUDE = (  # what the user's code and the CLI import, imported while still root
     "import contextvars, fnmatch, json, os, pwd, socket, sys, time, uuid\n"
     "import rich.console, rich.live, rich.table, rich.text\n"
-    "import collocate.daemon.__main__, collocate.daemon.client, collocate.daemon.follow\n"
-    "import collocate.daemon.protocol, collocate.daemon.render, collocate.daemon.select\n"
-    "import collocate.daemon.spec, collocate.daemon.sweep, collocate.estimate.providers\n"
+    "import collocate.daemon.__main__, collocate.client.connect, collocate.client.follow\n"
+    "import collocate.daemon.protocol, collocate.client.render, collocate.client.select\n"
+    "import collocate.daemon.spec, collocate.client.sweep, collocate.estimate.providers\n"
     "import collocate.monitor.report, psutil\n"
     "os.setgroups([]); os.setgid({gid}); os.setuid({uid})\n"
 )

@@ -33,7 +33,7 @@ JOB = str(HERE / "job.py")
 
 _REQUEST = (
     "import json, sys\n"
-    "from collocate.daemon.client import Client\n"
+    "from collocate.client.connect import Client\n"
     "from collocate.errors import CollocateError\n"
     "client = Client(sys.argv[1], timeout_s=30)\n"
     "out = []\n"
@@ -129,7 +129,7 @@ def member_python() -> tuple[str, str]:
         if python is None:
             continue
         try:
-            probe = subprocess.run([python, "-c", "import sys, collocate.daemon.cli; print(sys.version_info[:2])"],
+            probe = subprocess.run([python, "-c", "import sys, collocate.client.cli; print(sys.version_info[:2])"],
                                    user=member.uid, group=member.gid, env={"PYTHONPATH": path, "HOME": "/tmp"},
                                    cwd="/tmp", capture_output=True, text=True, timeout=60, check=False)
         except OSError:  # not even executable by the member (a venv under /root)

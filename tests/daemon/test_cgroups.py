@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from collocate.daemon.cgroups import AttemptCgroup, Cgroups, gpu_denials
-from collocate.daemon.isolate import bootstrap_argv
-from collocate.daemon.jobtree import JobTree
+from collocate.node.cgroups import AttemptCgroup, Cgroups, gpu_denials
+from collocate.node.isolate import bootstrap_argv
+from collocate.node.jobtree import JobTree
 
 
 def _tree_in(cgroup: AttemptCgroup) -> subprocess.Popen:
@@ -98,7 +98,7 @@ def test_without_a_cgroup_the_runner_stops_its_process_group(tmp_path: Path):
     adir.mkdir()
     (adir / "env.json").write_text(json.dumps({"PATH": "/usr/bin:/bin"}))
     marker = f"sleep {600 + os.getpid() % 97}"
-    argv = [*bootstrap_argv("collocate.daemon.runner"), "--dir", str(adir), "--cwd", str(tmp_path),
+    argv = [*bootstrap_argv("collocate.node.runner"), "--dir", str(adir), "--cwd", str(tmp_path),
             "--env-file", str(adir / "env.json"), "--", "/bin/sh", "-c", f"nohup {marker} >/dev/null 2>&1 & exit 0"]
     with open(adir / "stdout.log", "ab") as out, open(adir / "stderr.log", "ab") as err:
         runner = subprocess.run(argv, stdout=out, stderr=err, start_new_session=True, timeout=60)

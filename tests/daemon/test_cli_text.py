@@ -11,9 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from rich.console import Console
 
-from collocate.daemon import render
-from collocate.daemon.follow import print_logs
-from collocate.daemon.select import filter_rows, needs_ended, parse_ids, parse_states
+from collocate.client import render
+from collocate.client.follow import print_logs
+from collocate.client.select import filter_rows, needs_ended, parse_ids, parse_states
 from collocate.errors import InputError
 from collocate.safetext import printable
 from collocate.units import parse_mib, require_unit

@@ -12,7 +12,7 @@ import psutil
 import pytest
 from daemon_harness import job_argv, wait_for
 
-from collocate.daemon.client import Client
+from collocate.client.connect import Client
 from collocate.daemon.server import ApiServer
 from collocate.errors import CollocateError
 

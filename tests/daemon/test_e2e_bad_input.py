@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from daemon_harness import job_argv
 
-from collocate.daemon.client import Client
+from collocate.client.connect import Client
 from collocate.errors import CollocateError
 
 CLI = [sys.executable, "-m", "collocate.cli"]

@@ -13,7 +13,7 @@ import time
 
 from daemon_harness import job_argv
 
-from collocate.daemon.select import me
+from collocate.client.select import me
 
 CLI = [sys.executable, "-m", "collocate.daemon"]  # the daemon's commands alone: quicker to start
 # Markup Rich would read ([/] is an error, [lr=...] vanishes), an OSC that retitles the window,

@@ -12,7 +12,7 @@ import textwrap
 
 from daemon_harness import wait_for
 
-from collocate.daemon.follow import banner
+from collocate.client.follow import banner
 
 # Attempt 1 prints, waits for the test's go (so a follower is surely attached), then dies the way
 # PyTorch does out of memory (or with a plain error); later attempts print and succeed.

@@ -18,7 +18,7 @@ import pytest
 from daemon_harness import Daemon, wait_for
 from lab import LabDir, User, cli_as, lab_users, popen_as, raw_requests, submit_as
 
-from collocate.daemon.client import Client
+from collocate.client.connect import Client
 
 PYTHON = "/usr/bin/python3"  # one every user may run (the test's own may be under /root)
 TOKEN = "a-long-random-test-token-0123456789"

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from collocate.daemon.sweep import MAX_JOBS, Axis, expand, parse_axis
+from collocate.client.sweep import MAX_JOBS, Axis, expand, parse_axis
 from collocate.errors import InputError
 
 

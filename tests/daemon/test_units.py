@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from collocate.belief import Belief
 from collocate.daemon.gpu_watch import GpuWatch
-from collocate.daemon.isolate import bootstrap_argv
-from collocate.daemon.launcher import plan_launch
+from collocate.node.isolate import bootstrap_argv
+from collocate.daemon.plan import plan_launch
 from collocate.daemon.paths import ENV_STATE_DIR, resolve_state_dir
 from collocate.daemon.spec import JobSpec, default_name, parse_env, validate_submit
 from collocate.daemon.store import Attempt, Store, job_from_json, job_to_json
@@ -77,7 +77,7 @@ def test_launch_plan_is_exact(tmp_path):
     placement = Placement("7", (GpuId("n", 0), GpuId("n", 1)), 6000.0)
     plan = plan_launch(job, spec, placement, ("GPU-a", "GPU-b"), attempt=2, attempt_dir=tmp_path,
                        sharing=SharingMode.TIME_SLICING, emulated_dir=None, daemon_uid=0)
-    assert plan.argv == (*bootstrap_argv("collocate.daemon.runner"), "--dir", str(tmp_path),
+    assert plan.argv == (*bootstrap_argv("collocate.node.runner"), "--dir", str(tmp_path),
                          "--uid", "1000", "--gid", "100", "--cwd", "/work",
                          "--env-file", str(tmp_path / "env.json"), "--", "python", "train.py")
     # the runner starts isolated: python -I, from the daemon's own installation
@@ -321,7 +321,7 @@ def test_dataset_fields_are_checked_and_kept_in_the_spec():
 
 
 def test_dataset_factory_is_remembered_and_conflicts_refused():
-    from collocate.daemon.datasets import resolve_factory
+    from collocate.daemon.producers import resolve_factory
 
     def spec(factory=None, dataset="d"):
         return JobSpec(("a",), "/", dataset=dataset, dataset_factory=factory)

@@ -76,7 +76,7 @@ def test_cli_tips_expandable_segments_only_when_they_save_much() -> None:
 
 def test_submit_estimate_tips_expandable_segments(tmp_path, capsys) -> None:
     """``collocate submit --estimate`` estimates in a child process, in the job's environment."""
-    from collocate.daemon.cli import _static_estimate
+    from collocate.client.cli import _static_estimate
     from collocate.estimate.providers import EstimateRequest
 
     request = EstimateRequest(entry_point="collocate.workloads.models:build_resnet18", batch_size=64)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from collocate.daemon.client import Client
+from collocate.client.connect import Client
 from collocate.web.client_source import ClientSource
 
 

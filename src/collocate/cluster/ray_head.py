@@ -1,19 +1,20 @@
-"""The daemon as the head of a Ray cluster: one ``NodeAgent`` actor per node, behind the seams.
+"""The daemon as the head of a Ray cluster: one ``NodeAgent`` actor per node, as ``Nodes``.
 
-The only module that imports Ray (lazily, from ``collocate serve --ray``). Everything else of the
-daemon (queue, core, policies, SQLite, API, dashboard) is today's; this module gives it
+The only module that imports Ray (lazily, from ``collocate serve --ray``). The daemon (queue,
+core, policies, SQLite, API, dashboard, and the ``Fleet`` that follows every attempt's parts) is
+the one of a single server; this module gives it the cluster's nodes as ``RayNodes``:
 
-* ``ClusterBackend`` (a ``GpuBackend``): the union of the agents' devices; one parallel
-  ``ray.get`` per round for the samples, with a timeout. A node that does not answer reports its
-  GPUs as full and unreachable (never as free), and the policies' snapshot leaves them out, so
-  nothing is placed there while it is away;
-* ``ClusterExecutor`` (an ``Executor``): each call forwarded to the agent of the attempt's node
-  (the node is in the attempt's GPUs, ``node:index``). An attempt on a node that stops answering
-  stays unconfirmed (alive) for ``grace_s``; after it, the attempt ends as *lost* (requeued,
-  without using up an attempt). A node that comes back gets a new agent, and every runner on it
-  the head no longer owns is stopped, so nothing runs twice after a partition. It also reads the
-  jobs' metrics files on their nodes, and gives the loop each node's ``--dataset`` producers as a
-  ``NodeDatasets`` (the agent's ``Datasets``, forwarded).
+* each node's agent is a ``NodeAgent`` actor (a ``LocalNode``) and ``RayNode`` its proxy, the
+  ``Node`` API over Ray calls with a timeout: a call that fails or times out marks the node down
+  and raises ``NodeUnreachable`` (the ``Fleet`` keeps a silent node's parts unconfirmed for the
+  grace period, then records them lost);
+* a round's calls to every node (``tick``: GPU readings and runner status; process trees;
+  metrics) go out at once and wait 1 s in all: a node that does not answer in time is down;
+* membership is elastic: every ``REFRESH_S`` the head looks for nodes that joined the cluster
+  with the ``collocate`` resource, or came back, and seats an agent on each without waiting for
+  it (its GPUs are used once it answered); a node that left is down, and after the grace period
+  its attempts are lost and requeued. A node that comes back gets a new agent, which stops every
+  runner there the head no longer owns, so nothing runs twice after a partition.
 
 Agents are asked for no GPUs and no CPUs (``num_gpus=0, num_cpus=0``): collocate keeps its own GPU
 accounting and sets ``CUDA_VISIBLE_DEVICES`` itself. Nodes are those whose raylet carries the
@@ -26,7 +27,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,32 +39,26 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from collocate.cluster.agent import NodeAgent
 from collocate.cluster.exposure import check_session_dir, require_token
-from collocate.daemon.datasets import ProducerStartError
-from collocate.daemon.executor import MachineUnreachable
-from collocate.daemon.launcher import LaunchPlan
-from collocate.daemon.store import Attempt
 from collocate.errors import CollocateError
-from collocate.gpus.base import DeviceInfo, DeviceSample
-from collocate.model import GpuId
+from collocate.gpus.base import DeviceInfo
 from collocate.monitor.job_metrics import MetricPoint
 from collocate.monitor.process_tree import TreeUsage
+from collocate.node.api import NodeTick, NodeUnreachable, PartEnd, PartRef, PartStatus, Producers
+from collocate.node.confine import NodeBounds
+from collocate.node.datasets import ProducerRequest
+from collocate.node.launcher import LaunchPlan
 
-log = logging.getLogger("collocate.daemon")
+log = logging.getLogger("collocate.cluster")
 RESOURCE = "collocate"  # the custom resource that marks a node as collocate's
 NAME_LABEL = "collocate-node"  # the label that names a node (else its hostname)
 CALL_TIMEOUT_S = 10.0  # one call to one agent
-SAMPLE_TIMEOUT_S = 1.0  # the round's parallel sample: the loop answers requests between rounds
-#: An attempt of a silent node is lost after the grace period plus this: its runner stops the
-#: job once the agent's heartbeat is ``grace`` old (it checks 4 times a second), so the job is
-#: gone before it is requeued elsewhere (fencing; the heartbeat is never newer than the head's
-#: last answer from the node).
-FENCE_MARGIN_S = 2.0
+SAMPLE_TIMEOUT_S = 1.0  # the round's parallel calls: the loop answers requests between rounds
 BEAT_S = 0.5  # how often the head reaches every answering agent (``Agents._beat``)
 REFRESH_S = 5.0  # how often the head looks for nodes that (re)joined
 AGENT_START_S = 120.0  # how long a new agent may take to answer
 
 
-class NodeDown(Exception):
+class NodeDown(NodeUnreachable):
     """The node's agent did not answer (dead, partitioned or not started)."""
 
 
@@ -74,25 +69,27 @@ class Seat:
     name: str
     node_id: str
     actor: Any
+    address: str = "127.0.0.1"
     down_since: float | None = None
     reconcile: bool = True  # stop the runners the head does not own at the next ``collect``
     agent_died: bool = False  # its actor is gone: a new agent is due once the raylet lives
 
 
 class Agents:
-    """The agent actors by node name: starts them, calls them, notices nodes leave and return."""
+    """The agent actors by node name: starts them, calls them, notices nodes join, leave and
+    return (``RayNodes`` is what the daemon sees of them)."""
 
-    def __init__(self, *, gpus: str, sharing: str, state_dir: Path,
-                 bounds: dict[str, Any] | None = None, fence_after_s: float | None = None) -> None:
+    kind = "ray"
+    generation = 0  # counts seatings (``Fleet`` then asks the new agents for their GPUs)
+
+    def __init__(self, *, gpus: str, sharing: str, state_dir: Path, bounds: NodeBounds | None = None,
+                 fence_after_s: float | None = None, session_dir: str | None = None) -> None:
         self.gpus, self.sharing, self.state_dir = gpus, sharing, state_dir
-        self.bounds, self.fence_after_s = bounds or {}, fence_after_s  # each agent's (agent.py)
+        self.bounds, self.fence_after_s = bounds or NodeBounds(), fence_after_s  # each agent's
+        self.session_dir = session_dir
         self.confinement: dict[str, str] = {}  # node → how its jobs are confined
         self.seats: dict[str, Seat] = {}
         self.known: dict[str, list[DeviceInfo]] = {}  # devices of every node seen since start
-        # Runners (pid, start time) to check at the next sample, by node, and this round's answers:
-        # the round polls every runner with the samples, one parallel call, not one call each.
-        self.to_check: dict[str, set[tuple[int, float]]] = {}
-        self.checked: dict[str, tuple[set, set]] = {}  # node → (asked, alive)
         self.since = time.time()  # nodes not seen yet count as down from the head's start
         self._refreshed = 0.0
         self._pinging: dict[str, Any] = {}  # node → the ping of its silent agent, not waited for
@@ -113,9 +110,9 @@ class Agents:
                 if seat.down_since is None:
                     seat.actor.beat.remote()  # fire and forget: a lost node's just fail
 
-    def nodes(self) -> dict[str, str]:
-        """Alive nodes carrying the ``collocate`` resource: name → Ray node id."""
-        found: dict[str, str] = {}
+    def nodes(self) -> dict[str, tuple[str, str]]:
+        """Alive nodes carrying the ``collocate`` resource: name → (Ray node id, address)."""
+        found: dict[str, tuple[str, str]] = {}
         for n in ray.nodes():
             if not n.get("Alive") or n.get("Resources", {}).get(RESOURCE, 0) <= 0:
                 continue
@@ -125,7 +122,7 @@ class Agents:
                     f"two collocate nodes are named {name!r}, or the name has ':', '/' or ' '",
                     hint=f"start each node with `ray start ... --labels {NAME_LABEL}=NAME` "
                          "and a unique NAME")
-            found[name] = n["NodeID"]
+            found[name] = (n["NodeID"], n.get("NodeManagerAddress") or "127.0.0.1")
         return found
 
     def refresh(self, *, force: bool = False) -> None:
@@ -140,12 +137,12 @@ class Agents:
         if not force and now - self._refreshed < REFRESH_S:
             return
         self._refreshed = now
-        for name, node_id in self.nodes().items():
+        for name, (node_id, address) in self.nodes().items():
             seat = self.seats.get(name)
             if name in self._starting or (seat is not None and seat.node_id == node_id
                                           and not seat.agent_died):
                 continue  # seated, being started, or silent on a live raylet (``_recheck_silent``)
-            self._start(name, node_id)
+            self._start(name, node_id, address)
         self._seat_started(wait=force)
 
     def _recheck_silent(self) -> None:
@@ -169,7 +166,7 @@ class Agents:
             seat.down_since = None
             log.warning("node %s answers again", name)
 
-    def _start(self, name: str, node_id: str) -> None:
+    def _start(self, name: str, node_id: str, address: str) -> None:
         remote: Any = ray.remote(NodeAgent)
         actor: Any = remote.options(
             num_cpus=0, num_gpus=0, max_restarts=0,
@@ -181,7 +178,8 @@ class Agents:
             runtime_env={"env_vars": {"RAY_worker_niceness": "0",
                                       "RAY_kill_child_processes_on_worker_exit": "0"}},
         ).remote(node=name, root=str(self.state_dir / "nodes" / name), gpus=self.gpus,
-                 sharing=self.sharing, bounds=self.bounds, fence_after_s=self.fence_after_s)
+                 sharing=self.sharing, bounds=self.bounds, fence_after_s=self.fence_after_s,
+                 session_dir=self.session_dir, address=address)
         self._starting[name] = (node_id, actor, actor.hello.remote(), time.monotonic())
 
     def _seat_started(self, *, wait: bool) -> None:
@@ -192,26 +190,27 @@ class Agents:
                 continue
             del self._starting[name]
             try:
-                devices, self.confinement[name] = ray.get(hello, timeout=0)
+                devices, self.confinement[name], address = ray.get(hello, timeout=0)
             except (RayError, GetTimeoutError) as exc:
                 log.error("node %s: its collocate agent did not start: %s", name, exc)
                 ray.kill(actor)
                 continue
-            self._seat(name, node_id, actor, devices)
+            self._seat(name, node_id, actor, devices, address)
 
-    def _seat(self, name: str, node_id: str, actor: Any, devices: list[DeviceInfo]) -> None:
+    def _seat(self, name: str, node_id: str, actor: Any, devices: list[DeviceInfo], address: str) -> None:
         self._pinging.pop(name, None)
         old = self.seats.get(name)
         if old is not None:
             ray.kill(old.actor)
             log.warning("node %s is back: new agent; runners the head no longer owns will be stopped", name)
         if self._started and name not in self.known:
-            log.warning("node %s joined after the head started; restart the head to use its GPUs", name)
+            log.warning("node %s joined with %d GPU(s); they take jobs from the next rounds", name, len(devices))
         known = self.known.setdefault(name, devices)
         if [d.uuid for d in known] != [d.uuid for d in devices]:
-            log.error("node %s came back with other GPUs (%d); restart the head to use them",
-                      name, len(devices))
-        self.seats[name] = Seat(name, node_id, actor)
+            log.warning("node %s came back with other GPUs (%d, was %d)", name, len(devices), len(known))
+            self.known[name] = devices
+        self.seats[name] = Seat(name, node_id, actor, address)
+        self.generation += 1
 
     def call(self, name: str, method: str, *args: Any, timeout: float = CALL_TIMEOUT_S) -> Any:
         seat = self.seats.get(name)
@@ -268,246 +267,104 @@ class Agents:
                 pass
             ray.kill(seat.actor)
 
+    # -- the daemon's ``Nodes`` --------------------------------------------------------------
+    def names(self) -> list[str]:
+        return sorted(self.seats)
 
-    def tick(self) -> dict[str, list[DeviceSample]]:
-        """Each answering node's samples; its runners in ``to_check`` checked in the same call."""
-        asked = {name: sorted(self.to_check.pop(name, ())) for name in self.seats}
-        answers = self.call_all("tick", {name: (runners,) for name, runners in asked.items()})
-        self.checked = {name: (set(asked[name]), set(alive)) for name, (_, alive) in answers.items()}
-        return {name: samples for name, (samples, _) in answers.items()}
+    def node(self, name: str) -> RayNode:
+        seat = self.seats.get(name)
+        if seat is None or seat.down_since is not None:
+            raise NodeDown(name)
+        return RayNode(self, name, seat.address)
 
-    def check_next_tick(self, name: str, runner: tuple[int, float]) -> None:
-        self.to_check.setdefault(name, set()).add(runner)
+    def tick(self, parts: Mapping[str, Sequence[PartRef]]) -> dict[str, NodeTick]:
+        return self.call_all("tick", {name: (list(parts.get(name, ())),) for name in self.seats})
 
+    def read_trees(self, roots: Mapping[str, Mapping[str, int]], now: float,
+                   gpu_pids: AbstractSet[int]) -> dict[str, dict[str, TreeUsage]]:
+        return self.call_all("read_trees", {n: (dict(r), now, frozenset(gpu_pids)) for n, r in roots.items()})
 
-class ClusterBackend:
-    """Every node's GPUs as one backend (see the module docstring)."""
-
-    name = "ray"
-    emulated_state_dir = None  # each agent sets its node's own for its jobs
-    needs_mps_server = False  # each agent starts its node's own
-
-    def __init__(self, agents: Agents) -> None:
-        self.agents = agents
-        self.nodes = sorted(agents.known)  # the daemon's GPUs are those of the nodes at its start
-
-    def devices(self) -> list[DeviceInfo]:
-        return [d for name in self.nodes for d in self.agents.known[name]]
-
-    def sample(self) -> list[DeviceSample]:
-        try:
-            self.agents.refresh()
-        except (RayError, CollocateError, ConnectionError) as exc:  # e.g. Ray's GCS is down
-            log.warning("cannot look for returning nodes: %s", exc)
-        answers = self.agents.tick()
-        now = time.time()
-        samples: list[DeviceSample] = []
-        for name in self.nodes:
-            if name in answers:
-                samples.extend(answers[name])
-            else:  # away: full, so nothing is placed there
-                samples.extend(DeviceSample(d.uuid, now, d.total_mib, 0.0, reachable=False)
-                               for d in self.agents.known[name])
-        return samples
-
-    def close(self) -> None:
-        self.agents.close()
-
-
-class ClusterExecutor:
-    """The daemon's ``Executor`` on a Ray cluster: each call goes to the attempt's node."""
-
-    def __init__(self, agents: Agents, head_root: Path, *, grace_s: float) -> None:
-        self.agents, self.head_root, self.grace_s = agents, head_root, grace_s
-        self._owned: set[tuple[str, str]] = set()  # (node, rel) polled or started since the last collect
-        self._datasets: dict[str, NodeDatasets] = {}
-        self._metrics_nodes: set[str] = set()  # nodes asked for metrics last tick
-
-    def _where(self, attempt: Attempt) -> tuple[str, str]:
-        node = GpuId.parse(attempt.gpus[0]).node
-        return node, str(Path(attempt.dir).relative_to(self.head_root))
-
-    def start(self, plan: LaunchPlan, attempt: Attempt) -> tuple[Any, int, float]:
-        node, rel = self._where(attempt)
-        try:
-            pid, started = self.agents.call(node, "start", plan, str(self.head_root), attempt.job_id,
-                                            attempt.n, timeout=60)
-        except NodeDown:
-            raise MachineUnreachable(f"node {node} did not answer") from None
-        self._owned.add((node, rel))
-        self.agents.check_next_tick(node, (pid, started))
-        return None, pid, started
-
-    def poll(self, handle: Any, attempt: Attempt) -> tuple[bool, int | None]:
-        """From this round's samples when they checked the runner, else asked now."""
-        node, rel = self._where(attempt)
-        runner = (attempt.pid or 0, attempt.pid_started or 0.0)
-        asked, alive_ones = self.agents.checked.get(node, ((), ()))
-        if runner in asked:
-            alive = runner in alive_ones
-        else:
-            try:
-                alive = self.agents.call(node, "poll", attempt.pid, attempt.pid_started)
-            except NodeDown:  # unconfirmed: alive until the grace period is over (and the
-                # runner had FENCE_MARGIN_S to stop the job: it fences at ``grace_s``)
-                alive = self.agents.down_for(node, time.time()) < self.grace_s + FENCE_MARGIN_S
-        if alive:
-            self._owned.add((node, rel))
-            self.agents.check_next_tick(node, runner)
-        return alive, None
-
-    def matches(self, attempt: Attempt) -> bool:
-        """At a head restart: a runner on a node that does not answer is taken as alive, and
-        followed by ``poll`` through the grace period."""
-        node, _ = self._where(attempt)
-        try:
-            return bool(self.agents.call(node, "poll", attempt.pid, attempt.pid_started))
-        except NodeDown:
-            return True
-
-    def signal(self, attempt: Attempt, sig: int) -> None:
-        node, _ = self._where(attempt)
-        try:
-            self.agents.call(node, "signal", attempt.pid, sig, attempt.job_id, attempt.n)
-        except NodeDown:
-            pass  # a node that comes back stops what the head no longer owns
-
-    def release(self, attempt: Attempt) -> None:
-        node, _ = self._where(attempt)
-        try:
-            self.agents.call(node, "release", attempt.job_id, attempt.n)
-        except NodeDown:
-            pass  # its runner fenced the job; a returning node stops what the head does not own
+    def read_metrics(self, parts: Mapping[str, Mapping[str, PartRef]]) -> dict[str, list[MetricPoint]]:
+        """Each node reads its jobs' metrics files; a node whose jobs all ended is asked with
+        none, so it closes their files."""
+        return self.call_all("read_metrics", {n: (dict(p),) for n, p in parts.items()})
 
     def confinement_words(self) -> str:
-        return "; ".join(f"{name}: {words}" for name, words in sorted(self.agents.confinement.items()))
+        return "; ".join(f"{name}: {words}" for name, words in sorted(self.confinement.items()))
+
+
+class RayNode:
+    """One node's agent as a ``Node``: each call forwarded to its actor, with a timeout; a node
+    that does not answer raises ``NodeUnreachable`` (``NodeDown``) and is marked down."""
+
+    def __init__(self, agents: Agents, name: str, address: str) -> None:
+        self.agents, self.name, self._address = agents, name, address
+
+    def _call(self, method: str, *args: Any, timeout: float = CALL_TIMEOUT_S) -> Any:
+        return self.agents.call(self.name, method, *args, timeout=timeout)
+
+    def devices(self) -> list[DeviceInfo]:
+        return list(self.agents.known.get(self.name, []))
+
+    def address(self) -> str:
+        return self._address
+
+    def free_port(self) -> int:
+        return int(self._call("free_port"))
+
+    def tick(self, parts: Sequence[PartRef]) -> NodeTick:
+        return self._call("tick", list(parts), timeout=SAMPLE_TIMEOUT_S)
+
+    def status(self, parts: Sequence[PartRef]) -> dict[tuple[str, int], PartStatus]:
+        return self._call("status", list(parts))
+
+    def start(self, plan: LaunchPlan, part: PartRef, head_root: str) -> PartRef:
+        return self._call("start", plan, part, head_root, timeout=60)
+
+    def started(self, part: PartRef) -> PartRef | None:
+        return self._call("started", part)
+
+    def ended(self, part: PartRef) -> PartEnd:
+        return self._call("ended", part)
+
+    def signal(self, part: PartRef, sig: int) -> None:
+        self._call("signal", part, sig)
+
+    def release(self, part: PartRef) -> None:
+        self._call("release", part)
+
+    def read_log(self, part: PartRef, stream: str, offset: int, limit: int) -> bytes:
+        return self._call("read_log", part, stream, offset, limit)
+
+    def read_trees(self, roots: Mapping[str, int], now: float,
+                   gpu_pids: AbstractSet[int]) -> dict[str, TreeUsage]:
+        return self._call("read_trees", dict(roots), now, frozenset(gpu_pids))
+
+    def read_metrics(self, parts: Mapping[str, PartRef]) -> list[MetricPoint]:
+        return self._call("read_metrics", dict(parts))
+
+    def collect(self, owned: Collection[PartRef]) -> list[str]:
+        return self._call("collect", list(owned))
+
+    def ensure_producer(self, request: ProducerRequest) -> Producers:
+        return self._call("ensure_producer", request, timeout=60)
+
+    def reconcile_producers(self, wanted: AbstractSet[str], known: AbstractSet[str]) -> Producers:
+        return self._call("reconcile_producers", frozenset(wanted), frozenset(known))
+
+    def adopt_producers(self, names: AbstractSet[str]) -> Producers:
+        return self._call("adopt_producers", frozenset(names))
+
+    def confinement_words(self) -> str:
+        return self.agents.confinement.get(self.name, "")
 
     def close(self) -> None:
-        pass  # each agent removes its cgroups when it closes
-
-    def exit_record(self, attempt: Attempt) -> dict[str, Any] | None:
-        node, rel = self._where(attempt)
-        try:
-            return self.agents.call(node, "exit_record", rel)
-        except NodeDown:
-            return {"lost": f"its node {node} stopped answering for over {self.grace_s:g} s; requeued"}
-
-    def _read(self, attempt: Attempt, method: str, *args: Any, default: Any) -> Any:
-        node, rel = self._where(attempt)
-        try:
-            return self.agents.call(node, method, rel, *args)
-        except NodeDown:
-            return default
-
-    def started_record(self, attempt: Attempt) -> dict[str, Any] | None:
-        return self._read(attempt, "started_record", default=None)
-
-    def stderr_tail(self, attempt: Attempt) -> str:
-        return self._read(attempt, "stderr_tail", default="")
-
-    def job_started(self, attempt: Attempt) -> bool:
-        return self._read(attempt, "job_started", default=False)
-
-    def read_log(self, attempt: Attempt, stream: str, offset: int, limit: int) -> bytes:
-        return self._read(attempt, "read_log", stream, offset, limit, default=b"")
-
-    def adopt_orphan(self, attempt: Attempt) -> Any | None:
-        return None  # runners are double-forked: no agent is their parent
-
-    def is_orphan(self, handle: Any) -> bool:
-        return False
-
-    def read_trees(self, roots: Mapping[str, Attempt], now: float,
-                   gpu_pids: AbstractSet[int]) -> dict[str, TreeUsage]:
-        per_node: dict[str, dict[str, int]] = {}
-        for job_id, attempt in roots.items():
-            per_node.setdefault(self._where(attempt)[0], {})[job_id] = attempt.pid or 0
-        answers = self.agents.call_all("read_trees", {n: (r, now, frozenset(gpu_pids))
-                                                      for n, r in per_node.items()})
-        return {job_id: tree for trees in answers.values() for job_id, tree in trees.items()}
-
-    def datasets_of(self, attempt: Attempt) -> NodeDatasets:
-        return self._node_datasets(self._where(attempt)[0])
-
-    def remote_datasets(self) -> list[NodeDatasets]:
-        return [self._node_datasets(name) for name in sorted(self.agents.seats)]
-
-    def _node_datasets(self, node: str) -> NodeDatasets:
-        if node not in self._datasets:
-            self._datasets[node] = NodeDatasets(self.agents, node)
-        return self._datasets[node]
-
-    def read_metrics(self, attempts: Mapping[str, Attempt]) -> list[MetricPoint]:
-        """Each node reads its jobs' metrics files; a node whose jobs all ended is asked once
-        more, with none, so it closes their files."""
-        per_node: dict[str, dict[str, str]] = {name: {} for name in self._metrics_nodes}
-        for job_id, attempt in attempts.items():
-            node, rel = self._where(attempt)
-            per_node.setdefault(node, {})[job_id] = rel
-        self._metrics_nodes = {name for name, jobs in per_node.items() if jobs}
-        if not per_node:
-            return []
-        answers = self.agents.call_all("read_metrics", {n: (jobs,) for n, jobs in per_node.items()})
-        return [point for points in answers.values() for point in points]
-
-    def collect(self, keep: set[int]) -> None:
-        """Once per round, after the attempts were polled: on each new agent, stop the runners
-        the head does not own (their attempts were recorded lost while the node was away)."""
-        for name, seat in list(self.agents.seats.items()):
-            if not seat.reconcile or seat.down_since is not None:
-                continue
-            owned = {rel for node, rel in self._owned if node == name}
-            try:
-                stopped = self.agents.call(name, "stop_unowned", owned)
-            except NodeDown:
-                continue
-            seat.reconcile = False
-            for rel in stopped:
-                log.warning("node %s: stopped %s, which the head no longer owns", name, rel)
-        self._owned.clear()
+        pass  # the agents close with ``Agents.close``
 
 
-class NodeDatasets:
-    """One node's ``Datasets`` (its agent's) as the daemon's loop uses it: each call forwarded,
-    so a job's producer runs on the job's node. ``producers`` is what the agent last reported
-    (name → pid): the loop reconciles only nodes that have some."""
-
-    def __init__(self, agents: Agents, node: str) -> None:
-        self.agents, self.node = agents, node
-        self.producers: dict[str, int] = {}
-        self._env: dict[str, dict[str, str]] = {}  # a ready dataset's job environment, by name
-
-    def ensure(self, spec: Any) -> bool:
-        try:
-            ready, error, env, self.producers = self.agents.call(self.node, "datasets_ensure", spec,
-                                                                 timeout=60)
-        except NodeDown:  # not the job's fault: its attempt is lost and the job requeued
-            raise MachineUnreachable(f"node {self.node} did not answer") from None
-        if error is not None:
-            raise ProducerStartError(error)
-        self._env[spec.dataset] = env
-        return ready
-
-    def job_env(self, name: str) -> dict[str, str]:
-        return self._env[name]  # asked right after ``ensure`` said ready
-
-    def reconcile(self, wanted: Any) -> None:
-        try:
-            self.producers = self.agents.call(self.node, "datasets_reconcile", frozenset(wanted),
-                                              frozenset(self.producers))
-        except NodeDown:
-            pass  # asked again next round
-
-    def adopt(self, names: Any) -> None:
-        try:
-            self.producers = self.agents.call(self.node, "datasets_adopt", frozenset(names))
-        except NodeDown:
-            pass  # its producers are started again when its next job launches
-
-
-def open_cluster(config: Any) -> tuple[ClusterBackend, ClusterExecutor]:
+def open_ray_nodes(config: Any, bounds: NodeBounds) -> Agents:
     """Connect to the Ray cluster at ``config.ray`` (``auto``: the local one) and seat an agent on
-    every collocate node."""
+    every collocate node (those that join later are seated as they come)."""
     try:
         ray.init(address=config.ray, namespace="collocate", logging_level=logging.WARNING,
                  log_to_driver=False)
@@ -517,20 +374,18 @@ def open_cluster(config: Any) -> tuple[ClusterBackend, ClusterExecutor]:
                                   "or pass its address, e.g. --ray 10.0.0.1:6379") from exc
     try:  # before any agent runs: a cluster open to all, or with an open session folder, is refused
         require_token(ray.get_runtime_context().gcs_address)
-        session = Path(ray._private.worker._global_node.get_session_dir_path())
+        node: Any = ray._private.worker._global_node
+        session = Path(node.get_session_dir_path())
         check_session_dir(session)
     except CollocateError:
         ray.shutdown()
         raise
-    bounds = dict(max_pids=config.job_max_pids, max_memory=config.job_max_memory,
-                  log_max=config.quotas.log_max, disk_reserve=config.quotas.disk_reserve,
-                  session_dir=str(session))
     agents = Agents(gpus=config.gpus, sharing=config.sharing.value, state_dir=config.state_dir,
-                    bounds=bounds, fence_after_s=config.node_grace_s)
+                    bounds=bounds, fence_after_s=config.node_grace_s, session_dir=str(session))
     if not agents.seats:
         raise CollocateError(f"no node of the Ray cluster carries the {RESOURCE!r} resource",
                              hint=f"start each GPU node with `ray start --resources '{{\"{RESOURCE}\": 1}}' "
                                   f"--labels {NAME_LABEL}=NAME ...` (docs/multi-node.md)")
     log.info("Ray cluster: %d node(s): %s", len(agents.seats), ", ".join(sorted(agents.seats)))
-    return ClusterBackend(agents), ClusterExecutor(agents, config.state_dir, grace_s=config.node_grace_s)
+    return agents
 

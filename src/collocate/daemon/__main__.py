@@ -9,11 +9,13 @@ from __future__ import annotations
 import typer
 
 from collocate.cli_errors import run
+from collocate.client.cli import register as register_client
 from collocate.daemon.cli import register
 
 app = typer.Typer(name="collocate-daemon", no_args_is_help=True, add_completion=False,
                   pretty_exceptions_enable=False)
 register(app)
+register_client(app)
 
 
 def main() -> None:

@@ -16,32 +16,27 @@ from typing import Any
 
 from collocate.daemon import rights, views
 from collocate.daemon.attempts import Attempts
-from collocate.daemon.datasets import resolve_factory
+from collocate.daemon.config import Wiring
 from collocate.daemon.faults import disk_nearly_full
-from collocate.daemon.gpu_watch import GpuWatch
-from collocate.daemon.paths import StateLayout
+from collocate.daemon.producers import resolve_factory
 from collocate.daemon.protocol import PAGE_ROWS, check_logs_args, whole_number
 from collocate.daemon.quotas import Accounts, queued_of, request_size
 from collocate.daemon.server import Peer
-from collocate.daemon.spec import JobSpec, submit_key, validate_submit
-from collocate.daemon.store import Store
-from collocate.daemon.tracking import DaemonTracking
+from collocate.daemon.spec import submit_key, validate_submit
 from collocate.errors import InputError
 from collocate.fairness import Fairness, UserLimits
 from collocate.knowledge import ProfileKnowledge, with_belief
 from collocate.model import Job, JobState, Wait, WaitKind
 from collocate.recovery import Outcome
-from collocate.scheduler import Scheduler
 
 
 class Api:
-    def __init__(self, *, config: Any, layout: StateLayout, store: Store, scheduler: Scheduler,
-                 specs: dict[str, JobSpec], watch: GpuWatch, tracking: DaemonTracking,
-                 attempts: Attempts, accounts: Accounts) -> None:
-        self.config, self.layout, self.store, self.scheduler = config, layout, store, scheduler
-        self.specs, self.watch, self.tracking, self.attempts = specs, watch, tracking, attempts
+    def __init__(self, wiring: Wiring, attempts: Attempts, accounts: Accounts) -> None:
+        self.config, self.layout, self.store = wiring.config, wiring.layout, wiring.store
+        self.scheduler, self.specs, self.watch = wiring.scheduler, wiring.specs, wiring.watch
+        self.tracking, self.fleet, self.attempts = wiring.tracking, wiring.fleet, attempts
         self.accounts = accounts  # the members' quotas (daemon/quotas.py)
-        self.knowledge = ProfileKnowledge(store)
+        self.knowledge = ProfileKnowledge(wiring.store)
 
     def answer(self, op: str, args: dict[str, Any], peer: Peer) -> Any:
         handler = getattr(self, f"op_{op}", None)
@@ -82,7 +77,7 @@ class Api:
         measured = self.store.history_peak(keys.identity)
         if measured is not None:  # measured history beats a declaration (DESIGN: estimators)
             mem, source, uncertainty = measured, "history", 0.05
-        job = Job(id="0", gpus=req.gpus, mem_mib=mem, mem_source=source,
+        job = Job(id="0", gpus=req.gpus, nodes=req.nodes, mem_mib=mem, mem_source=source,
                   mem_uncertainty=uncertainty, submit_time=time.time(), priority=req.priority,
                   name=req.name, max_retries=req.max_retries,
                   retry_failures=req.spec.retry_failures, dataset=req.spec.dataset, after=req.after,
@@ -91,7 +86,7 @@ class Api:
         why = self.scheduler.capacity.why_not(job)
         if why is not None:
             raise InputError(f"this job can never run here: {why}",
-                             hint="ask for fewer GPUs or less memory (`collocate gpus` lists them)")
+                             hint="ask for fewer GPUs, nodes or less memory (`collocate gpus` lists them)")
         why = self.scheduler.why_not_after(job)
         if why is not None:
             raise InputError(f"this job could never start: it {why}",
@@ -130,7 +125,7 @@ class Api:
         job_id = self._job_id(args)
         if not self.specs[job_id].public:
             self._check_owner(job_id, peer, "read the logs of")
-        return views.logs(self.store, job_id, check_logs_args(args), self.attempts.executor.read_log,
+        return views.logs(self.store, job_id, check_logs_args(args), self.fleet.read_log,
                           self._why_waiting)
 
     def op_cancel(self, args: dict, peer: Peer) -> dict:
@@ -189,7 +184,7 @@ class Api:
         for job in self.scheduler.jobs.values():
             if job.state is JobState.RUNNING:
                 jobs, gpus = running.get(job.user, (0, 0))
-                running[job.user] = (jobs + 1, gpus + job.gpus)
+                running[job.user] = (jobs + 1, gpus + job.width)
         now = time.time()
         return {"fair_share": f.fair_share, "half_life_s": f.half_life_s,
                 "default": _limits_dict(f.default),
@@ -230,7 +225,7 @@ class Api:
         return self.tracking.history(time.time() - float(since), points=int(args.get("points") or 120))
 
     def op_gpus(self, args: dict, peer: Peer) -> list[dict]:
-        return views.gpu_rows(self.watch, self.attempts.running, time.time())
+        return views.gpu_rows(self.watch, self.attempts.running, time.time(), self.fleet.events)
 
     def op_drain(self, args: dict, peer: Peer) -> dict:
         self.store.set_flag("draining", True)

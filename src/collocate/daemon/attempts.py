@@ -1,7 +1,7 @@
 """The placed attempts the loop follows, from launch to recorded end.
 
 ``Attempts`` owns ``running`` (job id → ``LiveAttempt``) and every change to it: launching a
-placement (through the ``Executor``), parking a job whose ``--dataset`` producer is still
+placement (one part per node, through the ``Fleet``), parking a job whose ``--dataset`` producer is still
 starting, reaping runners that ended, classifying each end (``classify_end``), recording it and
 telling the scheduler, and cancelling. Nothing here waits on a child process: a job whose
 producer is still starting keeps its GPUs in ``running`` with ``waiting`` set, and a later round
@@ -19,22 +19,21 @@ from pathlib import Path
 from typing import Any
 
 from collocate.belief import as_history
-from collocate.daemon.datasets import Datasets, ProducerStartError
-from collocate.daemon.executor import Executor, MachineUnreachable
+from collocate.daemon.config import Wiring
 from collocate.daemon.failures import classify, describe_status, oom_lower_bound_mib
 from collocate.daemon.faults import describe_error, is_disk_full
-from collocate.daemon.gpu_watch import GpuWatch
-from collocate.daemon.launcher import LaunchPlan, plan_launch
-from collocate.daemon.paths import StateLayout
-from collocate.daemon.spec import JobSpec
-from collocate.daemon.store import Attempt, Store
-from collocate.daemon.tracking import DaemonTracking
+from collocate.daemon.fleet import NodeProducers
+from collocate.daemon.plan import Rendezvous, plan_launch
+from collocate.daemon.producers import producer_request
+from collocate.daemon.store import Attempt
 from collocate.gpus.mps import MpsDirs
 from collocate.knowledge import with_belief
-from collocate.model import JobState, Placement, SharingMode
+from collocate.model import GpuId, Job, JobState, Placement, SharingMode
 from collocate.monitor.sinks.base import JobInfo
+from collocate.node.api import ExitRecord, NodeUnreachable
+from collocate.node.datasets import ProducerStartError
+from collocate.node.launcher import LaunchPlan
 from collocate.recovery import ExitReport, Outcome
-from collocate.scheduler import Scheduler
 
 log = logging.getLogger("collocate.daemon")
 
@@ -47,10 +46,10 @@ class LiveAttempt:
     attempt: Attempt
     name: str  # the job's name (for the sinks)
     pids: frozenset[int] = frozenset()  # its processes (the runner's tree), as last read
-    handle: Any = None  # the executor's handle when this daemon started it; None when re-adopted
+    launched_here: bool = False  # started by this daemon (False: re-adopted after a restart)
     cancel_at: float | None = None  # when the user asked to cancel it (or its time limit stopped it)
     timeout_s: float | None = None  # set when its time limit (--time) stopped it: not a cancel
-    plan: LaunchPlan | None = None  # what to start once its producer is ready
+    plans: tuple[LaunchPlan, ...] = ()  # what to start, one per part, once its producer is ready
     waiting: str | None = None  # the dataset whose producer it waits for
 
     @property
@@ -58,17 +57,17 @@ class LiveAttempt:
         return None if self.waiting is None else f"waiting for dataset producer {self.waiting}"
 
 
-def classify_end(record: dict[str, Any] | None, *, cancelled: bool, adopted: bool, launched: bool,
+def classify_end(record: ExitRecord | None, *, cancelled: bool, adopted: bool, launched: bool,
                  job_started: bool, runner_status: int | None,
                  timeout_s: float | None = None) -> tuple[Outcome, str]:
     """Why an attempt whose runner is gone ended: its exit record when there is one, else what
     is known of how far it got (nothing of a job that never started counts against it)."""
-    if record is not None and record.get("lost"):  # e.g. its node stopped answering
-        return Outcome.LOST, str(record["lost"])
-    if timeout_s is not None and (record is None or record.get("returncode") != 0):
+    if record is not None and record.lost:  # e.g. its node stopped answering
+        return Outcome.LOST, record.lost
+    if timeout_s is not None and (record is None or record.returncode != 0):
         return Outcome.TIMEOUT, timeout_reason(timeout_s)
     if record is not None:
-        return classify(record.get("returncode"), record.get("stderr_tail", ""), cancelled=cancelled)
+        return classify(record.returncode, record.stderr_tail, cancelled=cancelled)
     if cancelled:
         return Outcome.CANCELLED, "cancelled by the user"
     if adopted and not launched:  # e.g. it was waiting for its dataset's producer
@@ -96,37 +95,54 @@ def timeout_reason(limit_s: float) -> str:
 
 
 class Attempts:
-    def __init__(self, *, config: Any, layout: StateLayout, store: Store, scheduler: Scheduler,
-                 specs: dict[str, JobSpec], executor: Executor, datasets: Datasets,
-                 tracking: DaemonTracking, uuid_of: dict, emulated_dir: Path | None,
-                 mps: Any, watch: GpuWatch) -> None:
-        self.config, self.layout, self.store, self.scheduler = config, layout, store, scheduler
-        self.specs, self.executor, self.datasets, self.tracking = specs, executor, datasets, tracking
-        self.uuid_of, self.emulated_dir, self.mps, self.watch = uuid_of, emulated_dir, mps, watch
+    def __init__(self, wiring: Wiring) -> None:
+        self.config, self.layout, self.store = wiring.config, wiring.layout, wiring.store
+        self.scheduler, self.specs, self.tracking = wiring.scheduler, wiring.specs, wiring.tracking
+        self.watch, self.fleet = wiring.watch, wiring.fleet
         self.running: dict[str, LiveAttempt] = {}
+
+    @property
+    def uuid_of(self) -> dict[GpuId, str]:
+        return self.watch.uuid_of
 
     # -- launching ---------------------------------------------------------------------------
     def launch(self, placement: Placement, now: float) -> None:
         job = self.scheduler.jobs[placement.job_id]
-        spec = self.specs[job.id]
-        uuids = tuple(self.uuid_of[g] for g in placement.gpus)
+        uuid_of = self.uuid_of
+        uuids = tuple(uuid_of[g] for g in placement.gpus)
         adir = self.layout.attempt_dir(job.id, job.attempts)
         attempt = Attempt(job.id, job.attempts, now, tuple(str(g) for g in placement.gpus), uuids,
                           str(adir), mem_mib=placement.mem_mib)
         self.store.add_attempt(attempt)
-        mps_dirs = None
-        if self.config.sharing is SharingMode.MPS:  # emulated GPUs: the same env, no MPS server
-            mps_dirs = self.mps.dirs if self.mps is not None else MpsDirs.under(self.layout.root)
-        plan = plan_launch(job, spec, placement, uuids, attempt=job.attempts, attempt_dir=adir,
-                           sharing=self.config.sharing, emulated_dir=self.emulated_dir,
-                           mps_dirs=mps_dirs)
         self.watch.place(job, uuids, now, placement.room_mib)
-        run = LiveAttempt(attempt, job.name, plan=plan)
-        if spec.dataset is None:
+        run = LiveAttempt(attempt, job.name, plans=self._plans(job, placement, attempt))
+        dataset = self.specs[job.id].dataset
+        if dataset is None:
             self._start(run)
         else:  # it holds its GPUs (in ``running``) while its producer starts
             self.running[job.id] = run
-            self._ensure_dataset(spec.dataset, [run])
+            self._ensure_dataset(dataset, [run])
+
+    def _plans(self, job: Job, placement: Placement, attempt: Attempt) -> tuple[LaunchPlan, ...]:
+        """One launch plan per node of the placement, in rank order; a job on several nodes
+        gets the rendezvous of its rank 0 (its node's address and a port free there)."""
+        spec, uuid_of, adir = self.specs[job.id], self.uuid_of, Path(attempt.dir)
+        mps_dirs = MpsDirs.under(self.layout.root) if self.config.sharing is SharingMode.MPS else None
+        by_node: dict[str, list[GpuId]] = {}
+        for g in placement.gpus:
+            by_node.setdefault(g.node, []).append(g)
+        rendezvous = None
+        if len(by_node) > 1:
+            first = self.fleet.nodes.node(next(iter(by_node)))
+            rendezvous = Rendezvous(len(by_node), 0, first.address(), first.free_port())
+        plans = []
+        for rank, gpus in enumerate(by_node.values()):
+            part = replace(placement, gpus=tuple(gpus))
+            plans.append(plan_launch(
+                job, spec, part, [uuid_of[g] for g in gpus], attempt=attempt.n, attempt_dir=adir,
+                sharing=self.config.sharing, emulated_dir=None, mps_dirs=mps_dirs,
+                rendezvous=None if rendezvous is None else replace(rendezvous, rank=rank)))
+        return tuple(plans)
 
     def launch_failed(self, job_id: str, exc: BaseException) -> None:
         """A placement that raised before its runner started: end that attempt (and that job's
@@ -150,23 +166,23 @@ class Attempts:
         waiting: dict[tuple[str, Any], list[LiveAttempt]] = {}
         for run in self.running.values():
             if run.waiting is not None:
-                waiting.setdefault((run.waiting, self._datasets_of(run)), []).append(run)
+                waiting.setdefault((run.waiting, run.attempt.nodes[0]), []).append(run)
         for (name, _), runs in waiting.items():
             self._ensure_dataset(name, runs)
 
-    def _datasets_of(self, run: LiveAttempt) -> Any:
-        """The producers of the machine the attempt runs on (the executor's say)."""
-        return self.executor.datasets_of(run.attempt) or self.datasets
+    def _datasets_of(self, run: LiveAttempt) -> NodeProducers:
+        """The producers of the node the attempt runs on."""
+        return self.fleet.producers(run.attempt.nodes[0])
 
     def _ensure_dataset(self, name: str, runs: list[LiveAttempt]) -> None:
         """Ask (never wait) whether dataset ``name``'s producer on ``runs``' machine serves;
         start, fail or park ``runs``."""
         datasets = self._datasets_of(runs[0])
         try:
-            ready = datasets.ensure(self.specs[runs[0].attempt.job_id])
+            ready = datasets.ensure(producer_request(self.specs[runs[0].attempt.job_id]))
         except Exception as exc:  # a producer must never take the loop down
-            outcome = Outcome.LOST if isinstance(exc, MachineUnreachable) else Outcome.FAILED
-            if not isinstance(exc, (ProducerStartError, MachineUnreachable)):
+            outcome = Outcome.LOST if isinstance(exc, NodeUnreachable) else Outcome.FAILED
+            if not isinstance(exc, (ProducerStartError, NodeUnreachable)):
                 log.exception("producer of dataset %r", name)
                 exc = ProducerStartError(f"could not start the producer of dataset {name!r}: {exc}")
             for run in runs:
@@ -181,28 +197,26 @@ class Attempts:
                 log.info("job %s: %s", run.attempt.job_id, run.why_waiting)
 
     def _start(self, run: LiveAttempt, extra_env: dict[str, str] | None = None) -> None:
-        """Start a placed attempt's runner; it joins ``running`` (or fails if it cannot start)."""
-        assert run.plan is not None
-        plan = replace(run.plan, env={**run.plan.env, **extra_env}) if extra_env else run.plan
+        """Start a placed attempt's runners, one per part; it joins ``running`` (or fails if a
+        part cannot start: then none runs)."""
+        plans = tuple(replace(p, env={**p.env, **extra_env}) for p in run.plans) if extra_env else run.plans
         try:
-            handle, pid, started = self.executor.start(plan, run.attempt)
+            attempt = self.fleet.start(run.attempt, plans)
         except Exception as exc:  # confined to this job (a full disk requeues it: not its fault)
             outcome = Outcome.LOST if _not_the_jobs_fault(exc) else Outcome.FAILED
             self.finish(run, outcome, f"could not start the job: {describe_error(exc)}", None, "",
                         time.time())
             return
         job_id = run.attempt.job_id
-        attempt = replace(run.attempt, pid=pid, pid_started=started)
         self.store.update_attempt(attempt)
-        self.running[job_id] = LiveAttempt(attempt, run.name, frozenset({pid}), handle)
+        pids = frozenset(pid or 0 for pid, _ in attempt.runners) if attempt.runners else frozenset({attempt.pid or 0})
+        self.running[job_id] = LiveAttempt(attempt, run.name, pids, launched_here=True)
         self.track_start(job_id)
 
     def track_start(self, job_id: str) -> None:
         """Tell the sinks a job (re)started, with the jobs already on its GPUs."""
         run, spec = self.running[job_id], self.specs[job_id]
-        mine = set(run.attempt.uuids)
-        neighbours = sorted((j for j, r in self.running.items()
-                             if j != job_id and mine & set(r.attempt.uuids)), key=_job_key)
+        neighbours = sorted((j for j in self.watch.neighbours(job_id) if j in self.running), key=_job_key)
         self.tracking.job_started(JobInfo(
             job_id, run.name, spec.user, tuple(spec.argv), run.attempt.gpus,
             self.config.sharing.value, self.config.policy, tuple(neighbours)))
@@ -217,7 +231,7 @@ class Attempts:
         # remembered in the store, so that a daemon restarted before the job exits still records
         # the end as a cancel rather than a failure (exit 143). Without that flag the end is
         # still a cancel while this daemon runs (``cancel_at``).
-        self.executor.signal(run.attempt, signal.SIGTERM)
+        self.fleet.signal(run.attempt, signal.SIGTERM)
         try:
             self.store.set_flag(cancel_key(run.attempt.job_id), True)
         except Exception as exc:  # noqa: BLE001 - the cancel itself went out
@@ -238,44 +252,36 @@ class Attempts:
         self.store.set_flag(timeout_key(job_id), True)
         if run.cancel_at is None:
             run.cancel_at = time.time()
-            self.executor.signal(run.attempt, signal.SIGTERM)
+            self.fleet.signal(run.attempt, signal.SIGTERM)
 
     def reap(self, now: float) -> None:
         """End the attempts whose runner is gone; kill those past their cancel's grace."""
         for run in list(self.running.values()):
             if run.waiting is not None:
                 continue
-            alive, status = self.executor.poll(run.handle, run.attempt)
+            alive, status = self.fleet.poll(run.attempt)
             if alive:
                 if run.cancel_at is not None and now - run.cancel_at > self.config.cancel_grace_s:
-                    self.executor.signal(run.attempt, signal.SIGKILL)
+                    self.fleet.signal(run.attempt, signal.SIGKILL)
                 continue
-            self.ended(run, runner_status=status, adopted=run.handle is None)
-        self.executor.collect({r.handle.pid for r in self.running.values() if r.handle is not None}
-                              | {r.attempt.pid for r in self.running.values() if r.attempt.pid}
-                              | {p.pid for p in self.datasets.producers.values()})
+            self.ended(run, runner_status=status, adopted=not run.launched_here)
+        self.fleet.collect([r.attempt for r in self.running.values() if r.attempt.pid])
 
     def ended(self, run: LiveAttempt, *, runner_status: int | None, adopted: bool) -> None:
         """Classify an attempt whose runner is gone, record it, and let the scheduler recover."""
         a = run.attempt
-        record = self.executor.exit_record(a)
-        if record is None and not self.executor.is_orphan(run.handle):
-            orphan = self.executor.adopt_orphan(a)  # the runner died; its job is ours now
-            if orphan is not None and orphan.poll() is None:
-                self.running[a.job_id] = replace(run, handle=orphan)  # watch the job itself
-                log.warning("job %s: its runner is gone; the daemon watches the job (pid %d)",
-                            a.job_id, orphan.pid)
-                return
-            record = self.executor.exit_record(a)
+        gone = self.fleet.ended(a)
+        if gone.adopted:  # the runner died; its job is the node's child now, followed there
+            return
+        record = gone.record
         if record is not None:
-            returncode, tail, end = record.get("returncode"), record.get("stderr_tail", ""), record.get("end")
+            returncode, tail, end = record.returncode, record.stderr_tail, record.end
         else:
-            self.executor.signal(a, signal.SIGKILL)  # what is left of the job must not run on
-            returncode, tail, end = None, self.executor.stderr_tail(a), time.time()
+            self.fleet.signal(a, signal.SIGKILL)  # what is left of the job must not run on
+            returncode, tail, end = None, gone.stderr_tail, time.time()
         outcome, reason = classify_end(
             record, cancelled=run.cancel_at is not None and run.timeout_s is None, adopted=adopted,
-            launched=a.pid is not None,
-            job_started=record is None and not adopted and self.executor.job_started(a),
+            launched=a.pid is not None, job_started=record is None and not adopted and gone.job_started,
             runner_status=runner_status, timeout_s=run.timeout_s)
         self.finish(run, outcome, reason, returncode, tail, end or time.time())
 
@@ -295,7 +301,7 @@ class Attempts:
                     reason=reason, peak_mib=peak,
                     solo_sm=None if learned is None else learned.profile.sm_activity,
                     solo_dram=None if learned is None else learned.profile.dram_activity)
-        self.executor.release(a)  # nothing of it runs on; its cgroup is gone
+        self.fleet.release(a)  # nothing of it runs on, on any node; its cgroups are gone
         self.store.update_attempt(a)
         self.store.clear_flag(cancel_key(a.job_id))
         self.store.clear_flag(timeout_key(a.job_id))
@@ -327,7 +333,7 @@ OBSERVED_HERE = ("measured", "inferred")
 
 def _not_the_jobs_fault(exc: BaseException) -> bool:
     """A launch that failed for the machine's sake (a full disk, an unreachable node): requeued."""
-    return is_disk_full(exc) or isinstance(exc, MachineUnreachable)
+    return is_disk_full(exc) or isinstance(exc, NodeUnreachable)
 
 
 def _job_key(job_id: str) -> tuple[int, str]:

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from collocate.daemon.client import Client
+from collocate.client.connect import Client
 from collocate.errors import CollocateError
 
 

@@ -1,74 +1,24 @@
-"""Commands of the daemon and its clients: serve, submit, ls, show, logs, cancel, gpus, drain,
-resume, dashboard-url, demo. Parsing and rendering only; the work happens in the daemon
-(``service``), and ``logs`` polls it from ``follow``."""
+"""The daemon's own commands: ``serve`` (the daemon in the foreground) and ``demo``. The client
+commands (submit, ls, ...) are ``collocate.client.cli``'s."""
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import sys
-import time
-from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated
 
 import typer
 
-from collocate.errors import CollocateError, InputError
+from collocate.cli_options import StateDirOpt
+from collocate.errors import InputError
 from collocate.safetext import PrintableLogFormatter
-
-if TYPE_CHECKING:
-    from collocate.estimate.base import Estimate
-    from collocate.estimate.providers import EstimateRequest
-
-StateDirOpt = Annotated[
-    Path | None,
-    # readable=False: a --group member may enter the state dir (0710) but not list it, and the
-    # daemon's socket is all a client needs there
-    typer.Option("--state-dir", readable=False, help="Daemon state dir (default: "
-                 "$COLLOCATE_STATE_DIR, then $XDG_STATE_HOME/collocate, then ~/.local/state/collocate)."),
-]
-
-
-FORMATS = ("table", "json")
-FormatOpt = Annotated[str, typer.Option("--format", help="table (for people) or json (for tools).")]
-
-
-def _format(fmt: str) -> str:
-    """One --format vocabulary for every command; anything else is refused with the list."""
-    if fmt not in FORMATS:
-        raise InputError(f"unknown --format {fmt!r}", hint="use " + " or ".join(FORMATS))
-    return fmt
 
 
 def register(app: typer.Typer) -> None:
     app.command("serve")(serve)
-    app.command("submit", context_settings={"allow_interspersed_args": False})(submit)
-    app.command("ls")(ls)
-    app.command("show")(show)
-    app.command("logs")(logs)
-    app.command("cancel")(cancel)
-    app.command("wait")(wait)
-    app.command("gpus")(gpus)
-    from collocate.daemon.cli_control import hold, limits, priority_, release
-
-    app.command("hold")(hold)
-    app.command("release")(release)
-    app.command("priority")(priority_)
-    app.command("limits")(limits)
-    app.command("drain")(drain)
-    app.command("resume")(resume)
-    app.command("dashboard-url")(dashboard_url)
     from collocate.daemon.demo import demo
 
     app.command("demo")(demo)
-
-
-def _client(state_dir: Path | None):
-    from collocate.daemon.client import Client
-
-    return Client(state_dir)
 
 
 def _check_ray_installed() -> None:
@@ -91,7 +41,16 @@ def serve(
     period: Annotated[float, typer.Option("--period", help="Sampling/scheduling period, seconds.")] = 1.0,
     window: Annotated[int, typer.Option("--window", help="Samples in the utilization window.")] = 30,
     group: Annotated[str | None, typer.Option("--group", help="Also serve members of this group.")] = None,
-    tcp: Annotated[str | None, typer.Option("--tcp", help="Also listen on HOST:PORT (needs --token-file).")] = None,
+    tcp: Annotated[str | None, typer.Option("--tcp", help="Also listen on HOST:PORT (needs --token-file "
+                   "or --user-tokens; a host other than loopback needs --tls).")] = None,
+    tls: Annotated[str | None, typer.Option("--tls", help="Serve --tcp over TLS: `self-signed` (a "
+                   "certificate made once under the state dir; its SHA-256 fingerprint is printed "
+                   "for clients to pin), or give --tls-cert and --tls-key.")] = None,
+    tls_cert: Annotated[Path | None, typer.Option("--tls-cert", help="PEM certificate for --tcp.")] = None,
+    tls_key: Annotated[Path | None, typer.Option("--tls-key", help="Its PEM private key.")] = None,
+    user_tokens: Annotated[Path | None, typer.Option("--user-tokens", help="File of members' tokens "
+                           "for --tcp, one `USER TOKEN` line each: a client with one acts, and its "
+                           "jobs run, as that user (docs/security.md).")] = None,
     token_file: Annotated[Path | None, typer.Option("--token-file", help="File holding the access "
                           "token for --tcp and --dashboard.")] = None,
     dashboard: Annotated[str | None, typer.Option("--dashboard", help="Serve the web dashboard and "
@@ -167,17 +126,25 @@ def serve(
         except KeyError:
             raise InputError(f"no group {group!r} on this machine") from None
     tcp_addr, token = None, _read_token(token_file)
+    members = _read_user_tokens(user_tokens)
+    if tls not in (None, "self-signed") or (tls_cert is None) != (tls_key is None):
+        raise InputError("--tls takes `self-signed`; or give both --tls-cert and --tls-key")
+    with_tls = tls is not None or tls_cert is not None
     if tcp is not None:
         host, _, port = tcp.rpartition(":")
         if not host or not port.isdigit():
             raise InputError(f"cannot read --tcp {tcp!r}", hint="write HOST:PORT, e.g. 127.0.0.1:7070")
-        if token is None:
+        if token is None and not members:
             raise InputError("--tcp needs --token-file", hint="put a long random token in a file only you can read")
+        if not with_tls and host not in ("127.0.0.1", "localhost", "::1"):
+            raise InputError(f"--tcp {tcp} would send tokens over the network in clear",
+                             hint="add --tls self-signed (clients pin the fingerprint it prints), or "
+                                  "--tls-cert/--tls-key; plain TCP is for 127.0.0.1 only")
         tcp_addr = (host, int(port))
     tracking = _tracking_config(dashboard, token, mlflow, mlflow_uri, dashboard_auth=dashboard_token)
     if job_max_pids < 0 or user_max_queued < 1:
         raise InputError("--job-max-pids must be 0 or more and --user-max-queued 1 or more")
-    quotas = Quotas(max_queued=user_max_queued, max_request=option_bytes(user_max_request, "--user-max-request"),
+    quotas = Quotas(max_queued=user_max_queued, max_request=option_bytes(user_max_request, "--user-max-request") or Quotas().max_request,
                     max_stored=option_bytes(user_max_stored, "--user-max-stored"),
                     log_max=option_bytes(log_max, "--log-max"), disk_reserve=option_bytes(disk_reserve, "--disk-reserve"))
     stream = logging.StreamHandler()  # the file log in the state dir always gets INFO
@@ -190,12 +157,18 @@ def serve(
         token=token if tcp_addr is not None else None, rules=RecoveryRules(growth=retry_growth),
         tracking=tracking, ray=ray, node_grace_s=node_grace_s, quotas=quotas,
         job_max_pids=job_max_pids or None, job_max_memory=option_bytes(job_max_memory, "--job-max-memory"),
+        tls_cert=tls_cert, tls_key=tls_key, tls_self_signed=tls == "self-signed", user_tokens=members,
     )
 
     def ready(service) -> None:
         typer.echo(f"collocate daemon: {len(service.watch.devices)} GPU(s) ({service.backend.name}), "
                    f"policy {policy}, sharing {sharing} ({why_sharing}), state {service.layout.root}", err=True)
-        typer.echo(f"  {service.executor.confinement_words()}", err=True)
+        typer.echo(f"  {service.fleet.confinement_words()}", err=True)
+        if service.server.tcp_port is not None:
+            secure = (f"TLS, certificate SHA-256 fingerprint {service.tls_fingerprint}"
+                      if service.tls_fingerprint else "plain TCP")
+            typer.echo(f"  TCP API on {config.tcp[0] if config.tcp else ''}:{service.server.tcp_port} "
+                       f"({secure})", err=True)
         typer.echo(f"  {service.quotas.describe()}", err=True)
         server, secret = service.tracking.dashboard_server, service.tracking.dashboard_token
         if server is not None:  # a generated token is printed once, like Jupyter's
@@ -220,6 +193,26 @@ def _read_token(token_file: Path | None) -> str | None:
     return token
 
 
+def _read_user_tokens(path: Path | None) -> dict[str, str]:
+    """``--user-tokens``: ``USER TOKEN`` per line (``#`` comments), token → user."""
+    if path is None:
+        return {}
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise InputError(f"cannot read --user-tokens {path}: {exc}") from exc
+    tokens: dict[str, str] = {}
+    for number, line in enumerate(lines, 1):
+        words = line.split("#", 1)[0].split()
+        if not words:
+            continue
+        if len(words) != 2 or len(words[1]) < 16 or words[1] in tokens:
+            raise InputError(f"{path}:{number}: expected `USER TOKEN` with a token of 16 or more "
+                             "characters used once", hint="e.g. `alice 3f9c...` (openssl rand -hex 32)")
+        tokens[words[1]] = words[0]
+    return tokens
+
+
 def _tracking_config(dashboard: str | None, token: str | None, mlflow: bool,
                      mlflow_uri: str | None, *, dashboard_auth: bool = True):
     """Validate the monitoring options before anything starts (a clear error, not a half-up daemon)."""
@@ -242,423 +235,3 @@ def _tracking_config(dashboard: str | None, token: str | None, mlflow: bool,
                           dashboard_auth=dashboard_auth, mlflow_uri=uri)
 
 
-def submit(
-    command: Annotated[list[str] | None, typer.Argument(help="The command, after --.")] = None,
-    gpus: Annotated[int, typer.Option("--gpus", help="GPUs the job needs.")] = 1,
-    mem: Annotated[str | None, typer.Option("--mem", help="GPU memory per GPU, with a unit: "
-                   "6GiB, 6144MiB, 1.5G. K, M, G and T are powers of 1024 with or without i or B "
-                   "(6GB = 6G = 6GiB, as nvidia-smi and PyTorch count); a number without a unit "
-                   "is refused.")] = None,
-    name: Annotated[str | None, typer.Option("--name")] = None,
-    priority: Annotated[int, typer.Option("--priority", help="Higher runs first (within "
-                        "+/-1,000,000). Above 0 only the daemon's owner may set; others use --nice.")] = 0,
-    nice: Annotated[int | None, typer.Option("--nice", help="Lower this job's priority by N "
-                    "(0 to 1,000,000), to let your other jobs or other people's go first.")] = None,
-    time_limit: Annotated[str | None, typer.Option("--time", "-t", help="Time limit, as Slurm reads "
-                          "it: minutes (30), MM:SS, HH:MM:SS, D-HH:MM:SS, or 90s, 30m, 2h, 1d. "
-                          "The job is stopped then (SIGTERM, SIGKILL 10 s later), state timeout.")] = None,
-    retries: Annotated[int | None, typer.Option("--retries", help="Retries (OOM: default 3; "
-                        "giving it also retries other failures).")] = None,
-    cwd: Annotated[Path | None, typer.Option("--cwd", help="Working directory (default: here).")] = None,
-    env: Annotated[list[str], typer.Option("--env", help="NAME=VALUE for the job (repeatable).")] = [],
-    estimate: Annotated[str | None, typer.Option("--estimate", help="Estimate memory statically from "
-                        "this entry point (package.module:function), instead of --mem.")] = None,
-    batch_size: Annotated[int | None, typer.Option("--batch-size", help="Batch size for --estimate.")] = None,
-    precision: Annotated[str, typer.Option("--precision", help="For --estimate: fp32, fp16 (AMP) or bf16 "
-                         "(AMP), as the job trains.")] = "fp32",
-    optimizer: Annotated[str | None, typer.Option("--optimizer", help="For --estimate: sgd, adam or adamw "
-                         "(default: the entry point's).")] = None,
-    gpu_type: Annotated[str | None, typer.Option("--gpu-type", help="For --estimate: the GPU type to "
-                        "estimate for, e.g. H100-80GB (collocate estimate --gpu). Default: the "
-                        "daemon's, when all its GPUs are of one type.")] = None,
-    dataset: Annotated[str | None, typer.Option("--dataset", help="Shared dataset name: the daemon "
-                       "runs one producer for all jobs naming it (see docs/daemon.md).")] = None,
-    dataset_factory: Annotated[str | None, typer.Option("--dataset-factory", help="module:factory "
-                               "returning the DataLoader to share (needed by the first job of a "
-                               "--dataset; later ones may omit it).")] = None,
-    after: Annotated[list[str], typer.Option("--after", help="Start only once this job has ended "
-                     "done (repeatable); if it fails or is cancelled, this one is cancelled.")] = [],
-    after_any: Annotated[list[str], typer.Option("--after-any", help="Start once this job has "
-                         "ended, however it ended (Slurm's afterany; repeatable).")] = [],
-    after_notok: Annotated[list[str], typer.Option("--after-notok", help="Start only if this job "
-                           "ends other than done: failed, timeout, cancelled (Slurm's afternotok; "
-                           "repeatable); if it ends done, this one is cancelled.")] = [],
-    hold: Annotated[bool, typer.Option("--hold", help="Queue it held: it starts only after "
-                    "`collocate release ID`.")] = False,
-    notify: Annotated[str | None, typer.Option("--notify", help="A command to run, as you, when "
-                      "the job ends: e.g. 'mail -s collocate you@lab'. Its stdin is a one-line "
-                      "summary; COLLOCATE_JOB_ID, _NAME, _STATE, _REASON and _EXIT_CODE are set. "
-                      "Split like a shell would, but not run through one.")] = None,
-    public: Annotated[bool, typer.Option("--public", help="Let the daemon's other users see this "
-                      "job's command, working directory and logs (they see its name, state and "
-                      "times anyway).")] = False,
-    sweep: Annotated[list[str], typer.Option("--sweep", help="NAME=V1,V2,... or NAME=FIRST..LAST: "
-                     "one job per combination, {NAME} in the command replaced (repeatable).")] = [],
-    state_dir: StateDirOpt = None,
-) -> None:
-    """Queue a job and print its id: collocate submit --mem 6GiB -- python train.py --lr 3e-4
-
-    A sweep queues one job per combination and prints their ids, one per line:
-    collocate submit --mem 6GiB --sweep lr=1e-3,3e-4 --sweep seed=0..2 -- python train.py --lr {lr} --seed {seed}
-    """
-    from collocate.daemon.spec import default_name, parse_env
-    from collocate.daemon.sweep import expand, parse_axis
-    from collocate.estimate.providers import EstimateRequest
-    from collocate.units import parse_mib, require_unit
-
-    if not command:
-        raise InputError("empty command", hint="put the command after --, e.g. "
-                         "collocate submit --mem 6GiB -- python train.py")
-    parse_env(env)  # a clear error before contacting the daemon
-    if nice is not None:
-        if priority:
-            raise InputError("give --priority or --nice, not both", hint="--nice N is --priority -N")
-        if not 0 <= nice <= 1_000_000:
-            raise InputError(f"--nice takes 0 to 1,000,000, got {nice}")
-        priority = -nice
-    if time_limit is not None:
-        from collocate.units import parse_duration
-
-        parse_duration(time_limit)
-    if mem is not None:
-        require_unit(mem, "--mem")
-        parse_mib(mem)  # a clear error before contacting the daemon
-    points = expand(command, [parse_axis(a) for a in sweep]) if sweep else None
-    directory = (cwd or Path.cwd()).expanduser().absolute()
-    if not directory.is_dir():
-        raise InputError(f"working directory {directory} does not exist", hint="pass an existing --cwd")
-    extra: dict[str, Any] = {"mem": mem}
-    client = _client(state_dir)
-    if estimate is not None:  # once for a whole sweep: its jobs share the entry point
-        from collocate.estimate.entrypoint import OPTIMIZERS, PRECISIONS, check_choice
-
-        request = EstimateRequest(entry_point=estimate, batch_size=batch_size,
-                                  optimizer=check_choice("optimizer", optimizer, OPTIMIZERS),
-                                  precision=check_choice("precision", precision, PRECISIONS) or "fp32",
-                                  gpu=gpu_type or _daemon_gpu_type(client))
-        extra = _static_estimate(request, mem, directory, {**os.environ, **parse_env(env)})
-    elif (precision, optimizer, gpu_type) != ("fp32", None, None):
-        raise InputError("--precision, --optimizer and --gpu-type describe --estimate",
-                         hint="add --estimate ENTRY --batch-size N, or drop them")
-    fields = dict(gpus=gpus, priority=priority, retries=retries, cwd=str(directory), env=list(env),
-                  base_env=dict(os.environ), dataset=dataset, dataset_factory=dataset_factory,
-                  after=list(after), after_any=list(after_any), after_notok=list(after_notok),
-                  time=time_limit, hold=hold, public=public, notify=_notify_argv(notify), **extra)
-    if points is None:
-        typer.echo(client.request("submit", argv=list(command), name=name, **fields)["id"])
-        return
-    base = name or default_name(command)
-    for done, point in enumerate(points):
-        try:
-            result = client.request("submit", argv=list(point.command), name=f"{base}[{point.label()}]", **fields)
-        except CollocateError as exc:
-            if not done:
-                raise
-            raise CollocateError(f"{exc.args[0]} ({done} of {len(points)} sweep jobs were queued "
-                                 "before it; their ids are printed above)", hint=exc.hint) from exc
-        typer.echo(result["id"])
-
-
-def _notify_argv(notify: str | None) -> list[str] | None:
-    """``--notify 'mail -s "job done" me'`` as argv, split as a POSIX shell would."""
-    import shlex
-
-    if notify is None:
-        return None
-    try:
-        argv = shlex.split(notify)
-    except ValueError as exc:
-        raise InputError(f"cannot read --notify {notify!r}: {str(exc).lower()}",
-                         hint="close every quote, e.g. --notify 'mail -s \"job done\" you@lab'") from None
-    if not argv:
-        raise InputError("--notify is empty", hint="e.g. --notify 'mail -s collocate you@lab'")
-    return argv
-
-
-def _daemon_gpu_type(client: Any) -> str | None:
-    """The GPU type to estimate for when the user names none: the daemon's, if all its GPUs
-    are of one known type (a CUDA context's size differs by GPU). Asking first also fails fast,
-    before estimating, when no daemon is running."""
-    from collocate.gputypes import GPU_TYPES
-
-    types = {row["type"] for row in client.request("gpus")}
-    if len(types) == 1 and (only := types.pop()) in GPU_TYPES:
-        return str(only)
-    return None
-
-
-def _static_estimate(request: EstimateRequest, mem: str | None, cwd: Path,
-                     job_env: dict[str, str]) -> dict[str, Any]:
-    """Run the static estimator here, in the user's environment and cwd (where the entry point
-    imports), in a child process; the daemon still prefers measured history when it has one.
-    The job's own ``PYTORCH_CUDA_ALLOC_CONF`` picks the allocator mode estimated."""
-    from collocate.estimate.gpu_overheads import DEFAULT_GPU, allocator_from_conf
-    from collocate.estimate.providers import StaticProvider
-
-    if mem is not None:
-        raise InputError("give either --mem or --estimate, not both")
-    if request.batch_size is None:
-        raise InputError("--estimate needs --batch-size", hint="e.g. --estimate mypkg.train:build --batch-size 32")
-    request = replace(request, allocator=allocator_from_conf(job_env.get("PYTORCH_CUDA_ALLOC_CONF")))
-    here = Path.cwd()
-    os.chdir(cwd)
-    try:
-        est = StaticProvider(isolated=True).estimate(request)
-    finally:
-        os.chdir(here)
-    if est is None or not est.available:
-        raise InputError(f"no static estimate for {request.entry_point}", hint="pass --mem instead")
-    typer.echo(f"estimated {est.mib:.0f} MiB ({est.method}, +/-{est.uncertainty:.0%}, {request.precision}, "
-               f"{request.allocator} allocator, {request.gpu or DEFAULT_GPU + ' by default: pass --gpu-type'})",
-               err=True)
-    from collocate.estimate.cli import expandable_tip_mib
-
-    expandable = expandable_tip_mib(est)
-    if expandable is not None:
-        typer.echo(f"tip: with --env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True it would need "
-                   f"about {expandable:.0f} MiB", err=True)
-    return estimate_fields(est)
-
-
-def estimate_fields(est: Estimate) -> dict[str, Any]:
-    """The memory fields of a submit request for a static estimate: an estimate, not a
-    declaration, so the daemon commits it only until the job's own peak holds still."""
-    return {"mem": f"{est.mib:.1f}", "mem_source": f"static-{est.method}", "mem_uncertainty": est.uncertainty}
-
-
-def ls(
-    all_: Annotated[bool, typer.Option("--all", "-a", help="Include ended jobs.")] = False,
-    state: Annotated[list[str], typer.Option("--state", "-s", help="Only jobs in these states: "
-                     "pending, running, done, failed, timeout, cancelled, rejected (repeatable or a comma "
-                     "list; an ended state implies --all).")] = [],
-    user: Annotated[list[str], typer.Option("--user", "-u", help="Only jobs of this user "
-                    "(repeatable or a comma list).")] = [],
-    name: Annotated[str | None, typer.Option("--name", "-n", help="Only jobs whose name matches "
-                    "this shell glob, e.g. 'train.py*' (quote it).")] = None,
-    fmt: FormatOpt = "table",
-    state_dir: StateDirOpt = None,
-) -> None:
-    """List jobs (pending and running; --all for every job), with why each pending one waits."""
-    from collocate.daemon import render
-    from collocate.daemon.client import list_jobs
-    from collocate.daemon.select import filter_rows, needs_ended, parse_states
-
-    _format(fmt)
-    states = parse_states(state)
-    users = {u.strip() for value in user for u in value.split(",") if u.strip()}
-    rows = list_jobs(_client(state_dir).request, all=all_ or needs_ended(states))
-    rows = filter_rows(rows, states=states, users=users, name=name)
-    if fmt == "json":
-        typer.echo(json.dumps(rows, indent=1))
-    else:
-        render.print_jobs(rows)
-
-
-def show(job_id: Annotated[str, typer.Argument()], state_dir: StateDirOpt = None,
-         fmt: FormatOpt = "table") -> None:
-    """Show one job: its command, memory requirement, why it waits, and every attempt."""
-    from collocate.daemon import render
-
-    _format(fmt)
-    detail = _client(state_dir).request("show", id=job_id)
-    if fmt == "json":
-        typer.echo(json.dumps(detail, indent=1))
-    else:
-        render.print_detail(detail)
-
-
-def logs(
-    job_id: Annotated[str, typer.Argument()],
-    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing, through every later "
-                      "attempt (OOM requeues, retries), until the job ends.")] = False,
-    stderr: Annotated[bool, typer.Option("--stderr", help="Show stderr instead of stdout.")] = False,
-    attempt: Annotated[int | None, typer.Option("--attempt", help="Attempt number (default: the "
-                       "latest); with -f, follow only that attempt.")] = None,
-    state_dir: StateDirOpt = None,
-) -> None:
-    """Print a job's output (its latest attempt unless --attempt; -f follows it to the end).
-
-    A job that has not started says so on stderr, with why it waits. Another user's output (as
-    the daemon's owner may read it) has its control characters escaped; your own is as written.
-    """
-    from collocate.daemon.follow import print_logs
-    from collocate.daemon.select import me
-
-    client = _client(state_dir)
-    owner = client.request("show", id=job_id)["user"]
-    try:
-        print_logs(client.request, job_id, stream="stderr" if stderr else "stdout",
-                   attempt=attempt, follow=follow, out=sys.stdout, err=sys.stderr,
-                   escape_output=owner != me())
-    except KeyboardInterrupt:  # Ctrl-C is how a follow ends: no traceback, no "Aborted!"
-        raise typer.Exit(130) from None
-    except BrokenPipeError:  # `collocate logs 3 | head`
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        raise typer.Exit(0) from None
-
-
-def cancel(
-    job_ids: Annotated[list[str] | None, typer.Argument(metavar="IDS", help="Job ids, ranges "
-                       "and lists: 7, 3-7, 3,5,9.", show_default=False)] = None,
-    all_: Annotated[bool, typer.Option("--all", help="Cancel all your own pending and running "
-                    "jobs.")] = False,
-    name: Annotated[str | None, typer.Option("--name", "-n", help="Cancel your own pending and "
-                    "running jobs whose name matches this shell glob, e.g. 'sweep*' (quote it).")] = None,
-    state_dir: StateDirOpt = None,
-) -> None:
-    """Cancel jobs: pending ones leave the queue, running ones get SIGTERM (SIGKILL after 10 s).
-
-    Prints what happened to each job; exits 1 if any could not be cancelled.
-    """
-    from collocate.daemon.client import list_jobs
-    from collocate.daemon.select import ACTIVE, filter_rows, me, parse_ids
-    from collocate.safetext import printable
-
-    ids = parse_ids(job_ids or [])
-    if ids and (all_ or name is not None):
-        raise InputError("give job ids or --all/--name, not both",
-                         hint="--all and --name choose among your own pending and running jobs")
-    if not ids and not all_ and name is None:
-        raise InputError("which jobs?", hint="give ids (7, 3-7, 3,5,9), --name GLOB or --all")
-    client = _client(state_dir)
-    if not ids:  # only active jobs can be chosen: the history is not fetched
-        chosen = filter_rows(list_jobs(client.request), states=set(ACTIVE), users={me()}, name=name)
-        ids = [r["id"] for r in chosen]
-        if not ids:
-            what = "to cancel" if name is None else f"has a name matching {printable(name)}"
-            typer.echo(f"no pending or running job of yours {what}", err=True)
-            return
-    failed = 0
-    for job_id in ids:
-        try:
-            result = client.request("cancel", id=job_id)
-        except CollocateError as exc:
-            failed += 1
-            typer.echo(f"{job_id}: not cancelled: {printable(exc, multiline=True)}", err=True)
-            continue
-        if result.get("ended"):
-            typer.echo(f"{printable(job_id)}: already {printable(result['state'])}, nothing to cancel")
-            continue
-        typer.echo(f"{printable(result['id'])}: {printable(result['state'])}")
-    if failed:
-        raise typer.Exit(1)
-
-
-def wait(
-    job_ids: Annotated[list[str], typer.Argument(metavar="IDS", help="Job ids, ranges and lists: "
-                       "7, 3-7, 3,5,9.", show_default=False)],
-    timeout: Annotated[float | None, typer.Option("--timeout", help="Give up after this many "
-                       "seconds (exit status 124).")] = None,
-    state_dir: StateDirOpt = None,
-) -> None:
-    """Wait until jobs end, printing each as it does; exit 0 if all ended done, else 1.
-
-    For scripts: collocate wait $(collocate submit -- python train.py) && python evaluate.py
-    """
-    from collocate.daemon.client import list_jobs
-    from collocate.daemon.select import ACTIVE, parse_ids
-    from collocate.safetext import printable
-
-    client = _client(state_dir)
-    left = parse_ids(job_ids)
-    for job_id in left:  # an unknown id fails here, before any waiting
-        client.request("show", id=job_id)
-    deadline = None if timeout is None else time.monotonic() + timeout
-    all_done = True
-    try:
-        while left:
-            rows = list_jobs(client.request, all=True, ids=left)  # only these, in pages
-            ended = {row["id"] for row in rows if row["state"] not in ACTIVE}
-            for job_id in [j for j in left if j in ended]:
-                job = client.request("show", id=job_id)  # once per job, when it has ended
-                left.remove(job_id)
-                all_done &= job["state"] == "done"
-                why = f": {printable(job['reason'])}" if job["reason"] and job["state"] != "done" else ""
-                typer.echo(f"{job_id} {job['state']}{why}")
-            if left and deadline is not None and time.monotonic() >= deadline:
-                typer.echo(f"still not ended after {timeout:g} s: {', '.join(left)}", err=True)
-                raise typer.Exit(124)
-            if left:
-                time.sleep(0.5)
-    except KeyboardInterrupt:
-        raise typer.Exit(130) from None
-    if not all_done:
-        raise typer.Exit(1)
-
-
-def gpus(
-    watch: Annotated[bool, typer.Option("--watch", "-w", help="Refresh every second until Ctrl-C "
-                       "(into a file or pipe: a dated table appended every second).")] = False,
-    fmt: FormatOpt = "table",
-    state_dir: StateDirOpt = None,
-) -> None:
-    """GPUs as the daemon sees them: memory used, committed to jobs and left (ROOM), SM
-    activity, jobs on each; tracking if degraded."""
-    from collocate.daemon import render
-
-    _format(fmt)
-    client = _client(state_dir)
-    if fmt == "json":
-        ping = client.request("ping")
-        typer.echo(json.dumps({"gpus": client.request("gpus"),
-                               "tracking_degraded": ping.get("tracking_degraded", False),
-                               "tracking": ping.get("tracking", [])}, indent=1))
-        return
-    if not watch:
-        render.console().print(render.gpu_table(client.request("gpus")))
-        degraded = render.tracking_line(client.request("ping"))
-        if degraded is not None:
-            render.console().print(degraded, style="red")
-        return
-    if not sys.stdout.isatty():  # `gpus --watch > file`: a table per second, appended
-        try:
-            while True:
-                render.console().print(render.when(time.time()))
-                render.console().print(render.gpu_table(client.request("gpus")))
-                sys.stdout.flush()
-                time.sleep(1.0)
-        except KeyboardInterrupt:
-            return
-    from rich.live import Live
-
-    with Live(render.gpu_table(client.request("gpus")), console=render.console(), refresh_per_second=2) as live:
-        try:
-            while True:
-                time.sleep(1.0)
-                live.update(render.gpu_table(client.request("gpus")))
-        except KeyboardInterrupt:
-            pass
-
-
-def drain(state_dir: StateDirOpt = None) -> None:
-    """Stop placing jobs; running ones finish. `collocate resume` undoes it."""
-    r = _client(state_dir).request("drain")
-    typer.echo(f"draining: {r['running']} running job(s) will finish, {r['pending']} stay queued")
-
-
-def resume(state_dir: StateDirOpt = None) -> None:
-    """Place jobs again after `collocate drain`."""
-    _client(state_dir).request("resume")
-    typer.echo("placing jobs again")
-
-
-def dashboard_url(state_dir: StateDirOpt = None) -> None:
-    """Print the daemon's dashboard URL with its token (readable by the daemon's owner only)."""
-    from collocate.daemon.paths import StateLayout
-
-    client = _client(state_dir)
-    url = client.request("ping").get("dashboard")
-    if url is None:
-        raise InputError("this daemon serves no dashboard",
-                         hint="start it with `collocate serve --dashboard 8765`")
-    path = StateLayout(client.state_dir).dashboard_token
-    try:
-        token = path.read_text().strip()
-    except FileNotFoundError:
-        token = ""  # started with --no-dashboard-token
-    except OSError as exc:
-        raise CollocateError(f"the dashboard at {url} is the daemon owner's (its token in {path} "
-                             f"is theirs: {exc.strerror})",
-                             hint="open your own, with your rights: `collocate dashboard --port 8390` "
-                             "(your jobs in full, others' as `collocate ls` shows them)") from None
-    typer.echo(f"{url}?token={token}" if token else url)

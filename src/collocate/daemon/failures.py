@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import signal
 
-from collocate.daemon.runner import TAIL_BYTES  # noqa: F401 - re-exported: the classified tail
+from collocate.node.runner import TAIL_BYTES  # noqa: F401 - re-exported: the classified tail
 from collocate.recovery import Outcome
 
 OOM_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(

@@ -8,11 +8,11 @@ A full disk shows up as ``OSError(ENOSPC)`` (or ``EDQUOT``) from file writes and
 from __future__ import annotations
 
 import errno
-import os
 import sqlite3
 from pathlib import Path
 
 from collocate.errors import CollocateError
+from collocate.node.files import free_bytes
 
 _FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT}
 _SQLITE_FULL = 13
@@ -53,16 +53,6 @@ def describe_error(exc: BaseException) -> str:
 
 #: Below this much free space the daemon places no job: it could not record the launch.
 MIN_FREE_BYTES = 256 * 1024
-
-
-def free_bytes(path: Path | str) -> int | None:
-    """Free space on the file system holding ``path`` for unprivileged writers (root's reserved
-    blocks are not counted on); None when it cannot be read."""
-    try:
-        st = os.statvfs(path)
-    except OSError:
-        return None
-    return st.f_bavail * st.f_frsize
 
 
 def disk_nearly_full(path: Path) -> bool:

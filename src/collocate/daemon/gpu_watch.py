@@ -35,10 +35,22 @@ class GpuWatch:
         self.devices: list[DeviceInfo] = backend.devices()
         self.by_uuid = {d.uuid: d for d in self.devices}
         self.position = {d.uuid: i for i, d in enumerate(self.devices)}
+        self.uuid_of = {d.id: d.uuid for d in self.devices}  # kept, not rebuilt per launch
         self.world = World([Device(d.id, d.total_mib, d.sm_fraction) for d in self.devices],
                            sharing=sharing, params=params, window=window, period_s=period_s)
         self.last: dict[str, DeviceSample] = {}
         self.other_mib: dict[str, float] = {}  # per device, memory of processes that are no job's
+
+    def add_devices(self, devices: Sequence[DeviceInfo]) -> list[DeviceInfo]:
+        """GPUs that joined (a node that joined the cluster): appended; those new returned."""
+        new = [d for d in devices if d.uuid not in self.position]
+        for d in new:
+            self.position[d.uuid] = len(self.devices)
+            self.devices.append(d)
+            self.by_uuid[d.uuid] = d
+            self.uuid_of[d.id] = d.uuid
+        self.world.add_devices([Device(d.id, d.total_mib, d.sm_fraction) for d in new])
+        return new
 
     # -- residents ------------------------------------------------------------------------------
     def place(self, job: Job, uuids: Sequence[str], now: float, room_mib: float | None = None) -> Resident:
@@ -49,6 +61,14 @@ class GpuWatch:
         if job_id not in self.world.residents:
             return None
         return self.world.remove(job_id, now)
+
+    def neighbours(self, job_id: str) -> set[str]:
+        """The jobs that share a GPU with this resident (none when it is not one): read off
+        its devices, not by comparing it with every running job."""
+        r = self.world.residents.get(job_id)
+        if r is None:
+            return set()
+        return {o for i in r.devices for o in self.world.state[i].residents if o != job_id}
 
     def resident(self, job_id: str) -> Resident | None:
         return self.world.residents.get(job_id)
@@ -62,8 +82,12 @@ class GpuWatch:
 
     # -- readings -------------------------------------------------------------------------------
     def read(self) -> list[DeviceSample]:
-        """Read the backend once; the samples, for the usage monitor."""
-        for s in self.backend.sample():
+        """Read the backend once (taking in the GPUs of nodes that joined); the samples, for
+        the usage monitor."""
+        samples = self.backend.sample()
+        if len(self.backend.devices()) != len(self.devices):
+            self.add_devices(self.backend.devices())
+        for s in samples:
             if s.uuid in self.position:
                 self.last[s.uuid] = s
         return list(self.last.values())

@@ -19,11 +19,11 @@ import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
-from collocate.daemon.isolate import CLEAN_ENV, bootstrap_argv, write_env_file
 from collocate.daemon.paths import StateLayout
 from collocate.daemon.spec import JobSpec
 from collocate.daemon.store import Store
 from collocate.model import Job
+from collocate.node.isolate import CLEAN_ENV, bootstrap_argv, write_env_file
 
 log = logging.getLogger("collocate.daemon")
 
@@ -68,7 +68,7 @@ class Notifier:
         write_env_file(env_file, env)
         as_other = os.getuid() == 0 and spec.uid not in (-1, 0)
         as_user = ("--uid", str(spec.uid), "--gid", str(spec.gid)) if as_other else ()
-        argv = [*bootstrap_argv("collocate.daemon.isolate"), *as_user, "--cwd", spec.cwd,
+        argv = [*bootstrap_argv("collocate.node.isolate"), *as_user, "--cwd", spec.cwd,
                 "--env-file", str(env_file), "--", *spec.notify]
         fd = os.open(folder / "notify.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
         try:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from collocate.errors import CollocateError
+from collocate.node.files import attempt_files as attempt_files
 
 ENV_STATE_DIR = "COLLOCATE_STATE_DIR"
 
@@ -136,13 +137,3 @@ def _unsafe(root: Path, why: str) -> CollocateError:
     return CollocateError(f"refusing state directory {root}: {why}",
                           hint="use a directory that only the daemon's user can write, "
                                "e.g. a fresh one created by that user (mode 0700)")
-
-
-def attempt_files(directory: Path) -> dict[str, Path]:
-    """The files of one attempt: logs, the runner's start record and its exit record."""
-    return {
-        "stdout": directory / "stdout.log",
-        "stderr": directory / "stderr.log",
-        "started": directory / "runner.json",
-        "exit": directory / "exit.json",
-    }

@@ -8,7 +8,7 @@ jobs (issue 31). The owner sets each bound with a ``collocate serve`` option; th
 * ``max_queued``: pending jobs per user (a sweep counts each point);
 * ``max_request``: bytes of one submit (command and environment);
 * ``max_stored``: bytes a user's jobs hold in the store and in their logs under the state dir;
-* ``log_max``: bytes kept of each log stream of one attempt (``collocate.daemon.logkeeper``);
+* ``log_max``: bytes kept of each log stream of one attempt (``collocate.node.logkeeper``);
 * ``disk_reserve``: free space kept on the state dir's disk: submits are refused below it (new
   work is turned away *before* the disk is full), logs stop growing at it, and what is left
   is for the records of work already accepted (attempt ends, cancels).
@@ -19,16 +19,16 @@ The daemon's own user and root are not held to the per-user bounds (they own the
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from collocate.daemon.faults import DiskFull, free_bytes
-from collocate.daemon.paths import attempt_files
 from collocate.errors import InputError
 from collocate.model import JobState
+from collocate.node.confine import default_disk_reserve, default_log_max
+from collocate.node.files import attempt_files
 
 MIB = 2**20
 RECOUNT_S = 1.0  # a member's stored bytes are counted again after this; submits add meanwhile
@@ -49,19 +49,14 @@ class Quotas:
         return replace(
             self,
             max_stored=self.max_stored if self.max_stored is not None else disk_bytes // 4,
-            log_max=self.log_max if self.log_max is not None else min(64 * MIB, disk_bytes // 32),
+            log_max=self.log_max if self.log_max is not None else default_log_max(disk_bytes),
             disk_reserve=(self.disk_reserve if self.disk_reserve is not None
-                          else min(1024 * MIB, max(MIB, disk_bytes // 20))))
+                          else default_disk_reserve(disk_bytes)))
 
     def describe(self) -> str:
         return (f"quotas per member: {self.max_queued} queued jobs, {_size(self.max_request)} per "
                 f"submit, {_size(self.max_stored)} stored; logs cut at {_size(self.log_max)} per "
                 f"stream; {_size(self.disk_reserve)} of the disk kept for records")
-
-
-def disk_size(path: Path) -> int:
-    st = os.statvfs(path)
-    return st.f_blocks * st.f_frsize
 
 
 class Accounts:

@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import Any
 
 from collocate.daemon.attempts import Attempts, LiveAttempt, cancel_key, timeout_key
-from collocate.daemon.executor import Executor
+from collocate.daemon.fleet import Fleet
 from collocate.daemon.store import Attempt, Store
 from collocate.model import Job, JobState
 from collocate.recovery import ExitReport, Outcome
@@ -25,7 +25,7 @@ from collocate.scheduler import Scheduler
 log = logging.getLogger("collocate.daemon")
 
 
-def restore(store: Store, scheduler: Scheduler, attempts: Attempts, executor: Executor) -> None:
+def restore(store: Store, scheduler: Scheduler, attempts: Attempts, fleet: Fleet) -> None:
     """Reload the jobs into ``scheduler`` and ``attempts.specs``; re-adopt, end or settle each
     attempt the previous daemon left open."""
     rows = store.jobs()
@@ -40,21 +40,21 @@ def restore(store: Store, scheduler: Scheduler, attempts: Attempts, executor: Ex
             store.update_attempt(replace(a, end=time.time(), outcome=Outcome.LOST.value,
                                          reason="closed at restart"))
             continue
-        a = _fill_pid(store, executor, a)
+        a = _fill_pid(store, fleet, a)
         attempts.watch.place(job, a.uuids, a.start, a.mem_mib if job.mem_mib is None else None)
         run = LiveAttempt(a, job.name)
         if store.get_flag(cancel_key(job_id)):
             run.cancel_at = time.time()  # asked before the restart; the grace period restarts
         if store.get_flag(timeout_key(job_id)):  # stopped at its time limit before the restart
             run.cancel_at, run.timeout_s = time.time(), job.time_limit_s or 0.0
-        if executor.matches(a):
+        if fleet.matches(a):
             attempts.running[job_id] = run
             attempts.track_start(job_id)
             log.info("re-adopted job %s (runner pid %s)", job_id, a.pid)
         else:
             attempts.ended(run, runner_status=None, adopted=True)
     adopted = {j: r.attempt for j, r in attempts.running.items()}
-    for job_id, tree in executor.read_trees(adopted, time.time(), frozenset()).items():
+    for job_id, tree in fleet.read_trees(adopted, time.time(), frozenset()).items():
         attempts.running[job_id].pids = tree.pids  # its processes, before the first round
     for job in list(scheduler.jobs.values()):
         if job.state is JobState.RUNNING and job.id not in attempts.running and job.id not in open_attempts:
@@ -82,13 +82,11 @@ def _settle_unlaunched(store: Store, scheduler: Scheduler, job: Job) -> None:
     scheduler.job_exited(job.id, report, time.time())
 
 
-def _fill_pid(store: Store, executor: Executor, a: Attempt) -> Attempt:
-    """An attempt whose pid was not yet stored: take it from the runner's own record."""
+def _fill_pid(store: Store, fleet: Fleet, a: Attempt) -> Attempt:
+    """An attempt whose pids were not yet stored: take them from its runners' own records."""
     if a.pid is not None:
         return a
-    started = executor.started_record(a)
-    if started is None:
-        return a
-    a = replace(a, pid=int(started["pid"]), pid_started=float(started["started"]))
-    store.update_attempt(a)
+    a = fleet.started(a)
+    if a.pid is not None:
+        store.update_attempt(a)
     return a

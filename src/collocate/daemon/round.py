@@ -1,7 +1,7 @@
 """One scheduling round of the daemon's loop: sample → reap → price → schedule → launch.
 
 Each period (1 s by default) the round reads the GPUs once and each job's process tree once (the
-``Executor``'s ``/proc`` reader), and both readings feed both consumers: the ``GpuWatch``
+``Fleet``: each node reads ``/proc`` for its parts), and both readings feed both consumers: the ``GpuWatch``
 (memory and activity per job, for the scheduler's snapshot) and the usage monitor (per-job
 CPU, host memory, energy, for the store, sinks and dashboard). Then it reaps attempts that
 ended, starts those whose dataset producer is ready, prices unmeasured pending jobs from their
@@ -11,47 +11,40 @@ running siblings, asks the same ``Scheduler`` the simulator uses for a plan, and
 from __future__ import annotations
 
 import time
-from pathlib import Path
-from typing import Any
 
 from collocate.daemon.attempts import Attempts
-from collocate.daemon.datasets import Datasets, active_factories
-from collocate.daemon.executor import Executor
+from collocate.daemon.config import Wiring
 from collocate.daemon.faults import disk_nearly_full
-from collocate.daemon.gpu_watch import GpuWatch
-from collocate.daemon.paths import StateLayout
-from collocate.daemon.spec import JobSpec
-from collocate.daemon.store import Store
-from collocate.daemon.tracking import DaemonTracking
+from collocate.daemon.producers import active_factories
 from collocate.daemon.views import committed_by_gpu
 from collocate.interference import InterferenceModel
 from collocate.knowledge import ProfileKnowledge, price_pending
 from collocate.model import UNKNOWN_PROFILE
-from collocate.monitor.job_metrics import METRICS_FILE_NAME
 from collocate.monitor.process_tree import TreeUsage
 from collocate.monitor.sampler import UsageJob
-from collocate.scheduler import Scheduler
+from collocate.scheduler import Capacity
 from collocate.world import observed_residents
 
 
 class SchedulingRound:
-    def __init__(self, *, config: Any, layout: StateLayout, store: Store, scheduler: Scheduler,
-                 specs: dict[str, JobSpec], watch: GpuWatch, tracking: DaemonTracking,
-                 attempts: Attempts, executor: Executor, datasets: Datasets,
-                 interference: InterferenceModel) -> None:
-        self.config, self.layout, self.store, self.scheduler = config, layout, store, scheduler
-        self.specs, self.watch, self.tracking, self.attempts = specs, watch, tracking, attempts
-        self.executor, self.datasets, self.interference = executor, datasets, interference
-        self.knowledge = ProfileKnowledge(store)
+    def __init__(self, wiring: Wiring, attempts: Attempts, interference: InterferenceModel) -> None:
+        self.config, self.layout, self.store = wiring.config, wiring.layout, wiring.store
+        self.scheduler, self.specs, self.watch = wiring.scheduler, wiring.specs, wiring.watch
+        self.tracking, self.fleet, self.attempts = wiring.tracking, wiring.fleet, attempts
+        self.interference = interference
+        self.knowledge = ProfileKnowledge(wiring.store)
+        self._devices = len(wiring.watch.devices)
 
     def run(self) -> None:
         now = time.time()
         running = self.attempts.running
         samples = self.watch.read()
+        if len(self.watch.devices) != self._devices:
+            self._devices_joined(now)
         trees = self._read_trees(samples, now)
         self.watch.observe({j: r.pids for j, r in running.items()}, now)
-        metrics = self.executor.read_metrics({j: r.attempt for j, r in running.items() if r.attempt.pid})
-        self.watch.progress(metrics)
+        metrics, paced = self.fleet.read_metrics({j: r.attempt for j, r in running.items() if r.attempt.pid})
+        self.watch.progress(paced)
         self.tracking.tick(samples, self._usage_jobs(), trees, metrics,
                            committed_by_gpu(self.watch))
         self.attempts.reap(now)
@@ -72,13 +65,20 @@ class SchedulingRound:
             except Exception as exc:  # confined to this job: the round goes on with the next
                 self.attempts.launch_failed(placement.job_id, exc)
 
+    def _devices_joined(self, now: float) -> None:
+        """GPUs joined (a node joined the cluster, or shows more GPUs): admission counts them,
+        and the usage monitor measures them, from this round on."""
+        self.tracking.add_devices(self.watch.devices[self._devices:])
+        self._devices = len(self.watch.devices)
+        self.scheduler.capacity = Capacity.of(self.watch.world.snapshot(now))
+
     def _reconcile_datasets(self) -> None:
         """Stop producers whose last job ended (done, failed, cancelled), on every machine that
         runs some: one dataset's producers (one per node of its jobs) live while any job of it
         is queued or runs."""
-        hosts = [d for d in (self.datasets, *self.executor.remote_datasets()) if d.producers]
+        hosts = [d for d in self.fleet.all_producers() if d.producers]
         if hosts:
-            wanted = active_factories(self.scheduler.jobs.values(), self.specs)
+            wanted = set(active_factories(self.scheduler.jobs.values(), self.specs))
             for datasets in hosts:
                 datasets.reconcile(wanted)
 
@@ -87,12 +87,11 @@ class SchedulingRound:
         for each job whose runner still runs (an ended one keeps its last processes)."""
         launched = {j: r for j, r in self.attempts.running.items() if r.attempt.pid}
         gpu_pids = {p.pid for s in samples for p in s.processes}
-        trees = self.executor.read_trees({j: r.attempt for j, r in launched.items()},
-                                         now, gpu_pids)
+        trees = self.fleet.read_trees({j: r.attempt for j, r in launched.items()}, now, gpu_pids)
         for job_id, run in launched.items():
-            if run.handle is None or run.handle.poll() is None:
-                tree = trees.get(job_id)
-                run.pids = tree.pids if tree is not None else frozenset()
+            tree = trees.get(job_id)
+            if tree is not None and tree.pids:  # an ended job keeps its last processes
+                run.pids = tree.pids
         return trees
 
     def _price_pending(self) -> None:
@@ -110,19 +109,22 @@ class SchedulingRound:
             self.scheduler.update(job)
 
     def _usage_jobs(self) -> dict[str, UsageJob]:
-        """Running jobs as the usage sampler sees them: the runner's tree, owner, name, metrics
-        file (unless the executor read the metrics on the jobs' nodes), and the SM activity each
+        """Running jobs as the usage sampler sees them: the runner's tree, owner, name (their
+        metrics are read on their nodes, each round), and the SM activity each
         is expected to draw beside its neighbours (the interference model's split of a GPU
         reading that per-process counters miss, as under MPS)."""
         launched = {j: run for j, run in self.attempts.running.items() if run.attempt.pid}
         residents = self.watch.world.residents
         profiles = {j: residents[j].profile if j in residents else UNKNOWN_PROFILE for j in launched}
+        on_gpu: dict[str, list[str]] = {}  # who shares each GPU: one pass, not one per pair of jobs
+        for job_id, run in launched.items():
+            for uuid in run.attempt.uuids:
+                on_gpu.setdefault(uuid, []).append(job_id)
         jobs = {}
         for job_id, run in launched.items():
-            mine = set(run.attempt.uuids)
-            others = [profiles[o] for o, r in launched.items() if o != job_id and mine & set(r.attempt.uuids)]
+            neighbours = dict.fromkeys(o for uuid in run.attempt.uuids for o in on_gpu[uuid] if o != job_id)
+            others = [profiles[o] for o in neighbours]
             rate = 1.0 / self.interference.slowdown(self.config.sharing, profiles[job_id], others)
             jobs[job_id] = UsageJob(run.attempt.pid or 0, self.specs[job_id].user,
-                                    run.name, Path(run.attempt.dir) / METRICS_FILE_NAME,
-                                    expected_sm=profiles[job_id].sm_activity * rate)
+                                    run.name, expected_sm=profiles[job_id].sm_activity * rate)
         return jobs

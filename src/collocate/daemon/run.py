@@ -12,8 +12,8 @@ import signal
 from collections.abc import Callable
 from typing import TextIO
 
-from collocate.daemon.reaping import become_subreaper
 from collocate.daemon.service import ServeConfig, Service, log
+from collocate.node.reaping import become_subreaper
 from collocate.safetext import PrintableLogFormatter
 
 
@@ -22,15 +22,16 @@ def run_daemon(config: ServeConfig, *, on_ready: Callable[[Service], None] | Non
     os.umask(0o077)  # every state file private to the daemon's user (jobs get their own umask)
     become_subreaper()  # a killed runner's job becomes our child: its exit is not lost
     service = Service(config)
-    handler: logging.Handler | None = None
+    handler: logging.StreamHandler | None = None
     try:
         service.layout.create(allow_gid=config.allow_gid)
         handler = logging.StreamHandler(open_log(service.layout.daemon_log))
         handler.setFormatter(PrintableLogFormatter())
         handler.setLevel(logging.INFO)
-        log.addHandler(handler)
-        if log.getEffectiveLevel() > logging.INFO:
-            log.setLevel(logging.INFO)
+        for logger in (log, *(logging.getLogger(f"collocate.{n}") for n in ("node", "cluster"))):
+            logger.addHandler(handler)  # the daemon's, its nodes' and its cluster's events
+            if logger.getEffectiveLevel() > logging.INFO:
+                logger.setLevel(logging.INFO)
         service.open()
         previous = {s: signal.signal(s, lambda *_: service.stop()) for s in (signal.SIGTERM, signal.SIGINT)}
         if on_ready is not None:
@@ -43,7 +44,8 @@ def run_daemon(config: ServeConfig, *, on_ready: Callable[[Service], None] | Non
     finally:
         service.close()
         if handler is not None:
-            log.removeHandler(handler)
+            for logger in (log, *(logging.getLogger(f"collocate.{n}") for n in ("node", "cluster"))):
+                logger.removeHandler(handler)
             handler.close()
             handler.stream.close()
 

@@ -32,11 +32,12 @@ import os
 import pwd
 import socket
 import socketserver
+import ssl
 import struct
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -123,9 +124,12 @@ class _Connection(socketserver.StreamRequestHandler):
         try:
             peer = api.peer_for(self.request)
             if peer.tcp:  # nothing big is read, and nothing is parsed, before the token
+                if isinstance(self.request, ssl.SSLSocket):  # the handshake, in this thread
+                    self.request.settimeout(AUTH_TIMEOUT_S)
+                    self.request.do_handshake()
                 token = self.reader.read(protocol.MAX_AUTH_BYTES, idle_s=AUTH_TIMEOUT_S,
                                          finish_s=AUTH_TIMEOUT_S, deadline=connected + AUTH_TIMEOUT_S)
-                api.check_token((token or {}).get("token"))
+                peer = api.check_token((token or {}).get("token"))
                 self.server.authenticated(self.request)  # type: ignore[union-attr]
         except (Refused, Busy, protocol.ProtocolError, CollocateError) as exc:
             if self.request.family == socket.AF_UNIX:  # read the request first, so the client gets the reply
@@ -286,6 +290,14 @@ class _TcpServer(_Capped, socketserver.ThreadingMixIn, socketserver.TCPServer):
     slot_wait_s = 0.0
     api: ApiServer
 
+    def get_request(self) -> tuple[socket.socket, Any]:
+        """A new connection, wrapped for TLS when the daemon serves it (the handshake is done
+        in the connection's thread, under its deadline, never in the accept loop)."""
+        sock, address = self.socket.accept()
+        if self.api.tls is not None:
+            sock = self.api.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+        return sock, address
+
     def server_activate(self) -> None:
         self._pending: OrderedDict[int, socket.socket] = OrderedDict()
         self._authenticated: set[int] = set()
@@ -329,14 +341,21 @@ class ApiServer:
         tcp: tuple[str, int] | None = None,
         token: str | None = None,
         idle_timeout_s: float = IDLE_TIMEOUT_S,
+        tls: ssl.SSLContext | None = None,
+        user_tokens: Mapping[str, str] | None = None,
     ) -> None:
-        if tcp is not None and not token:
+        """``token``: the owner's (a TCP peer with it is the daemon's own user); ``user_tokens``:
+        each member's, token → user name (a TCP peer with one is that user, as if it had come
+        through the Unix socket); ``tls``: serve TCP over TLS with this context."""
+        if tcp is not None and not (token or user_tokens):
             raise CollocateError("a TCP listener needs a token", hint="pass --token-file FILE")
         self.socket_path = Path(socket_path)
         self.handler = handler
         self.allow_gid = allow_gid
         self.daemon_uid = os.getuid()
         self.token = token
+        self.user_tokens = dict(user_tokens or {})
+        self.tls = tls
         self.idle_timeout_s = idle_timeout_s
         self._servers: list[socketserver.BaseServer] = []
         self._threads: list[threading.Thread] = []
@@ -379,9 +398,21 @@ class ApiServer:
             return peer
         return Peer(uid=self.daemon_uid, gid=os.getgid(), tcp=True)
 
-    def check_token(self, token: Any) -> None:
-        if not isinstance(token, str) or not hmac.compare_digest(token.encode(), (self.token or "").encode()):
-            raise Refused("missing or wrong token", hint="pass the daemon's --token-file to the client")
+    def check_token(self, token: Any) -> Peer:
+        """Who a TCP peer is, by its token: the daemon's owner, or the member it was given to."""
+        if isinstance(token, str) and token:
+            if self.token and hmac.compare_digest(token.encode(), self.token.encode()):
+                return Peer(uid=self.daemon_uid, gid=os.getgid(), tcp=True)
+            for known, user in self.user_tokens.items():  # every entry compared: no early exit
+                if hmac.compare_digest(token.encode(), known.encode()):
+                    try:
+                        pw = pwd.getpwnam(user)
+                    except KeyError:
+                        raise Refused(f"the token's user {user!r} is unknown on this machine",
+                                      hint="ask the daemon's owner to fix --user-tokens") from None
+                    return Peer(uid=pw.pw_uid, gid=pw.pw_gid, tcp=True)
+        raise Refused("missing or wrong token", hint="pass the token you were given with "
+                      "--token-file or COLLOCATE_TOKEN_FILE")
 
     def stop(self) -> None:
         for s in self._servers:

@@ -7,7 +7,9 @@ there are no locks around the core and every write comes from one place. The par
 - ``api.Api``: the request handlers (``op_*``), answered on the loop thread between rounds;
 - ``round.SchedulingRound``: one period's sample → reap → price → schedule → launch;
 - ``attempts.Attempts``: the placed attempts from launch to recorded end (exit classification);
-- ``executor.LocalExecutor``: starts, polls, signals and inspects the jobs' processes;
+- ``fleet.Fleet``: the door to the nodes (``collocate.node``) that start, poll, signal and
+  inspect the jobs' processes: a ``LocalNode`` in this process for one server, Ray agents for
+  several (``collocate.cluster``, imported only then);
 - ``restart.restore``: at start, re-adopt, end or settle what the previous daemon left.
 
 A request wakes the loop at once; a round runs whenever one is due (requests never starve it).
@@ -23,34 +25,32 @@ import socket
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import replace
 from typing import Any
 
 from collocate.daemon.api import Api
 from collocate.daemon.attempts import Attempts
-from collocate.daemon.cgroups import DEFAULT_MAX_PIDS
-from collocate.daemon.datasets import Datasets
-from collocate.daemon.executor import Executor, LocalExecutor, local_confinement
+from collocate.daemon.config import ServeConfig, Wiring, job_bounds
 from collocate.daemon.faults import disk_full, is_disk_full
+from collocate.daemon.fleet import Fleet, InProcessNodes, Nodes
 from collocate.daemon.gpu_watch import GpuWatch
 from collocate.daemon.notify import Notifier
 from collocate.daemon.paths import StateLayout, share_with_group
-from collocate.daemon.quotas import Accounts, Quotas, disk_size
+from collocate.daemon.quotas import Accounts
 from collocate.daemon.restart import restore
 from collocate.daemon.round import SchedulingRound
 from collocate.daemon.server import ApiServer, Peer
 from collocate.daemon.spec import JobSpec
 from collocate.daemon.store import Store
-from collocate.daemon.tracking import DaemonTracking, TrackingConfig
+from collocate.daemon.tracking import DaemonTracking
 from collocate.errors import CollocateError
-from collocate.gpus.base import GpuBackend
 from collocate.interference import default_interference
-from collocate.model import SharingMode
+from collocate.node.files import disk_size
+from collocate.node.local import LocalNode
 from collocate.policies import make_policy
-from collocate.policies.risk import WINDOW_SAMPLES
-from collocate.recovery import RecoveryRules
 from collocate.scheduler import Capacity, Scheduler
+
+__all__ = ["ServeConfig", "Service"]
 
 log = logging.getLogger("collocate.daemon")
 REQUEST_TIMEOUT_S = 60.0
@@ -59,48 +59,17 @@ REQUEST_TIMEOUT_S = 60.0
 OFF_LOOP = frozenset({"history"})
 
 
-@dataclass(frozen=True)
-class ServeConfig:
-    """Everything ``collocate serve`` takes; validated by the CLI before the daemon starts."""
-
-    state_dir: Path
-    gpus: str = "auto"
-    policy: str = "auto"
-    policy_params: dict[str, Any] = field(default_factory=dict)
-    sharing: SharingMode = SharingMode.TIME_SLICING
-    period_s: float = 1.0
-    window: int = WINDOW_SAMPLES
-    allow_gid: int | None = None
-    tcp: tuple[str, int] | None = None
-    token: str | None = None
-    cancel_grace_s: float = 10.0
-    rules: RecoveryRules = field(default_factory=RecoveryRules)
-    tracking: TrackingConfig = field(default_factory=TrackingConfig)
-    ray: str | None = None  # a Ray cluster's address: run as its head (docs/multi-node.md)
-    node_grace_s: float = 60.0  # with ``ray``: how long a silent node's jobs stay unconfirmed
-    quotas: Quotas = field(default_factory=Quotas)  # what one member may hold (daemon/quotas.py)
-    job_max_pids: int | None = DEFAULT_MAX_PIDS  # per attempt, in its cgroup
-    job_max_memory: int | None = None  # host memory per attempt (bytes); accounted either way
-
-
-def job_bounds(config: ServeConfig, quotas: Quotas) -> dict[str, Any]:
-    """What every attempt's runner enforces, wherever it runs (``executor.local_confinement``)."""
-    return dict(max_pids=config.job_max_pids, max_memory=config.job_max_memory,
-                log_max=quotas.log_max, disk_reserve=quotas.disk_reserve)
-
-
 class Service:
-    def __init__(self, config: ServeConfig, *, backend: GpuBackend | None = None,
-                 executor: Executor | None = None) -> None:
+    def __init__(self, config: ServeConfig, *, nodes: Nodes | None = None) -> None:
+        """``nodes``: where jobs run (made in ``open`` if not given: this machine, or with
+        ``config.ray`` the Ray cluster's nodes)."""
         self.config = config
         self.layout = StateLayout(config.state_dir)
-        self._backend = backend
-        self._executor = executor  # where jobs run: the one seam (made in ``open`` if not given)
+        self._nodes = nodes
         self._requests: queue.Queue[tuple[str, dict, Peer, Future]] = queue.Queue()
         self._stop = threading.Event()
         self.specs: dict[str, JobSpec] = {}
         self._lock_fd: int | None = None
-        self.mps: Any = None
         self._interference = default_interference()
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -110,62 +79,69 @@ class Service:
         self._take_lock()
         self.store = Store(self.layout.db)
         self.quotas = self.config.quotas.resolved(disk_size(self.layout.root))
-        if self._backend is None and self.config.ray is not None:  # the only door to Ray
-            from collocate.cluster.ray_head import open_cluster
-
-            self._backend, self._executor = open_cluster(self.config)
-        if self._backend is None:
-            from collocate.gpus.registry import open_backend
-
-            self._backend = open_backend(self.config.gpus, state_dir=self.layout.root,
-                                         node=socket.gethostname())
-        self.backend = self._backend
-        emulated = self.backend.emulated_state_dir
-        if emulated is not None and self.config.allow_gid is not None and emulated.is_relative_to(self.layout.root):
-            share_with_group(emulated, self.config.allow_gid)  # members' emulated jobs claim there
-        self.watch = GpuWatch(self.backend, sharing=self.config.sharing,
+        if self._nodes is None:
+            self._nodes = self._open_nodes()
+        self.fleet = self.backend = Fleet(self._nodes, self.layout.root, grace_s=self.config.node_grace_s)
+        self.watch = GpuWatch(self.fleet, sharing=self.config.sharing,
                               params=self._interference.modes.get(self.config.sharing),
                               window=self.config.window, period_s=self.config.period_s)
         if not self.watch.devices:
             raise CollocateError("the GPU backend reports no devices",
                                  hint="check `nvidia-smi`, or use --gpus emulated:4xA100-40GB")
-        self.executor: Executor = self._executor or LocalExecutor(local_confinement(
-            str(self.layout.root), self.watch.devices, **job_bounds(self.config, self.quotas),
-            keep={f"job-{a.job_id}.{a.n}" for a in self.store.open_attempts()}))
         self.tracking = DaemonTracking(self.layout.root, self.watch.devices, self.config.tracking)
-        if self.config.sharing is SharingMode.MPS and self.backend.needs_mps_server:
-            from collocate.gpus.mps import MpsControl
-
-            self.mps = MpsControl(self.layout.root)
-            self.mps.start()
         policy = make_policy(self.config.policy, **self.config.policy_params)
         self.notifier = Notifier(self.layout, self.specs, self.store)
         self.scheduler = Scheduler(policy, Capacity.of(self.watch.snapshot(time.time())), rules=self.config.rules,
                                    on_change=self._job_changed, fairness=self.store.fairness())
-        self.datasets = Datasets(self.layout.root)
-        parts: dict[str, Any] = dict(config=self.config, layout=self.layout, store=self.store,
-                     scheduler=self.scheduler, specs=self.specs, tracking=self.tracking)
+        wiring = Wiring(self.config, self.layout, self.store, self.scheduler, self.specs,
+                        self.tracking, self.watch, self.fleet)
         accounts = Accounts(self.quotas, self.layout.root, self.store.db, owner_uid=os.getuid())
-        self.attempts = Attempts(**parts, executor=self.executor, datasets=self.datasets,
-                                 uuid_of={d.id: d.uuid for d in self.watch.devices},
-                                 emulated_dir=self.backend.emulated_state_dir, mps=self.mps,
-                                 watch=self.watch)
-        self.round = SchedulingRound(**parts, watch=self.watch, attempts=self.attempts,
-                                     executor=self.executor, datasets=self.datasets,
-                                     interference=self._interference)
-        self.api = Api(**parts, watch=self.watch, attempts=self.attempts, accounts=accounts)
-        restore(self.store, self.scheduler, self.attempts, self.executor)
+        self.attempts = Attempts(wiring)
+        self.round = SchedulingRound(wiring, self.attempts, self._interference)
+        self.api = Api(wiring, self.attempts, accounts)
+        restore(self.store, self.scheduler, self.attempts, self.fleet)
         names = {s.dataset for s in self.specs.values() if s.dataset}
-        if names:  # producers a previous run started (on this machine or the jobs' nodes)
-            for datasets in (self.datasets, *self.executor.remote_datasets()):
-                datasets.adopt(names)
+        if names:  # producers a previous run started (on the jobs' nodes)
+            for producers in self.fleet.all_producers():
+                producers.adopt(names)
         self.server = ApiServer(self.layout.socket, self.call, allow_gid=self.config.allow_gid,
-                                tcp=self.config.tcp, token=self.config.token)
+                                tcp=self.config.tcp, token=self.config.token, tls=self._tls(),
+                                user_tokens=self.config.user_tokens)
         self.server.start()
         self.tracking.start_dashboard(self.call)
         self.layout.pid_file.write_text(f"{os.getpid()}\n")
         log.info("serving %d GPU(s) with policy %s from %s", len(self.watch.devices),
                  self.config.policy, self.layout.root)
+
+    def _tls(self) -> Any:
+        """The TLS context of the TCP API (None: plain TCP, loopback only); sets
+        ``self.tls_fingerprint`` for the start-up line."""
+        from collocate import tls
+
+        self.tls_fingerprint: str | None = None
+        if self.config.tcp is None or not (self.config.tls_self_signed or self.config.tls_cert):
+            return None
+        if self.config.tls_cert is not None and self.config.tls_key is not None:
+            cert, key = self.config.tls_cert, self.config.tls_key
+        else:
+            cert, key = tls.self_signed(self.layout.root / "tls", self.config.tcp[0])
+        self.tls_fingerprint = tls.cert_fingerprint(cert)
+        return tls.server_context(cert, key)
+
+    def _open_nodes(self) -> Nodes:
+        """This machine as the daemon's one node, or with ``--ray`` the Ray cluster's nodes
+        (the only door to Ray, imported only then)."""
+        if self.config.ray is not None:
+            from collocate.cluster.ray_head import open_ray_nodes
+
+            return open_ray_nodes(self.config, job_bounds(self.config))
+        node = LocalNode(socket.gethostname(), self.layout.root, gpus=self.config.gpus,
+                         sharing=self.config.sharing, bounds=job_bounds(self.config),
+                         keep={f"job-{a.job_id}.{a.n}" for a in self.store.open_attempts()})
+        emulated = node.backend.emulated_state_dir
+        if emulated is not None and self.config.allow_gid is not None and emulated.is_relative_to(self.layout.root):
+            share_with_group(emulated, self.config.allow_gid)  # members' emulated jobs claim there
+        return InProcessNodes([node])
 
     def _job_changed(self, job: Any) -> None:
         """Persist a job the scheduler changed; an ended one's environment is dropped (as the
@@ -196,19 +172,13 @@ class Service:
             self.tracking.close()  # the dashboard first: it asks the loop, which is stopping
         if hasattr(self, "server"):
             self.server.stop()
-        if self.mps is not None:
-            try:
-                self.mps.stop()
-            except CollocateError as exc:
-                log.warning("%s", exc)
-        if hasattr(self, "datasets"):
-            self.datasets.close()
-        if hasattr(self, "executor"):
-            self.executor.close()
         if hasattr(self, "store"):
             self.store.close()
-        if self._backend is not None:
-            self._backend.close()
+        if self._nodes is not None:
+            try:
+                self._nodes.close()
+            except CollocateError as exc:  # e.g. the MPS control daemon would not stop
+                log.warning("%s", exc)
         if self._lock_fd is not None:
             os.close(self._lock_fd)
 

@@ -97,6 +97,7 @@ class SubmitRequest:
     after_notok: tuple[str, ...] = ()  # job ids that must end other than done first
     time_limit_s: float | None = None
     hold: bool = False  # submitted held (``submit --hold``)
+    nodes: int = 1  # ``gpus`` on each of this many nodes (``submit --nodes``)
 
 
 _SHELLS = re.compile(r"^(bash|sh|zsh|dash)$")
@@ -151,7 +152,7 @@ def check_cwd(cwd: str, uid: int, gid: int) -> None:
     will have them: ``isolate.user_groups``), so it neither admits a root-only directory nor
     tells whether one exists."""
     if os.geteuid() == 0 and uid not in (-1, 0):
-        from collocate.daemon.isolate import user_groups
+        from collocate.node.isolate import user_groups
 
         try:
             usable = subprocess.run(
@@ -185,8 +186,12 @@ def validate_submit(args: dict[str, Any], *, uid: int, gid: int, user: str) -> S
         raise InputError(f"--cwd must be an absolute directory, got {cwd!r}")
     check_cwd(cwd, uid, gid)
     gpus = _int(args.get("gpus", 1), "--gpus", low=1)
+    nodes = _int(args.get("nodes", 1), "--nodes", low=1, high=1024)
+    if nodes > 1 and args.get("dataset"):
+        raise InputError("--dataset serves the jobs of one node from its producer; a job on "
+                         "--nodes N > 1 cannot use one", hint="drop --dataset, or --nodes")
     mem = args.get("mem")
-    mem_mib = None if mem in (None, "") else parse_mib(mem)
+    mem_mib = None if mem is None or mem == "" else parse_mib(mem)
     if mem_mib is not None and mem_mib <= 0:
         raise InputError(f"--mem must be more than 0, got {mem!r}", hint="e.g. --mem 6GiB")
     retries = args.get("retries")
@@ -216,7 +221,7 @@ def validate_submit(args: dict[str, Any], *, uid: int, gid: int, user: str) -> S
     return SubmitRequest(spec, gpus, mem_mib, name, priority, max_retries, source, float(uncertainty),
                          _after(args.get("after")), _after(args.get("after_any"), "--after-any"),
                          _after(args.get("after_notok"), "--after-notok"),
-                         _time_limit(args.get("time")), bool(args.get("hold")))
+                         _time_limit(args.get("time")), bool(args.get("hold")), nodes)
 
 
 def _time_limit(value: Any) -> float | None:

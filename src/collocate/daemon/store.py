@@ -36,7 +36,7 @@ from collocate.daemon.faults import disk_full, is_disk_full
 from collocate.daemon.spec import JobSpec
 from collocate.errors import CollocateError
 from collocate.fairness import Fairness, UserLimits
-from collocate.model import UNKNOWN_PROFILE, Job, JobProfile, JobState
+from collocate.model import UNKNOWN_PROFILE, GpuId, Job, JobProfile, JobState
 from collocate.sqlite import open_wal
 
 _SCHEMA = """
@@ -48,7 +48,8 @@ CREATE TABLE IF NOT EXISTS attempts (
     job_id TEXT NOT NULL, n INTEGER NOT NULL, start REAL NOT NULL, end REAL,
     gpus TEXT NOT NULL, uuids TEXT NOT NULL, mem_mib REAL, dir TEXT NOT NULL,
     pid INTEGER, pid_started REAL, returncode INTEGER, outcome TEXT, reason TEXT,
-    peak_mib REAL, sm_activity REAL, solo_sm REAL, solo_dram REAL, PRIMARY KEY (job_id, n)
+    peak_mib REAL, sm_activity REAL, solo_sm REAL, solo_dram REAL, parts TEXT,
+    PRIMARY KEY (job_id, n)
 );
 CREATE TABLE IF NOT EXISTS job_history (
     identity TEXT PRIMARY KEY, family TEXT, peak_mib REAL, sm REAL, dram REAL, sm_var REAL,
@@ -63,10 +64,10 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 # column is no longer read, so a profile from before is not taken for a measured one.
 _ADDED_COLUMNS = {
     "jobs": ("submit_key TEXT",),
-    "attempts": ("solo_sm REAL", "solo_dram REAL"),
+    "attempts": ("solo_sm REAL", "solo_dram REAL", "parts TEXT"),
 }
 _ATTEMPT_COLUMNS = ("job_id, n, start, gpus, uuids, dir, mem_mib, end, pid, pid_started,"
-                    " returncode, outcome, reason, peak_mib, solo_sm, solo_dram")
+                    " returncode, outcome, reason, peak_mib, solo_sm, solo_dram, parts")
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,11 +90,21 @@ class Attempt:
     peak_mib: float | None = None
     solo_sm: float | None = None  # the solo profile measured in this attempt (collocate.activity)
     solo_dram: float | None = None
+    #: Per part (one per node, in rank order) its runner's (pid, process start time), for a job
+    #: on several nodes; empty for a job on one node, whose runner is ``pid``/``pid_started``.
+    runners: tuple[tuple[int | None, float | None], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["gpus"], d["uuids"] = list(self.gpus), list(self.uuids)
+        d["runners"] = [list(r) for r in self.runners]
+        d["nodes"] = list(self.nodes)
         return d
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        """The attempt's nodes in rank order (the order of its GPUs)."""
+        return tuple(dict.fromkeys(GpuId.parse(g).node for g in self.gpus))
 
 
 def job_to_json(job: Job) -> str:
@@ -287,9 +298,10 @@ class Store:
     def update_attempt(self, a: Attempt) -> None:
         self.db.execute(
             "UPDATE attempts SET end = ?, pid = ?, pid_started = ?, returncode = ?, outcome = ?,"
-            " reason = ?, peak_mib = ?, solo_sm = ?, solo_dram = ? WHERE job_id = ? AND n = ?",
+            " reason = ?, peak_mib = ?, solo_sm = ?, solo_dram = ?, parts = ?"
+            " WHERE job_id = ? AND n = ?",
             (a.end, a.pid, a.pid_started, a.returncode, a.outcome, a.reason, a.peak_mib,
-             a.solo_sm, a.solo_dram, a.job_id, a.n),
+             a.solo_sm, a.solo_dram, json.dumps(a.runners) if a.runners else None, a.job_id, a.n),
         )
 
     def attempts(self, job_id: str) -> list[Attempt]:
@@ -382,8 +394,10 @@ class Store:
 
 
 def _attempt(r: tuple) -> Attempt:
+    runners = tuple((pid, started) for pid, started in json.loads(r[16])) if r[16] else ()
     return Attempt(r[0], r[1], r[2], tuple(json.loads(r[3])), tuple(json.loads(r[4])), r[5],
-                   *r[6:])
+                   mem_mib=r[6], end=r[7], pid=r[8], pid_started=r[9], returncode=r[10], outcome=r[11],
+                   reason=r[12], peak_mib=r[13], solo_sm=r[14], solo_dram=r[15], runners=runners)
 
 
 def _history_belief(sm: float, dram: float, sm_var: float | None, dram_var: float | None) -> Belief:

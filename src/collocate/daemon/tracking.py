@@ -123,7 +123,7 @@ class DaemonTracking:
                                      hint="check --mlflow-uri, or use --mlflow alone for the "
                                      "local store under the state dir") from exc
             log.info("tracking jobs in MLflow at %s", uri)
-        self.mon = UsageMonitor(state_dir, devices, sinks=sinks)
+        self.mon = UsageMonitor(state_dir, devices, sinks=sinks, store_in_background=True)
 
     def _sink_status(self) -> list[dict[str, Any]]:
         return self.mon.status()["tracking"]
@@ -135,6 +135,10 @@ class DaemonTracking:
         metric points the loop already read, and the memory committed on each GPU."""
         self._guard("tick", lambda: self.mon.tick(samples, jobs, trees=trees, metrics=metrics,
                                                   committed=committed))
+
+    def add_devices(self, devices: Sequence[Any]) -> None:
+        """GPUs of a node that joined: measured and attributed from now on."""
+        self._guard("add_devices", self.mon.sampler.add_devices, devices)
 
     def job_started(self, info: Any) -> None:
         self._guard("job_started", self.mon.job_started, info)
@@ -179,7 +183,7 @@ class DaemonTracking:
         """Serve the page, its JSON API and ``/metrics`` from a thread; ``call`` is ``Service.call``."""
         if self.config.dashboard is None:
             return
-        from collocate.daemon.client import list_jobs
+        from collocate.client.connect import list_jobs
         from collocate.web.app import create_app
         from collocate.web.client_source import ClientSource
         from collocate.web.server import serve_in_thread

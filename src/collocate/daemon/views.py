@@ -13,11 +13,11 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from collocate.daemon.paths import attempt_files
 from collocate.daemon.protocol import PAGE_ROWS
 from collocate.daemon.store import Store
 from collocate.errors import InputError
 from collocate.model import Job, JobState, Wait
+from collocate.node.files import attempt_files
 
 if TYPE_CHECKING:
     from collocate.daemon.gpu_watch import GpuWatch
@@ -25,20 +25,9 @@ if TYPE_CHECKING:
 LOG_CHUNK_BYTES = 256 * 1024
 
 
-def read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def read_exit(attempt_dir: Path) -> dict[str, Any] | None:
-    """The runner's exit record of an attempt, or None while it runs (or if it never wrote one)."""
-    return read_json(attempt_files(attempt_dir)["exit"])
-
-
-#: Reads a chunk of an attempt's log: ``(attempt, "stdout"|"stderr", offset, limit) -> bytes``.
-LogReader = Callable[[Any, str, int, int], bytes]
+#: Reads a chunk of an attempt's log on the node of one of its parts:
+#: ``(attempt, "stdout"|"stderr", offset, limit, rank) -> bytes``.
+LogReader = Callable[[Any, str, int, int, int], bytes]
 
 #: Why a pending job waits (``Scheduler.why_waiting``, or the drain), by job id.
 Waiting = Callable[[str], Wait | None]
@@ -87,7 +76,7 @@ def job_rows(store: Store, *, include_done: bool, running: Mapping[str, Any],
             "wait_s": (started if started is not None else (ended or now)) - job.submit_time,
             "exit_code": last[3] if last and job.state.is_terminal else None,
             "time_limit_s": job.time_limit_s, "held": job.held, "public": spec.public,
-            **reason,
+            "nodes": job.nodes, **reason,
         })
     return rows
 
@@ -120,7 +109,7 @@ def job_detail(store: Store, job_id: str, *, running: Mapping[str, Any] | None =
         "identity": spec.keys.identity, "after": list(job.after), "after_any": list(job.after_any),
         "after_notok": list(job.after_notok), "time_limit_s": job.time_limit_s,
         "held": job.held, "public": spec.public, "notify": list(spec.notify),
-        "retry_failures": job.retry_failures,
+        "retry_failures": job.retry_failures, "nodes": job.nodes,
         "profile": _profile(job, resident(job_id) if resident else None),
         "attempts": [a.to_dict() for a in store.attempts(job_id)],
     }
@@ -157,7 +146,8 @@ def logs(store: Store, job_id: str, args: Mapping[str, Any], read: LogReader,
 
     ``attempts`` summarises every attempt (number, outcome, reason, memory it was placed with,
     ended or not), so a follower can move on to the next attempt and say why it started.
-    ``read`` is the executor's ``read_log``: the file lives on the node that ran the attempt."""
+    ``read`` is the fleet's ``read_log``: the file lives on the node that ran the attempt (a
+    job on several nodes: each part's on its node; ``node`` picks one, rank 0's by default)."""
     attempts = store.attempts(job_id)
     found = store.job(job_id)
     state = found[0].state.value if found else "unknown"
@@ -169,19 +159,28 @@ def logs(store: Store, job_id: str, args: Mapping[str, Any], read: LogReader,
         return {"text": "", "offset": 0, "attempt": None, "state": state, "reason": reason,
                 "path": None, "ended": False, "attempts": []}
     n = args.get("attempt")
-    chosen = attempts[-1] if n is None else next((a for a in attempts if a.n == int(n)), None)
+    matching = attempts[-1:] if n is None else [a for a in attempts if a.n == int(n)]
+    chosen = matching[0] if matching else None
     if chosen is None:
         raise InputError(f"job {job_id} has no attempt {n}", hint=f"it has 1..{attempts[-1].n}")
     stream = "stderr" if args.get("stream") == "stderr" else "stdout"
     path = attempt_files(Path(chosen.dir))[stream]
     offset = max(0, int(args.get("offset", 0)))
+    rank = 0
+    if args.get("node") is not None:
+        node = str(args["node"])
+        if node not in chosen.nodes:
+            raise InputError(f"attempt {chosen.n} of job {job_id} did not run on node {node!r}",
+                             hint=f"its nodes: {', '.join(chosen.nodes)}")
+        rank = chosen.nodes.index(node)
     # read after the attempt rows: an attempt seen ended has all its output in the file
-    data = read(chosen, stream, offset, LOG_CHUNK_BYTES)
+    data = read(chosen, stream, offset, LOG_CHUNK_BYTES, rank)
     if not (chosen.end is not None and len(data) < LOG_CHUNK_BYTES):  # more may follow
         data = complete_utf8(data)
     return {"text": data.decode(errors="replace"), "offset": offset + len(data),
             "attempt": chosen.n, "state": state, "reason": reason, "path": os.fspath(path),
-            "ended": chosen.end is not None, "attempts": summary}
+            "ended": chosen.end is not None, "attempts": summary, "nodes": list(chosen.nodes),
+            "node": chosen.nodes[rank] if chosen.nodes else None}
 
 
 def complete_utf8(data: bytes) -> bytes:
@@ -202,9 +201,12 @@ def committed_by_gpu(monitor: GpuWatch) -> dict[str, float]:
     return {d.uuid: monitor.committed_mib(d.uuid) for d in monitor.devices}
 
 
-def gpu_rows(monitor: GpuWatch, running: Mapping[str, Any], now: float) -> list[dict[str, Any]]:
-    """Each GPU: its reading, its jobs, the memory they commit (``collocate.commitment``) and
-    the memory of processes that are no job's (``other_mib``)."""
+def gpu_rows(monitor: GpuWatch, running: Mapping[str, Any], now: float,
+             events: Sequence[tuple[float, str, str]] = ()) -> list[dict[str, Any]]:
+    """Each GPU: its reading, its jobs, the memory they commit (``collocate.commitment``), the
+    memory of processes that are no job's (``other_mib``) and, on a cluster, the latest change
+    of its node's membership within ``EVENT_S`` (joined, stopped answering, answers again)."""
+    latest = {node: (at, what) for at, node, what in events if now - at < EVENT_S}
     jobs_on: dict[str, list[str]] = {}
     for job_id, run in running.items():
         for uuid in run.attempt.uuids:
@@ -227,8 +229,12 @@ def gpu_rows(monitor: GpuWatch, running: Mapping[str, Any], now: float) -> list[
             "slowed": float(monitor.world.slowed[monitor.position[d.uuid]]) or None,
             "jobs": sorted(jobs_on.get(d.uuid, []), key=int),
             "job_mib": held.get(d.uuid, {}),
+            "node_event": latest.get(d.id.node),
         })
     return rows
+
+
+EVENT_S = 3600.0  # how long ``collocate gpus`` shows that a node joined, left or came back
 
 
 def _held_mib(pids: frozenset[int], sample: Any) -> float | None:

@@ -25,7 +25,7 @@ class DeviceInfo:
     parent_uuid: str | None = None  # the physical GPU of a MIG instance
     mig_profile: str | None = None  # e.g. "3g.20gb"
     #: N of the GPU's device file /dev/nvidiaN (its parent's for a MIG instance): what a job's
-    #: cgroup denies for the GPUs it was not given (``collocate.daemon.cgroups``)
+    #: cgroup denies for the GPUs it was not given (``collocate.node.cgroups``)
     minor: int | None = None
 
     @property

@@ -93,7 +93,7 @@ def dashboard(
     import signal
     import threading
 
-    from collocate.daemon.client import Client
+    from collocate.client.connect import Client
     from collocate.daemon.paths import StateLayout, resolve_state_dir
     from collocate.daemon.tracking import check_dashboard, stable_token
     from collocate.errors import InputError

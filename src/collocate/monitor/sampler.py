@@ -130,14 +130,22 @@ class UsageSampler:
     def __init__(self, devices: Sequence[DeviceInfo], *,
                  idle_watts: Mapping[str, float] | None = None,
                  is_helper: Callable[[int], bool] = is_mps_server) -> None:
-        self.devices = {d.uuid: d for d in devices}
-        self._idle = {d.uuid: w for d in devices if (w := _type_idle_watts(d)) is not None}
+        self.devices: dict[str, DeviceInfo] = {}
+        self._idle: dict[str, float] = {}
+        self.add_devices(devices)
         self._idle.update(idle_watts or {})
         self._learned_min: dict[str, float] = {}
         self._is_helper = is_helper
         self._last: dict[str, DeviceSample] = {}
         self._trees = TreeReader()
         self._metrics = MetricsTail()
+
+    def add_devices(self, devices: Sequence[DeviceInfo]) -> None:
+        """GPUs to attribute (at start, and those of a node that joined the cluster)."""
+        for d in devices:
+            self.devices[d.uuid] = d
+            if (w := _type_idle_watts(d)) is not None:
+                self._idle[d.uuid] = w
 
     @classmethod
     def for_backend(cls, backend: GpuBackend, **kwargs: object) -> UsageSampler:

@@ -27,8 +27,9 @@ class StoreSink:
 
     name = "store"
 
-    def __init__(self, store: MonitorStore) -> None:
+    def __init__(self, store: MonitorStore, *, background: bool = False) -> None:
         self.store = store
+        self.background = background  # written from the sink's worker thread (``SinkSet``)
 
     def job_started(self, job: JobInfo) -> None:
         """Jobs appear in the store with their first tick."""
@@ -49,10 +50,13 @@ class UsageMonitor:
 
     def __init__(self, state_dir: Path, devices: Sequence[DeviceInfo], *,
                  sinks: Sequence[Sink] = (), retention: Retention | None = None,
-                 idle_watts: Mapping[str, float] | None = None) -> None:
+                 idle_watts: Mapping[str, float] | None = None, store_in_background: bool = False) -> None:
+        """``store_in_background``: ticks are written to the store from a worker thread, so
+        the caller's loop does not wait for SQLite (the daemon's round, where a cluster's tick
+        is thousands of rows); reads see a tick a moment after ``tick`` returns."""
         self.store = MonitorStore(monitor_db_path(state_dir), retention=retention)
         self.sampler = UsageSampler(devices, idle_watts=idle_watts)
-        self.sinks = SinkSet([StoreSink(self.store), *sinks])
+        self.sinks = SinkSet([StoreSink(self.store, background=store_in_background), *sinks])
         self.last: Tick | None = None
 
     def tick(self, samples: Sequence[DeviceSample], jobs: Mapping[str, int | UsageJob],

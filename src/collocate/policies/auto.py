@@ -90,7 +90,7 @@ from collocate.interference import (
     shared_slowdown,
 )
 from collocate.model import ClusterSnapshot, Job, Plan, SharingMode, Wait, WaitKind
-from collocate.policies.base import Ledger, fits_alone, gpus_wait, memory_wait, pick_on_one_node
+from collocate.policies.base import Ledger, fits_alone, gpus_wait, memory_wait, pick_gang
 from collocate.policies.risk import RiskLimits, too_busy
 
 
@@ -123,7 +123,7 @@ class Auto:
             if gpus is not None:
                 ledger.place(job, gpus)
                 continue
-            reserve_after = self.reserve_after_s if job.gpus == 1 else 0.0  # a gang: at once
+            reserve_after = self.reserve_after_s if job.width == 1 else 0.0  # a gang: at once
             if not keep.any():
                 ledger.recheck(job.submit_time + reserve_after)
             if not keep.any() and cluster.now - job.submit_time >= reserve_after:
@@ -150,7 +150,7 @@ class Auto:
         if readers:  # its producer's node first: batches are node-local
             same_node = np.isin(cluster.node[idle], cluster.node[list(readers)])
             idle = np.concatenate([idle[same_node], idle[~same_node]])
-        alone = pick_on_one_node(idle, cluster.gang_node, job.gpus)
+        alone = pick_gang(idle, cluster.gang_node, job)
         if alone is not None and job.mem_mib is None:
             return alone, _PLACED  # unknown memory: an idle GPU while there is one
         min_gain = 1.0 - self.pack_tolerance if alone else self.min_gain
@@ -208,9 +208,9 @@ class Auto:
                 passes = startable & (worst <= self.startup_max_slowdown)
             if passes.any():
                 chosen, gain = candidates[passes], gain[passes]
-                if job.gpus == 1:
+                if job.width == 1:
                     return [int(chosen[np.argmax(gain)])], _PLACED
-                return pick_on_one_node(chosen[np.argsort(-gain, kind="stable")], cluster.gang_node, job.gpus), \
+                return pick_gang(chosen[np.argsort(-gain, kind="stable")], cluster.gang_node, job), \
                     gpus_wait(job, "with room")
             return None, self._slowdown_wait(job, ledger, candidates, gain, worst, min_gain)
         return None, self._slowdown_wait(job, ledger, missed, None, None, min_gain)
@@ -357,7 +357,7 @@ class Auto:
             need = job.mem_mib * (1.0 + self.uncertainty_margin * job.mem_uncertainty) + self.headroom_mib + self.reserve_mib
             free_now = room >= need
         keys = [-room, ledger.n_jobs]  # free now first, then fewest jobs, most room
-        if job.gpus > 1:  # a gang may start now: least interference first among those free now
+        if job.width > 1:  # a gang may start now: least interference first among those free now
             gain = np.ones(len(cluster))  # an idle GPU
             busy = np.flatnonzero(free_now & (ledger.n_jobs > 0))
             if busy.size:
@@ -366,10 +366,10 @@ class Auto:
         order = np.lexsort((*keys, ~free_now))
         if job.mem_mib is not None:
             order = order[(cluster.total_mib >= job.mem_mib)[order]]
-        gpus = pick_on_one_node(order, cluster.gang_node, job.gpus)
+        gpus = pick_gang(order, cluster.gang_node, job)
         if gpus is None:
             return None
-        if job.gpus > 1 and free_now[gpus].all():  # a gang whose room is free starts now
+        if job.width > 1 and free_now[gpus].all():  # a gang whose room is free starts now
             return gpus
         keep[gpus] = need if job.mem_mib is not None else cluster.total_mib[gpus]
         return None

@@ -122,7 +122,8 @@ def memory_wait(job: Job, ledger: Ledger, need_mib: float | None = None) -> Wait
 
 def gpus_wait(job: Job, which: str = "idle") -> Wait:
     """A job that waits for whole GPUs (or slots) to come free."""
-    n = f"{job.gpus} GPUs on one node" if job.gpus > 1 else "a GPU"
+    n = (f"{job.gpus} GPU(s) on each of {job.nodes} nodes" if job.nodes > 1
+         else f"{job.gpus} GPUs on one node" if job.gpus > 1 else "a GPU")
     return Wait(WaitKind.GPUS, f"needs {n} {which}; none is free")
 
 
@@ -135,6 +136,32 @@ def fits_alone(job: Job, cluster: ClusterSnapshot) -> np.ndarray | bool:
     """GPUs big enough for the job with none of ours beside it (clusters may mix GPU sizes, and
     processes that are no job's may hold some of a GPU's memory)."""
     return True if job.mem_mib is None else cluster.total_mib - cluster.other_mib >= job.mem_mib
+
+
+def pick_gang(candidates: np.ndarray, node: np.ndarray, job: Job) -> list[int] | None:
+    """The GPUs a job takes among ``candidates`` (kept in their given order), one rule for every
+    policy and both worlds: ``job.gpus`` of one node, or for a job on ``job.nodes`` nodes
+    ``job.gpus`` on each of that many different nodes, grouped by node in the order their first
+    candidate appears (the first group is rank 0's). All or none: None when too few nodes have
+    enough candidates. ``node`` is the snapshot's ``gang_node`` (MIG instances, -1, never join)."""
+    if job.nodes == 1:
+        return pick_on_one_node(candidates, node, job.gpus)
+    if len(candidates) < job.width:
+        return None
+    nodes = node[candidates]
+    chosen: list[int] = []
+    seen: set[int] = {-1}
+    for n in nodes:
+        n = int(n)
+        if n in seen:
+            continue
+        seen.add(n)
+        members = candidates[nodes == n]
+        if len(members) >= job.gpus:
+            chosen.extend(int(i) for i in members[:job.gpus])
+            if len(chosen) == job.width:
+                return chosen
+    return None
 
 
 def pick_on_one_node(candidates: np.ndarray, node: np.ndarray, count: int) -> list[int] | None:

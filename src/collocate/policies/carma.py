@@ -29,7 +29,7 @@ from collocate.policies.base import (
     gpus_wait,
     in_flight_wait,
     memory_wait,
-    pick_on_one_node,
+    pick_gang,
 )
 from collocate.policies.risk import RiskLimits, too_busy
 
@@ -59,7 +59,7 @@ class Carma:
         for job in queue:
             available = ~ledger.in_flight(self.settle_s) & fits_alone(job, cluster)
             idle = np.flatnonzero(available & (ledger.n_jobs == 0))
-            gpus = pick_on_one_node(idle, cluster.gang_node, job.gpus)
+            gpus = pick_gang(idle, cluster.gang_node, job)
             if gpus is None and not job.recovered and job.mem_mib is not None:
                 gpus = self._collocate(job, ledger, available & ~busy & ledger.shareable(job))
             if gpus is None:
@@ -93,4 +93,4 @@ class Carma:
             candidates = candidates[np.argsort(-ledger.free_mib[candidates], kind="stable")]
         elif self.order is CarmaOrder.LEAST_UTILIZED:
             candidates = candidates[np.argsort(cluster.util_sm[candidates], kind="stable")]
-        return pick_on_one_node(candidates, cluster.gang_node, job.gpus)
+        return pick_gang(candidates, cluster.gang_node, job)

@@ -14,7 +14,7 @@ from typing import ClassVar
 import numpy as np
 
 from collocate.model import ClusterSnapshot, Job, Plan
-from collocate.policies.base import Ledger, gpus_wait, memory_wait, pick_on_one_node
+from collocate.policies.base import Ledger, gpus_wait, memory_wait, pick_gang
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class DeclaredMemory:
                 fits = ledger.n_jobs == 0
             else:
                 fits = (cluster.total_mib - ledger.committed_mib - cluster.other_mib >= job.mem_mib) & ledger.shareable(job)
-            gpus = pick_on_one_node(np.flatnonzero(fits), cluster.gang_node, job.gpus)  # first fit
+            gpus = pick_gang(np.flatnonzero(fits), cluster.gang_node, job)  # first fit
             if gpus is None:
                 ledger.wait(job, memory_wait(job, ledger) if job.mem_mib is not None else gpus_wait(job))
                 break

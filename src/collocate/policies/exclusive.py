@@ -9,7 +9,7 @@ from typing import ClassVar
 import numpy as np
 
 from collocate.model import ClusterSnapshot, Job, Plan
-from collocate.policies.base import Ledger, fits_alone, gpus_wait, pick_on_one_node
+from collocate.policies.base import Ledger, fits_alone, gpus_wait, pick_gang
 
 
 @dataclass(frozen=True)
@@ -19,7 +19,7 @@ class Exclusive:
     def __call__(self, queue: Sequence[Job], cluster: ClusterSnapshot) -> Plan:
         ledger = Ledger(cluster)
         for job in queue:
-            gpus = pick_on_one_node(np.flatnonzero((ledger.n_jobs == 0) & fits_alone(job, cluster)), cluster.gang_node, job.gpus)
+            gpus = pick_gang(np.flatnonzero((ledger.n_jobs == 0) & fits_alone(job, cluster)), cluster.gang_node, job)
             if gpus is None:
                 ledger.wait(job, gpus_wait(job))
                 break  # strict FIFO: the head waits, and so does everyone behind it

@@ -7,6 +7,7 @@ weighted mix of statistics that leans towards recent peaks (CARMA ``monitor.py``
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -40,20 +41,32 @@ WINDOW_SAMPLES = 30  # CARMA monitor_logger(window=30) at a 1 s tick: about 30 s
 
 
 def summarize(samples: Sequence[float], weights: RiskWeights = RiskWeights()) -> float:
-    """Risk score of one metric's window; EMA uses alpha = 2 / (W + 1) like CARMA."""
-    x = np.asarray(samples, dtype=float)
-    if x.size == 0:
+    """Risk score of one metric's window; EMA uses alpha = 2 / (W + 1) like CARMA.
+
+    Plain Python on purpose: a window is 30 numbers and the daemon summarizes three per GPU on
+    every reading, where numpy's per-call overhead made a round of 400 GPUs take 0.4 s. The
+    median and the 95th percentile are numpy's (linear interpolation, its ``_lerp``)."""
+    n = len(samples)
+    if n == 0:
         return 0.0
-    alpha = 2.0 / (x.size + 1)
+    x = [float(v) for v in samples]
+    alpha = 2.0 / (n + 1)
     ema = x[0]
     for value in x[1:]:
         ema = alpha * value + (1 - alpha) * ema
-    return float(
-        weights.mean * x.mean()
-        + weights.median * np.median(x)
-        + weights.p95 * np.percentile(x, 95)
-        + weights.ema * ema
-    )
+    ordered = sorted(x)
+    return float(weights.mean * (math.fsum(x) / n) + weights.median * _quantile(ordered, 0.5)
+                 + weights.p95 * _quantile(ordered, 0.95) + weights.ema * ema)
+
+
+def _quantile(ordered: list[float], q: float) -> float:
+    """``numpy.quantile(x, q)`` (method "linear") of sorted ``x``."""
+    position = q * (len(ordered) - 1)
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    t = position - low
+    a, b = ordered[low], ordered[high]
+    return b - (b - a) * (1 - t) if t >= 0.5 else a + (b - a) * t
 
 
 def summarize_window(

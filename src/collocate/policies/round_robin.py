@@ -14,7 +14,7 @@ from typing import ClassVar
 import numpy as np
 
 from collocate.model import ClusterSnapshot, Job, Plan
-from collocate.policies.base import Ledger, fits_alone, in_flight_wait, pick_on_one_node
+from collocate.policies.base import Ledger, fits_alone, in_flight_wait, pick_gang
 
 
 @dataclass(frozen=True)
@@ -27,14 +27,12 @@ class RoundRobin:
         n = len(cluster)
         for job in queue:
             available = ~ledger.in_flight(self.settle_s) & fits_alone(job, cluster)
-            gpus = pick_on_one_node(
-                np.flatnonzero(available & (ledger.n_jobs == 0)), cluster.gang_node, job.gpus
-            )
+            gpus = pick_gang(np.flatnonzero(available & (ledger.n_jobs == 0)), cluster.gang_node, job)
             if gpus is None:
                 cursor = (cluster.placements_made + len(ledger.placements)) % max(n, 1)
                 ring = np.roll(np.arange(n), -cursor)
                 shared = available & ledger.shareable(job)
-                gpus = pick_on_one_node(ring[shared[ring]], cluster.gang_node, job.gpus)
+                gpus = pick_gang(ring[shared[ring]], cluster.gang_node, job)
             if gpus is None:
                 ledger.wait(job, in_flight_wait(self.settle_s))
                 break

@@ -14,7 +14,7 @@ import numpy as np
 
 from collocate.errors import InputError
 from collocate.model import ClusterSnapshot, Job, Plan
-from collocate.policies.base import Ledger, fits_alone, gpus_wait, pick_on_one_node
+from collocate.policies.base import Ledger, fits_alone, gpus_wait, pick_gang
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ class Shares:
             open_slots = np.flatnonzero((ledger.n_jobs < self.slots_per_gpu) & fits_alone(job, cluster)
                                        & ledger.shareable(job))
             least_loaded_first = open_slots[np.argsort(ledger.n_jobs[open_slots], kind="stable")]
-            gpus = pick_on_one_node(least_loaded_first, cluster.gang_node, job.gpus)
+            gpus = pick_gang(least_loaded_first, cluster.gang_node, job)
             if gpus is None:
                 ledger.wait(job, gpus_wait(job, f"with fewer than {self.slots_per_gpu} jobs"))
                 break

@@ -142,7 +142,7 @@ def start_producer(spec: ProducerSpec, *, log_path: str | os.PathLike[str] | Non
                    argv_prefix: tuple[str, ...] = ()) -> ProducerHandle:
     """Launch ``spec`` as a subprocess (argv list, no shell); refuses if the name is already served.
 
-    ``argv_prefix`` runs the producer through a launcher (the daemon's ``collocate.daemon.isolate``,
+    ``argv_prefix`` runs the producer through a launcher (the daemon's ``collocate.node.isolate``,
     which drops to the job's user before the factory's code is imported)."""
     existing = probe(spec.name, spec.state_dir)
     if existing is not None:

@@ -314,6 +314,7 @@ class Simulation:
         job = Job(
             id=job_id,
             gpus=w.gpus,
+            nodes=w.nodes,
             mem_mib=mem,
             mem_source=mem_source,
             mem_uncertainty=ESTIMATE_UNCERTAINTY.get(mem_source, 0.5) if mem is not None else 0.0,
@@ -325,7 +326,7 @@ class Simulation:
             profile_var=(told.sm_var, told.dram_var),
         )
         self.peaks[job_id] = w.peak_mib
-        self.records[job_id] = SimJobRecord(job_id, w.name, w.gpus, now, w.peak_mib, mem)
+        self.records[job_id] = SimJobRecord(job_id, w.name, w.gpus * w.nodes, now, w.peak_mib, mem)
         job = self.scheduler.submit(job)
         if job.state is JobState.REJECTED:
             self._close(job, now)

@@ -5,7 +5,7 @@ Two input formats, both documented in docs/simulator.md:
 * CSV with a header. Either CARMA's short form ``index, arrival_s, workload`` (a name looked up
   in a workload catalogue), or self-contained rows with ``id, arrival_s, gpus, duration_s,
   peak_mib`` and optional ``mem_estimate_mib, sm_activity, dram_activity, warmup_s, startup_s,
-  name``.
+  name``, and ``nodes`` (a job on several nodes, ``gpus`` on each).
   A row may mix both: explicit columns override the catalogue.
 * JSON Lines: one object per line with the same keys.
 
@@ -54,6 +54,9 @@ class Workload:
     # What stands for its program (script and working directory: a sweep's points share it):
     # the catalogue's model and dataset, whose rows differ only in batch size. None inline.
     program: str | None = None
+    # How many nodes it runs on, ``gpus`` on each (a data-parallel job across servers; placed
+    # as a gang by the same rule as the daemon's ``submit --nodes``).
+    nodes: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,8 +201,14 @@ def _workload(row: dict, where: str, catalogue: dict[str, Workload] | None) -> W
         raise InputError(f"{where}: startup_s and warmup_s ({warmup + (startup or 0.0):g} s) are longer "
                          f"than duration_s {duration:g}",
                          hint="start-up and warm-up are the idle start of the job's duration, not extra time")
+    nodes = 1
+    if row.get("nodes") not in (None, ""):
+        nodes = int(_number(row["nodes"], where, "nodes", integer=True))
+        if nodes < 1:
+            raise InputError(f"{where}: 'nodes' must be at least 1")
     return Workload(str(row.get("name") or base.name), gpus, duration, peak, estimates, profile,
-                    warmup, startup, command=name or None, program=base.program if name else None)
+                    warmup, startup, command=name or None, program=base.program if name else None,
+                    nodes=nodes)
 
 
 def _number_or(row: dict, column: str, where: str, default: float) -> float:

@@ -76,7 +76,7 @@ class ClientSource:
     def jobs(self) -> list[dict[str, Any]]:
         """Every job; a running one also gets ``used_mib``: what it holds now on its fullest GPU
         (measured at the last ``gpus()`` call, beside ``mem_mib``, the requirement it declared)."""
-        from collocate.daemon.client import list_jobs
+        from collocate.client.connect import list_jobs
 
         rows = list_jobs(self.client.request, all=True)
         if self._held is None:

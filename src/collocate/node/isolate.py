@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     """``exec-as`` entry point (dataset producers): ``--uid U --gid G --cwd D --env-file F -- CMD``."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="collocate.daemon.isolate")
+    parser = argparse.ArgumentParser(prog="collocate.node.isolate")
     parser.add_argument("--uid", type=int, default=None)
     parser.add_argument("--gid", type=int, default=None)
     parser.add_argument("--cwd", required=True)

@@ -113,7 +113,7 @@ def jobs_table(rows: list[dict[str, Any]], width: int) -> Table:
     cells = []
     for r in rows:
         row = [printable(r["id"]), cut_name(printable(r["name"]), NAME_WIDTH), printable(r["state"]),
-               printable(r["user"]), str(r["gpus"]), _mib(r["mem_mib"]),
+               printable(r["user"]), _gpus(r), _mib(r["mem_mib"]),
                *([str(r.get("priority", 0))] if prio else []),
                job_time(r), str(r["attempts"]), printable(",".join(r["on"]) or "-")]
         if ended:
@@ -154,7 +154,7 @@ def print_detail(d: dict[str, Any]) -> None:
     else:
         c.print("  command   (only its owner sees it; `collocate submit --public` shares it)")
     c.print(f"  user      {printable(d['user'])}")
-    c.print(f"  gpus      {d['gpus']}   memory {_mib(d['mem_mib'])} ({printable(d['mem_source'])})"
+    c.print(f"  gpus      {_gpus(d)}   memory {_mib(d['mem_mib'])} ({printable(d['mem_source'])})"
             f"   priority {d.get('priority', 0)}")
     if d.get("profile"):
         p = d["profile"]
@@ -206,7 +206,7 @@ def measured_lines(summary: dict[str, Any] | None) -> list[str]:
     from collocate.monitor.report import summary_lines
     from collocate.monitor.store import JobSummary
 
-    fields = {k: summary[k] for k in JobSummary.__slots__ if k in summary}  # type: ignore[attr-defined]
+    fields = {k: summary[k] for k in JobSummary.__slots__ if k in summary}
     try:
         s = JobSummary(**{**fields, "gpus": tuple(summary.get("gpus", ()))})
     except TypeError:  # a daemon of another version: show nothing rather than fail
@@ -244,4 +244,15 @@ def gpu_table(rows: list[dict[str, Any]]) -> Table:
         table.add_row(plain(r["id"]), plain(r["type"]), used, _mib(committed), _mib(room),
                       _mib(r["total_mib"]), sm, f"{r['sm_window'] * 100:.0f}%",
                       plain(",".join(r["jobs"]) or "-"))
+    events = {(r["node"], e[0], e[1]) for r in rows if (e := r.get("node_event"))}
+    if events:  # a cluster's membership: nodes that joined, left or came back lately
+        table.caption = "; ".join(f"{printable(node)} {printable(what)} {format_duration(time.time() - at)} ago"
+                                  for node, at, what in sorted(events, key=lambda e: -e[1]))
+        table.caption_justify = "left"
     return table
+
+
+def _gpus(row: dict[str, Any]) -> str:
+    """A job's GPUs: ``2``, or ``4x2`` (4 on each of 2 nodes) for a job on several nodes."""
+    nodes = row.get("nodes", 1) or 1
+    return f"{row['gpus']}x{nodes}" if nodes > 1 else str(row["gpus"])

@@ -22,7 +22,7 @@ import os
 import select
 import signal
 
-from collocate.daemon.faults import free_bytes
+from collocate.node.files import free_bytes
 
 TAIL_KEPT = 64 * 1024  # the end of a cut stream, written when it closes
 _CHUNK = 1 << 16

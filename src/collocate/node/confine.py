@@ -1,13 +1,13 @@
 """What the runners of one machine enforce on every attempt they start.
 
 An attempt's bounds are the machine's business, not the plan's: the head of a cluster plans a
-launch, and the machine that starts it adds what holds there (``LocalExecutor`` on one
+launch, and the machine that starts it adds what holds there (``LocalNode`` on one
 machine, ``cluster.agent.NodeAgent`` on each node). So the plan stays the same everywhere and
 ``runner_args`` gives the runner:
 
-* its cgroup (``collocate.daemon.cgroups``): pids and host memory limits, and the device
+* its cgroup (``collocate.node.cgroups``): pids and host memory limits, and the device
   numbers of this machine's GPUs the attempt was not given;
-* its logs' bounds (``collocate.daemon.logkeeper``): ``--log-max`` and the disk reserve;
+* its logs' bounds (``collocate.node.logkeeper``): ``--log-max`` and the disk reserve;
 * on a cluster node, fencing: the agent's heartbeat file and how stale it may get before the
   runner stops the job (the head requeues the attempt of a node silent that long).
 """
@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from collocate.daemon.cgroups import AttemptCgroup, Cgroups, gpu_denials
+from collocate.node.cgroups import AttemptCgroup, Cgroups, gpu_denials
 
 UNLIMITED = 1 << 62
 
@@ -80,3 +80,41 @@ def signal_group(pid: int | None, sig: int) -> None:
         os.killpg(pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+MIB = 2**20
+
+
+def default_log_max(disk_bytes: int) -> int:
+    """Bytes kept of each log stream when the owner gave none: 64 MiB, at most 1/32 of the disk."""
+    return min(64 * MIB, disk_bytes // 32)
+
+
+def default_disk_reserve(disk_bytes: int) -> int:
+    """Free bytes kept for records when the owner gave none: 5 % of the disk, 1 MiB to 1 GiB."""
+    return min(1024 * MIB, max(MIB, disk_bytes // 20))
+
+
+@dataclass(frozen=True, slots=True)
+class NodeBounds:
+    """What the daemon's owner bounds every attempt by, wherever it runs; a node resolves the
+    disk-relative defaults (None) against its own disk."""
+
+    max_pids: int | None = None
+    max_memory: int | None = None
+    log_max: int | None = None
+    disk_reserve: int | None = None
+
+
+def local_confinement(key: str, devices: Sequence, bounds: NodeBounds, disk_bytes: int, *,
+                      keep: set[str], fence: tuple[Path, float] | None = None) -> Confinement:
+    """This machine's bounds on every attempt: cgroups prepared for the daemon or agent ``key``
+    names (its state root), those an earlier run left empty removed (except ``keep``: open
+    attempts, ``job-<id>.<n>``), the owner's log bounds, the GPUs' device numbers, and on a
+    cluster node the fence."""
+    cgroups = Cgroups.detect(key, max_pids=bounds.max_pids, max_memory=bounds.max_memory)
+    cgroups.sweep(keep=keep)
+    log_max = bounds.log_max if bounds.log_max is not None else default_log_max(disk_bytes)
+    reserve = bounds.disk_reserve if bounds.disk_reserve is not None else default_disk_reserve(disk_bytes)
+    return Confinement(cgroups, log_max=log_max, disk_reserve=reserve,
+                       minors={d.uuid: d.minor for d in devices}, fence=fence)

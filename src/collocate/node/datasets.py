@@ -3,9 +3,9 @@
 Jobs submitted with ``--dataset NAME`` read their batches from a ``collocate.share`` producer
 instead of each running its own DataLoader. The daemon owns that producer's life:
 
-* at submit, ``resolve_factory`` fills in the ``module:factory`` from earlier jobs of the same
-  name (only the first job has to give it) and refuses a different one while the dataset is in
-  use: two factories cannot share one name;
+* at submit, the daemon's ``resolve_factory`` (``daemon/producers.py``) fills in the
+  ``module:factory`` from earlier jobs of the same name and refuses a different one while the
+  dataset is in use: two factories cannot share one name;
 * at launch, ``ensure`` starts the producer (as the job's user, in the job's cwd and
   environment, so the factory imports as it would in the job; ``producer_launcher``) and
   returns at once; the loop asks ``ensure`` again each
@@ -24,8 +24,8 @@ building its loader does not answer probes yet, so each start is also recorded i
 ``share/NAME.pid`` (pid and process start time): a restarted daemon re-adopts that one too,
 rather than starting a second producer that would lose the race for the name.
 
-On a Ray cluster the same class runs in each node's agent, under the node's root, for the jobs
-placed there; the loop reaches it through the executor (``cluster/ray_head.py`` ``NodeDatasets``).
+Each node runs one, under its root, for the jobs placed there (``node/local.py``); the head's
+loop reaches it through the ``Node`` API (``ensure_producer``, ...), whichever node that is.
 """
 
 from __future__ import annotations
@@ -41,11 +41,9 @@ from pathlib import Path
 
 import psutil
 
-from collocate.daemon.isolate import CLEAN_ENV, bootstrap_argv, write_env_file
-from collocate.daemon.launcher import process_matches
-from collocate.daemon.spec import JobSpec
-from collocate.errors import CollocateError, InputError
-from collocate.model import Job
+from collocate.errors import CollocateError
+from collocate.node.isolate import CLEAN_ENV, bootstrap_argv, write_env_file
+from collocate.node.launcher import process_matches
 
 log = logging.getLogger("collocate.daemon")
 
@@ -80,39 +78,18 @@ class _Producer:
             return True
 
 
-def active_factories(jobs: Iterable[Job], specs: Mapping[str, JobSpec]) -> dict[str, str]:
-    """``dataset -> factory`` of the datasets that pending or running jobs use."""
-    out: dict[str, str] = {}
-    for job in jobs:
-        spec = specs.get(job.id)
-        if spec is not None and spec.dataset and not job.state.is_terminal and spec.dataset_factory:
-            out.setdefault(spec.dataset, spec.dataset_factory)
-    return out
+@dataclass(frozen=True, slots=True)
+class ProducerRequest:
+    """What a node needs to start a dataset's producer for a job: the dataset's name and
+    factory, and the job's user, cwd and environment (the factory imports as it would in the
+    job)."""
 
-
-def resolve_factory(spec: JobSpec, jobs: Iterable[Job], specs: Mapping[str, JobSpec]) -> str:
-    """The factory ``spec``'s dataset is served with; raises ``InputError`` when it is missing
-    (first job of the name) or differs from the one the dataset's active jobs use.
-
-    Remembered per name: the active jobs' factory first, else the most recent job's."""
-    assert spec.dataset is not None
-    jobs = list(jobs)
-    active = active_factories(jobs, specs).get(spec.dataset)
-    if spec.dataset_factory is not None:
-        if active is not None and active != spec.dataset_factory:
-            raise InputError(
-                f"dataset {spec.dataset!r} is already served by {active}, not {spec.dataset_factory}",
-                hint=f"drop --dataset-factory (or pass {active}), or use another --dataset name")
-        return spec.dataset_factory
-    if active is not None:
-        return active
-    for job in reversed(jobs):
-        earlier = specs.get(job.id)
-        if earlier is not None and earlier.dataset == spec.dataset and earlier.dataset_factory:
-            return earlier.dataset_factory
-    raise InputError(f"dataset {spec.dataset!r} is new to this daemon, so it needs a factory",
-                     hint="add --dataset-factory module:factory (a function returning the "
-                          "DataLoader to share, as `collocate share serve` takes)")
+    dataset: str
+    factory: str | None
+    cwd: str
+    env: Mapping[str, str]
+    uid: int = -1
+    gid: int = -1
 
 
 class Datasets:
@@ -152,7 +129,7 @@ class Datasets:
                                                  ready_by=time.monotonic() + self.ready_timeout_s)
                 log.info("re-adopted producer %r (pid %d), still starting", name, record[0])
 
-    def ensure(self, spec: JobSpec, now: float | None = None) -> bool:
+    def ensure(self, spec: ProducerRequest, now: float | None = None) -> bool:
         """True when ``spec``'s dataset is served; else start its producer if needed and return
         False (ask again next round). Never waits for the producer.
 
@@ -163,8 +140,7 @@ class Datasets:
         from collocate.share.errors import ProducerExistsError
         from collocate.share.lifecycle import ProducerSpec, probe, start_producer
 
-        name, factory = spec.dataset, spec.dataset_factory
-        assert name is not None
+        name, factory = spec.dataset, spec.factory
         now = time.monotonic() if now is None else now
         current = self.producers.get(name)
         if current is not None and current.stop_at is None:
@@ -283,13 +259,13 @@ class Datasets:
             pass
 
 
-def producer_launcher(spec: JobSpec, env_file: Path) -> tuple[str, ...]:
+def producer_launcher(spec: ProducerRequest, env_file: Path) -> tuple[str, ...]:
     """How a producer starts: like a job, as the job's user (a root daemon), in the job's cwd
     entered as that user, with the job's environment; the factory's module is imported only
     there, never in a process with the daemon's privileges."""
     as_other = os.geteuid() == 0 and spec.uid not in (-1, 0)
     as_user = ("--uid", str(spec.uid), "--gid", str(spec.gid)) if as_other else ()
-    return (*bootstrap_argv("collocate.daemon.isolate"), *as_user, "--cwd", spec.cwd,
+    return (*bootstrap_argv("collocate.node.isolate"), *as_user, "--cwd", spec.cwd,
             "--env-file", str(env_file), "--")
 
 

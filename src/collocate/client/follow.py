@@ -79,13 +79,16 @@ def ended_badly(job_id: str, chunk: dict[str, Any], stream: str) -> str | None:
 
 def print_logs(request: Request, job_id: str, *, stream: str, attempt: int | None, follow: bool,
                out: TextIO, err: TextIO, sleep: Callable[[float], None] = time.sleep,
-               escape_output: bool = False) -> None:
+               escape_output: bool = False, node: str | None = None) -> None:
     """Print attempt ``attempt`` (default: the latest); with ``follow``, keep printing as it
     grows and, unless ``attempt`` pins one, through every later attempt until the job ends.
     ``escape_output`` escapes control characters in the job's output (another user's job)."""
-    n, offset, shown, said = attempt, 0, None, None
+    n, offset = attempt, 0
+    shown: int | None = None
+    said: str | None = None
     while True:
-        chunk = request("logs", id=job_id, offset=offset, attempt=n, stream=stream)
+        chunk = request("logs", id=job_id, offset=offset, attempt=n, stream=stream,
+                        **({} if node is None else {"node": node}))
         cur = chunk["attempt"]
         if cur is None and (line := not_started(job_id, chunk)) != said:
             err.write(line + "\n")  # again only when the state or reason changes
@@ -94,9 +97,9 @@ def print_logs(request: Request, job_id: str, *, stream: str, attempt: int | Non
             if not follow or chunk["state"] in TERMINAL:
                 return
         if cur is not None and cur != shown:
-            line = banner(job_id, chunk.get("attempts", []), cur, others=not follow)
-            if line is not None:
-                err.write(printable(line) + "\n")
+            heading = banner(job_id, chunk.get("attempts", []), cur, others=not follow)
+            if heading is not None:
+                err.write(printable(heading) + "\n")
                 err.flush()
             n = shown = cur
         out.write(printable(chunk["text"], multiline=True) if escape_output else chunk["text"])
@@ -105,8 +108,8 @@ def print_logs(request: Request, job_id: str, *, stream: str, attempt: int | Non
         if chunk["text"]:
             continue
         if not follow:
-            if (line := ended_badly(job_id, chunk, stream)) is not None:
-                err.write(line + "\n")
+            if (bad := ended_badly(job_id, chunk, stream)) is not None:
+                err.write(bad + "\n")
                 err.flush()
             return
         later = [a["n"] for a in chunk.get("attempts", []) if cur is not None and a["n"] > cur]
@@ -115,8 +118,8 @@ def print_logs(request: Request, job_id: str, *, stream: str, attempt: int | Non
             continue
         if chunk["state"] in TERMINAL or (attempt is not None and chunk.get("ended")):
             if attempt is None:  # a done job's reason may be an old requeue's: not worth saying
-                line = ended_badly(job_id, chunk, stream)
-                err.write((line or f"--- job {job_id} {chunk['state']} ---") + "\n")
+                bad = ended_badly(job_id, chunk, stream)
+                err.write((bad or f"--- job {job_id} {chunk['state']} ---") + "\n")
                 err.flush()
             return
         sleep(POLL_S)

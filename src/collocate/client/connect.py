@@ -23,6 +23,38 @@ REPLY_TIMEOUT_S = 90.0
 RETRY_FOR_S = 15.0  # how long a request is retried after a broken connection or a busy daemon
 
 
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+ENV_HOST, ENV_TOKEN_FILE = "COLLOCATE_HOST", "COLLOCATE_TOKEN_FILE"
+ENV_FINGERPRINT, ENV_CA_FILE = "COLLOCATE_FINGERPRINT", "COLLOCATE_CA_FILE"
+
+
+def client_for(state_dir: str | Path | None = None, *, host: str | None = None,
+               token_file: Path | None = None, fingerprint: str | None = None,
+               ca_file: Path | None = None) -> Client:
+    """The client a command uses: the daemon at ``host`` (``HOST:PORT``, else
+    ``COLLOCATE_HOST``) over TCP with the token in ``token_file`` (else
+    ``COLLOCATE_TOKEN_FILE``), over TLS pinned to ``fingerprint`` (else
+    ``COLLOCATE_FINGERPRINT``) or checked against ``ca_file``; without a host, the state dir's
+    Unix socket."""
+    host = host or os.environ.get(ENV_HOST) or None
+    if host is None:
+        return Client(state_dir)
+    name, _, port = host.rpartition(":")
+    if not name or not port.isdigit():
+        raise CollocateError(f"cannot read the daemon's address {host!r}", hint="write HOST:PORT, e.g. head:7070")
+    path = token_file or (Path(os.environ[ENV_TOKEN_FILE]) if os.environ.get(ENV_TOKEN_FILE) else None)
+    if path is None:
+        raise CollocateError(f"a daemon over TCP ({host}) needs your token",
+                             hint=f"pass --token-file FILE or set {ENV_TOKEN_FILE}")
+    try:
+        token = path.expanduser().read_text().strip()
+    except OSError as exc:
+        raise CollocateError(f"cannot read the token file {path}: {exc}") from exc
+    ca = ca_file or (Path(os.environ[ENV_CA_FILE]) if os.environ.get(ENV_CA_FILE) else None)
+    return Client(state_dir, tcp=(name.strip("[]"), int(port)), token=token,
+                  fingerprint=fingerprint or os.environ.get(ENV_FINGERPRINT) or None, ca_file=ca)
+
+
 class DaemonNotRunning(CollocateError):
     """No daemon listens on the state dir's socket."""
 
@@ -66,10 +98,16 @@ class Client:
         tcp: tuple[str, int] | None = None,
         token: str | None = None,
         timeout_s: float = REPLY_TIMEOUT_S,
+        fingerprint: str | None = None,
+        ca_file: Path | None = None,
     ) -> None:
-        self.state_dir = resolve_state_dir(state_dir)
+        """Over the state dir's Unix socket, or with ``tcp`` over TCP with ``token``: over TLS
+        when ``fingerprint`` (the daemon's certificate, pinned) or ``ca_file`` is given, else
+        plain, which only a loopback address is allowed."""
+        self.state_dir = resolve_state_dir(state_dir) if tcp is None else Path(state_dir or ".")
         self.socket_path = StateLayout(self.state_dir).socket
         self.tcp, self.token, self.timeout_s = tcp, token, timeout_s
+        self.fingerprint, self.ca_file = fingerprint, ca_file
 
     def request(self, op: str, **args: Any) -> Any:
         """Send one request and return its result. Safe to retry, so it is retried: a submit
@@ -127,13 +165,24 @@ class Client:
 
     def _connect(self) -> socket.socket:
         if self.tcp is not None:
+            host = self.tcp[0]
+            secure = self.fingerprint is not None or self.ca_file is not None
+            if not secure and host not in LOOPBACK:
+                raise CollocateError(f"refusing to send the token to {host} in clear",
+                                     hint="pin the daemon's certificate: --fingerprint or "
+                                          "COLLOCATE_FINGERPRINT (printed by `collocate serve --tls ...`)")
             try:
-                return socket.create_connection(self.tcp, timeout=CONNECT_TIMEOUT_S)
+                sock = socket.create_connection(self.tcp, timeout=CONNECT_TIMEOUT_S)
             except OSError as exc:
                 raise DaemonNotRunning(
                     f"cannot reach a collocate daemon at {self.tcp[0]}:{self.tcp[1]}: {exc}",
                     hint="check the address and that the daemon was started with --tcp",
                 ) from exc
+            if not secure:
+                return sock
+            from collocate.tls import client_socket
+
+            return client_socket(sock, pin=self.fingerprint, ca_file=self.ca_file, host=host)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(CONNECT_TIMEOUT_S)
         try:

@@ -14,25 +14,27 @@ from typing import Annotated, Any
 
 import typer
 
-from collocate.daemon.cli import StateDirOpt
+from collocate.cli_options import FingerprintOpt, HostOpt, StateDirOpt, TokenFileOpt
 from collocate.errors import CollocateError, InputError
 
 IdsArg = Annotated[list[str], typer.Argument(metavar="IDS", help="Job ids, ranges and lists: 7, "
                                              "3-7, 3,5,9.", show_default=False)]
 
 
-def _client(state_dir: Path | None) -> Any:
-    from collocate.daemon.client import Client
+def _client(state_dir: Path | None, host: str | None = None, token_file: Path | None = None,
+            fingerprint: str | None = None) -> Any:
+    from collocate.client.connect import client_for
 
-    return Client(state_dir)
+    return client_for(state_dir, host=host, token_file=token_file, fingerprint=fingerprint)
 
 
-def _each(op: str, job_ids: list[str], state_dir: Path | None, **args: Any) -> None:
-    """Send ``op`` for every id; one line per job, exit 1 if any was refused."""
-    from collocate.daemon.select import parse_ids
+def _each(op: str, job_ids: list[str], target: tuple[Any, ...], **args: Any) -> None:
+    """Send ``op`` for every id; one line per job, exit 1 if any was refused. ``target``:
+    where the daemon is (``_client``'s arguments)."""
+    from collocate.client.select import parse_ids
     from collocate.safetext import printable
 
-    client = _client(state_dir)
+    client = _client(*target)
     failed = 0
     for job_id in parse_ids(job_ids):
         try:
@@ -50,15 +52,17 @@ def _each(op: str, job_ids: list[str], state_dir: Path | None, **args: Any) -> N
         raise typer.Exit(1)
 
 
-def hold(job_ids: IdsArg, state_dir: StateDirOpt = None) -> None:
+def hold(job_ids: IdsArg, state_dir: StateDirOpt = None, host: HostOpt = None,
+    token_file: TokenFileOpt = None, fingerprint: FingerprintOpt = None) -> None:
     """Keep pending jobs from starting until `collocate release` (your own; the daemon's owner
     may hold anyone's, and only they release such a hold)."""
-    _each("hold", job_ids, state_dir)
+    _each("hold", job_ids, (state_dir, host, token_file, fingerprint))
 
 
-def release(job_ids: IdsArg, state_dir: StateDirOpt = None) -> None:
+def release(job_ids: IdsArg, state_dir: StateDirOpt = None, host: HostOpt = None,
+    token_file: TokenFileOpt = None, fingerprint: FingerprintOpt = None) -> None:
     """Let held jobs start again."""
-    _each("release", job_ids, state_dir)
+    _each("release", job_ids, (state_dir, host, token_file, fingerprint))
 
 
 def priority_(
@@ -66,10 +70,11 @@ def priority_(
     value: Annotated[int, typer.Option("--set", help="The new priority (higher runs first, within "
                      "+/-1,000,000). You may lower your own jobs'; raising one is the daemon "
                      "owner's right.")],
-    state_dir: StateDirOpt = None,
+    state_dir: StateDirOpt = None, host: HostOpt = None,
+    token_file: TokenFileOpt = None, fingerprint: FingerprintOpt = None,
 ) -> None:
     """Change the priority of pending jobs: collocate priority 7 --set -10"""
-    _each("priority", job_ids, state_dir, priority=value)
+    _each("priority", job_ids, (state_dir, host, token_file, fingerprint), priority=value)
 
 
 def limits(
@@ -86,7 +91,8 @@ def limits(
                           "jobs of equal priority, the user with the least recent GPU time goes "
                           "first; off: first come, first served.")] = None,
     fmt: Annotated[str, typer.Option("--format", help="table (for people) or json (for tools).")] = "table",
-    state_dir: StateDirOpt = None,
+    state_dir: StateDirOpt = None, host: HostOpt = None,
+    token_file: TokenFileOpt = None, fingerprint: FingerprintOpt = None,
 ) -> None:
     """Show the per-user caps and fair share, or (the daemon's owner) set them.
 
@@ -94,13 +100,13 @@ def limits(
     collocate limits --user alice --max-jobs 8     alice: her own caps
     collocate limits --user alice --clear          alice: the default again
     """
-    from collocate.daemon.cli import _format
+    from collocate.client.cli import _format
 
     _format(fmt)
     if fair_share not in (None, "on", "off"):
         raise InputError(f"--fair-share takes on or off, got {fair_share!r}")
     changing = user is not None or max_jobs is not None or max_gpus is not None or clear or fair_share
-    client = _client(state_dir)
+    client = _client(state_dir, host, token_file, fingerprint)
     if changing:
         if user is not None and not (clear or max_jobs is not None or max_gpus is not None):
             raise InputError("--user needs --max-jobs, --max-gpus or --clear")

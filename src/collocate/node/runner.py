@@ -1,4 +1,4 @@
-"""The small wrapper process each job runs under (``collocate.daemon.runner``, started isolated).
+"""The small wrapper process each job runs under (``collocate.node.runner``, started isolated).
 
 Why a wrapper: the daemon may be killed (even with SIGKILL) while jobs run. The runner, not the
 daemon, is the job's parent: it starts the command in its own session (so the whole job is one
@@ -11,9 +11,9 @@ The runner itself may be killed too, so its records are ordered to leave no gap:
 starts only once ``child.json`` names it (so a job that ran is never taken for one that did
 not), and its status is read with ``WNOWAIT`` and written to ``exit.json`` *before* the job is
 reaped (a runner killed in between leaves the job's zombie to the daemon, its subreaper:
-``collocate.daemon.reaping``). A full disk delays the record, never loses it.
+``collocate.node.reaping``). A full disk delays the record, never loses it.
 
-Isolation (``collocate.daemon.isolate``): a root daemon starts the runner with ``python -I``
+Isolation (``collocate.node.isolate``): a root daemon starts the runner with ``python -I``
 and a clean environment; the job's environment is read from a private file, and the job drops
 privileges before it enters its cwd and execs.
 
@@ -32,8 +32,8 @@ import sys
 import time
 from pathlib import Path
 
-from collocate.daemon.isolate import exec_as, read_env_file
-from collocate.daemon.jobtree import JobTree
+from collocate.node.isolate import exec_as, read_env_file
+from collocate.node.jobtree import JobTree
 
 TAIL_BYTES = 16 * 1024  # how much of stderr is kept with an attempt and inspected for OOM
 
@@ -95,13 +95,13 @@ def wait_status(pid: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="collocate.daemon.runner")
+    parser = argparse.ArgumentParser(prog="collocate.node.runner")
     parser.add_argument("--dir", required=True, type=Path, help="the attempt's folder")
     parser.add_argument("--uid", type=int, default=None, help="run the job as this user")
     parser.add_argument("--gid", type=int, default=None, help="with this group")
     parser.add_argument("--cwd", required=True, help="the job's working directory (entered as the job's user)")
     parser.add_argument("--env-file", required=True, type=Path, help="the job's environment (JSON, removed once read)")
-    parser.add_argument("--confine", default=None, help="the attempt's cgroup (collocate.daemon.cgroups, JSON)")
+    parser.add_argument("--confine", default=None, help="the attempt's cgroup (collocate.node.cgroups, JSON)")
     parser.add_argument("--log-max", type=int, default=1 << 62, help="bytes kept of each log stream")
     parser.add_argument("--disk-reserve", type=int, default=0, help="free bytes logs never take")
     parser.add_argument("--fence", type=Path, default=None, help="the node agent's heartbeat file")
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         returncode, fenced = _wait_fenced(pid, tree, ns.fence, ns.fence_after, exclude={me, keeper})
     tree.kill_rest(exclude={me, keeper})  # nothing the job started outlives it
     _wait_keeper(keeper)
-    record = {"returncode": returncode, "end": time.time(), **tree.usage()}
+    record: dict[str, object] = {"returncode": returncode, "end": time.time(), **tree.usage()}
     note = tree.memory_note()
     if note:
         _note(stderr_path, note)
@@ -177,9 +177,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _start_keeper(max_bytes: int, reserve: int, disk: str) -> tuple[int, tuple[int, int]]:
-    """Fork the log keeper (``collocate.daemon.logkeeper``) on two pipes whose write ends the job
+    """Fork the log keeper (``collocate.node.logkeeper``) on two pipes whose write ends the job
     gets as stdout and stderr; the keeper writes the runner's own stdout and stderr (the logs)."""
-    from collocate.daemon.logkeeper import keep
+    from collocate.node.logkeeper import keep
 
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()

@@ -1,6 +1,6 @@
 """A job's whole process tree, as its runner stops it: its cgroup, or else its process group.
 
-With a cgroup (``collocate.daemon.cgroups``) every process the job starts is found, whatever it
+With a cgroup (``collocate.node.cgroups``) every process the job starts is found, whatever it
 does with sessions (``setsid``) or hang-up signals (``nohup``). Without one (cgroups not
 writable here) the runner falls back to the process group the job shares with it, which stops
 ``nohup cmd &`` but not ``setsid cmd &``; ``collocate serve`` says which applies when it starts.
@@ -13,7 +13,7 @@ import os
 import signal
 import sys
 
-from collocate.daemon.cgroups import AttemptCgroup
+from collocate.node.cgroups import AttemptCgroup
 
 
 class JobTree:

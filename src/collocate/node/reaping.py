@@ -23,8 +23,8 @@ from pathlib import Path
 
 import psutil
 
-from collocate.daemon.paths import attempt_files
-from collocate.daemon.runner import read_tail, write_json_atomic
+from collocate.node.files import attempt_files, read_json
+from collocate.node.runner import read_tail, write_json_atomic
 
 _PR_SET_CHILD_SUBREAPER = 36
 CHILD_RECORD = "child.json"  # the runner's record of the job's own pid and start time
@@ -40,8 +40,6 @@ def become_subreaper() -> bool:
 
 
 def _child_record(attempt_dir: Path) -> tuple[int, float | None] | None:
-    from collocate.daemon.views import read_json
-
     record = read_json(attempt_dir / CHILD_RECORD)
     if not record or not record.get("pid"):
         return None

@@ -1,0 +1,498 @@
+"""The client commands: submit, ls, show, logs, cancel, wait, gpus, drain, resume,
+dashboard-url (and ``control``'s hold, release, priority, limits). Parsing and rendering only;
+the work happens in the daemon, reached through ``connect.Client`` over its Unix socket or TCP.
+``logs`` polls it from ``follow``."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from collocate.cli_options import FingerprintOpt, HostOpt, StateDirOpt, TokenFileOpt
+from collocate.errors import CollocateError, InputError
+
+if TYPE_CHECKING:
+    from collocate.estimate.base import Estimate
+    from collocate.estimate.providers import EstimateRequest
+
+FORMATS = ("table", "json")
+FormatOpt = Annotated[str, typer.Option("--format", help="table (for people) or json (for tools).")]
+
+
+def _format(fmt: str) -> str:
+    """One --format vocabulary for every command; anything else is refused with the list."""
+    if fmt not in FORMATS:
+        raise InputError(f"unknown --format {fmt!r}", hint="use " + " or ".join(FORMATS))
+    return fmt
+
+
+def register(app: typer.Typer) -> None:
+    app.command("submit", context_settings={"allow_interspersed_args": False})(submit)
+    app.command("ls")(ls)
+    app.command("show")(show)
+    app.command("logs")(logs)
+    app.command("cancel")(cancel)
+    app.command("wait")(wait)
+    app.command("gpus")(gpus)
+    from collocate.client.control import hold, limits, priority_, release
+
+    app.command("hold")(hold)
+    app.command("release")(release)
+    app.command("priority")(priority_)
+    app.command("limits")(limits)
+    app.command("drain")(drain)
+    app.command("resume")(resume)
+    app.command("dashboard-url")(dashboard_url)
+
+
+def _client(state_dir: Path | None, host: str | None = None, token_file: Path | None = None,
+            fingerprint: str | None = None):
+    """The daemon's client: over its Unix socket, or with ``host`` over TCP (TLS, token)."""
+    from collocate.client.connect import client_for
+
+    return client_for(state_dir, host=host, token_file=token_file, fingerprint=fingerprint)
+
+
+def submit(
+    command: Annotated[list[str] | None, typer.Argument(help="The command, after --.")] = None,
+    gpus: Annotated[int, typer.Option("--gpus", help="GPUs the job needs (on each node, with --nodes).")] = 1,
+    nodes: Annotated[int, typer.Option("--nodes", help="Run on this many different nodes, --gpus "
+                     "on each, all at once: the command starts once per node with NNODES, "
+                     "NODE_RANK, MASTER_ADDR, MASTER_PORT and torchrun's PET_* set "
+                     "(docs/multi-node.md).")] = 1,
+    mem: Annotated[str | None, typer.Option("--mem", help="GPU memory per GPU, with a unit: "
+                   "6GiB, 6144MiB, 1.5G. K, M, G and T are powers of 1024 with or without i or B "
+                   "(6GB = 6G = 6GiB, as nvidia-smi and PyTorch count); a number without a unit "
+                   "is refused.")] = None,
+    name: Annotated[str | None, typer.Option("--name")] = None,
+    priority: Annotated[int, typer.Option("--priority", help="Higher runs first (within "
+                        "+/-1,000,000). Above 0 only the daemon's owner may set; others use --nice.")] = 0,
+    nice: Annotated[int | None, typer.Option("--nice", help="Lower this job's priority by N "
+                    "(0 to 1,000,000), to let your other jobs or other people's go first.")] = None,
+    time_limit: Annotated[str | None, typer.Option("--time", "-t", help="Time limit, as Slurm reads "
+                          "it: minutes (30), MM:SS, HH:MM:SS, D-HH:MM:SS, or 90s, 30m, 2h, 1d. "
+                          "The job is stopped then (SIGTERM, SIGKILL 10 s later), state timeout.")] = None,
+    retries: Annotated[int | None, typer.Option("--retries", help="Retries (OOM: default 3; "
+                        "giving it also retries other failures).")] = None,
+    cwd: Annotated[Path | None, typer.Option("--cwd", help="Working directory (default: here).")] = None,
+    env: Annotated[list[str], typer.Option("--env", help="NAME=VALUE for the job (repeatable).")] = [],
+    estimate: Annotated[str | None, typer.Option("--estimate", help="Estimate memory statically from "
+                        "this entry point (package.module:function), instead of --mem.")] = None,
+    batch_size: Annotated[int | None, typer.Option("--batch-size", help="Batch size for --estimate.")] = None,
+    precision: Annotated[str, typer.Option("--precision", help="For --estimate: fp32, fp16 (AMP) or bf16 "
+                         "(AMP), as the job trains.")] = "fp32",
+    optimizer: Annotated[str | None, typer.Option("--optimizer", help="For --estimate: sgd, adam or adamw "
+                         "(default: the entry point's).")] = None,
+    gpu_type: Annotated[str | None, typer.Option("--gpu-type", help="For --estimate: the GPU type to "
+                        "estimate for, e.g. H100-80GB (collocate estimate --gpu). Default: the "
+                        "daemon's, when all its GPUs are of one type.")] = None,
+    dataset: Annotated[str | None, typer.Option("--dataset", help="Shared dataset name: the daemon "
+                       "runs one producer for all jobs naming it (see docs/daemon.md).")] = None,
+    dataset_factory: Annotated[str | None, typer.Option("--dataset-factory", help="module:factory "
+                               "returning the DataLoader to share (needed by the first job of a "
+                               "--dataset; later ones may omit it).")] = None,
+    after: Annotated[list[str], typer.Option("--after", help="Start only once this job has ended "
+                     "done (repeatable); if it fails or is cancelled, this one is cancelled.")] = [],
+    after_any: Annotated[list[str], typer.Option("--after-any", help="Start once this job has "
+                         "ended, however it ended (Slurm's afterany; repeatable).")] = [],
+    after_notok: Annotated[list[str], typer.Option("--after-notok", help="Start only if this job "
+                           "ends other than done: failed, timeout, cancelled (Slurm's afternotok; "
+                           "repeatable); if it ends done, this one is cancelled.")] = [],
+    hold: Annotated[bool, typer.Option("--hold", help="Queue it held: it starts only after "
+                    "`collocate release ID`.")] = False,
+    notify: Annotated[str | None, typer.Option("--notify", help="A command to run, as you, when "
+                      "the job ends: e.g. 'mail -s collocate you@lab'. Its stdin is a one-line "
+                      "summary; COLLOCATE_JOB_ID, _NAME, _STATE, _REASON and _EXIT_CODE are set. "
+                      "Split like a shell would, but not run through one.")] = None,
+    public: Annotated[bool, typer.Option("--public", help="Let the daemon's other users see this "
+                      "job's command, working directory and logs (they see its name, state and "
+                      "times anyway).")] = False,
+    sweep: Annotated[list[str], typer.Option("--sweep", help="NAME=V1,V2,... or NAME=FIRST..LAST: "
+                     "one job per combination, {NAME} in the command replaced (repeatable).")] = [],
+    state_dir: StateDirOpt = None, host: HostOpt = None,
+    token_file: TokenFileOpt = None, fingerprint: FingerprintOpt = None,
+) -> None:
+    """Queue a job and print its id: collocate submit --mem 6GiB -- python train.py --lr 3e-4
+
+    A sweep queues one job per combination and prints their ids, one per line:
+    collocate submit --mem 6GiB --sweep lr=1e-3,3e-4 --sweep seed=0..2 -- python train.py --lr {lr} --seed {seed}
+    """
+    from collocate.client.sweep import expand, parse_axis
+    from collocate.daemon.spec import default_name, parse_env
+    from collocate.estimate.providers import EstimateRequest
+    from collocate.units import parse_mib, require_unit
+
+    if not command:
+        raise InputError("empty command", hint="put the command after --, e.g. "
+                         "collocate submit --mem 6GiB -- python train.py")
+    parse_env(env)  # a clear error before contacting the daemon
+    if nice is not None:
+        if priority:
+            raise InputError("give --priority or --nice, not both", hint="--nice N is --priority -N")
+        if not 0 <= nice <= 1_000_000:
+            raise InputError(f"--nice takes 0 to 1,000,000, got {nice}")
+        priority = -nice
+    if time_limit is not None:
+        from collocate.units import parse_duration
+
+        parse_duration(time_limit)
+    if mem is not None:
+        require_unit(mem, "--mem")
+        parse_mib(mem)  # a clear error before contacting the daemon
+    points = expand(command, [parse_axis(a) for a in sweep]) if sweep else None
+    directory = (cwd or Path.cwd()).expanduser().absolute()
+    if not directory.is_dir():
+        raise InputError(f"working directory {directory} does not exist", hint="pass an existing --cwd")
+    extra: dict[str, Any] = {"mem": mem}
+    client = _client(state_dir, host, token_file, fingerprint)
+    if estimate is not None:  # once for a whole sweep: its jobs share the entry point
+        from collocate.estimate.entrypoint import OPTIMIZERS, PRECISIONS, check_choice
+
+        request = EstimateRequest(entry_point=estimate, batch_size=batch_size,
+                                  optimizer=check_choice("optimizer", optimizer, OPTIMIZERS),
+                                  precision=check_choice("precision", precision, PRECISIONS) or "fp32",
+                                  gpu=gpu_type or _daemon_gpu_type(client))
+        extra = _static_estimate(request, mem, directory, {**os.environ, **parse_env(env)})
+    elif (precision, optimizer, gpu_type) != ("fp32", None, None):
+        raise InputError("--precision, --optimizer and --gpu-type describe --estimate",
+                         hint="add --estimate ENTRY --batch-size N, or drop them")
+    fields = dict(gpus=gpus, nodes=nodes, priority=priority, retries=retries, cwd=str(directory), env=list(env),
+                  base_env=dict(os.environ), dataset=dataset, dataset_factory=dataset_factory,
+                  after=list(after), after_any=list(after_any), after_notok=list(after_notok),
+                  time=time_limit, hold=hold, public=public, notify=_notify_argv(notify), **extra)
+    if points is None:
+        typer.echo(client.request("submit", argv=list(command), name=name, **fields)["id"])
+        return
+    base = name or default_name(command)
+    for done, point in enumerate(points):
+        try:
+            result = client.request("submit", argv=list(point.command), name=f"{base}[{point.label()}]", **fields)
+        except CollocateError as exc:
+            if not done:
+                raise
+            raise CollocateError(f"{exc.args[0]} ({done} of {len(points)} sweep jobs were queued "
+                                 "before it; their ids are printed above)", hint=exc.hint) from exc
+        typer.echo(result["id"])
+
+
+def _notify_argv(notify: str | None) -> list[str] | None:
+    """``--notify 'mail -s "job done" me'`` as argv, split as a POSIX shell would."""
+    import shlex
+
+    if notify is None:
+        return None
+    try:
+        argv = shlex.split(notify)
+    except ValueError as exc:
+        raise InputError(f"cannot read --notify {notify!r}: {str(exc).lower()}",
+                         hint="close every quote, e.g. --notify 'mail -s \"job done\" you@lab'") from None
+    if not argv:
+        raise InputError("--notify is empty", hint="e.g. --notify 'mail -s collocate you@lab'")
+    return argv
+
+
+def _daemon_gpu_type(client: Any) -> str | None:
+    """The GPU type to estimate for when the user names none: the daemon's, if all its GPUs
+    are of one known type (a CUDA context's size differs by GPU). Asking first also fails fast,
+    before estimating, when no daemon is running."""
+    from collocate.gputypes import GPU_TYPES
+
+    types = {row["type"] for row in client.request("gpus")}
+    if len(types) == 1 and (only := types.pop()) in GPU_TYPES:
+        return str(only)
+    return None
+
+
+def _static_estimate(request: EstimateRequest, mem: str | None, cwd: Path,
+                     job_env: dict[str, str]) -> dict[str, Any]:
+    """Run the static estimator here, in the user's environment and cwd (where the entry point
+    imports), in a child process; the daemon still prefers measured history when it has one.
+    The job's own ``PYTORCH_CUDA_ALLOC_CONF`` picks the allocator mode estimated."""
+    from collocate.estimate.gpu_overheads import DEFAULT_GPU, allocator_from_conf
+    from collocate.estimate.providers import StaticProvider
+
+    if mem is not None:
+        raise InputError("give either --mem or --estimate, not both")
+    if request.batch_size is None:
+        raise InputError("--estimate needs --batch-size", hint="e.g. --estimate mypkg.train:build --batch-size 32")
+    request = replace(request, allocator=allocator_from_conf(job_env.get("PYTORCH_CUDA_ALLOC_CONF")))
+    here = Path.cwd()
+    os.chdir(cwd)
+    try:
+        est = StaticProvider(isolated=True).estimate(request)
+    finally:
+        os.chdir(here)
+    if est is None or not est.available:
+        raise InputError(f"no static estimate for {request.entry_point}", hint="pass --mem instead")
+    typer.echo(f"estimated {est.mib:.0f} MiB ({est.method}, +/-{est.uncertainty:.0%}, {request.precision}, "
+               f"{request.allocator} allocator, {request.gpu or DEFAULT_GPU + ' by default: pass --gpu-type'})",
+               err=True)
+    from collocate.estimate.cli import expandable_tip_mib
+
+    expandable = expandable_tip_mib(est)
+    if expandable is not None:
+        typer.echo(f"tip: with --env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True it would need "
+                   f"about {expandable:.0f} MiB", err=True)
+    return estimate_fields(est)
+
+
+def estimate_fields(est: Estimate) -> dict[str, Any]:
+    """The memory fields of a submit request for a static estimate: an estimate, not a
+    declaration, so the daemon commits it only until the job's own peak holds still."""
+    return {"mem": f"{est.mib:.1f}", "mem_source": f"static-{est.method}", "mem_uncertainty": est.uncertainty}
+
+
+def ls(
+    all_: Annotated[bool, typer.Option("--all", "-a", help="Include ended jobs.")] = False,
+    state: Annotated[list[str], typer.Option("--state", "-s", help="Only jobs in these states: "
+                     "pending, running, done, failed, timeout, cancelled, rejected (repeatable or a comma "
+                     "list; an ended state implies --all).")] = [],
+    user: Annotated[list[str], typer.Option("--user", "-u", help="Only jobs of this user "
+                    "(repeatable or a comma list).")] = [],
+    name: Annotated[str | None, typer.Option("--name", "-n", help="Only jobs whose name matches "
+                    "this shell glob, e.g. 'train.py*' (quote it).")] = None,
+    fmt: FormatOpt = "table",
+    state_dir: StateDirOpt = None, host: HostOpt = None,
+    token_file: TokenFileOpt = None, fingerprint: FingerprintOpt = None,
+) -> None:
+    """List jobs (pending and running; --all for every job), with why each pending one waits."""
+    from collocate.client import render
+    from collocate.client.connect import list_jobs
+    from collocate.client.select import filter_rows, needs_ended, parse_states
+
+    _format(fmt)
+    states = parse_states(state)
+    users = {u.strip() for value in user for u in value.split(",") if u.strip()}
+    rows = list_jobs(_client(state_dir, host, token_file, fingerprint).request, all=all_ or needs_ended(states))
+    rows = filter_rows(rows, states=states, users=users, name=name)
+    if fmt == "json":
+        typer.echo(json.dumps(rows, indent=1))
+    else:
+        render.print_jobs(rows)
+
+
+def show(job_id: Annotated[str, typer.Argument()], state_dir: StateDirOpt = None, host: HostOpt = None,
+    token_file: TokenFileOpt = None, fingerprint: FingerprintOpt = None,
+         fmt: FormatOpt = "table") -> None:
+    """Show one job: its command, memory requirement, why it waits, and every attempt."""
+    from collocate.client import render
+
+    _format(fmt)
+    detail = _client(state_dir, host, token_file, fingerprint).request("show", id=job_id)
+    if fmt == "json":
+        typer.echo(json.dumps(detail, indent=1))
+    else:
+        render.print_detail(detail)
+
+
+def logs(
+    job_id: Annotated[str, typer.Argument()],
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing, through every later "
+                      "attempt (OOM requeues, retries), until the job ends.")] = False,
+    stderr: Annotated[bool, typer.Option("--stderr", help="Show stderr instead of stdout.")] = False,
+    attempt: Annotated[int | None, typer.Option("--attempt", help="Attempt number (default: the "
+                       "latest); with -f, follow only that attempt.")] = None,
+    node: Annotated[str | None, typer.Option("--node", help="A job on several nodes: the part on "
+                    "this node (default: rank 0's; `collocate show` lists the nodes).")] = None,
+    state_dir: StateDirOpt = None, host: HostOpt = None,
+    token_file: TokenFileOpt = None, fingerprint: FingerprintOpt = None,
+) -> None:
+    """Print a job's output (its latest attempt unless --attempt; -f follows it to the end).
+
+    A job that has not started says so on stderr, with why it waits. Another user's output (as
+    the daemon's owner may read it) has its control characters escaped; your own is as written.
+    """
+    from collocate.client.follow import print_logs
+    from collocate.client.select import me
+
+    client = _client(state_dir, host, token_file, fingerprint)
+    owner = client.request("show", id=job_id)["user"]
+    try:
+        print_logs(client.request, job_id, stream="stderr" if stderr else "stdout",
+                   attempt=attempt, follow=follow, out=sys.stdout, err=sys.stderr,
+                   escape_output=owner != me(), node=node)
+    except KeyboardInterrupt:  # Ctrl-C is how a follow ends: no traceback, no "Aborted!"
+        raise typer.Exit(130) from None
+    except BrokenPipeError:  # `collocate logs 3 | head`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise typer.Exit(0) from None
+
+
+def cancel(
+    job_ids: Annotated[list[str] | None, typer.Argument(metavar="IDS", help="Job ids, ranges "
+                       "and lists: 7, 3-7, 3,5,9.", show_default=False)] = None,
+    all_: Annotated[bool, typer.Option("--all", help="Cancel all your own pending and running "
+                    "jobs.")] = False,
+    name: Annotated[str | None, typer.Option("--name", "-n", help="Cancel your own pending and "
+                    "running jobs whose name matches this shell glob, e.g. 'sweep*' (quote it).")] = None,
+    state_dir: StateDirOpt = None, host: HostOpt = None,
+    token_file: TokenFileOpt = None, fingerprint: FingerprintOpt = None,
+) -> None:
+    """Cancel jobs: pending ones leave the queue, running ones get SIGTERM (SIGKILL after 10 s).
+
+    Prints what happened to each job; exits 1 if any could not be cancelled.
+    """
+    from collocate.client.connect import list_jobs
+    from collocate.client.select import ACTIVE, filter_rows, me, parse_ids
+    from collocate.safetext import printable
+
+    ids = parse_ids(job_ids or [])
+    if ids and (all_ or name is not None):
+        raise InputError("give job ids or --all/--name, not both",
+                         hint="--all and --name choose among your own pending and running jobs")
+    if not ids and not all_ and name is None:
+        raise InputError("which jobs?", hint="give ids (7, 3-7, 3,5,9), --name GLOB or --all")
+    client = _client(state_dir, host, token_file, fingerprint)
+    if not ids:  # only active jobs can be chosen: the history is not fetched
+        chosen = filter_rows(list_jobs(client.request), states=set(ACTIVE), users={me()}, name=name)
+        ids = [r["id"] for r in chosen]
+        if not ids:
+            what = "to cancel" if name is None else f"has a name matching {printable(name)}"
+            typer.echo(f"no pending or running job of yours {what}", err=True)
+            return
+    failed = 0
+    for job_id in ids:
+        try:
+            result = client.request("cancel", id=job_id)
+        except CollocateError as exc:
+            failed += 1
+            typer.echo(f"{job_id}: not cancelled: {printable(exc, multiline=True)}", err=True)
+            continue
+        if result.get("ended"):
+            typer.echo(f"{printable(job_id)}: already {printable(result['state'])}, nothing to cancel")
+            continue
+        typer.echo(f"{printable(result['id'])}: {printable(result['state'])}")
+    if failed:
+        raise typer.Exit(1)
+
+
+def wait(
+    job_ids: Annotated[list[str], typer.Argument(metavar="IDS", help="Job ids, ranges and lists: "
+                       "7, 3-7, 3,5,9.", show_default=False)],
+    timeout: Annotated[float | None, typer.Option("--timeout", help="Give up after this many "
+                       "seconds (exit status 124).")] = None,
+    state_dir: StateDirOpt = None, host: HostOpt = None,
+    token_file: TokenFileOpt = None, fingerprint: FingerprintOpt = None,
+) -> None:
+    """Wait until jobs end, printing each as it does; exit 0 if all ended done, else 1.
+
+    For scripts: collocate wait $(collocate submit -- python train.py) && python evaluate.py
+    """
+    from collocate.client.connect import list_jobs
+    from collocate.client.select import ACTIVE, parse_ids
+    from collocate.safetext import printable
+
+    client = _client(state_dir, host, token_file, fingerprint)
+    left = parse_ids(job_ids)
+    for job_id in left:  # an unknown id fails here, before any waiting
+        client.request("show", id=job_id)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    all_done = True
+    try:
+        while left:
+            rows = list_jobs(client.request, all=True, ids=left)  # only these, in pages
+            ended = {row["id"] for row in rows if row["state"] not in ACTIVE}
+            for job_id in [j for j in left if j in ended]:
+                job = client.request("show", id=job_id)  # once per job, when it has ended
+                left.remove(job_id)
+                all_done &= job["state"] == "done"
+                why = f": {printable(job['reason'])}" if job["reason"] and job["state"] != "done" else ""
+                typer.echo(f"{job_id} {job['state']}{why}")
+            if left and deadline is not None and time.monotonic() >= deadline:
+                typer.echo(f"still not ended after {timeout:g} s: {', '.join(left)}", err=True)
+                raise typer.Exit(124)
+            if left:
+                time.sleep(0.5)
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+    if not all_done:
+        raise typer.Exit(1)
+
+
+def gpus(
+    watch: Annotated[bool, typer.Option("--watch", "-w", help="Refresh every second until Ctrl-C "
+                       "(into a file or pipe: a dated table appended every second).")] = False,
+    fmt: FormatOpt = "table",
+    state_dir: StateDirOpt = None, host: HostOpt = None,
+    token_file: TokenFileOpt = None, fingerprint: FingerprintOpt = None,
+) -> None:
+    """GPUs as the daemon sees them: memory used, committed to jobs and left (ROOM), SM
+    activity, jobs on each; tracking if degraded."""
+    from collocate.client import render
+
+    _format(fmt)
+    client = _client(state_dir, host, token_file, fingerprint)
+    if fmt == "json":
+        ping = client.request("ping")
+        typer.echo(json.dumps({"gpus": client.request("gpus"),
+                               "tracking_degraded": ping.get("tracking_degraded", False),
+                               "tracking": ping.get("tracking", [])}, indent=1))
+        return
+    if not watch:
+        render.console().print(render.gpu_table(client.request("gpus")))
+        degraded = render.tracking_line(client.request("ping"))
+        if degraded is not None:
+            render.console().print(degraded, style="red")
+        return
+    if not sys.stdout.isatty():  # `gpus --watch > file`: a table per second, appended
+        try:
+            while True:
+                render.console().print(render.when(time.time()))
+                render.console().print(render.gpu_table(client.request("gpus")))
+                sys.stdout.flush()
+                time.sleep(1.0)
+        except KeyboardInterrupt:
+            return
+    from rich.live import Live
+
+    with Live(render.gpu_table(client.request("gpus")), console=render.console(), refresh_per_second=2) as live:
+        try:
+            while True:
+                time.sleep(1.0)
+                live.update(render.gpu_table(client.request("gpus")))
+        except KeyboardInterrupt:
+            pass
+
+
+def drain(state_dir: StateDirOpt = None, host: HostOpt = None,
+    token_file: TokenFileOpt = None, fingerprint: FingerprintOpt = None) -> None:
+    """Stop placing jobs; running ones finish. `collocate resume` undoes it."""
+    r = _client(state_dir, host, token_file, fingerprint).request("drain")
+    typer.echo(f"draining: {r['running']} running job(s) will finish, {r['pending']} stay queued")
+
+
+def resume(state_dir: StateDirOpt = None, host: HostOpt = None,
+    token_file: TokenFileOpt = None, fingerprint: FingerprintOpt = None) -> None:
+    """Place jobs again after `collocate drain`."""
+    _client(state_dir, host, token_file, fingerprint).request("resume")
+    typer.echo("placing jobs again")
+
+
+def dashboard_url(state_dir: StateDirOpt = None, host: HostOpt = None,
+    token_file: TokenFileOpt = None, fingerprint: FingerprintOpt = None) -> None:
+    """Print the daemon's dashboard URL with its token (readable by the daemon's owner only)."""
+    from collocate.daemon.paths import StateLayout
+
+    client = _client(state_dir, host, token_file, fingerprint)
+    url = client.request("ping").get("dashboard")
+    if url is None:
+        raise InputError("this daemon serves no dashboard",
+                         hint="start it with `collocate serve --dashboard 8765`")
+    path = StateLayout(client.state_dir).dashboard_token
+    try:
+        token = path.read_text().strip()
+    except FileNotFoundError:
+        token = ""  # started with --no-dashboard-token
+    except OSError as exc:
+        raise CollocateError(f"the dashboard at {url} is the daemon owner's (its token in {path} "
+                             f"is theirs: {exc.strerror})",
+                             hint="open your own, with your rights: `collocate dashboard --port 8390` "
+                             "(your jobs in full, others' as `collocate ls` shows them)") from None
+    typer.echo(f"{url}?token={token}" if token else url)

@@ -1,0 +1,77 @@
+"""A job on several nodes (``Job.nodes``): one rule in the core (``policies.base.pick_gang``,
+``Capacity``, the scheduler's plan check), so every policy, the simulator and the daemon place
+it the same way: ``gpus`` on each of ``nodes`` different nodes, all at once or not at all, and
+never starved by smaller jobs."""
+
+from __future__ import annotations
+
+import pytest
+
+from collocate import policies
+from collocate.gputypes import parse_cluster
+from collocate.model import ClusterSnapshot, GpuId, GpuView, Job
+from collocate.scheduler import Capacity, Scheduler
+from collocate.sim.engine import SimConfig, Simulation
+from collocate.sim.trace import TraceJob, Workload
+
+POLICIES = ["exclusive", "auto", "carma-magm", "round-robin", "declared-memory", "shares"]
+
+
+def _cluster(nodes: int = 3, per_node: int = 4, busy: set[str] = frozenset()) -> ClusterSnapshot:
+    views = [GpuView(GpuId(f"n{n}", i), 40_000.0, jobs=("x",) if f"n{n}:{i}" in busy else (),
+                     committed_mib=39_000.0 if f"n{n}:{i}" in busy else 0.0)
+             for n in range(nodes) for i in range(per_node)]
+    return ClusterSnapshot.from_views(views, now=10_000.0)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_every_policy_places_a_gang_on_distinct_nodes_grouped_by_node(policy: str):
+    cluster = _cluster()
+    scheduler = Scheduler(policies.make_policy(policy), Capacity.of(cluster))
+    scheduler.submit(Job("wide", gpus=2, nodes=3, mem_mib=10_000.0, mem_source="declared"))
+    plan = scheduler.schedule(cluster)
+    [placement] = plan.placements
+    nodes = [g.node for g in placement.gpus]
+    assert len(placement.gpus) == 6 and len(set(nodes)) == 3
+    assert nodes == sorted(nodes, key=nodes.index)  # grouped: rank 0's GPUs first, and so on
+
+
+@pytest.mark.parametrize("policy", ["exclusive", "auto", "carma-magm", "declared-memory"])  # memory-aware
+def test_a_gang_waits_whole_when_one_node_lacks_room(policy: str):
+    cluster = _cluster(nodes=2, busy={"n1:0", "n1:1", "n1:2"})
+    scheduler = Scheduler(policies.make_policy(policy), Capacity.of(cluster))
+    scheduler.submit(Job("wide", gpus=2, nodes=2, mem_mib=10_000.0, mem_source="declared"))
+    assert not scheduler.schedule(cluster).placements  # n1 has one free GPU: none or all
+
+
+def test_capacity_refuses_a_gang_wider_than_the_cluster():
+    capacity = Capacity.of(_cluster(nodes=2, per_node=4))
+    assert capacity.why_not(Job("a", gpus=4, nodes=2)) is None
+    assert "needs 3 nodes with 4 whole GPU(s) each" in capacity.why_not(Job("b", gpus=4, nodes=3))
+    assert "only 0 of the 2 node(s)" in capacity.why_not(Job("c", gpus=8, nodes=2))
+    assert "50000 MiB per GPU" in capacity.why_not(Job("d", gpus=1, nodes=2, mem_mib=50_000.0))
+
+
+def test_a_gang_is_reserved_for_and_not_starved_by_small_jobs():
+    """The auto policy reserves a waiting gang's room at once, as for a multi-GPU job: single-GPU
+    jobs behind it do not take the GPUs it waits for."""
+    cluster = _cluster(nodes=2, per_node=2, busy={"n1:1"})
+    scheduler = Scheduler(policies.make_policy("auto"), Capacity.of(cluster))
+    scheduler.submit(Job("wide", gpus=2, nodes=2, mem_mib=30_000.0, mem_source="declared", submit_time=1.0))
+    for i in range(3):
+        scheduler.submit(Job(f"small{i}", mem_mib=30_000.0, mem_source="declared", submit_time=2.0 + i))
+    plan = scheduler.schedule(cluster)
+    assert plan.placements == ()  # the three free GPUs are kept for the gang
+    assert str(plan.waits["small0"]).startswith("reserved")
+
+
+def test_the_simulator_runs_a_gang_across_nodes_by_the_same_rule():
+    wide = Workload("wide", gpus=2, duration_s=100.0, peak_mib=5_000.0, estimates={"peak": 5_000.0}, nodes=2)
+    solo = Workload("solo", gpus=1, duration_s=50.0, peak_mib=5_000.0, estimates={"peak": 5_000.0})
+    trace = [TraceJob("1", 0.0, wide), TraceJob("2", 0.0, solo), TraceJob("3", 0.0, solo)]
+    result = Simulation(parse_cluster("2x(2xA100-40GB)"), trace, policies.make_policy("exclusive"),
+                        SimConfig()).run()
+    records = {r.id: r for r in result.records}
+    assert all(r.state == "done" for r in records.values()), records
+    assert records["1"].gpus == 4
+    assert {g.split(":")[0] for g in records["1"].last_gpus.split(",")} == {"node0", "node1"}
