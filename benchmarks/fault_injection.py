@@ -58,9 +58,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from _machine import machine
 
-from collocate.node.cgroups import Cgroups
 from collocate.client.connect import Client, list_jobs
 from collocate.errors import CollocateError
+from collocate.node.cgroups import Cgroups
 
 GPUS = "emulated:2xA100-40GB"
 FAULTS = ("daemon", "runner", "job", "disk", "flood", "escape", "foreign")

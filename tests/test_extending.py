@@ -19,7 +19,6 @@ import pytest
 
 from collocate import policies
 from collocate.daemon.fleet import InProcessNodes
-from collocate.node.local import LocalNode
 from collocate.daemon.gpu_watch import GpuWatch
 from collocate.daemon.server import Peer
 from collocate.daemon.service import ServeConfig, Service
@@ -30,6 +29,7 @@ from collocate.gputypes import parse_cluster
 from collocate.model import ClusterSnapshot, GpuId, Job, JobProfile, Plan
 from collocate.monitor.service import UsageMonitor
 from collocate.monitor.sinks.base import JobInfo
+from collocate.node.local import LocalNode
 from collocate.policies.base import Ledger, pick_on_one_node
 from collocate.scheduler import Capacity, Scheduler
 from collocate.sim.engine import Simulation

@@ -219,9 +219,8 @@ def run_child(cfg: Config, dry_run: bool, shared: bool = False) -> dict[str, Any
     import torch
 
     from collocate.estimate.entrypoint import load
-    from collocate.estimate.trace import as_args, default_loss, prefer_foreach
-
     from collocate.estimate.gpu_overheads import allocator_from_conf
+    from collocate.estimate.trace import as_args, default_loss, prefer_foreach
 
     row: dict[str, Any] = {**_device_info(torch), "iterations": 0,
                            "allocator": allocator_from_conf(os.environ.get("PYTORCH_CUDA_ALLOC_CONF"))}

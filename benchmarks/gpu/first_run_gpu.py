@@ -61,8 +61,8 @@ from pathlib import Path
 from typing import Any
 
 from collocate.bench.minitrace_run import cancel_all
-from collocate.daemon.child import DaemonProcess
 from collocate.client.cli import estimate_fields
+from collocate.daemon.child import DaemonProcess
 from collocate.estimate.base import Estimate
 
 HERE = Path(__file__).resolve().parent

@@ -233,7 +233,7 @@ def markdown(doc: dict[str, Any], env: dict[str, Any]) -> str:
         out.append(f"| {field} | {call}: {caps.get(call, 'not called')} | {fmt(idle.get(field))} "
                    f"| {fmt(loaded.get(field))} | {doc['reacts_to_load'].get(field, '-')} |")
     out += ["", "All NVML calls: " + ", ".join(f"{k}={v}" for k, v in sorted(caps.items())),
-            f"", f"Worker's memory in the per-process list: {doc['worker_memory_seen']}; "
+            "", f"Worker's memory in the per-process list: {doc['worker_memory_seen']}; "
             f"energy over the loaded phase: {loaded.get('energy_joules')} J "
             f"({loaded.get('energy_source')})", "",
             f"MPS: {json.dumps({k: v for k, v in doc['mps'].items() if k in ('started', 'error', 'note', 'pids')})}"]

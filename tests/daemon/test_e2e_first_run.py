@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 import pytest
-
 from daemon_harness import job_argv, wait_for
 
 GPU_MIB = 40960.0  # one emulated A100-40GB

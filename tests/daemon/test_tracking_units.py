@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from collocate.daemon.cli import _tracking_config
 from collocate.client.render import measured_lines, tracking_line
+from collocate.daemon.cli import _tracking_config
 from collocate.daemon.tracking import DaemonTracking, TrackingConfig, parse_dashboard
 from collocate.errors import CollocateError, InputError
 from collocate.gpus.base import DeviceInfo

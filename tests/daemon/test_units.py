@@ -13,9 +13,8 @@ from hypothesis import strategies as st
 
 from collocate.belief import Belief
 from collocate.daemon.gpu_watch import GpuWatch
-from collocate.node.isolate import bootstrap_argv
-from collocate.daemon.plan import plan_launch
 from collocate.daemon.paths import ENV_STATE_DIR, resolve_state_dir
+from collocate.daemon.plan import plan_launch
 from collocate.daemon.spec import JobSpec, default_name, parse_env, validate_submit
 from collocate.daemon.store import Attempt, Store, job_from_json, job_to_json
 from collocate.errors import InputError
@@ -23,6 +22,7 @@ from collocate.gpus.base import DeviceInfo, DeviceSample, ProcessUsage
 from collocate.gpus.mps import MpsDirs
 from collocate.knowledge import ProfileKnowledge
 from collocate.model import GpuId, Job, JobProfile, JobState, Placement, SharingMode
+from collocate.node.isolate import bootstrap_argv
 
 
 def _req(**kw):

@@ -7,10 +7,9 @@ import mmap
 import os
 import signal
 
+import _share_workers
 import pytest
 import torch
-
-import _share_workers
 from _share_workers import consume, produce
 
 from collocate import share
