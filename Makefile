@@ -26,4 +26,4 @@ demo: $(BASE)
 	$(BIN)/collocate demo
 
 test: $(DEV)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 3 --dist loadgroup

@@ -7,8 +7,11 @@ user in a process of its own (``subprocess``'s ``user``/``group``/``extra_groups
 Python the user may run (``member_python``): the one running the tests, or where that one
 lives in a directory members cannot enter (a venv under ``/root``), the system's
 ``python3`` of the same version with this one's ``sys.path``, as ``docs/lab.md`` tells a lab to
-install the daemon where members can read it. Tests skip, saying why, when not root; they fail
-when no such Python exists (a venv or checkout members cannot enter: ``.ci/run`` opens its own).
+install the daemon where members can read it. Where members cannot enter the venv or the
+checkout (a clone in a 0700 home or a ``mktemp -d``), the tests arrange it themselves: the
+paths members cannot reach are mirrored, hard-linked where the file system allows, into a
+temporary directory they can (``member_paths``), and removed when the tests end. Tests skip,
+saying why, when not root.
 """
 
 from __future__ import annotations
@@ -29,7 +32,6 @@ from typing import Any
 GROUP = "collocate-lab"
 NAMES = ("collocate-m1", "collocate-m2", "collocate-m3")
 HERE = Path(__file__).parent
-JOB = str(HERE / "job.py")
 
 _REQUEST = (
     "import json, sys\n"
@@ -118,10 +120,60 @@ def lab_members() -> tuple[Member, ...]:
     return tuple(_ensure(name) for name in NAMES)
 
 
+def _reachable(path: str) -> bool:
+    """Whether any user may enter ``path`` and every directory above it (and read ``path``)."""
+    p = Path(path).resolve()
+    if not os.stat(p).st_mode & 0o005 == 0o005:
+        return False
+    return all(os.stat(parent).st_mode & 0o001 for parent in p.parents)
+
+
+_MIRRORS: list[Path] = []
+
+
+def remove_mirrors() -> None:
+    """Remove what ``member_paths`` mirrored (``tests/conftest.py`` calls it as pytest ends)."""
+    while _MIRRORS:
+        shutil.rmtree(_MIRRORS.pop(), ignore_errors=True)
+
+
+@cache
+def member_paths() -> dict[str, str]:
+    """Where members find each of this interpreter's import paths and this folder of tests:
+    the path itself where they can reach it, else a mirror of it in a temporary directory they
+    can (hard links where the file system allows, else copies; directories opened to all)."""
+    wanted = [p for p in sys.path if p and os.path.isdir(p)] + [str(HERE)]
+    mirror_root: Path | None = None
+    found: dict[str, str] = {}
+    for index, path in enumerate(dict.fromkeys(wanted)):
+        if _reachable(path):
+            found[path] = path
+            continue
+        if mirror_root is None:
+            mirror_root = Path(tempfile.mkdtemp(prefix="collocate-lab-mirror-"))
+            os.chmod(mirror_root, 0o755)
+            _MIRRORS.append(mirror_root)
+        target = mirror_root / str(index)
+        linked = subprocess.run(["cp", "-al", path, str(target)], capture_output=True, check=False)
+        if linked.returncode != 0:  # another file system: copy
+            shutil.rmtree(target, ignore_errors=True)
+            shutil.copytree(path, target, symlinks=True)
+        for directory, _, _ in os.walk(target):
+            os.chmod(directory, os.stat(directory).st_mode | 0o755)
+        found[path] = str(target)
+    return found
+
+
+def job_script() -> str:
+    """The emulated training job (``job.py``) at a path members may read."""
+    return str(Path(member_paths()[str(HERE)]) / "job.py")
+
+
 @cache
 def member_python() -> tuple[str, str]:
     """(python, PYTHONPATH) that a member can run with collocate importable."""
-    path = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
+    paths = member_paths()
+    path = os.pathsep.join(paths[p] for p in sys.path if p in paths)
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
     member = lab_members()[0]
     for python in (sys.executable, shutil.which(version, path="/usr/bin:/bin"),
@@ -137,7 +189,7 @@ def member_python() -> tuple[str, str]:
         if probe.returncode == 0 and probe.stdout.strip() == str(tuple(sys.version_info[:2])):
             return python, path
     raise RuntimeError(f"no Python that {member.name} may run imports collocate "
-                       f"(tried {sys.executable} and the system's {version})")
+                       f"(tried {sys.executable} and the system's {version} with {path})")
 
 
 def work_dir() -> Path:
@@ -171,4 +223,4 @@ def sh(script: str) -> list[str]:
 def emulated_job(mem_mib: float, seconds: float) -> list[str]:
     """An emulated training job a member may run (claims emulated GPU memory)."""
     python, _ = member_python()
-    return [python, JOB, str(mem_mib), str(seconds)]
+    return [python, job_script(), str(mem_mib), str(seconds)]

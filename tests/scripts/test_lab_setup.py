@@ -22,7 +22,7 @@ import pytest
 
 LAB = Path(__file__).resolve().parents[2] / "scripts" / "lab"
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "daemon"))
-from lab_harness import GROUP, JOB, lab_members, member_python, why_no_lab  # noqa: E402
+from lab_harness import GROUP, job_script, lab_members, member_python, why_no_lab  # noqa: E402
 
 
 def unit() -> configparser.ConfigParser:
@@ -81,7 +81,7 @@ def test_the_units_command_line_serves_a_member_on_emulated_gpus(tmp_path):
         work = base / "work"
         work.mkdir(mode=0o777)
         os.chmod(work, 0o777)
-        submitted = as_alice("submit", "--mem", "1GiB", "--cwd", str(work), "--", python, JOB, "1024", "2")
+        submitted = as_alice("submit", "--mem", "1GiB", "--cwd", str(work), "--", python, job_script(), "1024", "2")
         assert submitted.returncode == 0, submitted.stderr
         long = as_alice("submit", "--mem", "1GiB", "--cwd", str(work), "--", "/bin/sleep", "30")
         assert long.returncode == 0, long.stderr
