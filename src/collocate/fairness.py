@@ -61,11 +61,13 @@ class UserLimits:
         """Whether a cap on GPU jobs is set (``max_cpu_jobs`` is checked on its own path)."""
         return self.max_running_jobs is not None or self.max_gpus is not None
 
-    def why_not_cpu(self, user: str, running: int) -> str | None:
-        """Why one more CPU job may not start beside ``running`` CPU jobs of ``user``, or None."""
-        if self.max_cpu_jobs is not None and running + 1 > self.max_cpu_jobs:
-            return (f"{user or 'this user'} runs {running} CPU job(s), the most the daemon's owner "
-                    f"allows per user (max_cpu_jobs {self.max_cpu_jobs})")
+    def why_not_cpu(self, user: str, running: int, default: int | None = None) -> str | None:
+        """Why one more CPU job may not start beside ``running`` CPU jobs of ``user``, or None;
+        ``default`` is the cap where ``max_cpu_jobs`` sets none (the daemon: its machine's cores)."""
+        cap = self.max_cpu_jobs if self.max_cpu_jobs is not None else default
+        if cap is not None and running + 1 > cap:
+            return (f"{user or 'this user'} runs {running} CPU job(s), the most allowed per user "
+                    f"(max_cpu_jobs {cap}{'' if self.max_cpu_jobs is not None else ': the default'})")
         return None
 
 

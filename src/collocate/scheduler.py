@@ -148,6 +148,9 @@ class Scheduler:
         self._queues: dict[str, SortedKeyList] = {}  # user -> their pending jobs the policy may see
         self._cpu_queues: dict[str, SortedKeyList] = {}  # user -> their pending CPU jobs (no policy)
         self._cpu_running: dict[str, int] = {}  # user -> CPU jobs running
+        #: The CPU-job cap of a user whose limits set none (``UserLimits.max_cpu_jobs``); None:
+        #: no cap. The daemon sets its machine's cores; the simulator leaves it None.
+        self.cpu_jobs_default: int | None = None
         self._dependents: dict[str, set[str]] = {}  # job id -> pending jobs waiting for it
         self._on_change = on_change or (lambda job: None)
         self.placements_made = 0
@@ -285,7 +288,8 @@ class Scheduler:
         if (job.after or job.after_any or job.after_notok) and (waiting := self._unfinished(job)):
             return Wait(WaitKind.DEPENDENCY, _waits_for(waiting))
         if job.gpus == 0:
-            why = self.fairness.limits(job.user).why_not_cpu(job.user, self._cpu_running.get(job.user, 0))
+            why = self.fairness.limits(job.user).why_not_cpu(job.user, self._cpu_running.get(job.user, 0),
+                                                             self.cpu_jobs_default)
             return Wait(WaitKind.LIMIT, why) if why else Wait(
                 WaitKind.QUEUE, "a CPU job: it starts at the next scheduling round")
         if self.fairness.capped and (why := self._cap(job)):
@@ -342,6 +346,10 @@ class Scheduler:
             queue = self._cpu_queues[job.user] = SortedKeyList(key=queue_key)
         return queue
 
+    def cpu_running(self, user: str) -> int:
+        """How many CPU jobs ``user`` runs now."""
+        return self._cpu_running.get(user, 0)
+
     def _cpu_plan(self) -> Plan:
         """Every pending CPU job whose user is under their CPU cap, placed on no GPU, in each
         user's queue order; the others wait with the cap as their reason. O(users + placed)."""
@@ -351,7 +359,7 @@ class Scheduler:
             limits = self.fairness.limits(user)
             running = self._cpu_running.get(user, 0)
             for job in queue:
-                why = limits.why_not_cpu(user, running)
+                why = limits.why_not_cpu(user, running, self.cpu_jobs_default)
                 if why is not None:
                     waits[job.id] = Wait(WaitKind.LIMIT, why)
                     break  # the rest of this user's CPU jobs wait for the same reason
