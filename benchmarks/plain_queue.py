@@ -34,6 +34,7 @@ import argparse
 import json
 import os
 import random
+import signal
 import sys
 import tempfile
 import time
@@ -282,7 +283,9 @@ def report(doc: dict) -> str:
     m = doc["machine"]
     lines = [f"# Never worse than a plain queue: exclusive and auto side by side ({m['date']})", "",
              f"`python benchmarks/plain_queue.py{doc['command']}`; {m['host_cpu']}, {m['cores']} cores, no GPU; "
-             f"{GPUS}, two daemons at once (period 1 s), durations x{doc['scale']:g}, seed {doc['seed']}. "
+             f"{GPUS}, two daemons at once (period 1 s), durations x{doc['scale']:g}, seed {doc['seed']}; "
+             f"load average (1 min) {doc['load_average']['start'][0]} at the start, "
+             f"{doc['load_average']['end'][0]} at the end; {doc['wall_s']:.0f} s in all. "
              f"Mix: {', '.join(f'{v} {k}' for k, v in kinds.items())}; "
              f"{sum(j['overruns'] for j in mix)} overrun their declaration.", "",
              "| | exclusive | auto |", "|---|---:|---:|"]
@@ -324,13 +327,16 @@ def main() -> None:
     scale = args.scale or (0.5 if args.quick else 1.0)
     cpu = 2 if args.quick else 4
     info = machine()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped run stops its daemons
+    load = [round(x, 1) for x in os.getloadavg()]
     out = args.out or ROOT / "results" / f"plain_queue-emulated-{info['date']}{'-quick' if args.quick else ''}"
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="plain-queue-") as tmp:
         doc = run(n, cpu, scale, args.seed, Path(tmp))
     command = " ".join(sys.argv[1:])
     doc = {"machine": info, "gpus": GPUS, "scale": scale, "seed": args.seed, "jobs": n, "cpu_jobs": cpu,
-           "command": f" {command}" if command else "", "wall_s": round(time.time() - started, 1), **doc}
+           "command": f" {command}" if command else "", "wall_s": round(time.time() - started, 1),
+           "load_average": {"start": load, "end": [round(x, 1) for x in os.getloadavg()]}, **doc}
     doc["goals"] = goals(doc["results"])
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n")
