@@ -7,13 +7,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from collocate.fairness import Fairness, UserLimits
+from collocate.gputypes import parse_cluster
 from collocate.model import ClusterSnapshot, GpuId, GpuView, Job, JobState, WaitKind
 from collocate.policies import POLICY_NAMES, make_policy
 from collocate.recovery import ExitReport, Outcome
 from collocate.scheduler import Capacity, Scheduler
 from collocate.sim.engine import SimConfig, Simulation
 from collocate.sim.trace import TraceJob, Workload
-from collocate.gputypes import parse_cluster
 
 
 def full_cluster(now=0.0):

@@ -6,6 +6,7 @@ no GPU), and a CPU job that starts at once while every GPU is taken."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -58,3 +59,19 @@ def test_a_cpu_job_starts_at_once_while_the_gpus_are_full(daemons, tmp_path):
     assert row["gpus"] == 0 and row["on"] == []
     d.client.request("cancel", id=blocker)
     wait_for(lambda: d.job(waiting)["state"] == "done", 30, "the GPU job to run after the blocker")
+
+
+def test_the_cpu_cap_holds_a_users_next_cpu_job_and_limits_shows_it(daemons):
+    d = daemons(gpus="emulated:1xA100-40GB")
+    shown = d.client.request("limits")
+    assert shown["cpu_jobs_default"] == os.cpu_count() and shown["default"]["max_cpu_jobs"] is None
+    d.client.request("set_limits", max_cpu_jobs=1)
+    first = d.submit(["sleep", "30"], gpus=0)
+    second = d.submit(["sleep", "0.1"], gpus=0)
+    d.wait_state(first, "running", timeout=10)
+    time.sleep(1.0)  # a few rounds (period 0.1 s): the cap keeps the second waiting
+    waiting = d.job(second)
+    assert waiting["state"] == "pending" and "max_cpu_jobs 1" in waiting["reason"], (waiting, d.job(first))
+    assert [u["running_cpu_jobs"] for u in d.client.request("limits")["usage"].values()] == [1]
+    d.client.request("cancel", id=first)  # its slot frees: the next one starts
+    d.wait_state(second, "done", timeout=20)
