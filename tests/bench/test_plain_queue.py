@@ -54,3 +54,20 @@ def test_the_quick_run_reports_every_goal(tmp_path):
         assert len(r["states"]) == len(doc["mix"]) and r["cpu_start_s"]["n"] == 2
         assert r["probe_end_s"] is not None and r["makespan_s"] > 0
     assert "| goal (issue 35) | met | measured |" in out.with_suffix(".md").read_text()
+
+
+def test_first_run_reports_each_batch_job_by_job_against_exclusive():
+    """benchmarks/first_run.py's new columns: each run's jobs against exclusive's, through the
+    simulator's function; a run kept from before the completion times were recorded gets '-'."""
+    from first_run import add_versus_exclusive, completion_times, versus_cell
+
+    shown = {"a": {"state": "done", "submit_time": 0.0, "end_time": 10.0},
+             "b": {"state": "failed", "submit_time": 0.0, "end_time": 3.0}}
+    assert completion_times(shown) == {"a": 10.0, "b": None}
+    exclusive = {"first": {"completion_s": {"a": 10.0, "b": 20.0}}, "returning": {"completion_s": {"a": 5.0}}}
+    runs = [{"daemon": exclusive},
+            {"daemon": {"first": {"completion_s": {"a": 15.0, "b": 10.0}}, "returning": {}}}]
+    add_versus_exclusive(runs, exclusive)
+    first = runs[1]["daemon"]["first"]
+    assert first["versus_exclusive"]["max"] == 1.5 and first["versus_exclusive"]["worse"] == 1
+    assert versus_cell(first) == "1.00 / 1.45 / 1.50 (1)" and versus_cell(runs[1]["daemon"]["returning"]) == "-"
