@@ -11,7 +11,10 @@ Runs: ``exclusive`` (the baseline; time-slicing, which it never uses), ``carma-m
 ``auto`` under time-slicing and under MPS (the default for one user, ``--sharing auto``). Each
 run's makespan is measured against exclusive's: the first run's, and for the returning 8 the sum
 of their durations in the exclusive run (which runs one job at a time). Besides makespans: jobs at
-once, out-of-memory crashes, and each job's worst slowdown (its time over its exclusive time).
+once, out-of-memory crashes, each job's worst slowdown (its time over its exclusive time), and
+job by job against the plain queue: each job's completion time (submission to end) over its
+completion time under ``exclusive`` (p50, p95, max, jobs worse off:
+``collocate.sim.metrics.versus_exclusive``, the function ``collocate simulate`` reports with).
 The same trace goes through the simulator (the same world model, ``collocate.world``; the
 daemon's period; what a fresh daemon knows), for every policy of the CARMA family too, so the
 prediction is checked against the emulated run; and the model floor (``collocate.sim.floor``,
@@ -41,6 +44,7 @@ from collocate.model import JobProfile, SharingMode
 from collocate.policies import make_policy
 from collocate.sim.engine import SimConfig, Simulation
 from collocate.sim.floor import floors
+from collocate.sim.metrics import versus_exclusive
 from collocate.sim.trace import TraceJob as SimJob
 from collocate.sim.trace import Workload
 
@@ -92,7 +96,30 @@ def summary(details: dict, most: int, first: float | None = None) -> dict:
             "durations_s": {n: round(d["end_time"] - d["attempts"][-1]["start"], 1)
                             for n, d in details.items() if d["end_time"] and d["attempts"]},
             "waits_s": {n: round(d["attempts"][0]["start"] - d["submit_time"], 1)
-                        for n, d in details.items() if d["attempts"]}}
+                        for n, d in details.items() if d["attempts"]},
+            "completion_s": completion_times(details)}
+
+
+def completion_times(details: dict) -> dict[str, float | None]:
+    """Per job (by name), submission to end for a job that ended done; None otherwise."""
+    return {n: round(d["end_time"] - d["submit_time"], 2) if d["state"] == "done" and d["end_time"] else None
+            for n, d in details.items()}
+
+
+def add_versus_exclusive(results: list[dict], exclusive: dict) -> None:
+    """Each run's jobs against exclusive's, job by job (``versus_exclusive``), for both batches;
+    a run kept by ``--resume`` from before the completion times were recorded gets none."""
+    for r in results:
+        for batch in ("first", "returning"):
+            mine, base = r["daemon"][batch].get("completion_s"), exclusive[batch].get("completion_s")
+            if mine is not None and base is not None:
+                r["daemon"][batch]["versus_exclusive"] = versus_exclusive(mine, base)[0].as_dict()
+
+
+def versus_cell(batch: dict) -> str:
+    """``p50 / p95 / max (worse)`` of a batch's ratios to exclusive, or - when not measured."""
+    v = batch.get("versus_exclusive")
+    return "-" if v is None else f"{v['p50']:.2f} / {v['p95']:.2f} / {v['max']:.2f} ({v['worse']})"
 
 
 def run_daemon(policy: str, sharing: str, root: Path, scale: float) -> dict:
@@ -198,6 +225,7 @@ def main() -> None:
         s = r["simulator"]
         s["first_error"] = round(s["first_makespan_s"] / d["first"]["makespan_s"] - 1.0, 3)
         s["returning_error"] = round(s["returning_makespan_s"] / d["returning"]["makespan_s"] - 1.0, 3)
+    add_versus_exclusive(results, exclusive)
     doc = {"machine": "2-core CPU dev machine, no GPU; emulated 1xH100-80GB", "date": today,
            "scale": scale, "trace": [t.__dict__ | {"name": t.name} for t in TRACE],
            "returning": [TRACE[k].name for k in RETURNING], "exclusive_returning_s": base_again,
@@ -208,15 +236,19 @@ def main() -> None:
              "`benchmarks/first_run.py`, 2-core CPU dev machine (no GPU). Exclusive: "
              f"{base_first:.1f} s for the first run, {base_again:.1f} s for the returning 8.", "",
              "| sharing | policy | first run | vs excl. | returning | vs excl. | most at once | OOM | worst slowdown "
-             "| sim first (err) | sim returning (err) |", "|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
+             "| sim first (err) | sim returning (err) | job/excl. first: p50 / p95 / max (worse) "
+             "| returning |", "|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
     for r in results:
         d, s = r["daemon"], r["simulator"]
         lines.append(f"| {r['sharing']} | {r['policy']} | {d['first']['makespan_s']:.1f} | {d['first']['vs_exclusive']:.2f}x "
                      f"| {d['returning']['makespan_s']:.1f} | {d['returning']['vs_exclusive']:.2f}x "
                      f"| {d['first']['most_at_once']} | {d['first']['oom_crashes'] or '-'} | {d['first']['worst_slowdown']:.2f}x "
                      f"| {s['first_makespan_s']:.1f} ({s['first_error']:+.0%}) "
-                     f"| {s['returning_makespan_s']:.1f} ({s['returning_error']:+.0%}) |")
-    lines += ["", "Model floors (start-ups and first steps overlapped, fluid): " +
+                     f"| {s['returning_makespan_s']:.1f} ({s['returning_error']:+.0%}) "
+                     f"| {versus_cell(d['first'])} | {versus_cell(d['returning'])} |")
+    lines += ["", "Job by job: each job's completion time (submission to end) over its completion time "
+              "under exclusive; worse: over 1 + the tolerance (`collocate.sim.metrics.WORSE_TOLERANCE`), "
+              "or not done.", "", "Model floors (start-ups and first steps overlapped, fluid): " +
               ", ".join(f"{m}: first {f['first']:.1f} s ({f['first'] / base_first:.2f}x), returning "
                         f"{f['returning']:.1f} s ({f['returning'] / base_again:.2f}x)" for m, f in floor.items()),
               "", "Simulator only (same trace): " +

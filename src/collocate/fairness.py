@@ -13,6 +13,10 @@ Rules the daemon and the simulator both need, so they live here, in the core, on
   ``MaxTRESPerUser=gres/gpu``), set by the daemon's owner: a user at a cap has their jobs left
   out of the policy's queue (they wait, kind ``limit``), and a round never places more of one
   user's jobs than the caps allow.
+* **A cap per user on running CPU jobs** (``Job.gpus == 0``: a pipeline's prepare or evaluate
+  step). They hold no GPU, so they count against neither cap above nor fair share; the
+  ``Scheduler`` starts them outside the policy, at once, while their user runs fewer than
+  ``max_cpu_jobs`` of them (the daemon's default: the machine's cores).
 
 Pure and clock-free: callers pass ``now``; the ``Scheduler`` owns one ``Usage`` and feeds it
 from the jobs it places and the exits it is told of.
@@ -38,6 +42,8 @@ class UserLimits:
 
     max_running_jobs: int | None = None
     max_gpus: int | None = None
+    #: Most CPU jobs (``--gpus 0``) one user may run at once; they count against no other cap.
+    max_cpu_jobs: int | None = None
 
     def why_not(self, user: str, jobs: int, gpus: int, job_gpus: int) -> str | None:
         """Why one more job of ``job_gpus`` GPUs may not start beside ``jobs`` running jobs
@@ -52,7 +58,17 @@ class UserLimits:
 
     @property
     def capped(self) -> bool:
+        """Whether a cap on GPU jobs is set (``max_cpu_jobs`` is checked on its own path)."""
         return self.max_running_jobs is not None or self.max_gpus is not None
+
+    def why_not_cpu(self, user: str, running: int, default: int | None = None) -> str | None:
+        """Why one more CPU job may not start beside ``running`` CPU jobs of ``user``, or None;
+        ``default`` is the cap where ``max_cpu_jobs`` sets none (the daemon: its machine's cores)."""
+        cap = self.max_cpu_jobs if self.max_cpu_jobs is not None else default
+        if cap is not None and running + 1 > cap:
+            return (f"{user or 'this user'} runs {running} CPU job(s), the most allowed per user "
+                    f"(max_cpu_jobs {cap}{'' if self.max_cpu_jobs is not None else ': the default'})")
+        return None
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,10 @@ It owns the queue and the jobs' states, asks the policy for a plan each round, c
 and applies the recovery rules when a job's process ends. A job that depends on others
 (``Job.after``: must end done; ``after_any``: must end; ``after_notok``: must end other than
 done) stays pending outside the policy's queue until they have, and is cancelled once they
-never can; so does a held job (``hold``/``release``). Among users who wait, fair share orders
+never can; so does a held job (``hold``/``release``). A CPU job (``Job.gpus == 0``: a pipeline's
+prepare or evaluate step) never reaches the policy: every round starts it at once, on no GPU,
+while its user runs fewer CPU jobs than ``UserLimits.max_cpu_jobs`` (one rule for every policy,
+here). Among users who wait, fair share orders
 the queue and per-user caps bound what one user runs (``collocate.fairness``); a job with a time
 limit is reported ``overdue`` once it has run that long. It does no I/O and reads no clock:
 the caller passes the cluster snapshot and the time, and persists every changed job through the
@@ -79,8 +82,10 @@ class Capacity:
         return cls(tuple(shape.values()), instance)
 
     def why_not(self, job: Job) -> str | None:
-        if job.gpus < 1 or job.nodes < 1:
-            return "a job needs at least 1 GPU on at least 1 node"
+        if job.gpus == 0:  # a CPU job: any machine runs it
+            return None if job.nodes == 1 else "a CPU job (0 GPUs) runs on one node"
+        if job.gpus < 0 or job.nodes < 1:
+            return "a job needs 0 GPUs (a CPU job) or at least 1 GPU, on at least 1 node"
         if job.nodes > 1:
             return self._why_not_across(job)
         most_gpus = len(self._largest) - 1
@@ -141,6 +146,11 @@ class Scheduler:
         self.rules = rules
         self.jobs: dict[str, Job] = {}
         self._queues: dict[str, SortedKeyList] = {}  # user -> their pending jobs the policy may see
+        self._cpu_queues: dict[str, SortedKeyList] = {}  # user -> their pending CPU jobs (no policy)
+        self._cpu_running: dict[str, int] = {}  # user -> CPU jobs running
+        #: The CPU-job cap of a user whose limits set none (``UserLimits.max_cpu_jobs``); None:
+        #: no cap. The daemon sets its machine's cores; the simulator leaves it None.
+        self.cpu_jobs_default: int | None = None
         self._dependents: dict[str, set[str]] = {}  # job id -> pending jobs waiting for it
         self._on_change = on_change or (lambda job: None)
         self.placements_made = 0
@@ -161,8 +171,13 @@ class Scheduler:
     @property
     def waiting(self) -> bool:
         """Whether any job waits in the queue (cheaper than ``queue``: a simulation asks after
-        every event)."""
-        return any(self._queues.values())
+        every event), CPU jobs included."""
+        return any(self._queues.values()) or any(self._cpu_queues.values())
+
+    @property
+    def cpu_queue(self) -> Sequence[Job]:
+        """Pending CPU jobs ready to start (``queue`` holds the GPU jobs the policy sees)."""
+        return FairQueue(self._cpu_queues, None)
 
     def eligible(self, now: float) -> Sequence[Job]:
         """What the policy sees at ``now``: the queue without the jobs of users at a cap."""
@@ -224,7 +239,7 @@ class Scheduler:
                 for dep in waiting:
                     self._dependents.setdefault(dep, set()).add(job.id)
             elif not job.held:
-                self._queue_of(job.user).add(job)
+                self._queue_for(job).add(job)
         for job in doomed:
             self._store(job)
 
@@ -232,8 +247,9 @@ class Scheduler:
     def schedule(self, cluster: ClusterSnapshot) -> Plan:
         """Run one policy round and mark the placed jobs running."""
         self._now = cluster.now
+        cpu = self._cpu_plan() if any(self._cpu_queues.values()) else Plan()
         if not any(self._queues.values()):
-            return Plan()
+            return self._placed(cpu, cluster) if cpu.placements or cpu.waits else Plan()
         if self.placements_made:  # the scheduler alone counts them; snapshot builders do not
             cluster = cluster.evolve(placements_made=self.placements_made)
         queue = self.eligible(cluster.now)
@@ -241,6 +257,13 @@ class Scheduler:
         self._check(plan, cluster)
         if self.fairness.capped:
             plan = self._within_caps(plan)
+        if cpu.placements or cpu.waits:
+            plan = Plan(cpu.placements + plan.placements, plan.rejections, {**plan.waits, **cpu.waits},
+                        plan.recheck_at)
+        return self._placed(plan, cluster)
+
+    def _placed(self, plan: Plan, cluster: ClusterSnapshot) -> Plan:
+        """Mark a checked plan's jobs running (or rejected)."""
         self.waits = dict(plan.waits)
         for placement in plan.placements:
             job = self.jobs[placement.job_id]
@@ -264,6 +287,11 @@ class Scheduler:
             return Wait(WaitKind.HELD, f"held by {by}: `collocate release {job.id}` lets it start")
         if (job.after or job.after_any or job.after_notok) and (waiting := self._unfinished(job)):
             return Wait(WaitKind.DEPENDENCY, _waits_for(waiting))
+        if job.gpus == 0:
+            why = self.fairness.limits(job.user).why_not_cpu(job.user, self._cpu_running.get(job.user, 0),
+                                                             self.cpu_jobs_default)
+            return Wait(WaitKind.LIMIT, why) if why else Wait(
+                WaitKind.QUEUE, "a CPU job: it starts at the next scheduling round")
         if self.fairness.capped and (why := self._cap(job)):
             return Wait(WaitKind.LIMIT, why)
         return self.waits.get(job_id) or Wait(
@@ -309,6 +337,36 @@ class Scheduler:
         return self._store(job)
 
     # -- internals --------------------------------------------------------------------------
+    def _queue_for(self, job: Job) -> SortedKeyList:
+        """The queue a pending job waits in: its user's CPU queue for a CPU job, else theirs."""
+        if job.gpus:
+            return self._queue_of(job.user)
+        queue = self._cpu_queues.get(job.user)
+        if queue is None:
+            queue = self._cpu_queues[job.user] = SortedKeyList(key=queue_key)
+        return queue
+
+    def cpu_running(self, user: str) -> int:
+        """How many CPU jobs ``user`` runs now."""
+        return self._cpu_running.get(user, 0)
+
+    def _cpu_plan(self) -> Plan:
+        """Every pending CPU job whose user is under their CPU cap, placed on no GPU, in each
+        user's queue order; the others wait with the cap as their reason. O(users + placed)."""
+        placed: list[Placement] = []
+        waits: dict[str, Wait] = {}
+        for user, queue in self._cpu_queues.items():
+            limits = self.fairness.limits(user)
+            running = self._cpu_running.get(user, 0)
+            for job in queue:
+                why = limits.why_not_cpu(user, running, self.cpu_jobs_default)
+                if why is not None:
+                    waits[job.id] = Wait(WaitKind.LIMIT, why)
+                    break  # the rest of this user's CPU jobs wait for the same reason
+                placed.append(Placement(job.id, ()))
+                running += 1
+        return Plan(tuple(placed), (), waits)
+
     def _queue_of(self, user: str) -> SortedKeyList:
         queue = self._queues.get(user)
         if queue is None:
@@ -323,17 +381,22 @@ class Scheduler:
     def _store(self, job: Job, now: float | None = None) -> Job:
         old = self.jobs.get(job.id)
         if old is not None and old.state is JobState.PENDING:
-            self._queue_of(old.user).discard(old)
+            self._queue_for(old).discard(old)
         if old is not None and old.state is JobState.RUNNING and job.state is not JobState.RUNNING:
             self._deadlines.pop(job.id, None)
             started = old.started_at if old.started_at is not None else (now or 0.0)
-            self.usage.stopped(old.user, old.width, started, now)
+            if old.gpus:
+                self.usage.stopped(old.user, old.width, started, now)
+            elif (left := self._cpu_running.get(old.user, 0) - 1) > 0:
+                self._cpu_running[old.user] = left
+            else:
+                self._cpu_running.pop(old.user, None)
         self.jobs[job.id] = job
         if job.state is JobState.RUNNING and (old is None or old.state is not JobState.RUNNING):
             self._running(job)
         if job.state is JobState.PENDING and not job.held and not (
                 (job.after or job.after_any or job.after_notok) and self._unfinished(job)):
-            self._queue_of(job.user).add(job)
+            self._queue_for(job).add(job)
         self._on_change(job)
         if job.state.is_terminal and job.id in self._dependents:
             self._release_dependents(job)
@@ -341,7 +404,10 @@ class Scheduler:
 
     def _running(self, job: Job) -> None:
         started = job.started_at if job.started_at is not None else self._now
-        self.usage.started(job.user, job.width, started)
+        if job.gpus:
+            self.usage.started(job.user, job.width, started)
+        else:  # a CPU job counts against its own cap only (``UserLimits.max_cpu_jobs``)
+            self._cpu_running[job.user] = self._cpu_running.get(job.user, 0) + 1
         if job.time_limit_s is not None:
             self._deadlines[job.id] = started + job.time_limit_s
 

@@ -33,7 +33,9 @@ BAD_SUBMITS = [
     (["submit", "--mem", "6 lots", "--", "true"], "cannot read memory size"),
     (["submit", "--env", "NOEQUALS", "--", "true"], "cannot read --env"),
     (["submit", "--env", "CUDA_VISIBLE_DEVICES=0", "--", "true"], "set by the daemon"),
-    (["submit", "--gpus", "0", "--", "true"], "--gpus must be at least 1"),
+    (["submit", "--gpus", "-1", "--", "true"], "--gpus must be at least 0"),
+    (["submit", "--gpus", "0", "--mem", "1GiB", "--", "true"], "a CPU job (--gpus 0) holds none"),
+    (["submit", "--gpus", "0", "--nodes", "2", "--", "true"], "a CPU job (--gpus 0) runs on one node"),
     (["submit", "--dataset", "tiny", "--", "true"], "needs a factory"),
     (["submit", "--dataset-factory", "data:make", "--", "true"], "--dataset-factory needs --dataset"),
 ]

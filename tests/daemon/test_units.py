@@ -30,6 +30,11 @@ def _req(**kw):
     return validate_submit({**base, **kw}, uid=1000, gid=1000, user="ada")
 
 
+def test_a_cpu_job_is_a_valid_submit():
+    r = _req(gpus=0)
+    assert r.gpus == 0 and r.mem_mib is None
+
+
 def test_validate_submit_fields():
     r = _req(mem="6GiB", gpus=2, retries=5, env=["A=1", "B=x=y"], base_env={"PATH": "/bin",
              "CUDA_VISIBLE_DEVICES": "3"}, priority="4")
@@ -41,7 +46,8 @@ def test_validate_submit_fields():
 
 @pytest.mark.parametrize("bad", [
     {"argv": []}, {"argv": [""]}, {"argv": "python"}, {"cwd": "rel"}, {"cwd": "/no/such/dir"},
-    {"mem": "6 lots"}, {"mem": "0"}, {"gpus": 0}, {"gpus": True}, {"retries": -1}, {"retries": 1000},
+    {"mem": "6 lots"}, {"mem": "0"}, {"gpus": -1}, {"gpus": 0, "mem": "1GiB"}, {"gpus": 0, "nodes": 2},
+    {"gpus": 0, "dataset": "d"}, {"gpus": True}, {"retries": -1}, {"retries": 1000},
     {"env": ["=1"]}, {"env": ["1A=1"]}, {"env": ["COLLOCATE_JOB_ID=3"]}, {"priority": "high"},
 ])
 def test_validate_submit_rejects(bad):
@@ -92,6 +98,22 @@ def test_launch_plan_is_exact(tmp_path):
     # daemon gets none (it could not write the state dir), so its log_metric is a no-op.
     assert same_user.env["COLLOCATE_METRICS_FILE"] == str(tmp_path / "metrics.jsonl")
     assert "COLLOCATE_METRICS_FILE" not in plan.env
+
+
+def test_a_cpu_jobs_launch_plan_shows_cuda_no_device_and_no_mps(tmp_path):
+    job = Job("8", gpus=0)
+    plan = plan_launch(job, JobSpec(("x",), "/"), Placement("8", ()), (), attempt=1, attempt_dir=tmp_path,
+                       sharing=SharingMode.MPS, emulated_dir=None, mps_dirs=MpsDirs.under(tmp_path))
+    assert plan.env["CUDA_VISIBLE_DEVICES"] == ""
+    assert not [k for k in plan.env if k.startswith("CUDA_MPS")]
+
+
+def test_a_cpu_attempt_keeps_its_node_across_the_store(tmp_path):
+    store = Store(tmp_path / "s.db")
+    a = Attempt("9", 1, 5.0, (), (), str(tmp_path), host="n2")
+    store.add_attempt(a)
+    assert store.attempts("9")[0].host == "n2" and store.attempts("9")[0].nodes == ("n2",)
+    assert Attempt("9", 1, 5.0, ("n0:1",), ("GPU-a",), "d").nodes == ("n0",)
 
 
 def test_launch_plan_mps_limits_from_the_estimate(tmp_path):

@@ -62,7 +62,9 @@ def _client(state_dir: Path | None, host: str | None = None, token_file: Path | 
 
 def submit(
     command: Annotated[list[str] | None, typer.Argument(help="The command, after --.")] = None,
-    gpus: Annotated[int, typer.Option("--gpus", help="GPUs the job needs (on each node, with --nodes).")] = 1,
+    gpus: Annotated[int, typer.Option("--gpus", help="GPUs the job needs (on each node, with --nodes). 0: a CPU job (a pipeline's "
+                  "prepare or evaluate step), started at once with CUDA_VISIBLE_DEVICES empty, within "
+                  "the per-user cap on CPU jobs (collocate limits --max-cpu-jobs).")] = 1,
     nodes: Annotated[int, typer.Option("--nodes", help="Run on this many different nodes, --gpus "
                      "on each, all at once: the command starts once per node with NNODES, "
                      "NODE_RANK, MASTER_ADDR, MASTER_PORT and torchrun's PET_* set "

@@ -84,6 +84,9 @@ def limits(
                         "at once.")] = None,
     max_gpus: Annotated[int | None, typer.Option("--max-gpus", help="Most GPUs one user's running "
                         "jobs may hold at once.")] = None,
+    max_cpu_jobs: Annotated[int | None, typer.Option("--max-cpu-jobs", help="Most CPU jobs "
+                            "(--gpus 0) one user may run at once; they count against no other cap. "
+                            "Default: the machine's cores.")] = None,
     clear: Annotated[bool, typer.Option("--clear", help="With --user: drop that user's own caps "
                      "(the default applies again); alone: drop the default caps. A cap not "
                      "given otherwise keeps its value.")] = False,
@@ -99,25 +102,29 @@ def limits(
     collocate limits --max-gpus 4                  every user: at most 4 GPUs at once
     collocate limits --user alice --max-jobs 8     alice: her own caps
     collocate limits --user alice --clear          alice: the default again
+    collocate limits --max-cpu-jobs 4              every user: at most 4 CPU jobs at once
     """
     from collocate.client.cli import _format
 
     _format(fmt)
     if fair_share not in (None, "on", "off"):
         raise InputError(f"--fair-share takes on or off, got {fair_share!r}")
-    changing = user is not None or max_jobs is not None or max_gpus is not None or clear or fair_share
+    changing = (user is not None or max_jobs is not None or max_gpus is not None
+                or max_cpu_jobs is not None or clear or fair_share)
     client = _client(state_dir, host, token_file, fingerprint)
     if changing:
-        if user is not None and not (clear or max_jobs is not None or max_gpus is not None):
-            raise InputError("--user needs --max-jobs, --max-gpus or --clear")
+        if user is not None and not (clear or max_jobs is not None or max_gpus is not None
+                                     or max_cpu_jobs is not None):
+            raise InputError("--user needs --max-jobs, --max-gpus, --max-cpu-jobs or --clear")
         current = client.request("limits")
         # a cap not given keeps its value: `--max-jobs 8` after `--max-gpus 4` keeps both
         now = current["default"] if user is None else current["users"].get(user, {})
         args: dict[str, Any] = {"user": user, "clear": clear,
                                 "max_jobs": max_jobs if max_jobs is not None else now.get("max_jobs"),
-                                "max_gpus": max_gpus if max_gpus is not None else now.get("max_gpus")}
+                                "max_gpus": max_gpus if max_gpus is not None else now.get("max_gpus"),
+                                "max_cpu_jobs": max_cpu_jobs if max_cpu_jobs is not None else now.get("max_cpu_jobs")}
         if clear:
-            args.update(max_jobs=None, max_gpus=None)
+            args.update(max_jobs=None, max_gpus=None, max_cpu_jobs=None)
         if fair_share is not None:
             args["fair_share"] = fair_share == "on"
         result = client.request("set_limits", **args)
@@ -134,12 +141,15 @@ def _print_limits(r: dict[str, Any]) -> None:
 
     def caps(lim: dict[str, Any]) -> str:
         parts = [f"{lim['max_jobs']} running jobs" if lim["max_jobs"] is not None else "",
-                 f"{lim['max_gpus']} GPUs" if lim["max_gpus"] is not None else ""]
+                 f"{lim['max_gpus']} GPUs" if lim["max_gpus"] is not None else "",
+                 f"{lim['max_cpu_jobs']} CPU jobs" if lim.get("max_cpu_jobs") is not None else ""]
         return "at most " + " and ".join(p for p in parts if p) if any(parts) else "no cap"
 
     typer.echo(f"fair share: {'on' if r['fair_share'] else 'off (first come, first served)'}"
                f" (usage half-life {r['half_life_s'] / 86400:g} days)")
     typer.echo(f"default per user: {caps(r['default'])}")
+    if r.get("cpu_jobs_default") is not None and r["default"].get("max_cpu_jobs") is None:
+        typer.echo(f"  CPU jobs (--gpus 0): at most {r['cpu_jobs_default']} per user (the machine's cores)")
     for user, lim in r["users"].items():
         typer.echo(f"{printable(user)}: {caps(lim)}")
     for user, u in r.get("usage", {}).items():

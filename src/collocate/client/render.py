@@ -179,7 +179,8 @@ def print_detail(d: dict[str, Any]) -> None:
     for col in ("#", "START", "END", "GPU", "MEM", "PEAK", "EXIT", "OUTCOME", "REASON"):
         table.add_column(col)
     for a in d["attempts"]:
-        table.add_row(str(a["n"]), when(a["start"]), when(a["end"]), plain(",".join(a["gpus"])),
+        on = ",".join(a["gpus"]) or (f"cpu on {a['host']}" if a.get("host") else "cpu")  # a CPU job
+        table.add_row(str(a["n"]), when(a["start"]), when(a["end"]), plain(on),
                       _mib(a["mem_mib"]), _mib(a["peak_mib"]),
                       "-" if a["returncode"] is None else str(a["returncode"]),
                       plain(a["outcome"] or "running"), plain(a["reason"] or ""))
@@ -253,6 +254,9 @@ def gpu_table(rows: list[dict[str, Any]]) -> Table:
 
 
 def _gpus(row: dict[str, Any]) -> str:
-    """A job's GPUs: ``2``, or ``4x2`` (4 on each of 2 nodes) for a job on several nodes."""
+    """A job's GPUs: ``2``, or ``4x2`` (4 on each of 2 nodes) for a job on several nodes;
+    ``cpu`` for a CPU job (``--gpus 0``)."""
+    if row["gpus"] == 0:
+        return "cpu"
     nodes = row.get("nodes", 1) or 1
     return f"{row['gpus']}x{nodes}" if nodes > 1 else str(row["gpus"])

@@ -187,9 +187,11 @@ class Api:
                 running[job.user] = (jobs + 1, gpus + job.width)
         now = time.time()
         return {"fair_share": f.fair_share, "half_life_s": f.half_life_s,
+                "cpu_jobs_default": self.scheduler.cpu_jobs_default,
                 "default": _limits_dict(f.default),
                 "users": {u: _limits_dict(lim) for u, lim in sorted(f.users.items())},
                 "usage": {u: {"running_jobs": n, "running_gpus": g,
+                              "running_cpu_jobs": self.scheduler.cpu_running(u),
                               "gpu_hours": self.scheduler.usage.of(u, now) / 3600}
                           for u, (n, g) in sorted(running.items())}}
 
@@ -202,7 +204,8 @@ class Api:
             raise InputError(f"--user takes a user name, got {user!r}")
         now = f.default if user is None else f.users.get(user, UserLimits())
         limits = UserLimits(_cap(args.get("max_jobs", now.max_running_jobs), "--max-jobs"),
-                            _cap(args.get("max_gpus", now.max_gpus), "--max-gpus"))
+                            _cap(args.get("max_gpus", now.max_gpus), "--max-gpus"),
+                            _cap(args.get("max_cpu_jobs", now.max_cpu_jobs), "--max-cpu-jobs"))
         users = dict(f.users)
         if user is None:
             f = Fairness(f.fair_share, f.half_life_s, limits, users)
@@ -277,7 +280,7 @@ class Api:
 
 
 def _limits_dict(lim: UserLimits) -> dict[str, int | None]:
-    return {"max_jobs": lim.max_running_jobs, "max_gpus": lim.max_gpus}
+    return {"max_jobs": lim.max_running_jobs, "max_gpus": lim.max_gpus, "max_cpu_jobs": lim.max_cpu_jobs}
 
 
 def _cap(value: Any, option: str) -> int | None:

@@ -112,9 +112,11 @@ class Attempts:
         uuids = tuple(uuid_of[g] for g in placement.gpus)
         adir = self.layout.attempt_dir(job.id, job.attempts)
         attempt = Attempt(job.id, job.attempts, now, tuple(str(g) for g in placement.gpus), uuids,
-                          str(adir), mem_mib=placement.mem_mib)
+                          str(adir), mem_mib=placement.mem_mib,
+                          host="" if placement.gpus else self._cpu_host())
         self.store.add_attempt(attempt)
-        self.watch.place(job, uuids, now, placement.room_mib)
+        if placement.gpus:  # a CPU job holds nothing the GPU watch follows
+            self.watch.place(job, uuids, now, placement.room_mib)
         run = LiveAttempt(attempt, job.name, plans=self._plans(job, placement, attempt))
         dataset = self.specs[job.id].dataset
         if dataset is None:
@@ -128,7 +130,7 @@ class Attempts:
         gets the rendezvous of its rank 0 (its node's address and a port free there)."""
         spec, uuid_of, adir = self.specs[job.id], self.uuid_of, Path(attempt.dir)
         mps_dirs = MpsDirs.under(self.layout.root) if self.config.sharing is SharingMode.MPS else None
-        by_node: dict[str, list[GpuId]] = {}
+        by_node: dict[str, list[GpuId]] = {attempt.host: []} if attempt.host else {}
         for g in placement.gpus:
             by_node.setdefault(g.node, []).append(g)
         rendezvous = None
@@ -143,6 +145,17 @@ class Attempts:
                 sharing=self.config.sharing, emulated_dir=None, mps_dirs=mps_dirs,
                 rendezvous=None if rendezvous is None else replace(rendezvous, rank=rank)))
         return tuple(plans)
+
+    def _cpu_host(self) -> str:
+        """Where a CPU job runs: of the nodes that answer, the one running the fewest CPU jobs
+        (the first seated on a tie; one server: its only node)."""
+        nodes, now = self.fleet.nodes, time.time()
+        names = [n for n in nodes.names() if nodes.down_for(n, now) == 0] or nodes.names()
+        load = {n: 0 for n in names}
+        for run in self.running.values():
+            if run.attempt.host in load:
+                load[run.attempt.host] += 1
+        return min(names, key=lambda n: load[n])
 
     def launch_failed(self, job_id: str, exc: BaseException) -> None:
         """A placement that raised before its runner started: end that attempt (and that job's

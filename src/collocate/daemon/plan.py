@@ -75,7 +75,8 @@ def plan_launch(
     daemon_uid: int | None = None,
     rendezvous: Rendezvous | None = None,
 ) -> LaunchPlan:
-    """One part's plan: ``placement`` and ``uuids`` are the GPUs of this part's node only."""
+    """One part's plan: ``placement`` and ``uuids`` are the GPUs of this part's node only (none
+    for a CPU job: ``CUDA_VISIBLE_DEVICES`` empty, so CUDA sees no device, and no MPS variables)."""
     env = dict(spec.env)
     env.update({
         "CUDA_VISIBLE_DEVICES": ",".join(uuids),
@@ -87,7 +88,7 @@ def plan_launch(
         env.update(rendezvous_env(rendezvous))
     if emulated_dir is not None:
         env[ENV_EMULATED_DIR] = str(emulated_dir)
-    if sharing is SharingMode.MPS and mps_dirs is not None:
+    if sharing is SharingMode.MPS and mps_dirs is not None and placement.gpus:  # not a CPU job
         env.update(mps_env(job, placement, mps_dirs))
     daemon_uid = os.getuid() if daemon_uid is None else daemon_uid
     as_other = daemon_uid == 0 and spec.uid not in (-1, 0)

@@ -53,7 +53,7 @@ class SchedulingRound:
                 self.attempts.time_out(run, job.time_limit_s or 0.0)
         self.attempts.start_waiting()
         self._reconcile_datasets()
-        if self.store.get_flag("draining") or not self.scheduler.queue:
+        if self.store.get_flag("draining") or not self.scheduler.waiting:
             return
         if disk_nearly_full(self.layout.root):  # a launch could not be recorded: wait for space
             return

@@ -93,6 +93,7 @@ class Service:
         self.notifier = Notifier(self.layout, self.specs, self.store)
         self.scheduler = Scheduler(policy, Capacity.of(self.watch.snapshot(time.time())), rules=self.config.rules,
                                    on_change=self._job_changed, fairness=self.store.fairness())
+        self.scheduler.cpu_jobs_default = os.cpu_count() or 1  # CPU jobs (--gpus 0): per user
         wiring = Wiring(self.config, self.layout, self.store, self.scheduler, self.specs,
                         self.tracking, self.watch, self.fleet)
         accounts = Accounts(self.quotas, self.layout.root, self.store.db, owner_uid=os.getuid())

@@ -185,8 +185,10 @@ def validate_submit(args: dict[str, Any], *, uid: int, gid: int, user: str) -> S
     if not isinstance(cwd, str) or not os.path.isabs(cwd) or "\0" in cwd:
         raise InputError(f"--cwd must be an absolute directory, got {cwd!r}")
     check_cwd(cwd, uid, gid)
-    gpus = _int(args.get("gpus", 1), "--gpus", low=1)
+    gpus = _int(args.get("gpus", 1), "--gpus", low=0)
     nodes = _int(args.get("nodes", 1), "--nodes", low=1, high=1024)
+    if gpus == 0:
+        _check_cpu_job(args, nodes)
     if nodes > 1 and args.get("dataset"):
         raise InputError("--dataset serves the jobs of one node from its producer; a job on "
                          "--nodes N > 1 cannot use one", hint="drop --dataset, or --nodes")
@@ -222,6 +224,19 @@ def validate_submit(args: dict[str, Any], *, uid: int, gid: int, user: str) -> S
                          _after(args.get("after")), _after(args.get("after_any"), "--after-any"),
                          _after(args.get("after_notok"), "--after-notok"),
                          _time_limit(args.get("time")), bool(args.get("hold")), nodes)
+
+
+def _check_cpu_job(args: dict[str, Any], nodes: int) -> None:
+    """A CPU job (``--gpus 0``) runs on one machine with no GPU: no GPU memory to declare, no
+    dataset producer to read from, no other nodes."""
+    if nodes > 1:
+        raise InputError("a CPU job (--gpus 0) runs on one node", hint="drop --nodes, or give --gpus")
+    if args.get("mem") not in (None, "") or args.get("mem_source") not in (None, "", "declared"):
+        raise InputError("--mem and --estimate are GPU memory; a CPU job (--gpus 0) holds none",
+                         hint="drop --mem/--estimate, or give --gpus 1")
+    if args.get("dataset"):
+        raise InputError("--dataset serves training jobs on GPUs; a CPU job (--gpus 0) cannot use one",
+                         hint="drop --dataset, or give --gpus 1")
 
 
 def _time_limit(value: Any) -> float | None:

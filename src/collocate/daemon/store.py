@@ -48,7 +48,7 @@ CREATE TABLE IF NOT EXISTS attempts (
     job_id TEXT NOT NULL, n INTEGER NOT NULL, start REAL NOT NULL, end REAL,
     gpus TEXT NOT NULL, uuids TEXT NOT NULL, mem_mib REAL, dir TEXT NOT NULL,
     pid INTEGER, pid_started REAL, returncode INTEGER, outcome TEXT, reason TEXT,
-    peak_mib REAL, sm_activity REAL, solo_sm REAL, solo_dram REAL, parts TEXT,
+    peak_mib REAL, sm_activity REAL, solo_sm REAL, solo_dram REAL, parts TEXT, host TEXT,
     PRIMARY KEY (job_id, n)
 );
 CREATE TABLE IF NOT EXISTS job_history (
@@ -64,10 +64,10 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 # column is no longer read, so a profile from before is not taken for a measured one.
 _ADDED_COLUMNS = {
     "jobs": ("submit_key TEXT",),
-    "attempts": ("solo_sm REAL", "solo_dram REAL", "parts TEXT"),
+    "attempts": ("solo_sm REAL", "solo_dram REAL", "parts TEXT", "host TEXT"),
 }
 _ATTEMPT_COLUMNS = ("job_id, n, start, gpus, uuids, dir, mem_mib, end, pid, pid_started,"
-                    " returncode, outcome, reason, peak_mib, solo_sm, solo_dram, parts")
+                    " returncode, outcome, reason, peak_mib, solo_sm, solo_dram, parts, host")
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +93,8 @@ class Attempt:
     #: Per part (one per node, in rank order) its runner's (pid, process start time), for a job
     #: on several nodes; empty for a job on one node, whose runner is ``pid``/``pid_started``.
     runners: tuple[tuple[int | None, float | None], ...] = ()
+    #: The node a CPU job (no GPUs, so no node in ``gpus``) runs on; "" for a GPU job.
+    host: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -103,7 +105,9 @@ class Attempt:
 
     @property
     def nodes(self) -> tuple[str, ...]:
-        """The attempt's nodes in rank order (the order of its GPUs)."""
+        """The attempt's nodes in rank order (the order of its GPUs; a CPU job's ``host``)."""
+        if not self.gpus:
+            return (self.host,) if self.host else ()
         return tuple(dict.fromkeys(GpuId.parse(g).node for g in self.gpus))
 
 
@@ -290,9 +294,10 @@ class Store:
     # -- attempts --------------------------------------------------------------------------
     def add_attempt(self, a: Attempt) -> None:
         self.db.execute(
-            "INSERT INTO attempts (job_id, n, start, gpus, uuids, mem_mib, dir)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (a.job_id, a.n, a.start, json.dumps(a.gpus), json.dumps(a.uuids), a.mem_mib, a.dir),
+            "INSERT INTO attempts (job_id, n, start, gpus, uuids, mem_mib, dir, host)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (a.job_id, a.n, a.start, json.dumps(a.gpus), json.dumps(a.uuids), a.mem_mib, a.dir,
+             a.host or None),
         )
 
     def update_attempt(self, a: Attempt) -> None:
@@ -397,7 +402,8 @@ def _attempt(r: tuple) -> Attempt:
     runners = tuple((pid, started) for pid, started in json.loads(r[16])) if r[16] else ()
     return Attempt(r[0], r[1], r[2], tuple(json.loads(r[3])), tuple(json.loads(r[4])), r[5],
                    mem_mib=r[6], end=r[7], pid=r[8], pid_started=r[9], returncode=r[10], outcome=r[11],
-                   reason=r[12], peak_mib=r[13], solo_sm=r[14], solo_dram=r[15], runners=runners)
+                   reason=r[12], peak_mib=r[13], solo_sm=r[14], solo_dram=r[15], runners=runners,
+                   host=r[17] or "")
 
 
 def _history_belief(sm: float, dram: float, sm_var: float | None, dram_var: float | None) -> Belief:

@@ -124,9 +124,9 @@ def simulate(
     from collocate.policies import make_policy, parse_params, policy_parameters
     from collocate.safetext import printable
     from collocate.sim.engine import PROFILE_KNOWLEDGE, SimConfig, Simulation
-    from collocate.sim.metrics import summarize
+    from collocate.sim.metrics import completion_times, summarize, versus_exclusive
     from collocate.sim.mig import layout_text, resolve_layout
-    from collocate.sim.report import table, write_jobs_csv, write_plots
+    from collocate.sim.report import table, versus_table, write_jobs_csv, write_plots, write_versus_csv
     from collocate.sim.synth import synthetic_trace
     from collocate.sim.trace import ESTIMATORS, load_catalogue, load_trace
 
@@ -196,14 +196,22 @@ def simulate(
             task = progress.add_task(f"{p.name:>16}", total=len(jobs))
             sim = Simulation(nodes, jobs, p, config, progress=lambda done, total, task=task: progress.update(task, completed=done))
             results.append(sim.run())
+        baseline = next((r for r in results if r.policy == "exclusive"), None)
+        if baseline is None:  # every policy is measured job by job against a plain queue
+            task = progress.add_task(f"{'exclusive':>16}", total=len(jobs))
+            baseline = Simulation(nodes, jobs, make_policy("exclusive"), config, progress=lambda done, total,
+                                  task=task: progress.update(task, completed=done)).run()
     summaries = [summarize(r) for r in results]
+    versus = {r.policy: versus_exclusive(completion_times(r), completion_times(baseline))
+              for r in results if r is not baseline}
     floor_doc = _floor_doc(jobs, nodes, mode, summaries) if floor else None
 
     written: list[Path] = []
     if out:
         out.mkdir(parents=True, exist_ok=True)
         write_jobs_csv(results, out / "jobs.csv")
-        written = [out / "jobs.csv", *write_plots(results, out)]
+        write_versus_csv(versus, out / "versus_exclusive.csv")
+        written = [out / "jobs.csv", out / "versus_exclusive.csv", *write_plots(results, out)]
 
     if format is OutputFormat.json:
         doc = {
@@ -218,6 +226,7 @@ def simulate(
             **({"mig_layout": layout} if layout else {}),
             "policies": [s.as_dict() for s in summaries],
             **({"floor": floor_doc} if floor_doc else {}),
+            "versus_exclusive": {name: v.as_dict() for name, (v, _) in versus.items()},
             "files": [str(p) for p in written],
         }
         typer.echo(json.dumps(doc, indent=2))
@@ -230,6 +239,8 @@ def simulate(
         title = printable(f"{source} on {cluster} ({sharing_text}, estimator: {estimator}{error_text})")
         plain = Console(width=max(terminal.width, 120), markup=False, emoji=False)  # a file name is not markup
         plain.print(table(summaries, title))
+        if versus:
+            plain.print(versus_table({name: v for name, (v, _) in versus.items()}))
         if floor_doc:
             typer.echo(_floor_text(floor_doc))
         for path in written:

@@ -370,8 +370,12 @@ class Simulation:
         record.last_gpus = ",".join(str(self.ids[i]) for i in gpus)
         record.state = "running"
         record.spans.append([record.last_gpus, now, None, ""])
-        self._advance(gpus, now)
         workload = self._by_id[job_id].workload
+        if not gpus:  # a CPU job (``gpus`` 0): on no GPU, so nothing to meter and no neighbours
+            cpu = self.running[job_id] = SimRun(job, [], 0.0, workload.profile, since=now)
+            self._push(now + workload.duration_s, _FINISH, job_id, cpu.version)
+            return
+        self._advance(gpus, now)
         startup = self.cfg.startup_s if workload.startup_s is None else workload.startup_s
         self.world.place(job, gpus, now, room_mib=room_mib)
         for i in gpus:
@@ -468,7 +472,7 @@ class Simulation:
             return False
         resident = self._stop(run, now)
         command = self._by_id[job_id].workload.command
-        if resident.belief.source in ("measured", "inferred") and command is not None:
+        if resident is not None and resident.belief.source in ("measured", "inferred") and command is not None:
             self.profiles.record(command, self._by_id[job_id].workload.program, as_history(resident.belief))
         job = self.scheduler.job_exited(job_id, ExitReport(Outcome.SUCCEEDED), now)
         self._close(job, now)
@@ -487,6 +491,8 @@ class Simulation:
                 self.used[i] = 0.0  # clear float drift
             self.world.set_free(i, float(self.total[i] - self.used[i]))
         del self.running[job.id]
+        if not gpus:  # a CPU job: the world never saw it
+            return None
         resident = self.world.remove(job.id, now)
         self._rerate(gpus, now)
         return resident

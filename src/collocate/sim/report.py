@@ -11,7 +11,7 @@ from rich.table import Table
 
 from collocate.gantt import Bar, draw_gantt, natural
 from collocate.sim.engine import SimResult
-from collocate.sim.metrics import Summary
+from collocate.sim.metrics import Summary, VersusExclusive
 
 MAX_GANTT_GPUS = 32  # rows in a Gantt chart; the title says when there are more GPUs
 
@@ -50,6 +50,31 @@ def _fmt(value) -> str:
     if isinstance(value, float):
         return f"{value:.2f}" if value < 1 else f"{value:.1f}"
     return str(value)
+
+
+def versus_table(versus: dict[str, VersusExclusive]) -> Table:
+    """Per policy, each job's completion time over its completion time under ``exclusive``."""
+    tolerance = next(iter(versus.values())).tolerance if versus else 0.0
+    out = Table(title="job by job against a plain queue (exclusive, same trace)",
+                caption=f"each job's completion time (submission to end) over its time under exclusive; "
+                        f"worse: ratio > {1 + tolerance:g}, or not done",
+                pad_edge=False)
+    for header in ("policy", "jobs", "p50", "p95", "max", "worse", "not done"):
+        out.add_column(header, justify="left" if header == "policy" else "right", no_wrap=True)
+    for name, v in versus.items():
+        out.add_row(name, str(v.jobs), f"{v.p50:.2f}", f"{v.p95:.2f}", f"{v.max:.2f}", str(v.worse),
+                    str(v.not_done))
+    return out
+
+
+def write_versus_csv(versus: dict[str, tuple[VersusExclusive, dict[str, float]]], path: Path) -> None:
+    """Per policy and job, its completion time over its time under ``exclusive``."""
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["policy", "id", "ratio"])
+        for name, (_, ratios) in versus.items():
+            for job_id, ratio in ratios.items():
+                writer.writerow([name, job_id, round(ratio, 4)])
 
 
 def write_jobs_csv(results: Sequence[SimResult], path: Path) -> None:

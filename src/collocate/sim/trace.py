@@ -218,8 +218,8 @@ def _number_or(row: dict, column: str, where: str, default: float) -> float:
 
 def _gpus(value: str | int, where: str) -> int:
     gpus = int(_number(value, where, "gpus", integer=True))
-    if gpus < 1:
-        raise InputError(f"{where}: 'gpus' must be at least 1")
+    if gpus < 0:
+        raise InputError(f"{where}: 'gpus' must be 0 (a CPU job: it runs on no GPU) or more")
     return gpus
 
 
