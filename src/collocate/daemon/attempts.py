@@ -300,7 +300,7 @@ class Attempts:
             if resident is not None and self._beside_unowned_memory(resident):
                 outcome, reason = Outcome.LOST, f"{reason} beside GPU memory held by processes no job owns; requeued"
             elif resident is not None:  # charged to whoever overran (collocate.recovery)
-                crashed = Holding(a.job_id, observed or 0.0, job_allowance_mib(resident.job, resident.room_mib))
+                crashed = Holding(run.attempt.job_id, observed or 0.0, job_allowance_mib(resident.job, resident.room_mib))
                 beside = self._holdings_beside(resident)
                 by = set(charged_to(crashed, beside))
                 overrun = [h for h in beside if h.job_id in by]
