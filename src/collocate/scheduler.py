@@ -146,7 +146,7 @@ class AloneAsWhole(Sequence[Job]):
     def __len__(self) -> int:
         return len(self._queue)
 
-    def __getitem__(self, i):  # type: ignore[override]
+    def __getitem__(self, i):
         item = self._queue[i]
         return [self._view(j) for j in item] if isinstance(i, slice) else self._view(item)
 
