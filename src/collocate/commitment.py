@@ -183,8 +183,12 @@ def fence_mib(requirement: float | None, room_mib: float | None, uncertainty: fl
     an emulated job refuses claims beyond it, and under MPS it is the pinned memory limit. The
     same number as ``mps_limit_mib``: what the job committed and the margins a declaration or
     an estimate needs. ``fenced`` False (``submit --no-mem-fence``, a fence lifted after a
-    crash at it, an attempt that runs alone): no fence."""
-    return mps_limit_mib(requirement, room_mib, uncertainty, source) if fenced else None
+    crash at it, an attempt that runs alone): no fence. Nor for a job of unknown memory that a
+    policy placed with no room at all (round-robin ignores memory): a fence at nothing means
+    nothing."""
+    if not fenced or (requirement is None and (room_mib is None or room_mib <= 0.0)):
+        return None
+    return mps_limit_mib(requirement, room_mib, uncertainty, source)
 
 
 def allowance_mib(requirement: float | None, room_mib: float | None, uncertainty: float,
