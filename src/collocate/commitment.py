@@ -100,14 +100,18 @@ class MemoryRamp:
     requirement: float | None
     quiet_s: float = QUIET_S
     estimated: bool = False
+    whole: bool = False  # it runs alone (``Job.alone``): it commits its whole GPU throughout
     peak_mib: float = 0.0
     peaked_at: float = -math.inf
     active_at: float = math.inf
 
     @classmethod
-    def of(cls, requirement: float | None, source: str, quiet_s: float = QUIET_S) -> MemoryRamp:
-        """The ramp of a job placed with ``requirement`` from ``source`` (``Job.mem_source``)."""
-        return cls(requirement, quiet_s, estimated=requirement is not None and is_estimated(source))
+    def of(cls, requirement: float | None, source: str, quiet_s: float = QUIET_S,
+           whole: bool = False) -> MemoryRamp:
+        """The ramp of a job placed with ``requirement`` from ``source`` (``Job.mem_source``);
+        ``whole``: it runs alone and commits its whole GPU."""
+        return cls(requirement, quiet_s, estimated=requirement is not None and is_estimated(source),
+                   whole=whole)
 
     def observe(self, held_mib: float, now: float) -> None:
         """One reading of the memory the job holds (on its most loaded GPU)."""
@@ -125,6 +129,8 @@ class MemoryRamp:
 
     def committed(self, total_mib: float, now: float) -> float:
         """What the job holds against each of its GPUs now."""
+        if self.whole:
+            return total_mib
         if self.requirement is None:
             return min(total_mib, settled_mib(self.peak_mib)) if self.quiet(now) else total_mib
         if self.outgrown:  # it may grow on: what it holds and a margin
@@ -141,7 +147,8 @@ class MemoryRamp:
 
     def changes_at(self) -> float:
         """When ``committed`` will next change with no new reading (``inf``: never)."""
-        if self.peak_mib > 0.0 and (self.requirement is None or self.estimated) and not self.outgrown:
+        if self.peak_mib > 0.0 and (self.requirement is None or self.estimated) and not self.outgrown \
+                and not self.whole:
             return max(self.peaked_at, self.active_at) + self.quiet_s
         return math.inf
 
@@ -167,3 +174,34 @@ def mps_limit_mib(requirement: float | None, room_mib: float | None, uncertainty
     if is_estimated(source) and room_mib is not None:
         return max(bound, room_mib)
     return bound
+
+
+def fence_mib(requirement: float | None, room_mib: float | None, uncertainty: float, source: str, *,
+              fenced: bool = True) -> float | None:
+    """The memory an attempt is fenced at on each of its GPUs, under every sharing mode (None:
+    not fenced): a PyTorch job's caching allocator is capped there (``collocate.node.fence``),
+    an emulated job refuses claims beyond it, and under MPS it is the pinned memory limit. The
+    same number as ``mps_limit_mib``: what the job committed and the margins a declaration or
+    an estimate needs. ``fenced`` False (``submit --no-mem-fence``, a fence lifted after a
+    crash at it, an attempt that runs alone): no fence. Nor for a job of unknown memory that a
+    policy placed with no room at all (round-robin ignores memory): a fence at nothing means
+    nothing."""
+    if not fenced or (requirement is None and (room_mib is None or room_mib <= 0.0)):
+        return None
+    return mps_limit_mib(requirement, room_mib, uncertainty, source)
+
+
+def allowance_mib(requirement: float | None, room_mib: float | None, uncertainty: float,
+                  source: str) -> float | None:
+    """What a job may hold before it overruns its commitment, fenced or not (None: no bound,
+    a job of unknown memory placed with no room known): its fence's value, so that a fenced job
+    never overruns and an unfenced one is judged as if it were."""
+    return mps_limit_mib(requirement, room_mib, uncertainty, source)
+
+
+def at_fence(observed_mib: float | None, fence: float | None) -> bool:
+    """Whether an out-of-memory crash that proved the job needed ``observed_mib`` happened at
+    (or within a margin of) its own fence: then it measured the fence, not the job."""
+    if fence is None or observed_mib is None:
+        return False
+    return observed_mib >= fence - max(LIMIT_MARGIN_MIB, 0.05 * fence)

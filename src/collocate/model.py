@@ -121,6 +121,17 @@ class Job:
     #: How many nodes it runs on, ``gpus`` on each (a data-parallel job across servers): placed
     #: as a gang, all of its GPUs in one round or none (``policies.base.pick_gang``).
     nodes: int = 1
+    #: Whether its memory is fenced where the runtime allows (a PyTorch caching allocator cap,
+    #: an MPS limit; ``collocate.commitment.fence_mib``): ``submit --no-mem-fence`` clears it.
+    mem_fence: bool = True
+    #: Set once an attempt crashed out of memory at its own fence: the crash measured the fence,
+    #: not the job, so its later attempts run without one (``collocate.recovery``).
+    fence_lifted: bool = False
+    #: Its next attempt runs alone and unfenced: only on an empty GPU, with nothing placed beside
+    #: it while it runs (the attempt that would be its last, as CARMA's relaunch).
+    alone: bool = False
+    #: Out-of-memory crashes charged to a neighbour's overrun: requeued ahead, not counted.
+    victim_crashes: int = 0
 
     @property
     def width(self) -> int:
@@ -139,8 +150,9 @@ class Job:
 
     @property
     def recovered(self) -> bool:
-        """True once the job has been requeued after an out-of-memory crash."""
-        return self.oom_crashes > 0
+        """True once the job has been requeued after an out-of-memory crash (its own, or one a
+        neighbour's overrun caused): it goes ahead of the queue."""
+        return self.oom_crashes > 0 or self.victim_crashes > 0
 
 
 

@@ -3,13 +3,27 @@
 Pure rules shared by the simulator and the daemon. An out-of-memory crash is retried with a
 raised memory requirement and ahead of the queue (``Job.recovered`` sorts first); other failures
 are retried only when the user asked for retries of them.
+
+Never worse than a plain queue:
+
+* A crash at (or within a margin of) the attempt's own fence (``ExitReport.fence_mib``: an MPS
+  limit, a capped caching allocator) measured the fence, not the job: the fence is lifted for
+  its later attempts (``Job.fence_lifted``), so the next crash, if any, shows what it needs.
+* The attempt that would be a job's last runs alone and unfenced (``Job.alone``), as CARMA's
+  relaunch does: a job that fits a GPU alone never ends failed out of memory.
+* A crash is charged to whoever overran (``charged_to``): a job that held no more than it was
+  allowed while a neighbour held more than its own allowance is requeued ahead of the queue
+  with its requirement unchanged, and the crash uses none of its retries; the neighbours'
+  requirements rise from what they held (``Scheduler.charge_overrun``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
+from collocate.commitment import allowance_mib, at_fence, fence_mib
 from collocate.model import Job, JobState
 
 
@@ -27,6 +41,10 @@ class ExitReport:
     outcome: Outcome
     observed_peak_mib: float | None = None  # the most memory the attempt was seen holding
     reason: str = ""
+    fence_mib: float | None = None  # the memory limit the attempt ran under (None: not fenced)
+    #: The neighbours whose overrun an out-of-memory crash is charged to (``charged_to``):
+    #: non-empty, the crash was not the job's.
+    overrun_by: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,19 +73,32 @@ def after_exit(job: Job, report: ExitReport, rules: RecoveryRules = RecoveryRule
         return job.evolve(state=JobState.PENDING, lost_attempts=job.lost_attempts + 1,
             reason=report.reason or "the attempt was lost; requeued",
         )
-    retries_left = job.attempts - job.lost_attempts <= job.max_retries
+    used = job.attempts - job.lost_attempts
+    retries_left = used <= job.max_retries
+    if report.outcome is Outcome.OOM and report.overrun_by:  # not its fault: not an attempt it used
+        return job.evolve(state=JobState.PENDING, lost_attempts=job.lost_attempts + 1,
+            victim_crashes=job.victim_crashes + 1,
+            reason=f"out of GPU memory because job(s) {', '.join(report.overrun_by)} beside it held "
+                   "more than they committed; requeued ahead, requirement unchanged",
+        )
     if report.outcome is Outcome.OOM:
         if not retries_left:
             return job.evolve(state=JobState.FAILED,
                 oom_crashes=job.oom_crashes + 1,
-                reason=f"out of GPU memory on all {job.attempts - job.lost_attempts} attempts",
+                reason=f"out of GPU memory on all {used} attempts",
             )
+        lifted = at_fence(report.observed_peak_mib, report.fence_mib)
+        last = used == job.max_retries  # the next attempt is its last: alone, unfenced
+        how = ("; runs alone next" if last else
+               "; its fence is lifted (the crash measured the fence)" if lifted else "")
         return job.evolve(state=JobState.PENDING,
             oom_crashes=job.oom_crashes + 1,
             mem_mib=raised_requirement(job.mem_mib, report.observed_peak_mib, rules),
             mem_source="oom-raised",
             mem_uncertainty=0.0,
-            reason=f"out of GPU memory on attempt {job.attempts}; requeued",
+            fence_lifted=job.fence_lifted or lifted,
+            alone=last,
+            reason=f"out of GPU memory on attempt {job.attempts}; requeued{how}",
         )
     if (rules.retry_failures or job.retry_failures) and retries_left:
         return job.evolve(state=JobState.PENDING, reason=report.reason)
@@ -79,3 +110,60 @@ def raised_requirement(old: float | None, observed: float | None, rules: Recover
         return None if old is None else old * rules.growth
     raised = observed * rules.growth + rules.margin_mib
     return raised if old is None else max(old, raised)
+
+
+def job_fence_mib(job: Job, room_mib: float | None) -> float | None:
+    """The fence of ``job``'s attempt placed with ``room_mib`` (None: not fenced): none when its
+    user opted out, after a crash at its fence, or when it runs alone."""
+    return fence_mib(job.mem_mib, room_mib, job.mem_uncertainty, job.mem_source,
+                     fenced=job.mem_fence and not job.fence_lifted and not job.alone)
+
+
+def why_unfenced(job: Job) -> str:
+    """Why ``job``'s attempts are not fenced ("" when they are, where the runtime allows)."""
+    if not job.mem_fence:
+        return "opted out (--no-mem-fence)"
+    if job.alone:
+        return "runs alone"
+    if job.fence_lifted:
+        return "lifted after it crashed at its fence"
+    return ""
+
+
+@dataclass(frozen=True, slots=True)
+class Holding:
+    """What one job on a GPU held when a neighbour crashed, and what it was allowed
+    (``job_allowance_mib``; None: no bound known)."""
+
+    job_id: str
+    held_mib: float
+    allowed_mib: float | None
+
+
+def job_allowance_mib(job: Job, room_mib: float | None) -> float | None:
+    """What ``job``, placed with ``room_mib``, may hold before it overruns its commitment."""
+    if job.alone:
+        return None  # it has the GPU to itself
+    return allowance_mib(job.mem_mib, room_mib, job.mem_uncertainty, job.mem_source)
+
+
+def overran(h: Holding) -> bool:
+    return h.allowed_mib is not None and h.held_mib > h.allowed_mib
+
+
+def charged_to(crashed: Holding, neighbours: Iterable[Holding]) -> tuple[str, ...]:
+    """Whose overrun an out-of-memory crash is charged to: the neighbours that held more than
+    they were allowed, when the crashed job (``held_mib``: what it held and asked for) stayed
+    within its own allowance; empty when the crash is its own."""
+    if crashed.allowed_mib is None or crashed.held_mib > crashed.allowed_mib:
+        return ()
+    return tuple(h.job_id for h in neighbours if overran(h))
+
+
+def overrun_requirement(job: Job, held_mib: float, rules: RecoveryRules = RecoveryRules()) -> Job:
+    """A job that overran its commitment and made a neighbour crash: its requirement rises from
+    what it held (as after its own crash), so its next placement charges it."""
+    raised = raised_requirement(job.mem_mib, held_mib, rules)
+    if raised is None or (job.mem_mib is not None and raised <= job.mem_mib):
+        return job
+    return job.evolve(mem_mib=raised, mem_source="oom-raised", mem_uncertainty=0.0)

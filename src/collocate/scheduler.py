@@ -34,7 +34,7 @@ from collocate.model import (
     WaitKind,
 )
 from collocate.policies.base import Policy
-from collocate.recovery import ExitReport, RecoveryRules, after_exit
+from collocate.recovery import ExitReport, Outcome, RecoveryRules, after_exit, overrun_requirement
 
 
 class PolicyError(CollocateError):
@@ -110,6 +110,12 @@ class Capacity:
                 )
         return None
 
+    def largest_mib(self, job: Job) -> float:
+        """The most memory per GPU any placement of ``job`` could give it (0: none could)."""
+        if job.nodes > 1:
+            return max((mib for count, mib in self.nodes if count >= job.gpus), default=0.0)
+        return self._largest[job.gpus] if 0 < job.gpus < len(self._largest) else 0.0
+
     def _why_not_across(self, job: Job) -> str | None:
         """A job on several nodes needs that many nodes with ``job.gpus`` whole GPUs each, big
         enough for it (MIG instances never join: NCCL does not run across them)."""
@@ -123,6 +129,31 @@ class Capacity:
                 return (f"needs {job.mem_mib:.0f} MiB per GPU on {job.nodes} nodes, but only {len(big)} "
                         f"node(s) have {job.gpus} GPU(s) that large")
         return None
+
+
+class AloneAsWhole(Sequence[Job]):
+    """The queue as policies see it when some jobs run alone (``Job.alone``): such a job asks
+    for the whole of the largest GPU it may use, so every policy places it only on an empty GPU
+    (the world then charges it the whole GPU while it runs: nothing is placed beside it)."""
+
+    def __init__(self, queue: Sequence[Job], capacity: Capacity) -> None:
+        self._queue, self._capacity = queue, capacity
+
+    def _view(self, job: Job) -> Job:
+        if not job.alone:
+            return job
+        return job.evolve(mem_mib=self._capacity.largest_mib(job), mem_source="declared",
+                          mem_uncertainty=0.0)
+
+    def __iter__(self):
+        return (self._view(j) for j in self._queue)
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def __getitem__(self, i):
+        item = self._queue[i]
+        return [self._view(j) for j in item] if isinstance(i, slice) else self._view(item)
 
 
 def queue_key(job: Job) -> tuple:
@@ -160,6 +191,7 @@ class Scheduler:
         self.usage = Usage(fairness.half_life_s)
         self._deadlines: dict[str, float] = {}  # running job id -> when its time limit is up
         self._now = 0.0  # the last round's time: the order ``queue`` shows between rounds
+        self._alone: set[str] = set()  # pending jobs whose next attempt runs alone
 
     # -- queue ------------------------------------------------------------------------------
     @property
@@ -233,6 +265,8 @@ class Scheduler:
                 self._running(job)
             if job.state is not JobState.PENDING:
                 continue
+            if job.alone:
+                self._alone.add(job.id)
             if why := self.why_not_after(job):
                 doomed.append(job.evolve(state=JobState.CANCELLED, reason=why))
             elif waiting := self._unfinished(job):
@@ -253,6 +287,8 @@ class Scheduler:
         if self.placements_made:  # the scheduler alone counts them; snapshot builders do not
             cluster = cluster.evolve(placements_made=self.placements_made)
         queue = self.eligible(cluster.now)
+        if self._alone:
+            queue = AloneAsWhole(queue, self.capacity)
         plan = self.policy(queue, cluster) if queue else Plan()
         self._check(plan, cluster)
         if self.fairness.capped:
@@ -304,11 +340,30 @@ class Scheduler:
         if job.state is not JobState.RUNNING:
             raise CollocateError(f"job {job_id} is {job.state}, not running")
         job = after_exit(job, report, self.rules)
+        if report.outcome is Outcome.OOM and job.state is JobState.PENDING and job.mem_mib is not None:
+            top = self.capacity.largest_mib(job)
+            if job.mem_mib > top > (report.observed_peak_mib or 0.0):
+                # what it needed fits a GPU but the raised requirement's margins do not: alone
+                job = job.evolve(mem_mib=top, alone=True)
         if job.state is JobState.PENDING and (why := self.capacity.why_not(job)):
             # e.g. an OOM raised its requirement beyond every GPU: waiting would be forever
             cause = report.reason or report.outcome.value
             job = job.evolve(state=JobState.FAILED, reason=f"{cause}; cannot retry: it now {why}")
         return self._store(job, now)
+
+    def charge_overrun(self, job_id: str, held_mib: float) -> Job | None:
+        """A job held ``held_mib``, more than it committed, and a neighbour crashed out of
+        memory for it: its requirement rises from what it held (within the largest GPU), so its
+        next attempt is charged for it (``collocate.recovery``). None: no such job."""
+        job = self.jobs.get(job_id)
+        if job is None or job.state.is_terminal:
+            return job
+        raised = overrun_requirement(job, held_mib, self.rules)
+        if raised is job:
+            return job
+        if raised.mem_mib is not None:
+            raised = raised.evolve(mem_mib=min(raised.mem_mib, max(held_mib, self.capacity.largest_mib(job))))
+        return self._store(raised)
 
     def cancel(self, job_id: str, reason: str = "cancelled by the user", now: float | None = None) -> Job:
         job = self.jobs[job_id]
@@ -392,6 +447,10 @@ class Scheduler:
             else:
                 self._cpu_running.pop(old.user, None)
         self.jobs[job.id] = job
+        if job.alone and job.state is JobState.PENDING:
+            self._alone.add(job.id)
+        else:
+            self._alone.discard(job.id)
         if job.state is JobState.RUNNING and (old is None or old.state is not JobState.RUNNING):
             self._running(job)
         if job.state is JobState.PENDING and not job.held and not (

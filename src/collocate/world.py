@@ -274,9 +274,10 @@ class World:
         self._seq += 1
         belief = belief_of(job)
         total = float(self.total[devices[0]] - self.other[devices[0]])
-        r = Resident(job, tuple(devices), self._seq, MemoryRamp.of(job.mem_mib, job.mem_source),
+        r = Resident(job, tuple(devices), self._seq,
+                     MemoryRamp.of(job.mem_mib, job.mem_source, whole=job.alone),
                      belief, belief, now, room_mib)
-        r.commitment = float(committed_mib(job.mem_mib, total))
+        r.commitment = total if job.alone else float(committed_mib(job.mem_mib, total))
         self.residents[job.id] = r
         for i in r.devices:
             st = self.state[i]

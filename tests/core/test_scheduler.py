@@ -94,10 +94,20 @@ def test_an_oom_that_outgrows_every_gpu_fails_instead_of_waiting_forever():
     s = Scheduler(make_policy("exclusive"), Capacity.of(cluster(1, total=16 * GIB)))
     s.submit(Job("a", mem_mib=8 * GIB))
     s.schedule(cluster(1, total=16 * GIB))
-    job = s.job_exited("a", ExitReport(Outcome.OOM, observed_peak_mib=15 * GIB, reason="CUDA out of memory"))
+    job = s.job_exited("a", ExitReport(Outcome.OOM, observed_peak_mib=17 * GIB, reason="CUDA out of memory"))
     assert job.state is JobState.FAILED
     assert job.reason.startswith("CUDA out of memory; cannot retry: it now needs")
     assert list(s.queue) == []
+
+
+def test_an_oom_whose_margins_outgrow_every_gpu_but_that_fits_one_runs_alone():
+    """It held 15 GiB of a 16 GiB GPU: the raised requirement's margins pass the GPU, what it
+    needed does not, so it runs alone on a whole GPU rather than failing."""
+    s = Scheduler(make_policy("exclusive"), Capacity.of(cluster(1, total=16 * GIB)))
+    s.submit(Job("a", mem_mib=8 * GIB))
+    s.schedule(cluster(1, total=16 * GIB))
+    job = s.job_exited("a", ExitReport(Outcome.OOM, observed_peak_mib=15 * GIB, reason="CUDA out of memory"))
+    assert job.state is JobState.PENDING and job.alone and job.mem_mib == 16 * GIB
 
 
 def test_retrying_plain_failures_is_per_job_and_lost_attempts_do_not_count():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -89,7 +90,12 @@ def test_launch_plan_is_exact(tmp_path):
     # the runner starts isolated: python -I, from the daemon's own installation
     assert plan.argv[:3] == (sys.executable, "-I", "-c")
     assert plan.env == {"HOME": "/home/ada", "CUDA_VISIBLE_DEVICES": "GPU-a,GPU-b", "COLLOCATE_JOB_ID": "7",
-                        "COLLOCATE_ATTEMPT": "2", "COLLOCATE_SHARING": "time-slicing"}
+                        "COLLOCATE_ATTEMPT": "2", "COLLOCATE_SHARING": "time-slicing",
+                        "COLLOCATE_MEM_FENCE_MIB": "7412"}  # 6000 × 1.15 + 512: fenced under time-slicing too
+    for unfenced in (replace(job, mem_fence=False), replace(job, fence_lifted=True), replace(job, alone=True)):
+        assert "COLLOCATE_MEM_FENCE_MIB" not in plan_launch(
+            unfenced, spec, placement, ("GPU-a", "GPU-b"), attempt=2, attempt_dir=tmp_path,
+            sharing=SharingMode.TIME_SLICING, emulated_dir=None, daemon_uid=0).env
     assert (plan.uid, plan.gid, plan.cwd) == (1000, 100, "/work")  # root daemon: runs as the submitter
     same_user = plan_launch(job, spec, placement, ("GPU-a", "GPU-b"), attempt=2, attempt_dir=tmp_path,
                             sharing=SharingMode.TIME_SLICING, emulated_dir=None, daemon_uid=1000)

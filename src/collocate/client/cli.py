@@ -116,6 +116,11 @@ def submit(
     public: Annotated[bool, typer.Option("--public", help="Let the daemon's other users see this "
                       "job's command, working directory and logs (they see its name, state and "
                       "times anyway).")] = False,
+    no_mem_fence: Annotated[bool, typer.Option("--no-mem-fence", help="Do not cap this job's GPU "
+                            "memory at what it committed (by default a PyTorch job's caching "
+                            "allocator is capped there). The cost: if it outgrows that, it may "
+                            "crash its neighbours instead of itself; it is still charged for the "
+                            "overrun, its requirement raised from what it held.")] = False,
     sweep: Annotated[list[str], typer.Option("--sweep", help="NAME=V1,V2,... or NAME=FIRST..LAST: "
                      "one job per combination, {NAME} in the command replaced (repeatable).")] = [],
     state_dir: StateDirOpt = None, host: HostOpt = None,
@@ -169,6 +174,8 @@ def submit(
                   base_env=dict(os.environ), dataset=dataset, dataset_factory=dataset_factory,
                   after=list(after), after_any=list(after_any), after_notok=list(after_notok),
                   time=time_limit, hold=hold, public=public, notify=_notify_argv(notify), **extra)
+    if no_mem_fence:
+        fields["no_mem_fence"] = True
     if points is None:
         typer.echo(client.request("submit", argv=list(command), name=name, **fields)["id"])
         return

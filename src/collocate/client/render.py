@@ -163,6 +163,11 @@ def print_detail(d: dict[str, Any]) -> None:
         if isinstance(p.get("measured_slowdown"), (int, float)):
             c.print(f"  slowdown  {p['measured_slowdown']:.2f}x now, from the steps it reports")
     c.print(f"  retries   {retries_line(d)}")
+    if d.get("fence"):
+        c.print(f"  memory    {printable(d['fence'])}")
+    if d.get("victim_crashes"):
+        c.print(f"  crashed   {d['victim_crashes']} time(s) out of memory because a neighbour "
+                "overran; not counted, requirement unchanged")
     for key, what in (("after", "must end done first"), ("after_any", "must end first"),
                       ("after_notok", "must end other than done first")):
         if d.get(key):

@@ -82,7 +82,8 @@ class Api:
                   name=req.name, max_retries=req.max_retries,
                   retry_failures=req.spec.retry_failures, dataset=req.spec.dataset, after=req.after,
                   after_any=req.after_any, after_notok=req.after_notok, user=peer.user,
-                  time_limit_s=req.time_limit_s, held="user" if req.hold else "")
+                  time_limit_s=req.time_limit_s, held="user" if req.hold else "",
+                  mem_fence=not req.spec.no_mem_fence)
         why = self.scheduler.capacity.why_not(job)
         if why is not None:
             raise InputError(f"this job can never run here: {why}",

@@ -33,7 +33,7 @@ from collocate.monitor.sinks.base import JobInfo
 from collocate.node.api import ExitRecord, NodeUnreachable
 from collocate.node.datasets import ProducerStartError
 from collocate.node.launcher import LaunchPlan
-from collocate.recovery import ExitReport, Outcome
+from collocate.recovery import ExitReport, Holding, Outcome, charged_to, job_allowance_mib, job_fence_mib
 
 log = logging.getLogger("collocate.daemon")
 
@@ -304,12 +304,19 @@ class Attempts:
         peak = resident.ramp.peak_mib if resident is not None and resident.ramp.peak_mib > 0 else None
         learned = resident.belief if resident is not None and resident.belief.source in OBSERVED_HERE else None
         observed = peak
+        fence = None if resident is None else job_fence_mib(resident.job, resident.room_mib)
+        overrun: list[Holding] = []
         if outcome is Outcome.OOM:
             bound = oom_lower_bound_mib(tail)
             if bound is not None:
                 observed = max(peak or 0.0, bound)
             if resident is not None and self._beside_unowned_memory(resident):
                 outcome, reason = Outcome.LOST, f"{reason} beside GPU memory held by processes no job owns; requeued"
+            elif resident is not None:  # charged to whoever overran (collocate.recovery)
+                crashed = Holding(run.attempt.job_id, observed or 0.0, job_allowance_mib(resident.job, resident.room_mib))
+                beside = self._holdings_beside(resident)
+                by = set(charged_to(crashed, beside))
+                overrun = [h for h in beside if h.job_id in by]
         a = replace(run.attempt, end=end, returncode=returncode, outcome=outcome.value,
                     reason=reason, peak_mib=peak,
                     solo_sm=None if learned is None else learned.profile.sm_activity,
@@ -320,7 +327,13 @@ class Attempts:
         self.store.clear_flag(timeout_key(a.job_id))
         self.running.pop(a.job_id, None)
         spec = self.specs[a.job_id]
-        job = self.scheduler.job_exited(a.job_id, ExitReport(outcome, observed, reason), end)
+        job = self.scheduler.job_exited(a.job_id, ExitReport(
+            outcome, observed, reason, fence, tuple(h.job_id for h in overrun)), end)
+        for h in overrun:  # the offender's requirement rises from what it held
+            raised = self.scheduler.charge_overrun(h.job_id, h.held_mib)
+            log.info("job %s held %.0f MiB (allowed %.0f) and made job %s crash out of memory; "
+                     "its requirement is now %s MiB", h.job_id, h.held_mib, h.allowed_mib or 0.0,
+                     a.job_id, "?" if raised is None or raised.mem_mib is None else f"{raised.mem_mib:.0f}")
         if learned is not None and job.state is JobState.PENDING:  # its next attempt starts known
             job = self.scheduler.update(with_belief(job, as_history(learned)))
         if outcome is Outcome.SUCCEEDED and (peak is not None or learned is not None):
@@ -333,6 +346,15 @@ class Attempts:
         log.info("job %s attempt %d: %s (%s) -> %s; activity %s", a.job_id, a.n, outcome.value,
                  reason, job.state.value, solo)
 
+
+    def _holdings_beside(self, resident: Any) -> list[Holding]:
+        """What each job on the crashed attempt's GPUs held (its peak, as last read) and was
+        allowed: what attributing the crash weighs."""
+        world = self.watch.world
+        beside = sorted({o for i in resident.devices for o in world.state[i].residents
+                         if o != resident.job.id}, key=_job_key)
+        return [Holding(o, r.ramp.peak_mib, job_allowance_mib(r.job, r.room_mib))
+                for o in beside if (r := world.residents.get(o)) is not None]
 
     def _beside_unowned_memory(self, resident: Any) -> bool:
         """Whether a GPU of the attempt holds memory of processes that are no job's (then an

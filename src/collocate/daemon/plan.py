@@ -13,13 +13,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from collocate.commitment import mps_limit_mib
 from collocate.daemon.spec import JobSpec
 from collocate.gpus.mps import MpsDirs, mps_client_env
 from collocate.model import Job, Placement, SharingMode
 from collocate.monitor.job_metrics import metrics_env
+from collocate.node.fence import ENV_MEM_FENCE
 from collocate.node.isolate import bootstrap_argv
 from collocate.node.launcher import ENV_EMULATED_DIR, ENV_FILE, RUNNER_MODULE, LaunchPlan
+from collocate.recovery import job_fence_mib
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +44,20 @@ def rendezvous_env(r: Rendezvous) -> dict[str, str]:
     return {**values, **{f"PET_{k}": v for k, v in values.items()}}
 
 
+def placement_room(job: Job, placement: Placement) -> float | None:
+    """The room the attempt's GPUs had for it when placed (a job of unknown memory: what it
+    was placed with)."""
+    return placement.room_mib if placement.room_mib is not None else (
+        placement.mem_mib if job.mem_mib is None else None)
+
+
+def fence_env(job: Job, placement: Placement) -> dict[str, str]:
+    """``COLLOCATE_MEM_FENCE_MIB``: the MiB a fenced attempt may hold on each GPU, under every
+    sharing mode (``collocate.node.fence``); nothing for an unfenced one."""
+    fence = job_fence_mib(job, placement_room(job, placement))
+    return {} if fence is None else {ENV_MEM_FENCE: f"{fence:.0f}"}
+
+
 def mps_env(job: Job, placement: Placement, dirs: MpsDirs) -> dict[str, str]:
     """Per-client MPS limits (``collocate.gpus.mps`` formats them).
 
@@ -52,11 +67,9 @@ def mps_env(job: Job, placement: Placement, dirs: MpsDirs) -> dict[str, str]:
     measured MPS interference model assumes uncapped clients. Pinned memory: the requirement's
     upper bound plus a margin, the room a job of unknown memory was placed with, for an estimate
     the larger of the two (``collocate.commitment.mps_limit_mib``, the rule the simulator
-    applies too).
+    applies too); none for an unfenced attempt (``collocate.recovery.job_fence_mib``).
     """
-    room = placement.room_mib if placement.room_mib is not None else (
-        placement.mem_mib if job.mem_mib is None else None)
-    limit = mps_limit_mib(job.mem_mib, room, job.mem_uncertainty, job.mem_source)
+    limit = job_fence_mib(job, placement_room(job, placement))
     return mps_client_env(dirs=dirs, mem_mib=limit, margin_mib=0.0,
                           devices=[str(i) for i in range(len(placement.gpus))])
 
@@ -90,6 +103,7 @@ def plan_launch(
         env[ENV_EMULATED_DIR] = str(emulated_dir)
     if sharing is SharingMode.MPS and mps_dirs is not None and placement.gpus:  # not a CPU job
         env.update(mps_env(job, placement, mps_dirs))
+    env.update(fence_env(job, placement))
     daemon_uid = os.getuid() if daemon_uid is None else daemon_uid
     as_other = daemon_uid == 0 and spec.uid not in (-1, 0)
     if not as_other:  # where log_metric() appends; a job run as another user cannot write the

@@ -60,6 +60,8 @@ class JobSpec:
     # environment, with the job's id, name, state and reason in COLLOCATE_JOB_* and a one-line
     # summary on stdin (``daemon/notify.py``). An argv list, never through a shell.
     notify: tuple[str, ...] = ()
+    # ``submit --no-mem-fence``: its GPU memory is not capped at what it committed (``Job.mem_fence``).
+    no_mem_fence: bool = False
 
     @property
     def keys(self) -> JobKeys:
@@ -219,7 +221,8 @@ def validate_submit(args: dict[str, Any], *, uid: int, gid: int, user: str) -> S
     dataset, factory = _dataset(args.get("dataset"), args.get("dataset_factory"))
     spec = JobSpec(tuple(argv), cwd, env, uid, gid, user, retry_failures=retries is not None,
                    dataset=dataset, dataset_factory=factory, submit_key=submit_key(args.get("key")),
-                   public=bool(args.get("public")), notify=_notify(args.get("notify")))
+                   public=bool(args.get("public")), notify=_notify(args.get("notify")),
+                   no_mem_fence=bool(args.get("no_mem_fence")))
     return SubmitRequest(spec, gpus, mem_mib, name, priority, max_retries, source, float(uncertainty),
                          _after(args.get("after")), _after(args.get("after_any"), "--after-any"),
                          _after(args.get("after_notok"), "--after-notok"),

@@ -112,7 +112,27 @@ def job_detail(store: Store, job_id: str, *, running: Mapping[str, Any] | None =
         "retry_failures": job.retry_failures, "nodes": job.nodes,
         "profile": _profile(job, resident(job_id) if resident else None),
         "attempts": [a.to_dict() for a in store.attempts(job_id)],
+        "fence": fence_line(job, resident(job_id) if resident else None),
+        "victim_crashes": job.victim_crashes,
     }
+
+
+def fence_line(job: Job, r: Any) -> str:
+    """Whether the job's memory is fenced (its running attempt's, else its last or next one's),
+    at what, and if not, why (``collocate.recovery``)."""
+    from collocate.recovery import job_fence_mib, why_unfenced
+    from collocate.units import format_mib
+
+    live = job.state is JobState.RUNNING and r is not None
+    placed = r.job if live else job
+    why = why_unfenced(placed)
+    if why:
+        return f"not fenced: {why}"
+    fence = job_fence_mib(placed, r.room_mib if live else None)
+    if fence is None:
+        return "fenced at the room its GPU has when it starts (its memory is unknown)"
+    return (f"fenced at {format_mib(fence)} per GPU (a PyTorch job's caching allocator is capped "
+            "there; under MPS its memory limit)")
 
 
 _SOURCES = {

@@ -42,6 +42,7 @@ from collocate.gpus.emulated_state import (
 from collocate.interference import InterferenceModel, default_interference
 from collocate.model import JobProfile, SharingMode
 from collocate.monitor.job_metrics import ENV_METRICS_FILE, log_metric
+from collocate.node.fence import fence_of
 
 ENV_SHARING = "COLLOCATE_SHARING"
 RAMP_STEPS = 4
@@ -283,7 +284,7 @@ class EmulatedJob:
             return
         for ordinal, device in enumerate(self.devices):
             limit = self.limits.get(ordinal)
-            if limit is not None and mib > limit:  # MPS refuses what its client's limit exceeds
+            if limit is not None and mib > limit:  # MPS or a capped allocator refuses it
                 held = self.held or 0.0
                 raise OutOfMemory(Refusal(device.uuid, mib - held, limit, max(0.0, limit - held),
                                           held, ()), ordinal)
@@ -315,6 +316,9 @@ def run_job(spec: JobSpec, state_dir: Path, env: os._Environ[str] | dict[str, st
     job = EmulatedJob(spec, store, devices, mode=sharing_mode(env), metrics_file=env.get(ENV_METRICS_FILE))
     if job.mode is SharingMode.MPS:
         job.limits = pinned_limits(env.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"))
+    fence = fence_of(env)  # the capped caching allocator of a fenced PyTorch job, emulated
+    if fence is not None:
+        job.limits = {i: min(fence, job.limits.get(i, fence)) for i in range(len(devices))}
     return job.run()
 
 

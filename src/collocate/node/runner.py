@@ -32,6 +32,7 @@ import sys
 import time
 from pathlib import Path
 
+from collocate.node.fence import with_fence_path
 from collocate.node.isolate import exec_as, read_env_file
 from collocate.node.jobtree import JobTree
 
@@ -118,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
 
     write_json_atomic(ns.dir / "runner.json",
                       {"pid": me, "started": psutil.Process(me).create_time(), "at": time.time()})
-    env = read_env_file(ns.env_file)
+    env = with_fence_path(read_env_file(ns.env_file))  # a fenced PyTorch job: its sitecustomize
     stderr_path = ns.dir / "stderr.log"
     if stop_requested:  # cancelled before the job even started
         write_json_atomic(ns.dir / "exit.json", {"returncode": -stop_requested[0], "end": time.time(),

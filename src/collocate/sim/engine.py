@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from collocate.belief import UNKNOWN, Belief, as_history, exact
-from collocate.commitment import is_estimated, mps_limit_mib
+from collocate.commitment import is_estimated
 from collocate.errors import CollocateError, InputError
 from collocate.estimate.static import TRACED_REL_UNCERTAINTY
 from collocate.fairness import Fairness
@@ -50,7 +50,15 @@ from collocate.interference import InterferenceModel, default_interference
 from collocate.knowledge import MemoryProfiles, ProfileKnowledge, price_pending
 from collocate.model import Job, JobProfile, JobState, SharingMode
 from collocate.policies.base import Policy
-from collocate.recovery import ExitReport, Outcome, RecoveryRules
+from collocate.recovery import (
+    ExitReport,
+    Holding,
+    Outcome,
+    RecoveryRules,
+    charged_to,
+    job_allowance_mib,
+    job_fence_mib,
+)
 from collocate.scheduler import Capacity, Scheduler
 from collocate.sim.devices import WholeGpus
 from collocate.sim.mig import MigInstances, resolve_layout
@@ -149,7 +157,8 @@ class SimRun:
     gpus: list[int]
     peak_mib: float
     profile: JobProfile  # its real solo activity (job.profile is what the policies were told)
-    limit_mib: float | None = None  # what MPS lets it hold (None: no limit)
+    limit_mib: float | None = None  # its fence: what it may hold (None: not fenced)
+    room_mib: float | None = None  # the room its GPUs had for it when placed
     allocated: bool = False
     starting: bool = False  # no GPU activity yet (start-up, then the job's warmup_s)
     warming: bool = False  # in the warm-up part of starting: on its GPUs, drawing power
@@ -380,10 +389,10 @@ class Simulation:
         self.world.place(job, gpus, now, room_mib=room_mib)
         for i in gpus:
             self.residents[i][job_id] = None
-        limit = None
-        if self.cfg.sharing is SharingMode.MPS:
-            limit = mps_limit_mib(job.mem_mib, room_mib, job.mem_uncertainty, job.mem_source)
-        run = SimRun(job, gpus, self.peaks[job_id], workload.profile, limit,
+        # fenced under every sharing mode, as the daemon fences (a capped caching allocator, an
+        # MPS limit): ``collocate.recovery.job_fence_mib``
+        limit = job_fence_mib(job, room_mib)
+        run = SimRun(job, gpus, self.peaks[job_id], workload.profile, limit, room_mib,
                      starting=startup + workload.warmup_s > 0, work_left=workload.duration_s, since=now)
         run.seen_at = now + startup
         self.running[job_id] = run
@@ -431,13 +440,23 @@ class Simulation:
             return self.world.tick(now)
         gpus = run.gpus
         room = self.total[gpus] - self.used[gpus]
-        if run.limit_mib is not None:  # MPS refuses allocations beyond the pinned limit
+        if run.limit_mib is not None:  # its fence refuses allocations beyond it
             room = np.minimum(room, run.limit_mib)
         if (room < run.peak_mib).any():
             observed = float(max(0.0, room.min()))
+            # charged to whoever overran (``collocate.recovery.charged_to``), as in the daemon
+            beside = [Holding(o, r.peak_mib, job_allowance_mib(r.job, r.room_mib))
+                      for o in dict.fromkeys(o for i in gpus for o in self.residents[i] if o != job_id)
+                      if (r := self.running[o]).allocated]
+            crashed = Holding(job_id, run.peak_mib, job_allowance_mib(run.job, run.room_mib))
+            by = charged_to(crashed, beside) if run.limit_mib is None or run.peak_mib <= run.limit_mib else ()
             self._stop(run, now)
-            job = self.scheduler.job_exited(job_id, ExitReport(Outcome.OOM, observed, "CUDA out of memory"),
+            job = self.scheduler.job_exited(job_id, ExitReport(Outcome.OOM, observed, "CUDA out of memory",
+                                                               run.limit_mib, by),
                                             now)  # now: charges its GPU time to its user
+            for h in beside:
+                if h.job_id in by:
+                    self.scheduler.charge_overrun(h.job_id, h.held_mib)
             record = self.records[job_id]
             record.oom_crashes = job.oom_crashes
             record.spans[-1][2:] = [now, "oom"]
