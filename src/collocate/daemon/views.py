@@ -213,6 +213,7 @@ def gpu_rows(monitor: GpuWatch, running: Mapping[str, Any], now: float,
             jobs_on.setdefault(uuid, []).append(job_id)
     held = {uuid: {j: _held_mib(running[j].pids, monitor.last.get(uuid)) for j in ids}
             for uuid, ids in jobs_on.items()}
+    owner = {pid: job_id for job_id, run in running.items() for pid in run.pids}
     rows = []
     for d in monitor.devices:
         s = monitor.last.get(d.uuid)
@@ -230,8 +231,24 @@ def gpu_rows(monitor: GpuWatch, running: Mapping[str, Any], now: float,
             "jobs": sorted(jobs_on.get(d.uuid, []), key=int),
             "job_mib": held.get(d.uuid, {}),
             "node_event": latest.get(d.id.node),
+            **device_readings(s, owner),
         })
     return rows
+
+
+def device_readings(sample: Any, owner: Mapping[int, str]) -> dict[str, Any]:
+    """What nvidia-smi shows of a GPU beside memory: power (W), temperature (C), SM and memory
+    clocks (MHz), each None where the backend cannot read it (emulated GPUs model power, not
+    temperature or clocks), and every process holding memory on it with the job it belongs to
+    (``owner``: pid -> job id; None for a process that is no job's)."""
+    if sample is None:
+        return {"power_w": None, "temperature_c": None, "sm_clock_mhz": None,
+                "mem_clock_mhz": None, "processes": []}
+    return {"power_w": sample.power_watts, "temperature_c": getattr(sample, "temperature_c", None),
+            "sm_clock_mhz": getattr(sample, "sm_clock_mhz", None),
+            "mem_clock_mhz": getattr(sample, "mem_clock_mhz", None),
+            "processes": [{"pid": p.pid, "used_mib": p.used_mib, "job": owner.get(p.pid)}
+                          for p in sample.processes]}
 
 
 EVENT_S = 3600.0  # how long ``collocate gpus`` shows that a node joined, left or came back
@@ -242,3 +259,20 @@ def _held_mib(pids: frozenset[int], sample: Any) -> float | None:
     if sample is None:
         return None
     return sum(p.used_mib for p in sample.processes if p.pid in pids)
+
+
+_cpu_primed = False
+
+
+def host_usage() -> dict[str, Any]:
+    """The daemon's host as the page shows it (and ``htop``): CPU busy since the last call (None
+    on the first, which has nothing to compare with), cores, load, and RAM used of total."""
+    import psutil
+
+    global _cpu_primed
+    cpu = psutil.cpu_percent(interval=None)
+    known, _cpu_primed = _cpu_primed, True
+    mem = psutil.virtual_memory()
+    return {"cpu_pct": cpu if known else None, "cpus": psutil.cpu_count() or 1,
+            "load1": os.getloadavg()[0], "mem_total_mib": mem.total / 2**20,
+            "mem_used_mib": (mem.total - mem.available) / 2**20}
