@@ -17,7 +17,7 @@ class FakeSource:
         self.backend = backend
         self.lock = threading.Lock()
         self.rows: list[dict[str, Any]] = []
-        self.history: dict[str, deque[float]] = {}
+        self.points: dict[str, deque[float]] = {}
         self.logs: dict[str, str] = {}
         self.errs: dict[str, str] = {}
         self.held: dict[str, float] = {}  # job id -> MiB it holds now (running jobs)
@@ -47,7 +47,7 @@ class FakeSource:
             out = []
             for d in self.backend.devices():
                 s = samples.get(d.uuid)
-                hist = self.history.setdefault(d.uuid, deque(maxlen=60))
+                hist = self.points.setdefault(d.uuid, deque(maxlen=60))
                 if s is not None:
                     hist.append({"t": time.time(), "util": s.sm_activity,
                                  "used_mib": s.used_mib})
