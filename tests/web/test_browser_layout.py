@@ -32,6 +32,8 @@ from collocate.web.server import serve_in_thread
 from .fake_source import FakeSource
 from .test_browser import CHROMIUM, TIMEOUT_MS, check_screenshot, playwright_sync
 
+BOXES = """sel => [...document.querySelectorAll(sel)].map(e => {
+  const r = e.getBoundingClientRect(); return {x: r.x, y: r.y, width: r.width}; })"""
 END_STATES = ("done", "failed", "timeout", "cancelled", "rejected")
 
 
@@ -87,15 +89,13 @@ def test_the_page_fills_wide_screens_running_first_finished_paged(tmp_path):
                     cards = page.locator("#gpus .gpu")
                     expect(cards).to_have_count(8)
                     expect(page.locator("#users .user")).to_have_count(1)
-                    page.wait_for_timeout(300)  # a poll's redraw settled
-                    boxes = [cards.nth(i).bounding_box() for i in range(8)]
-                    assert all(b is not None for b in boxes)
+                    boxes = page.evaluate(BOXES, "#gpus .gpu")  # at one moment: polls redraw
                     top = min(b["y"] for b in boxes)
                     row = [b for b in boxes if abs(b["y"] - top) < 2]
                     assert len(row) >= per_row, (width, len(row))
                     assert max(b["x"] + b["width"] for b in row) >= 0.95 * width - 32  # no empty half
-                    charts = cards.first.locator("svg.chart")
-                    assert charts.first.bounding_box()["width"] >= 0.85 * boxes[0]["width"]
+                    chart = page.evaluate(BOXES, "#gpus .gpu svg.chart")[0]
+                    assert chart["width"] >= 0.85 * boxes[0]["width"]  # charts fill their card
 
                     running = page.locator("#running")
                     expect(running.locator("tr[data-job]")).to_have_count(3)

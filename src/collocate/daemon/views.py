@@ -110,9 +110,28 @@ def job_detail(store: Store, job_id: str, *, running: Mapping[str, Any] | None =
         "after_notok": list(job.after_notok), "time_limit_s": job.time_limit_s,
         "held": job.held, "public": spec.public, "notify": list(spec.notify),
         "retry_failures": job.retry_failures, "nodes": job.nodes,
-        "profile": _profile(job, resident(job_id) if resident else None),
-        "attempts": [a.to_dict() for a in store.attempts(job_id)],
+        **_measured(job, store.attempts(job_id), resident(job_id) if resident else None),
     }
+
+
+def _measured(job: Job, attempts: list[Any], resident: Any) -> dict[str, Any]:
+    """``profile`` and ``attempts`` as ``show`` gives them, so that what was measured wins
+    over what was assumed: a running attempt's ``peak_mib`` is its peak so far (the world's
+    memory ramp; ``peak_so_far`` says so) rather than nothing beside the summary's peak, and an
+    ended job shows the solo activity one of its attempts measured, not the prior it started
+    with (assumed, its family's or an earlier run's)."""
+    rows = [a.to_dict() for a in attempts]
+    if rows and rows[-1]["end"] is None and rows[-1]["peak_mib"] is None and resident is not None:
+        peak = getattr(getattr(resident, "ramp", None), "peak_mib", 0.0) or 0.0
+        if peak > 0:
+            rows[-1]["peak_mib"], rows[-1]["peak_so_far"] = peak, True
+    profile = _profile(job, resident)
+    solo = next((a for a in reversed(attempts) if a.solo_sm is not None), None)
+    if resident is None and profile["source_kind"] not in ("measured", "inferred") and solo is not None:
+        profile.update(sm_activity=solo.solo_sm, dram_activity=solo.solo_dram or 0.0, sm_sd=None,
+                       source_kind="measured",
+                       source=f"measured on its GPU in attempt {solo.n}, alone at least once")
+    return {"profile": profile, "attempts": rows}
 
 
 _SOURCES = {

@@ -7,17 +7,24 @@ DOM calls and ``textContent`` only (job names, reasons and logs are user text: n
 Sizes are formatted as ``collocate.units.format_mib`` does and times as ``YYYY-MM-DD HH:MM:SS``
 local time, as the CLI prints them. ``/jobs/<id>`` is the same page opened on one job.
 
-A member keeps it open (``collocate dashboard``, their own rights): a range of history
-(``#range``: 2 minutes to 24 hours, from ``/api/history``, polled every ``HISTORY_MS``), per GPU
-(SM activity; memory used beside memory committed to jobs; energy) and per user (GPUs held,
-memory, energy); the queue in the order jobs would start, with each one's reason; filters by
-user, state and text; and cancel, hold and release buttons on the viewer's own jobs (all jobs
-for the daemon's owner) when the source can act.
+A member keeps it open (``collocate dashboard``, their own rights): running jobs first (who is
+where), then the queue in the order jobs would start with each one's reason, side by side on a
+wide screen; the GPUs as a grid of cards that fills the width (charts sized to their card), each
+with power, temperature and clocks (or which of them the backend cannot read: emulated GPUs
+model power only) and the processes holding memory with their jobs; the host's CPU and RAM in
+the header beside a count of every state the daemon returns (zeros included); a range of history
+(``#range``: 2 minutes to 7 days, the monitor's retention, from ``/api/history``, polled every
+``HISTORY_MS``), per GPU (SM activity; memory used beside memory committed to jobs; energy) and
+per user (GPUs held, memory, energy), where a bucket without samples breaks the line (gaps are
+drawn as gaps); the finished jobs paged by the server (``/api/board``, newest first); filters by
+user, state and text (applied by the server); and cancel, hold and release buttons on the
+viewer's own jobs (all jobs for the daemon's owner) when the source can act.
 
 Element ids used by the browser tests: ``#counts`` (``.count[data-state]``), ``#drain``,
-``#you``, ``#range``, ``#gpus`` (one ``.gpu`` card per GPU, ``data-uuid``, each with two
-``svg.chart``), ``#users`` (``.user[data-user]``), ``#filter-user``, ``#filter-state``,
-``#filter-text``, ``#queue``, ``#running``, ``#finished`` (rows ``tr[data-job]``, state cells
+``#you``, ``#host``, ``#range``, ``#gpus`` (one ``.gpu`` card per GPU, ``data-uuid``, each
+with ``.readings``, ``.procs`` and two ``svg.chart`` whose lines are ``polyline.line``), ``#users`` (``.user[data-user]``), ``#filter-user``, ``#filter-state``,
+``#filter-text``, ``#queue``, ``#running``, ``#finished`` (with ``#finished-total``,
+``#finished-page``, ``#newer``, ``#older``; rows ``tr[data-job]``, state cells
 ``.badge.state-<state>``, buttons ``button.act[data-action]``), ``#detail`` (``#detail-title``,
 ``#detail-command``, ``#attempts``, ``#stdout``, ``#stderr``), ``#tracking``, ``#act-msg``.
 """
@@ -316,11 +323,23 @@ function ownCharts(metrics) {
     el("div", {"class": "own", "data-key": key}, key + " (last " + Number(pts[pts.length - 1][1]).toPrecision(4) + ")",
        chart([{points: pts}], {title: key, fmt: v => Number(v).toPrecision(3)})));
 }
+function measuredText(s) {  // as `collocate show` says it: what was not measured says so and why
+  if (none(s.peak_mib)) return "measured: nothing yet";
+  if (!(s.occupancy_hours > 0) && !(s.peak_mib > 0)) return "GPU: not measured: no process of the job held GPU memory, "
+    + "so it was charged no GPU time or energy (on emulated GPUs only `collocate emulate-job` processes hold any)";
+  return "measured: peak " + mib(s.peak_mib) + " (any attempt) | mean SM " + (none(s.mean_sm) ? "not read" : pct(s.mean_sm))
+    + " | " + fmt(s.gpu_hours, 3) + " GPU-h | " + (s.energy_wh > 0 ? fmt(s.energy_wh, 2) + " Wh" : "energy not measured (no power reading)");
+}
+function profileText(p, s) {  // an assumption is not shown beside a measurement
+  if (p.source_kind === "assumed" && !none(s.mean_sm))
+    return "alone: never measured (it always shared its GPU); its measured mean SM is above";
+  return "alone: SM " + fmt(p.sm_activity, 2) + ", DRAM " + fmt(p.dram_activity, 2) + " (" + p.source + ")";
+}
 function attemptsTable(attempts) {
   const head = ["#", "started", "ended", "GPUs", "placed with", "peak", "outcome", "reason"];
   return el("table", {id: "attempts"}, el("tr", {}, ...head.map(h => el("th", {}, h))),
     ...attempts.map(a => el("tr", {}, el("td", {}, a.n), el("td", {}, when(a.start)), el("td", {}, when(a.end)),
-      el("td", {}, (a.gpus || []).join(", ")), el("td", {}, mib(a.mem_mib)), el("td", {}, mib(a.peak_mib)),
+      el("td", {}, (a.gpus || []).join(", ")), el("td", {}, mib(a.mem_mib)), el("td", {}, mib(a.peak_mib) + (a.peak_so_far ? " so far" : "")),
       el("td", {}, a.outcome || (a.end ? "-" : "running")), el("td", {"class": "reason"}, a.reason || ""))));
 }
 async function refreshDetail() {
@@ -339,11 +358,8 @@ async function refreshDetail() {
       el("div", {"class": "reason"}, d.reason || ""),
       el("div", {}, "user " + (d.user || "-") + " | needs " + mib(d.mem_mib) + " (" + (d.mem_source || "-") +
          ") | submitted " + when(d.submit_time) + " | ended " + when(d.end_time)),
-      el("div", {}, "peak " + mib(s.peak_mib) + " | mean SM " + pct(s.mean_sm) +
-         " | " + fmt(s.gpu_hours, 3) + " GPU-h | " + fmt(s.energy_wh, 2) + " Wh"),
-      ...(d.profile ? [el("div", {"class": "sub", id: "detail-profile"}, "alone: SM " +
-         fmt(d.profile.sm_activity, 2) + ", DRAM " + fmt(d.profile.dram_activity, 2) +
-         " (" + d.profile.source + ")")] : []),
+      el("div", {id: "detail-measured"}, measuredText(s)),
+      ...(d.profile ? [el("div", {"class": "sub", id: "detail-profile"}, profileText(d.profile, s))] : []),
       el("h3", {}, "attempts"), attemptsTable(d.attempts || []),
       el("div", {"class": "charts"},
          chart(series("gpu_mib"), {title: "GPU memory", fmt: mib}),
