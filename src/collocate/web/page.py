@@ -22,7 +22,8 @@ viewer's own jobs (all jobs for the daemon's owner) when the source can act.
 
 Element ids used by the browser tests: ``#counts`` (``.count[data-state]``), ``#drain``,
 ``#you``, ``#host``, ``#range``, ``#gpus`` (one ``.gpu`` card per GPU, ``data-uuid``, each
-with ``.readings``, ``.procs`` and two ``svg.chart`` whose lines are ``polyline.line``), ``#users`` (``.user[data-user]``), ``#filter-user``, ``#filter-state``,
+with ``.readings``, ``.procs`` and two ``svg.chart`` whose lines are ``polyline.line``),
+``#users`` (``.user[data-user]``), ``#filter-user``, ``#filter-state``,
 ``#filter-text``, ``#queue``, ``#running``, ``#finished`` (with ``#finished-total``,
 ``#finished-page``, ``#newer``, ``#older``; rows ``tr[data-job]``, state cells
 ``.badge.state-<state>``, buttons ``button.act[data-action]``), ``#detail`` (``#detail-title``,
@@ -328,7 +329,8 @@ function measuredText(s) {  // as `collocate show` says it: what was not measure
   if (!(s.occupancy_hours > 0) && !(s.peak_mib > 0)) return "GPU: not measured: no process of the job held GPU memory, "
     + "so it was charged no GPU time or energy (on emulated GPUs only `collocate emulate-job` processes hold any)";
   return "measured: peak " + mib(s.peak_mib) + " (any attempt) | mean SM " + (none(s.mean_sm) ? "not read" : pct(s.mean_sm))
-    + " | " + fmt(s.gpu_hours, 3) + " GPU-h | " + (s.energy_wh > 0 ? fmt(s.energy_wh, 2) + " Wh" : "energy not measured (no power reading)");
+    + " | " + fmt(s.gpu_hours, 3) + " GPU-h | "
+    + (s.energy_wh > 0 ? fmt(s.energy_wh, 2) + " Wh" : "energy not measured (no power reading)");
 }
 function profileText(p, s) {  // an assumption is not shown beside a measurement
   if (p.source_kind === "assumed" && !none(s.mean_sm))
@@ -339,7 +341,8 @@ function attemptsTable(attempts) {
   const head = ["#", "started", "ended", "GPUs", "placed with", "peak", "outcome", "reason"];
   return el("table", {id: "attempts"}, el("tr", {}, ...head.map(h => el("th", {}, h))),
     ...attempts.map(a => el("tr", {}, el("td", {}, a.n), el("td", {}, when(a.start)), el("td", {}, when(a.end)),
-      el("td", {}, (a.gpus || []).join(", ")), el("td", {}, mib(a.mem_mib)), el("td", {}, mib(a.peak_mib) + (a.peak_so_far ? " so far" : "")),
+      el("td", {}, (a.gpus || []).join(", ")), el("td", {}, mib(a.mem_mib)),
+      el("td", {}, mib(a.peak_mib) + (a.peak_so_far ? " so far" : "")),
       el("td", {}, a.outcome || (a.end ? "-" : "running")), el("td", {"class": "reason"}, a.reason || ""))));
 }
 async function refreshDetail() {
@@ -410,7 +413,8 @@ document.getElementById("submit").onsubmit = async ev => {
     msg.className = ""; msg.textContent = "queued job " + r.id; refresh();
   } catch (e) { msg.className = "err"; msg.textContent = e.message; }
 };
-for (const id of ["filter-user", "filter-state", "filter-text"]) document.getElementById(id).oninput = () => { finishedPage = 0; refresh(); };
+for (const id of ["filter-user", "filter-state", "filter-text"])
+  document.getElementById(id).oninput = () => { finishedPage = 0; refresh(); };
 document.getElementById("newer").onclick = () => { finishedPage = Math.max(0, finishedPage - 1); refresh(); };
 document.getElementById("older").onclick = () => { finishedPage += 1; refresh(); };
 document.getElementById("range").onchange = () => { lastHistory = 0; refresh(); };
