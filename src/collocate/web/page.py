@@ -206,10 +206,20 @@ function renderHost(h) {
 }
 const sum = (xs, f) => xs.reduce((a, x) => a + (f(x) || 0), 0);
 const wh = x => none(x) ? "-" : x >= 1000 ? (x / 1000).toFixed(2) + " kWh" : x.toFixed(2) + " Wh";
+function keepCards(id, key, fresh) {  // a card keeps its element across polls (links, screenshots)
+  const box = document.getElementById(id), old = {};
+  for (const c of box.children) old[c.getAttribute(key)] = c;
+  box.replaceChildren(...fresh.map(card => {
+    const kept = old[card.getAttribute(key)];
+    if (!kept) return card;
+    kept.replaceChildren(...card.childNodes);
+    return kept;
+  }));
+}
 function renderGpus(gpus) {
   const kept = {}; for (const g of (usage && usage.gpus) || []) kept[g.uuid] = g.points;
   const w = cardWidth("gpus");
-  document.getElementById("gpus").replaceChildren(...gpus.map(g => {
+  keepCards("gpus", "data-uuid", gpus.map(g => {
     const used = g.used_mib || 0, frac = g.total_mib ? used / g.total_mib : 0;
     const committed = g.committed_mib || 0, cfrac = g.total_mib ? Math.min(1, committed / g.total_mib) : 0;
     const hist = (kept[g.uuid] && kept[g.uuid].length) ? kept[g.uuid] : (g.history || []);
@@ -237,7 +247,7 @@ function renderUsers() {
   const users = (usage && usage.users) || [];
   document.getElementById("users-box").hidden = !users.length;
   const w = cardWidth("users");
-  document.getElementById("users").replaceChildren(...users.map(u => el("div", {"class": "user", "data-user": u.user},
+  keepCards("users", "data-user", users.map(u => el("div", {"class": "user", "data-user": u.user},
     el("div", {"class": "name"}, u.user || "(daemon)"),
     el("div", {"class": "sub"}, wh(sum(u.points, p => p.energy_wh)) + " in range, up to "
        + fmt(Math.max(0, ...u.points.map(p => p.gpus || 0)), 2) + " GPUs held"),
