@@ -169,7 +169,7 @@ def is_finished(row: dict[str, Any]) -> bool:
     """Whether a job row is in an end state; a state this version does not know (a newer
     daemon's) counts as active, so it is shown with the running jobs rather than lost."""
     try:
-        return JobState(row.get("state")).is_terminal
+        return JobState(str(row.get("state"))).is_terminal
     except ValueError:
         return False
 
