@@ -38,7 +38,8 @@ class FakeNvml:
     def __init__(self, *, fail_init: int | None = None) -> None:
         for name in dir(pynvml):
             if name.startswith(("NVML_ERROR_", "NVML_GPM_METRIC_", "NVML_DEVICE_MIG_")) or name in (
-                "NVML_SUCCESS", "NVML_GPM_METRICS_GET_VERSION"
+                "NVML_SUCCESS", "NVML_GPM_METRICS_GET_VERSION", "NVML_TEMPERATURE_GPU", "NVML_CLOCK_SM",
+                "NVML_CLOCK_MEM"
             ):
                 setattr(self, name, getattr(pynvml, name))
         self.fail_init = fail_init
@@ -113,6 +114,13 @@ class FakeNvml:
 
     def nvmlDeviceGetPowerUsage(self, h: FakeDevice) -> int:
         return h.power_mw
+
+    def nvmlDeviceGetTemperature(self, h: FakeDevice, sensor: int) -> int:
+        assert sensor == pynvml.NVML_TEMPERATURE_GPU
+        return 61
+
+    def nvmlDeviceGetClockInfo(self, h: FakeDevice, clock: int) -> int:
+        return {pynvml.NVML_CLOCK_SM: 1980, pynvml.NVML_CLOCK_MEM: 2619}[clock]
 
     def nvmlDeviceGetTotalEnergyConsumption(self, h: FakeDevice) -> int:
         h.energy_mj += 5000

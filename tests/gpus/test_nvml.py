@@ -105,9 +105,11 @@ def test_sample_reads_metrics_and_leaves_unsupported_ones_none(fake: FakeNvml) -
     assert h100.used_mib == 1000 and h100.free_mib == 80_559
     assert h100.gpu_util == 0.87 and h100.power_watts == 250.0
     assert h100.energy_joules == pytest.approx(1005.0)
+    assert (h100.temperature_c, h100.sm_clock_mhz, h100.mem_clock_mhz) == (61.0, 1980.0, 2619.0)
     assert h100.sm_activity is None  # GPM needs two samples
     assert [(p.pid, p.used_mib, p.sm_util) for p in h100.processes] == [(111, 600.0, 0.4), (222, 300.0, None)]
     assert (mig.gpu_util, mig.power_watts, mig.energy_joules, mig.sm_activity) == (None, None, None, None)
+    assert (mig.temperature_c, mig.sm_clock_mhz) == (None, None)  # per physical GPU only
     assert [(p.pid, p.used_mib) for p in mig.processes] == [(333, 5.0)]
 
     second = backend.sample()[0]
@@ -117,6 +119,7 @@ def test_sample_reads_metrics_and_leaves_unsupported_ones_none(fake: FakeNvml) -
 
     caps = backend.capabilities()
     assert caps["memory"] == "ok" and caps["power"].startswith("GPU-h100: ok")
+    assert "GPU-h100: ok" in caps["temperature"] and "MIG-aaa: not on MIG" in caps["sm_clock"]
     assert "MIG-aaa: unsupported" in caps["mps_processes"]
     assert caps["mig_mode"] == "GPU-a100: ok; GPU-h100: unsupported"
     assert "unsupported" in caps["gpm"] and "GPU-h100: ok" in caps["gpm"]

@@ -96,3 +96,31 @@ def test_history_buckets_gpus_and_users_with_committed_memory(tmp_path):
     assert sum(p["energy_wh"] for p in users["ann"]) + sum(p["energy_wh"] for p in users["bob"]) == \
         pytest.approx(3000 / 3600)
     assert users["ann"][1]["gpus"] == pytest.approx(0.75)  # its share of the GPU's time
+
+
+def test_history_draws_gaps_as_gaps(tmp_path):
+    """Every bucket of the range has a point: None where the daemon sampled nothing (it was
+    down), and for a user zero where the daemon sampled but she held no GPU, so a chart never
+    draws a line across from her last job to her next (issue 37: 0.2 GPUs shown held of none)."""
+    store = MonitorStore(tmp_path / "m.sqlite")
+    sampler = UsageSampler([DEVICE])
+    procs = (ProcessUsage(101, 3000, 0.6), ProcessUsage(202, 1000, 0.2))
+    for t in [*range(1000, 1010), *range(1030, 1040)]:  # down from 1010 to 1030
+        ann_runs = t < 1005 or t >= 1035  # ann's jobs: before and after a quiet spell
+        jobs = {"2": UsageJob(202, user="bob")}
+        if ann_runs:
+            jobs["1"] = UsageJob(101, user="ann")
+        held = procs if ann_runs else procs[1:]
+        s = DeviceSample(UUID, float(t), 4000, 36_536, 1.0, 0.8, None, 0.1, 300.0, 300.0 * t, held)
+        store.write(sampler.observe([s], jobs, now=float(t)))
+    h = store.history(1000.0, 1039.0, points=8)  # 5 s buckets
+    assert h["step_s"] == pytest.approx(39 / 8)
+    gpu = h["gpus"][0]["points"]
+    assert len(gpu) == 9 and [p["t"] for p in gpu] == sorted(p["t"] for p in gpu)
+    down = [p for p in gpu if 1011 <= p["t"] <= 1029]
+    assert down and all(p["util"] is None and p["used_mib"] is None for p in down)
+    ann = {round(p["t"]): p["gpus"] for p in next(u for u in h["users"] if u["user"] == "ann")["points"]}
+    assert all(v is None for t, v in ann.items() if 1011 <= t <= 1029)  # not sampled: unknown
+    quiet = [v for t, v in ann.items() if 1006 <= t <= 1009 or 1031 <= t <= 1033]
+    assert quiet and all(v == 0.0 for v in quiet)  # sampled, held nothing: zero, not a line across
+    assert ann[min(ann)] > 0 and ann[max(ann)] > 0

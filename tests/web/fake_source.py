@@ -7,6 +7,7 @@ import time
 from collections import deque
 from typing import Any
 
+from collocate.daemon.views import device_readings, host_usage
 from collocate.errors import InputError
 from collocate.gpus.emulated import EmulatedBackend
 
@@ -16,12 +17,13 @@ class FakeSource:
         self.backend = backend
         self.lock = threading.Lock()
         self.rows: list[dict[str, Any]] = []
-        self.history: dict[str, deque[float]] = {}
+        self.points: dict[str, deque[float]] = {}
         self.logs: dict[str, str] = {}
         self.errs: dict[str, str] = {}
         self.held: dict[str, float] = {}  # job id -> MiB it holds now (running jobs)
         self.draining = False
         self.submitted: list[list[str]] = []
+        self.owner: dict[int, str] = {}  # pid -> job id, as the daemon knows its jobs' processes
 
     def add_job(self, name: str, state: str = "pending", on: tuple[str, ...] = (),
                 user: str = "ann", mem_mib: float | None = 1000.0, reason: str = "",
@@ -31,7 +33,8 @@ class FakeSource:
             self.rows.append({"id": job_id, "name": name, "user": user, "state": state,
                               "on": list(on), "mem_mib": mem_mib, "submit_time": time.time(),
                               "start_time": time.time() if state != "pending" else None,
-                              "end_time": None, "reason": reason, "argv": ["python", f"{name}.py"]})
+                              "end_time": time.time() if state not in ("pending", "running") else None,
+                              "reason": reason, "argv": ["python", f"{name}.py"]})
             self.logs[job_id] = f"epoch 1 of {name}\n<b>not html</b>\n"
             self.errs[job_id] = f"warning from {name}\n"
             if held_mib is not None:
@@ -44,7 +47,7 @@ class FakeSource:
             out = []
             for d in self.backend.devices():
                 s = samples.get(d.uuid)
-                hist = self.history.setdefault(d.uuid, deque(maxlen=60))
+                hist = self.points.setdefault(d.uuid, deque(maxlen=60))
                 if s is not None:
                     hist.append({"t": time.time(), "util": s.sm_activity,
                                  "used_mib": s.used_mib})
@@ -54,7 +57,8 @@ class FakeSource:
                             "total_mib": d.total_mib, "used_mib": s.used_mib if s else None,
                             "util": s.sm_activity if s else None,
                             "jobs": here, "history": list(hist),
-                            "job_mib": {j: self.held[j] for j in here if j in self.held}})
+                            "job_mib": {j: self.held[j] for j in here if j in self.held},
+                            **device_readings(s, self.owner)})
             return out
 
     def jobs(self) -> list[dict[str, Any]]:
@@ -86,7 +90,7 @@ class FakeSource:
 
     def status(self) -> dict[str, Any]:
         return {"tracking": [{"sink": "mlflow", "degraded": True, "reason": "OSError: disk full"}],
-                "daemon": {"draining": self.draining}}
+                "daemon": {"draining": self.draining, "host": host_usage()}}
 
     def submit(self, argv: list[str], *, name: str | None, mem: str | None) -> str:
         self.submitted.append(list(argv))

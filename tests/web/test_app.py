@@ -166,3 +166,22 @@ def test_serve_in_thread_local_only_without_token_and_stops(source):
     assert not server.thread.is_alive()
     with pytest.raises(httpx.ConnectError):
         httpx.get(server.url, timeout=2)
+
+
+def test_board_pages_finished_jobs_counts_every_state_and_keeps_unknown_ones_active():
+    from collocate.web.app import board
+
+    rows = [{"id": str(i), "user": "ann" if i % 2 else "bob", "name": f"j{i}", "state": state,
+             "end_time": float(i) if state in ("done", "timeout", "cancelled") else None}
+            for i, state in enumerate(["pending", "running", "suspended", *["done"] * 20,
+                                       "timeout", "cancelled"], start=1)]
+    b = board(rows, page=0, per_page=10)
+    assert [r["state"] for r in b["active"]] == ["pending", "running", "suspended"]  # a newer state
+    assert b["counts"]["suspended"] == 1 and b["counts"]["failed"] == 0 and b["counts"]["timeout"] == 1
+    assert b["finished_total"] == 22 and b["pages"] == 3
+    assert [r["id"] for r in b["finished"]][:2] == ["25", "24"]  # newest first
+    last = board(rows, page=99, per_page=10)
+    assert last["page"] == 2 and len(last["finished"]) == 2
+    only = board(rows, user="bob", state="done")
+    assert only["finished_total"] == 10 and all(r["user"] == "bob" for r in only["finished"])
+    assert only["counts"]["done"] == 20  # counts are over every job, filters aside

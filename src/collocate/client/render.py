@@ -158,8 +158,7 @@ def print_detail(d: dict[str, Any]) -> None:
             f"   priority {d.get('priority', 0)}")
     if d.get("profile"):
         p = d["profile"]
-        c.print(f"  activity  SM {p['sm_activity']:.2f}, DRAM {p['dram_activity']:.2f} alone"
-                f" ({printable(p['source'])})")
+        c.print(f"  activity  {activity_text(p, d.get('summary'))}")
         if isinstance(p.get("measured_slowdown"), (int, float)):
             c.print(f"  slowdown  {p['measured_slowdown']:.2f}x now, from the steps it reports")
     c.print(f"  retries   {retries_line(d)}")
@@ -186,12 +185,23 @@ def print_detail(d: dict[str, Any]) -> None:
     for a in d["attempts"]:
         on = ",".join(a["gpus"]) or (f"cpu on {a['host']}" if a.get("host") else "cpu")  # a CPU job
         table.add_row(str(a["n"]), when(a["start"]), when(a["end"]), plain(on),
-                      _mib(a["mem_mib"]), _mib(a["peak_mib"]),
+                      _mib(a["mem_mib"]), _mib(a["peak_mib"]) + (" so far" if a.get("peak_so_far") else ""),
                       "-" if a["returncode"] is None else str(a["returncode"]),
                       plain(a["outcome"] or "running"), plain(a["reason"] or ""))
     c.print(table)
     for line in measured_lines(d.get("summary")):
         c.print(line)
+
+
+def activity_text(profile: dict[str, Any], summary: dict[str, Any] | None) -> str:
+    """The solo activity the scheduler uses, labelled measured or assumed; an assumption is not
+    printed beside a measurement of the job (its mean SM over the run, in "measured" below)."""
+    alone = (f"SM {profile['sm_activity']:.2f}, DRAM {profile['dram_activity']:.2f} alone"
+             f" ({printable(profile['source'])})")
+    if profile.get("source_kind") == "assumed" and (summary or {}).get("mean_sm") is not None:
+        return ("never measured alone (it always shared its GPU); what was measured is its mean "
+                "SM activity, under \"measured\" below")
+    return alone
 
 
 def retries_line(d: dict[str, Any]) -> str:

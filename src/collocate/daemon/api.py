@@ -50,7 +50,7 @@ class Api:
         return {"pid": os.getpid(), "state_dir": str(self.layout.root), "policy": self.config.policy,
                 "gpus": len(self.watch.devices), "draining": self.store.get_flag("draining"),
                 "tracking_degraded": status["degraded"], "tracking": status["tracking"],
-                "dashboard": self.tracking.dashboard_url}
+                "dashboard": self.tracking.dashboard_url, "host": views.host_usage()}
 
     def op_submit(self, args: dict, peer: Peer) -> dict:
         stored = self.store.job_for_key(submit_key(args.get("key")))

@@ -110,8 +110,7 @@ def job_detail(store: Store, job_id: str, *, running: Mapping[str, Any] | None =
         "after_notok": list(job.after_notok), "time_limit_s": job.time_limit_s,
         "held": job.held, "public": spec.public, "notify": list(spec.notify),
         "retry_failures": job.retry_failures, "nodes": job.nodes,
-        "profile": _profile(job, resident(job_id) if resident else None),
-        "attempts": [a.to_dict() for a in store.attempts(job_id)],
+        **_measured(job, store.attempts(job_id), resident(job_id) if resident else None),
         "fence": fence_line(job, resident(job_id) if resident else None),
         "victim_crashes": job.victim_crashes,
     }
@@ -133,6 +132,26 @@ def fence_line(job: Job, r: Any) -> str:
         return "fenced at the room its GPU has when it starts (its memory is unknown)"
     return (f"fenced at {format_mib(fence)} per GPU (a PyTorch job's caching allocator is capped "
             "there; under MPS its memory limit)")
+
+
+def _measured(job: Job, attempts: list[Any], resident: Any) -> dict[str, Any]:
+    """``profile`` and ``attempts`` as ``show`` gives them, so that what was measured wins
+    over what was assumed: a running attempt's ``peak_mib`` is its peak so far (the world's
+    memory ramp; ``peak_so_far`` says so) rather than nothing beside the summary's peak, and an
+    ended job shows the solo activity one of its attempts measured, not the prior it started
+    with (assumed, its family's or an earlier run's)."""
+    rows = [a.to_dict() for a in attempts]
+    if rows and rows[-1]["end"] is None and rows[-1]["peak_mib"] is None and resident is not None:
+        peak = getattr(getattr(resident, "ramp", None), "peak_mib", 0.0) or 0.0
+        if peak > 0:
+            rows[-1]["peak_mib"], rows[-1]["peak_so_far"] = peak, True
+    profile = _profile(job, resident)
+    solo = next((a for a in reversed(attempts) if a.solo_sm is not None), None)
+    if resident is None and profile["source_kind"] not in ("measured", "inferred") and solo is not None:
+        profile.update(sm_activity=solo.solo_sm, dram_activity=solo.solo_dram or 0.0, sm_sd=None,
+                       source_kind="measured",
+                       source=f"measured on its GPU in attempt {solo.n}, alone at least once")
+    return {"profile": profile, "attempts": rows}
 
 
 _SOURCES = {
@@ -233,6 +252,7 @@ def gpu_rows(monitor: GpuWatch, running: Mapping[str, Any], now: float,
             jobs_on.setdefault(uuid, []).append(job_id)
     held = {uuid: {j: _held_mib(running[j].pids, monitor.last.get(uuid)) for j in ids}
             for uuid, ids in jobs_on.items()}
+    owner = {pid: job_id for job_id, run in running.items() for pid in run.pids}
     rows = []
     for d in monitor.devices:
         s = monitor.last.get(d.uuid)
@@ -250,8 +270,24 @@ def gpu_rows(monitor: GpuWatch, running: Mapping[str, Any], now: float,
             "jobs": sorted(jobs_on.get(d.uuid, []), key=int),
             "job_mib": held.get(d.uuid, {}),
             "node_event": latest.get(d.id.node),
+            **device_readings(s, owner),
         })
     return rows
+
+
+def device_readings(sample: Any, owner: Mapping[int, str]) -> dict[str, Any]:
+    """What nvidia-smi shows of a GPU beside memory: power (W), temperature (C), SM and memory
+    clocks (MHz), each None where the backend cannot read it (emulated GPUs model power, not
+    temperature or clocks), and every process holding memory on it with the job it belongs to
+    (``owner``: pid -> job id; None for a process that is no job's)."""
+    if sample is None:
+        return {"power_w": None, "temperature_c": None, "sm_clock_mhz": None,
+                "mem_clock_mhz": None, "processes": []}
+    return {"power_w": sample.power_watts, "temperature_c": getattr(sample, "temperature_c", None),
+            "sm_clock_mhz": getattr(sample, "sm_clock_mhz", None),
+            "mem_clock_mhz": getattr(sample, "mem_clock_mhz", None),
+            "processes": [{"pid": p.pid, "used_mib": p.used_mib, "job": owner.get(p.pid)}
+                          for p in sample.processes]}
 
 
 EVENT_S = 3600.0  # how long ``collocate gpus`` shows that a node joined, left or came back
@@ -262,3 +298,20 @@ def _held_mib(pids: frozenset[int], sample: Any) -> float | None:
     if sample is None:
         return None
     return sum(p.used_mib for p in sample.processes if p.pid in pids)
+
+
+_cpu_primed = False
+
+
+def host_usage() -> dict[str, Any]:
+    """The daemon's host as the page shows it (and ``htop``): CPU busy since the last call (None
+    on the first, which has nothing to compare with), cores, load, and RAM used of total."""
+    import psutil
+
+    global _cpu_primed
+    cpu = psutil.cpu_percent(interval=None)
+    known, _cpu_primed = _cpu_primed, True
+    mem = psutil.virtual_memory()
+    return {"cpu_pct": cpu if known else None, "cpus": psutil.cpu_count() or 1,
+            "load1": os.getloadavg()[0], "mem_total_mib": mem.total / 2**20,
+            "mem_used_mib": (mem.total - mem.available) / 2**20}

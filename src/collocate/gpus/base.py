@@ -68,6 +68,10 @@ class DeviceSample:
     #: False when the device could not be read at all (its node of a cluster is away): the
     #: daemon then leaves it out of the policies' snapshot until it answers again.
     reachable: bool = True
+    # what nvidia-smi shows beside (appended last: callers pass the fields above by position)
+    temperature_c: float | None = None  # the GPU die, as nvidia-smi shows it
+    sm_clock_mhz: float | None = None  # the SM (graphics) clock now
+    mem_clock_mhz: float | None = None  # the memory clock now
 
 
 class GpuBackend(Protocol):

@@ -273,13 +273,15 @@ class NvmlBackend:
         now = time.time()
         mem = self._call("memory", uuid, n.nvmlDeviceGetMemoryInfo, h)
         util = power = energy = None
+        thermal: dict[str, float | None] = dict.fromkeys(("temperature", "sm_clock", "mem_clock"))
         if d.is_mig:  # NVML keeps these per physical GPU only
-            for metric in ("utilization", "power", "energy", "process_utilization"):
+            for metric in ("utilization", "power", "energy", "process_utilization", *thermal):
                 self._record(metric, uuid, "not on MIG instances")
         else:
             util = self._call("utilization", uuid, n.nvmlDeviceGetUtilizationRates, h)
             power = self._call("power", uuid, n.nvmlDeviceGetPowerUsage, h)
             energy = self._call("energy", uuid, n.nvmlDeviceGetTotalEnergyConsumption, h)
+            thermal = self._thermal(uuid, h)
         compute = self._call("processes", uuid, n.nvmlDeviceGetComputeRunningProcesses, h)
         mps = self._call("mps_processes", uuid, n.nvmlDeviceGetMPSComputeRunningProcesses, h)
         gpm = self._gpm(d)
@@ -299,8 +301,29 @@ class NvmlBackend:
             dram_activity=gpm["dram_activity"],
             power_watts=milliwatts_to_watts(power),
             energy_joules=millijoules_to_joules(energy),
+            temperature_c=thermal["temperature"],
+            sm_clock_mhz=thermal["sm_clock"],
+            mem_clock_mhz=thermal["mem_clock"],
             processes=merge_processes(compute, mps, self._process_sm(d)),
         )
+
+    def _thermal(self, uuid: str, h: Any) -> dict[str, float | None]:
+        """Temperature (C) and the SM and memory clocks (MHz) as nvidia-smi shows them; None
+        where the driver (or an older pynvml) does not give them."""
+        n = self.nvml
+        reads = {"temperature": ("nvmlDeviceGetTemperature", "NVML_TEMPERATURE_GPU", 0),
+                 "sm_clock": ("nvmlDeviceGetClockInfo", "NVML_CLOCK_SM", 1),
+                 "mem_clock": ("nvmlDeviceGetClockInfo", "NVML_CLOCK_MEM", 2)}
+        out: dict[str, float | None] = {}
+        for metric, (fn_name, const, default) in reads.items():
+            fn = getattr(n, fn_name, None)
+            if fn is None:
+                self._record(metric, uuid, "unsupported")
+                out[metric] = None
+                continue
+            value = self._call(metric, uuid, fn, h, getattr(n, const, default))
+            out[metric] = None if value is None else float(value)
+        return out
 
     def _process_sm(self, d: _Device) -> dict[int, float]:
         """Per-process SM utilization since the last call (not kept by the driver on MIG)."""

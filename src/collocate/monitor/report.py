@@ -55,15 +55,27 @@ def parse_since(text: str, now: float | None = None) -> float:
                          "or seconds since the epoch") from None
 
 
+#: Why a job shows no GPU figures: what ``show`` says instead of a bare 0.
+NO_GPU_USE = ("not measured: no process of the job held GPU memory, so it was charged no GPU "
+              "time or energy (on emulated GPUs only `collocate emulate-job` processes hold any)")
+
+
 def summary_lines(s: JobSummary) -> list[str]:
-    """The lines ``collocate show`` adds for a job's measured usage."""
-    sm = "-" if s.mean_sm is None else f"{100 * s.mean_sm:.0f}%"
+    """The lines ``collocate show`` adds for a job's measured usage; a figure that was not
+    measured says so and why, never a bare zero."""
+    cpu = f"CPU-hours        {s.cpu_hours:.3f}, peak host memory {s.peak_rss_mib:,.0f} MiB"
+    if s.occupancy_hours <= 0 and s.peak_mib <= 0:
+        return [f"GPU              {NO_GPU_USE}", cpu]
+    sm = ("not read (this GPU gives no SM activity)" if s.mean_sm is None
+          else f"{100 * s.mean_sm:.0f}%")
+    energy = (f"{s.energy_wh:.2f} Wh" if s.energy_wh > 0 else
+              "not measured: its GPU gave no power reading (MIG instances and some boards have none)")
     return [
-        f"peak GPU memory  {s.peak_mib:,.0f} MiB",
+        f"peak GPU memory  {s.peak_mib:,.0f} MiB (any attempt)",
         f"mean SM activity {sm}",
         f"GPU-hours        {s.gpu_hours:.3f} (share of GPU time; held {s.occupancy_hours:.3f})",
-        f"energy           {s.energy_wh:.2f} Wh",
-        f"CPU-hours        {s.cpu_hours:.3f}, peak host memory {s.peak_rss_mib:,.0f} MiB",
+        f"energy           {energy}",
+        cpu,
     ]
 
 

@@ -289,7 +289,12 @@ class MonitorStore:
         """GPUs and users over ``[since, until]`` in at most ``points`` buckets, for the dashboard:
         per GPU the mean utilisation, used and committed memory, and energy; per user the mean
         GPUs held (GPU-seconds / bucket), GPU memory held, SM activity and energy. Bucketed in
-        SQL, so an hour of 1 s samples costs no more to draw than two minutes."""
+        SQL, so an hour of 1 s samples costs no more to draw than two minutes.
+
+        Every bucket of the range has a point, so gaps are drawn as gaps: a bucket without a
+        sample (the daemon was down) has None values; a user who held nothing in a bucket the
+        daemon sampled has zeros there (not a line drawn across from her last job to her next).
+        How far back it reaches is ``Retention.max_age_s`` (7 days by default)."""
         step = max(1.0, (until - since) / max(1, points))
         with self._reading() as db:
             gpu_rows = db.execute(
@@ -303,18 +308,28 @@ class MonitorStore:
                 " SUM(j.sm * j.occupancy_s), SUM(j.occupancy_s), SUM(j.energy_j)"
                 " FROM mon_job j LEFT JOIN mon_job_total u USING (job_id) WHERE j.t >= ? AND j.t <= ?"
                 " GROUP BY 1, b ORDER BY 1, b", (since, step, since, until)).fetchall()
+        n = int((until - since) // step) + 1  # the last bucket holds `until` itself
+        mid = [since + (b + 0.5) * step for b in range(n)]
+        sampled = {r[2] for r in gpu_rows} | {r[1] for r in user_rows}  # buckets the daemon saw
         gpus: dict[str, dict[str, Any]] = {}
         for uuid, gpu, b, util, used, committed, energy, total in gpu_rows:
-            g = gpus.setdefault(uuid, {"uuid": uuid, "gpu": gpu, "total_mib": total, "points": []})
-            g["points"].append({"t": since + (b + 0.5) * step, "util": util, "used_mib": used,
-                                "committed_mib": committed, "energy_wh": (energy or 0.0) / 3600})
+            g = gpus.setdefault(uuid, {"uuid": uuid, "gpu": gpu, "total_mib": total, "points": [
+                {"t": t, "util": None, "used_mib": None, "committed_mib": None, "energy_wh": None}
+                for t in mid]})
+            if 0 <= b < n:
+                g["points"][b].update({"util": util, "used_mib": used, "committed_mib": committed,
+                                       "energy_wh": (energy or 0.0) / 3600})
         users: dict[str, dict[str, Any]] = {}
         for user, b, gpu_s, mib, ticks, sm_time, occ, energy in user_rows:
-            u = users.setdefault(user, {"user": user, "points": []})
-            u["points"].append({"t": since + (b + 0.5) * step, "gpus": (gpu_s or 0.0) / step,
-                                "mem_mib": (mib or 0.0) / max(1, ticks),
-                                "sm": (sm_time / occ) if occ else None,
-                                "energy_wh": (energy or 0.0) / 3600})
+            u = users.setdefault(user, {"user": user, "points": [  # held nothing while sampled
+                {"t": t, "gpus": 0.0 if i in sampled else None,
+                 "mem_mib": 0.0 if i in sampled else None, "sm": None,
+                 "energy_wh": 0.0 if i in sampled else None} for i, t in enumerate(mid)]})
+            if 0 <= b < n:
+                u["points"][b].update({"gpus": (gpu_s or 0.0) / step,
+                                       "mem_mib": (mib or 0.0) / max(1, ticks),
+                                       "sm": (sm_time / occ) if occ else None,
+                                       "energy_wh": (energy or 0.0) / 3600})
         return {"since": since, "until": until, "step_s": step,
                 "gpus": list(gpus.values()), "users": list(users.values())}
 

@@ -4,6 +4,8 @@
 
 * ``GET /`` and ``GET /jobs/{id}`` (a job's own, linkable page): the page (``page.PAGE``: inline
   CSS and JS, no build step, no CDN; polls the API);
+* ``GET /api/board?page=N&per_page=M&user=&state=&text=``: what the page shows of the jobs
+  (``board``: the active ones, one page of the finished ones, counts per state);
 * ``GET /api/gpus``, ``/api/jobs``, ``/api/jobs/{id}``, ``/api/status``, and
   ``/api/jobs/{id}/log?stream=stdout|stderr`` (the tail of the latest attempt's output);
 * ``GET /api/history?since=SECONDS`` when the source keeps history: per GPU and per user over
@@ -37,10 +39,13 @@ from fastapi import Body, FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from collocate.errors import CollocateError
+from collocate.model import JobState
 from collocate.web.page import PAGE
 from collocate.web.source import DashboardSource, can_submit
 
 MAX_LOG_BYTES = 64 * 1024
+FINISHED_PER_PAGE = 15  # finished jobs per page: the list stays short at 29 jobs or 2,000
+MAX_PER_PAGE = 200
 
 
 def create_app(source: DashboardSource, *, token: str | None = None,
@@ -87,6 +92,11 @@ def create_app(source: DashboardSource, *, token: str | None = None,
     @app.get("/api/jobs")
     def jobs() -> list[dict[str, Any]]:
         return source.jobs()
+
+    @app.get("/api/board")
+    def board_view(page: int = 0, per_page: int = FINISHED_PER_PAGE, user: str = "",
+                   state: str = "", text: str = "") -> dict[str, Any]:
+        return board(source.jobs(), page=page, per_page=per_page, user=user, state=state, text=text)
 
     @app.get("/api/jobs/{job_id}")
     def job(job_id: str) -> dict[str, Any]:
@@ -153,6 +163,48 @@ def create_app(source: DashboardSource, *, token: str | None = None,
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+def is_finished(row: dict[str, Any]) -> bool:
+    """Whether a job row is in an end state; a state this version does not know (a newer
+    daemon's) counts as active, so it is shown with the running jobs rather than lost."""
+    try:
+        return JobState(str(row.get("state"))).is_terminal
+    except ValueError:
+        return False
+
+
+def board(rows: list[dict[str, Any]], *, page: int = 0, per_page: int = FINISHED_PER_PAGE,
+          user: str = "", state: str = "", text: str = "") -> dict[str, Any]:
+    """The page's view of the jobs: ``active`` (every job not in an end state, filtered),
+    one ``page`` of the ``finished`` ones (newest first, ``per_page`` rows), and ``counts`` per
+    state over every job (each state of ``JobState`` present, zeros included, and any other
+    state the daemon returns)."""
+    per_page = max(1, min(per_page, MAX_PER_PAGE))
+    text = text.strip().lower()
+
+    def keep(r: dict[str, Any]) -> bool:
+        return ((not user or r.get("user") == user) and (not state or r.get("state") == state)
+                and (not text or any(text in str(r.get(k) or "").lower()
+                                     for k in ("id", "name", "reason"))))
+
+    counts = dict.fromkeys((s.value for s in JobState), 0)
+    for r in rows:
+        counts[str(r.get("state"))] = counts.get(str(r.get("state")), 0) + 1
+    shown = [r for r in rows if keep(r)]
+    finished = sorted((r for r in shown if is_finished(r)),
+                      key=lambda r: (r.get("end_time") or 0.0, _id_key(r)), reverse=True)
+    pages = max(1, -(-len(finished) // per_page))
+    page = max(0, min(page, pages - 1))
+    return {"active": [r for r in shown if not is_finished(r)],
+            "finished": finished[page * per_page:(page + 1) * per_page],
+            "finished_total": len(finished), "page": page, "pages": pages, "per_page": per_page,
+            "counts": counts}
+
+
+def _id_key(row: dict[str, Any]) -> tuple[int, str]:
+    job_id = str(row.get("id", ""))
+    return (int(job_id), "") if job_id.isdigit() else (0, job_id)
 
 
 def split_command(command: str) -> list[str]:

@@ -7,17 +7,25 @@ DOM calls and ``textContent`` only (job names, reasons and logs are user text: n
 Sizes are formatted as ``collocate.units.format_mib`` does and times as ``YYYY-MM-DD HH:MM:SS``
 local time, as the CLI prints them. ``/jobs/<id>`` is the same page opened on one job.
 
-A member keeps it open (``collocate dashboard``, their own rights): a range of history
-(``#range``: 2 minutes to 24 hours, from ``/api/history``, polled every ``HISTORY_MS``), per GPU
-(SM activity; memory used beside memory committed to jobs; energy) and per user (GPUs held,
-memory, energy); the queue in the order jobs would start, with each one's reason; filters by
-user, state and text; and cancel, hold and release buttons on the viewer's own jobs (all jobs
-for the daemon's owner) when the source can act.
+A member keeps it open (``collocate dashboard``, their own rights): running jobs first (who is
+where), then the queue in the order jobs would start with each one's reason, side by side on a
+wide screen; the GPUs as a grid of cards that fills the width (charts sized to their card), each
+with power, temperature and clocks (or which of them the backend cannot read: emulated GPUs
+model power only) and the processes holding memory with their jobs; the host's CPU and RAM in
+the header beside a count of every state the daemon returns (zeros included); a range of history
+(``#range``: 2 minutes to 7 days, the monitor's retention, from ``/api/history``, polled every
+``HISTORY_MS``), per GPU (SM activity; memory used beside memory committed to jobs; energy) and
+per user (GPUs held, memory, energy), where a bucket without samples breaks the line (gaps are
+drawn as gaps); the finished jobs paged by the server (``/api/board``, newest first); filters by
+user, state and text (applied by the server); and cancel, hold and release buttons on the
+viewer's own jobs (all jobs for the daemon's owner) when the source can act.
 
 Element ids used by the browser tests: ``#counts`` (``.count[data-state]``), ``#drain``,
-``#you``, ``#range``, ``#gpus`` (one ``.gpu`` card per GPU, ``data-uuid``, each with two
-``svg.chart``), ``#users`` (``.user[data-user]``), ``#filter-user``, ``#filter-state``,
-``#filter-text``, ``#queue``, ``#running``, ``#finished`` (rows ``tr[data-job]``, state cells
+``#you``, ``#host``, ``#range``, ``#gpus`` (one ``.gpu`` card per GPU, ``data-uuid``, each
+with ``.readings``, ``.procs`` and two ``svg.chart`` whose lines are ``polyline.line``),
+``#users`` (``.user[data-user]``), ``#filter-user``, ``#filter-state``,
+``#filter-text``, ``#queue``, ``#running``, ``#finished`` (with ``#finished-total``,
+``#finished-page``, ``#newer``, ``#older``; rows ``tr[data-job]``, state cells
 ``.badge.state-<state>``, buttons ``button.act[data-action]``), ``#detail`` (``#detail-title``,
 ``#detail-command``, ``#attempts``, ``#stdout``, ``#stderr``), ``#tracking``, ``#act-msg``.
 """
@@ -38,8 +46,12 @@ header h1{font-size:18px;margin:0}header a{color:#fff;text-decoration:none}
 #drain{background:#fdf3d7;color:#6b4e00;border:1px solid #e6c65c;padding:6px 10px;border-radius:6px}
 main{padding:12px 16px;display:grid;gap:16px}
 section h2{font-size:15px;margin:4px 0 8px}
-#gpus{display:flex;flex-wrap:wrap;gap:10px}
-.gpu{background:#fff;border:1px solid #d5dae0;border-radius:6px;padding:8px;width:300px}
+#gpus,#users{display:grid;grid-template-columns:repeat(auto-fill,minmax(var(--card),1fr));gap:10px}
+:root{--card:320px}
+.gpu,.user{background:#fff;border:1px solid #d5dae0;border-radius:6px;padding:8px;min-width:0}
+.readings,.procs{font-size:12px;color:#5b6775}.procs td{font-size:12px;padding:1px 6px}
+#host{font-size:12px;color:#c9d1da}.pager{display:flex;gap:8px;align-items:center;margin:6px 0}
+.jobs{display:grid;grid-template-columns:repeat(auto-fit,minmax(640px,1fr));gap:16px;align-items:start}
 .name{font-weight:600}.sub{color:#5b6775;font-size:12px}
 .bar{height:10px;background:#e4e8ec;border-radius:5px;overflow:hidden;margin:4px 0}
 .bar div{height:100%;background:#3a7bd5}.bar div.hot{background:#d55b3a}
@@ -51,13 +63,12 @@ th,td{border-bottom:1px solid #e4e8ec;padding:4px 8px;text-align:left;font-size:
 th{color:#5b6775;font-weight:600}
 tr[data-job]{cursor:pointer}tr[data-job]:hover{background:#eef3fb}tr[data-job].sel{background:#e3ecfa}
 td a{color:#1a5fb4}.reason{color:#5b6775;max-width:520px}
-.badge{display:inline-block;padding:1px 8px;border-radius:9px;font-size:12px;font-weight:600;color:#fff}
+.badge{display:inline-block;padding:1px 8px;border-radius:9px;font-size:12px;font-weight:600;color:#fff;background:#6b7480}
 .state-pending{background:#b7791f}.state-running{background:#1a5fb4}.state-done{background:#2e7d32}
 .state-failed{background:#b3261e}.state-cancelled{background:#6b7480}.state-rejected{background:#7a1f5c}
-.state-timeout{background:#8a3b12}
+.state-timeout{background:#8a3b12}.state-suspended{background:#5b4bb7}
 .bar div.committed{background:#e6a23c}.legend{font-size:11px;color:#5b6775}
-.user{background:#fff;border:1px solid #d5dae0;border-radius:6px;padding:8px;width:300px}
-#users{display:flex;flex-wrap:wrap;gap:10px}.filters{display:flex;gap:8px;margin:0 0 6px}
+.filters{display:flex;gap:8px;margin:0 0 6px}
 button.act{font-size:11px;padding:1px 6px;margin-right:3px}#act-msg.err{color:#b3261e}
 select,.filters input{padding:2px 4px}
 #detail{background:#fff;border:1px solid #d5dae0;border-radius:6px;padding:8px}
@@ -71,24 +82,26 @@ _BODY = """
 <span id="you"></span><label>history <select id="range">
 <option value="120">2 min</option><option value="600" selected>10 min</option>
 <option value="3600">1 h</option><option value="21600">6 h</option><option value="86400">24 h</option>
-</select></label><span id="updated">loading...</span><span id="tracking"></span></header>
+<option value="259200">3 d</option><option value="604800">7 d</option>
+</select></label><span id="host"></span><span id="updated">loading...</span><span id="tracking"></span></header>
 <main>
 <div id="drain" hidden>draining: the daemon places no new jobs (running ones go on);
 <code>collocate resume</code> places jobs again</div>
 <section id="detail-box" hidden><h2>Job</h2><div id="detail"></div></section>
+<div class="filters"><input id="filter-user" placeholder="user"><select id="filter-state">
+<option value="">any state</option></select>
+<input id="filter-text" placeholder="name, id or reason contains"><span id="act-msg"></span></div>
+<div class="jobs"><section><h2>Running</h2><table id="running"></table></section>
+<section><h2>Queue (in the order jobs start)</h2><table id="queue"></table></section></div>
 <section><h2>GPUs</h2><div id="gpus"></div></section>
 <section id="users-box" hidden><h2>Users</h2><div id="users"></div></section>
 <section id="submit-box" hidden><h2>Submit</h2>
 <form id="submit"><input id="cmd" placeholder="command, e.g. python train.py --tag 'run 1'" size="50">
 <input id="mem" placeholder="memory, e.g. 6GiB" size="12"><input id="jobname" placeholder="name">
 <button>submit</button><span id="submit-msg"></span></form></section>
-<div class="filters"><input id="filter-user" placeholder="user"><select id="filter-state">
-<option value="">any state</option><option>pending</option><option>running</option><option>done</option>
-<option>failed</option><option>timeout</option><option>cancelled</option><option>rejected</option></select>
-<input id="filter-text" placeholder="name, id or reason contains"><span id="act-msg"></span></div>
-<section><h2>Queue (in the order jobs start)</h2><table id="queue"></table></section>
-<section><h2>Running</h2><table id="running"></table></section>
-<section><h2>Finished</h2><table id="finished"></table></section>
+<section><h2>Finished <span class="sub" id="finished-total"></span></h2>
+<div class="pager"><button id="newer">newer</button><span id="finished-page"></span>
+<button id="older">older</button></div><table id="finished"></table></section>
 </main>
 """
 
@@ -141,7 +154,8 @@ function chart(series, o) {
   const pts = [];
   for (const s of series) for (const p of s.points) if (!none(p[1])) pts.push(p);
   if (!pts.length) { add("text", {x: L, y: h / 2}, "no samples yet"); return svg; }
-  const t0 = Math.min(...pts.map(p => p[0])), t1 = Math.max(t0 + 1, ...pts.map(p => p[0]));
+  const all = series.flatMap(s => s.points);  // the time axis spans the range, gaps included
+  const t0 = Math.min(...all.map(p => p[0])), t1 = Math.max(t0 + 1, ...all.map(p => p[0]));
   const top = o.max || Math.max(1e-9, ...pts.map(p => p[1])) * 1.1;
   const x = t => L + (w - L - R) * (t - t0) / (t1 - t0), y = v => h - B - (h - B - T) * Math.min(1, v / top);
   for (const v of [0, top / 2, top]) {
@@ -151,20 +165,61 @@ function chart(series, o) {
   add("line", {x1: L, x2: L, y1: T, y2: h - B, "class": "axis"});
   add("text", {x: L, y: h - 4}, clock(new Date(t0 * 1000)));
   add("text", {x: w - R, y: h - 4, "text-anchor": "end"}, clock(new Date(t1 * 1000)));
-  for (const s of series) {
-    const shown = s.points.filter(p => !none(p[1])), colour = s.color || "#2e9c5b";
-    add("polyline", {stroke: colour, points: shown.map(p => x(p[0]).toFixed(1) + "," + y(p[1]).toFixed(1)).join(" ")});
-    const last = shown[shown.length - 1];  // a dot on the latest value (also when it is the only one)
-    if (last) add("circle", {cx: x(last[0]), cy: y(last[1]), r: 2.5, fill: colour});
+  for (const s of series) {  // a null point (nothing sampled) ends a line: gaps stay gaps
+    const colour = s.color || "#2e9c5b", runs = [[]];
+    for (const p of s.points) { if (none(p[1])) { if (runs[runs.length - 1].length) runs.push([]); }
+                                else runs[runs.length - 1].push(p); }
+    for (const run of runs.filter(r => r.length)) {
+      add("polyline", {stroke: colour, "class": "line", points: run.map(p => x(p[0]).toFixed(1) + "," + y(p[1]).toFixed(1)).join(" ")});
+      if (run.length === 1) add("circle", {cx: x(run[0][0]), cy: y(run[0][1]), r: 1.5, fill: colour});
+    }
+    const shown = s.points.filter(p => !none(p[1])), last = shown[shown.length - 1];
+    if (last) add("circle", {cx: x(last[0]), cy: y(last[1]), r: 2.5, fill: colour});  // the latest value
   }
   return svg;
 }
-let usage = null, status = {}, lastHistory = 0;  // usage: /api/history's answer
+let usage = null, status = {}, lastHistory = 0, finishedPage = 0;  // usage: /api/history's answer
+function cardWidth(id) {  // the width a grid card gets (charts fill it)
+  const box = document.getElementById(id), card = 320, gap = 10, W = box.clientWidth || 1200;
+  const cols = Math.max(1, Math.floor((W + gap) / (card + gap)));
+  return Math.floor((W - gap * (cols - 1)) / cols) - 18;
+}
+const watts = x => none(x) ? null : Math.round(x) + " W";
+const mhz = x => none(x) ? null : Math.round(x) + " MHz";
+function readings(g) {  // what nvidia-smi shows beside memory; left out where not read
+  const parts = [["power", watts(g.power_w)], ["temperature", none(g.temperature_c) ? null : Math.round(g.temperature_c) + " C"],
+                 ["SM clock", mhz(g.sm_clock_mhz)], ["memory clock", mhz(g.mem_clock_mhz)]];
+  const read = parts.filter(p => p[1] !== null), unread = parts.filter(p => p[1] === null).map(p => p[0]);
+  return el("div", {"class": "readings"}, read.map(p => p[0] + " " + p[1]).join(" | ")
+    + (unread.length ? (read.length ? " | " : "") + "not read by this backend: " + unread.join(", ") : ""));
+}
+function procs(g) {
+  const ps = g.processes || [];
+  if (!ps.length) return el("div", {"class": "procs"}, "no processes on it");
+  return el("table", {"class": "procs"}, el("tr", {}, el("th", {}, "pid"), el("th", {}, "job"), el("th", {}, "memory")),
+    ...ps.map(p => el("tr", {}, el("td", {}, String(p.pid)), el("td", {}, none(p.job) ? "(not a job)" : "#" + p.job),
+                      el("td", {}, mib(p.used_mib)))));
+}
+function renderHost(h) {
+  document.getElementById("host").textContent = h ? "host: CPU " + (none(h.cpu_pct) ? "-" : Math.round(h.cpu_pct) + "%")
+    + " of " + h.cpus + " cores, load " + fmt(h.load1, 1) + " | RAM " + mib(h.mem_used_mib) + " / " + mib(h.mem_total_mib) : "";
+}
 const sum = (xs, f) => xs.reduce((a, x) => a + (f(x) || 0), 0);
 const wh = x => none(x) ? "-" : x >= 1000 ? (x / 1000).toFixed(2) + " kWh" : x.toFixed(2) + " Wh";
+function keepCards(id, key, fresh) {  // a card keeps its element across polls (links, screenshots)
+  const box = document.getElementById(id), old = {};
+  for (const c of box.children) old[c.getAttribute(key)] = c;
+  box.replaceChildren(...fresh.map(card => {
+    const kept = old[card.getAttribute(key)];
+    if (!kept) return card;
+    kept.replaceChildren(...card.childNodes);
+    return kept;
+  }));
+}
 function renderGpus(gpus) {
   const kept = {}; for (const g of (usage && usage.gpus) || []) kept[g.uuid] = g.points;
-  document.getElementById("gpus").replaceChildren(...gpus.map(g => {
+  const w = cardWidth("gpus");
+  keepCards("gpus", "data-uuid", gpus.map(g => {
     const used = g.used_mib || 0, frac = g.total_mib ? used / g.total_mib : 0;
     const committed = g.committed_mib || 0, cfrac = g.total_mib ? Math.min(1, committed / g.total_mib) : 0;
     const hist = (kept[g.uuid] && kept[g.uuid].length) ? kept[g.uuid] : (g.history || []);
@@ -181,21 +236,23 @@ function renderGpus(gpus) {
       el("div", {"class": "sub"}, "SM " + pct(g.util) + " | jobs: "
         + (held.join(", ") || (g.jobs || []).map(j => "#" + j).join(", ") || "none")
         + (energy === null ? "" : " | " + wh(energy) + " in range")),
-      chart([{points: hist.map(p => [p.t, p.util])}], {title: "SM activity (%)", max: 1, fmt: v => Math.round(100 * v) + "%"}),
+      readings(g), procs(g),
+      chart([{points: hist.map(p => [p.t, p.util])}], {w, title: "SM activity (%)", max: 1, fmt: v => Math.round(100 * v) + "%"}),
       chart([{points: hist.map(p => [p.t, p.used_mib]), color: "#3a7bd5"},
              {points: hist.map(p => [p.t, p.committed_mib]), color: "#e6a23c"}],
-            {title: "memory: used (blue), committed (orange)", max: g.total_mib, fmt: mib}));
+            {w, title: "memory: used (blue), committed (orange)", max: g.total_mib, fmt: mib}));
   }));
 }
 function renderUsers() {
   const users = (usage && usage.users) || [];
   document.getElementById("users-box").hidden = !users.length;
-  document.getElementById("users").replaceChildren(...users.map(u => el("div", {"class": "user", "data-user": u.user},
+  const w = cardWidth("users");
+  keepCards("users", "data-user", users.map(u => el("div", {"class": "user", "data-user": u.user},
     el("div", {"class": "name"}, u.user || "(daemon)"),
     el("div", {"class": "sub"}, wh(sum(u.points, p => p.energy_wh)) + " in range, up to "
        + fmt(Math.max(0, ...u.points.map(p => p.gpus || 0)), 2) + " GPUs held"),
-    chart([{points: u.points.map(p => [p.t, p.gpus]), color: "#7a1f5c"}], {title: "GPUs held", fmt: v => v.toFixed(1)}),
-    chart([{points: u.points.map(p => [p.t, p.mem_mib]), color: "#3a7bd5"}], {title: "GPU memory held", fmt: mib}))));
+    chart([{points: u.points.map(p => [p.t, p.gpus]), color: "#7a1f5c"}], {w, title: "GPUs held", fmt: v => v.toFixed(1)}),
+    chart([{points: u.points.map(p => [p.t, p.mem_mib]), color: "#3a7bd5"}], {w, title: "GPU memory held", fmt: mib}))));
 }
 const badge = j => el("span", {"class": "badge state-" + j.state}, j.state);
 const idLink = j => el("a", {href: "/jobs/" + encodeURIComponent(j.id)}, j.id);
@@ -238,24 +295,37 @@ function renderTable(id, rows, cols) {
     return tr;
   }));
 }
-function filtered(jobs) {
-  const user = document.getElementById("filter-user").value.trim(), state = document.getElementById("filter-state").value;
-  const text = document.getElementById("filter-text").value.trim().toLowerCase();
-  return jobs.filter(j => (!user || j.user === user) && (!state || j.state === state)
-    && (!text || [j.id, j.name, j.reason].some(x => String(x || "").toLowerCase().includes(text))));
+function boardQuery() {
+  const q = new URLSearchParams({page: finishedPage});
+  for (const [k, id] of [["user", "filter-user"], ["state", "filter-state"], ["text", "filter-text"]]) {
+    const v = document.getElementById(id).value.trim(); if (v) q.set(k, v); }
+  return "/api/board?" + q;
 }
-function renderJobs(all) {
-  const jobs = filtered(all);
+function renderJobs(b) {  // b: /api/board (active jobs, a page of finished ones, counts)
   const order = j => none(j.position) ? 1e9 + Number(j.id) : j.position;
-  const q = jobs.filter(j => j.state === "pending").sort((a, b) => order(a) - order(b));
-  const r = jobs.filter(j => j.state === "running");
-  const f = jobs.filter(j => j.state !== "pending" && j.state !== "running").reverse().slice(0, 50);
+  const q = b.active.filter(j => j.state === "pending").sort((a, c) => order(a) - order(c));
+  const r = b.active.filter(j => j.state !== "pending");  // running, and any other live state
+  finishedPage = b.page;
   renderTable("queue", q, ["pos", "id", "name", "user", "state", "prio", "need", "submitted", "reason", "act"]);
   renderTable("running", r, ["id", "name", "user", "state", "on", "need", "held", "time", "started", "reason", "act"]);
-  renderTable("finished", f, ["id", "name", "user", "state", "on", "time", "wait", "exit", "ended", "reason"]);
-  const n = {}; for (const j of all) n[j.state] = (n[j.state] || 0) + 1;
-  document.getElementById("counts").replaceChildren(...["pending", "running", "done", "failed"].map(s =>
-    el("span", {"class": "badge count state-" + s, "data-state": s}, (n[s] || 0) + " " + s)));
+  renderTable("finished", b.finished, ["id", "name", "user", "state", "on", "time", "wait", "exit", "ended", "reason"]);
+  document.getElementById("finished-total").textContent = "(" + b.finished_total + ")";
+  document.getElementById("finished-page").textContent = "page " + (b.page + 1) + " of " + b.pages;
+  document.getElementById("newer").disabled = b.page === 0;
+  document.getElementById("older").disabled = b.page >= b.pages - 1;
+  const states = Object.keys(b.counts);  // every state the daemon knows, zeros included
+  const counted = JSON.stringify(b.counts), box = document.getElementById("counts");
+  if (box.dataset.counted !== counted) {  // redrawn only when a count changes
+    box.dataset.counted = counted;
+    box.replaceChildren(...states.map(s =>
+      el("span", {"class": "badge count state-" + s, "data-state": s}, b.counts[s] + " " + s)));
+  }
+  const pick = document.getElementById("filter-state");
+  if (pick.options.length !== states.length + 1) {
+    const was = pick.value;
+    pick.replaceChildren(el("option", {value: ""}, "any state"), ...states.map(s => el("option", {value: s}, s)));
+    pick.value = was;
+  }
 }
 function ownCharts(metrics) {
   const byKey = new Map();
@@ -264,11 +334,25 @@ function ownCharts(metrics) {
     el("div", {"class": "own", "data-key": key}, key + " (last " + Number(pts[pts.length - 1][1]).toPrecision(4) + ")",
        chart([{points: pts}], {title: key, fmt: v => Number(v).toPrecision(3)})));
 }
+function measuredText(s) {  // as `collocate show` says it: what was not measured says so and why
+  if (none(s.peak_mib)) return "measured: nothing yet";
+  if (!(s.occupancy_hours > 0) && !(s.peak_mib > 0)) return "GPU: not measured: no process of the job held GPU memory, "
+    + "so it was charged no GPU time or energy (on emulated GPUs only `collocate emulate-job` processes hold any)";
+  return "measured: peak " + mib(s.peak_mib) + " (any attempt) | mean SM " + (none(s.mean_sm) ? "not read" : pct(s.mean_sm))
+    + " | " + fmt(s.gpu_hours, 3) + " GPU-h | "
+    + (s.energy_wh > 0 ? fmt(s.energy_wh, 2) + " Wh" : "energy not measured (no power reading)");
+}
+function profileText(p, s) {  // an assumption is not shown beside a measurement
+  if (p.source_kind === "assumed" && !none(s.mean_sm))
+    return "alone: never measured (it always shared its GPU); its measured mean SM is above";
+  return "alone: SM " + fmt(p.sm_activity, 2) + ", DRAM " + fmt(p.dram_activity, 2) + " (" + p.source + ")";
+}
 function attemptsTable(attempts) {
   const head = ["#", "started", "ended", "GPUs", "placed with", "peak", "outcome", "reason"];
   return el("table", {id: "attempts"}, el("tr", {}, ...head.map(h => el("th", {}, h))),
     ...attempts.map(a => el("tr", {}, el("td", {}, a.n), el("td", {}, when(a.start)), el("td", {}, when(a.end)),
-      el("td", {}, (a.gpus || []).join(", ")), el("td", {}, mib(a.mem_mib)), el("td", {}, mib(a.peak_mib)),
+      el("td", {}, (a.gpus || []).join(", ")), el("td", {}, mib(a.mem_mib)),
+      el("td", {}, mib(a.peak_mib) + (a.peak_so_far ? " so far" : "")),
       el("td", {}, a.outcome || (a.end ? "-" : "running")), el("td", {"class": "reason"}, a.reason || ""))));
 }
 async function refreshDetail() {
@@ -287,11 +371,8 @@ async function refreshDetail() {
       el("div", {"class": "reason"}, d.reason || ""),
       el("div", {}, "user " + (d.user || "-") + " | needs " + mib(d.mem_mib) + " (" + (d.mem_source || "-") +
          ") | submitted " + when(d.submit_time) + " | ended " + when(d.end_time)),
-      el("div", {}, "peak " + mib(s.peak_mib) + " | mean SM " + pct(s.mean_sm) +
-         " | " + fmt(s.gpu_hours, 3) + " GPU-h | " + fmt(s.energy_wh, 2) + " Wh"),
-      ...(d.profile ? [el("div", {"class": "sub", id: "detail-profile"}, "alone: SM " +
-         fmt(d.profile.sm_activity, 2) + ", DRAM " + fmt(d.profile.dram_activity, 2) +
-         " (" + d.profile.source + ")")] : []),
+      el("div", {id: "detail-measured"}, measuredText(s)),
+      ...(d.profile ? [el("div", {"class": "sub", id: "detail-profile"}, profileText(d.profile, s))] : []),
       el("h3", {}, "attempts"), attemptsTable(d.attempts || []),
       el("div", {"class": "charts"},
          chart(series("gpu_mib"), {title: "GPU memory", fmt: mib}),
@@ -310,8 +391,9 @@ function openJob(id) {
 window.onpopstate = () => { selected = jobInPath(); refresh(); };
 async function refresh() {
   try {
-    const [gpus, jobs, st] = await Promise.all([api("/api/gpus"), api("/api/jobs"), api("/api/status")]);
+    const [gpus, board, st] = await Promise.all([api("/api/gpus"), api(boardQuery()), api("/api/status")]);
     status = st;
+    renderHost(st.host || (st.daemon && st.daemon.host));
     document.getElementById("you").textContent = st.you ? "you: " + st.you + (st.admin ? " (the daemon's owner)" : "") : "";
     const range = Number(document.getElementById("range").value);  // a day's buckets: asked for less often
     if (Date.now() - lastHistory > Math.max(HISTORY_MS, range * 1000 / 360)) {
@@ -319,7 +401,7 @@ async function refresh() {
       try { usage = await api("/api/history?since=" + document.getElementById("range").value); }
       catch (e) { usage = null; }  // a source without history: the GPUs' own recent points
     }
-    renderGpus(gpus); renderUsers(); renderJobs(jobs);
+    renderJobs(board); renderGpus(gpus); renderUsers();
     const bad = (st.tracking || []).filter(s => s.degraded);
     const tr = document.getElementById("tracking");
     tr.className = bad.length ? "bad" : "";
@@ -341,7 +423,10 @@ document.getElementById("submit").onsubmit = async ev => {
     msg.className = ""; msg.textContent = "queued job " + r.id; refresh();
   } catch (e) { msg.className = "err"; msg.textContent = e.message; }
 };
-for (const id of ["filter-user", "filter-state", "filter-text"]) document.getElementById(id).oninput = () => refresh();
+for (const id of ["filter-user", "filter-state", "filter-text"])
+  document.getElementById(id).oninput = () => { finishedPage = 0; refresh(); };
+document.getElementById("newer").onclick = () => { finishedPage = Math.max(0, finishedPage - 1); refresh(); };
+document.getElementById("older").onclick = () => { finishedPage += 1; refresh(); };
 document.getElementById("range").onchange = () => { lastHistory = 0; refresh(); };
 refresh();
 setInterval(refresh, POLL_MS);

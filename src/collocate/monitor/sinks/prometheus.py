@@ -11,6 +11,8 @@ Series (labels ``gpu`` = GpuId text, ``uuid``; jobs also ``job``, ``user``):
 * ``collocate_gpu_memory_used_bytes``, ``collocate_gpu_memory_total_bytes``,
   ``collocate_gpu_utilization_ratio``, ``collocate_gpu_sm_activity_ratio``,
   ``collocate_gpu_dram_activity_ratio``, ``collocate_gpu_power_watts``, ``collocate_gpu_jobs``,
+  ``collocate_gpu_temperature_celsius``, ``collocate_gpu_sm_clock_hertz``,
+  ``collocate_gpu_memory_clock_hertz`` (absent where the backend cannot read them: emulated GPUs),
   ``collocate_gpu_energy_joules_total`` (measured since the daemon started);
 * ``collocate_job_gpu_memory_bytes`` and ``collocate_job_sm_activity_ratio`` (per job and GPU),
   ``collocate_job_energy_joules_total``, ``collocate_job_gpu_seconds_total`` (its share of GPU
@@ -144,6 +146,9 @@ def _gpu_metrics(tick: Tick | None, energy: dict[str, float]) -> Iterator[Metric
         "power": _gauge("collocate_gpu_power_watts", "board power", GPU_LABELS),
         "jobs": _gauge("collocate_gpu_jobs", "collocate jobs holding memory on the GPU",
                        GPU_LABELS),
+        "temp": _gauge("collocate_gpu_temperature_celsius", "GPU temperature", GPU_LABELS),
+        "sm_clock": _gauge("collocate_gpu_sm_clock_hertz", "SM clock now", GPU_LABELS),
+        "mem_clock": _gauge("collocate_gpu_memory_clock_hertz", "memory clock now", GPU_LABELS),
     }
     joules = CounterMetricFamily("collocate_gpu_energy_joules",
                                  "energy measured since the daemon started", labels=GPU_LABELS)
@@ -151,7 +156,9 @@ def _gpu_metrics(tick: Tick | None, energy: dict[str, float]) -> Iterator[Metric
         labels, s = [g.gpu, g.uuid], g.sample
         values = {"used": s.used_mib * MIB, "total": g.total_mib * MIB, "util": s.gpu_util,
                   "sm": s.sm_activity, "dram": s.dram_activity, "power": s.power_watts,
-                  "jobs": float(len(g.jobs))}
+                  "jobs": float(len(g.jobs)), "temp": s.temperature_c,
+                  "sm_clock": None if s.sm_clock_mhz is None else s.sm_clock_mhz * 1e6,
+                  "mem_clock": None if s.mem_clock_mhz is None else s.mem_clock_mhz * 1e6}
         for key, value in values.items():
             if value is not None:  # an unreadable metric is absent, never a made-up zero
                 fams[key].add_metric(labels, float(value))
