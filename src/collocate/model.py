@@ -121,6 +121,9 @@ class Job:
     #: How many nodes it runs on, ``gpus`` on each (a data-parallel job across servers): placed
     #: as a gang, all of its GPUs in one round or none (``policies.base.pick_gang``).
     nodes: int = 1
+    #: An interactive job (``collocate run``): its command runs on a terminal its member is
+    #: attached to, so it ends with that terminal: never requeued (``recovery.after_exit``).
+    interactive: bool = False
 
     @property
     def width(self) -> int:
