@@ -28,6 +28,7 @@ from typer.core import TyperGroup
 
 from collocate.cli_errors import run
 
+
 @dataclass(frozen=True, slots=True)
 class Command:
     module: str  # the module whose ``register(app)`` adds the command

@@ -43,7 +43,7 @@ def run(
                         "daemon's owner only).")] = 0,
     nice: Annotated[int | None, typer.Option("--nice", help="Lower this job's priority by N.")] = None,
     cwd: Annotated[Path | None, typer.Option("--cwd", help="Working directory (default: here).")] = None,
-    env: Annotated[list[str], typer.Option("--env", help="NAME=VALUE for the job (repeatable).")] = [],
+    env: Annotated[list[str], typer.Option("--env", help="NAME=VALUE for the job (repeatable).")] = [],  # noqa: B006 - Typer passes a new list
     state_dir: StateDirOpt = None, host: HostOpt = None,
     token_file: TokenFileOpt = None, fingerprint: FingerprintOpt = None,
 ) -> None:

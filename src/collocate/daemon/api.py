@@ -29,8 +29,8 @@ from collocate.daemon.spec import submit_key, validate_submit
 from collocate.errors import InputError
 from collocate.fairness import Fairness, UserLimits
 from collocate.knowledge import ProfileKnowledge, with_belief
-from collocate.node.ptyjob import SOCKET_NAME
 from collocate.model import Job, JobState, Wait, WaitKind
+from collocate.node.ptyjob import SOCKET_NAME
 from collocate.recovery import Outcome
 
 
