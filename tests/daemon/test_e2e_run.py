@@ -17,8 +17,11 @@ import sys
 import termios
 import time
 from pathlib import Path
+from typing import Any
 
+import pytest
 from daemon_harness import wait_for
+from lab_harness import lab_daemon, lab_members, member_python, stop_lab, why_no_lab, work_dir
 from test_e2e_remote import _remote
 
 from collocate.errors import CollocateError
@@ -29,11 +32,18 @@ CLI = [sys.executable, "-m", "collocate.daemon"]
 class Terminal:
     """``collocate run ...`` on a pty of its own: what a member's terminal sees."""
 
-    def __init__(self, args: list[str], env: dict[str, str], rows: int = 31, cols: int = 97) -> None:
+    def __init__(self, args: list[str], env: dict[str, str], rows: int = 31, cols: int = 97,
+                 member: Any = None) -> None:
+        python = member_python()[0] if member is not None else CLI[0]
         pid, fd = pty.fork()
         if pid == 0:  # the child: the client, on the pty's slave side
             try:
-                os.execve(CLI[0], [*CLI, *args], env)
+                if member is not None:  # as a lab member logged in on this terminal
+                    os.setgroups(list(member.groups))
+                    os.setgid(member.gid)
+                    os.setuid(member.uid)
+                    os.chdir("/tmp")
+                os.execve(python, [python, *CLI[1:], *args], env)
             finally:
                 os._exit(127)
         self.pid, self.fd, self.seen = pid, fd, b""
@@ -158,3 +168,20 @@ def test_run_over_tcp_with_a_token(daemons, tmp_path: Path):
     term.type("exit 3\n")
     assert term.status() == 3
     wait_for(lambda: d.job("1")["state"] == "failed", 30, "the job to end")
+
+
+@pytest.mark.skipif(why_no_lab() is not None, reason=str(why_no_lab()))
+def test_a_member_runs_as_themselves_on_a_terminal_of_their_own(tmp_path: Path):
+    """A root daemon: the job runs as the member, on a terminal the member owns; another
+    member's attach is refused (``test_e2e_rights.py``)."""
+    alice = lab_members()[0]
+    work = work_dir()
+    d = lab_daemon(gpus="emulated:1xA100-40GB")
+    try:
+        env = alice.env(TERM="xterm", COLLOCATE_STATE_DIR=str(d.state_dir))
+        term = Terminal(["run", "--mem", "1GiB", "--cwd", str(work), "--", "sh", "-c",
+                         'echo "uid $(id -u) owns $(stat -c %u "$(tty)")"; exit 4'], env, member=alice)
+        term.expect(f"uid {alice.uid} owns {alice.uid}", timeout=90)
+        assert term.status() == 4
+    finally:
+        stop_lab(d)

@@ -111,8 +111,10 @@ def connect(path: Path, timeout_s: float = 5.0) -> socket.socket:
 class Terminal:
     """The pty and its socket, made by the runner before it forks the job."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, owner: int | None = None) -> None:
         self.master, self.slave = os.openpty()
+        if owner is not None:  # the member's terminal is theirs, as a login's is (mesg, tty checks)
+            os.fchown(self.slave, owner, -1)
         self.path = folder / SOCKET_NAME
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         address, fd = unix_address(self.path)

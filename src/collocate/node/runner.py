@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     if ns.pty:
         from collocate.node.ptyjob import Terminal
 
-        terminal = Terminal(ns.dir)
+        terminal = Terminal(ns.dir, owner=ns.uid)
     go_read, go_write = os.pipe()
     pid = os.fork()
     if pid == 0:
