@@ -16,7 +16,7 @@ import os
 import sys
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +28,12 @@ from collocate.safetext import printable
 PROGRAM = "collocate"
 
 
-def run(app: typer.Typer, args: Sequence[str] | None = None) -> None:
-    """Run a Typer app; a user error prints its message and hint (no traceback) and exits 2."""
+def run(app: typer.Typer, args: Sequence[str] | None = None, *,
+        commands: Iterable[str] | None = None) -> None:
+    """Run a Typer app; a user error prints its message and hint (no traceback) and exits 2.
+    ``commands``: the app's command names, where it registers them lazily (``collocate.cli``)."""
     argv = list(sys.argv[1:] if args is None else args)
+    names = set(commands) if commands is not None else {c.name for c in app.registered_commands if c.name}
     try:
         code = app(argv, prog_name=PROGRAM, standalone_mode=False)
     except CollocateError as exc:
@@ -40,7 +43,7 @@ def run(app: typer.Typer, args: Sequence[str] | None = None) -> None:
         sys.exit(1)
     except Exception as exc:
         if _is(exc, "UsageError"):
-            _fail(usage_message(exc, argv, {c.name for c in app.registered_commands if c.name}))
+            _fail(usage_message(exc, argv, names))
         if _is(exc, "Abort"):  # Ctrl-C or end of input at a prompt
             typer.echo("Aborted.", err=True)
             sys.exit(1)

@@ -10,8 +10,10 @@ import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:  # imported where used: the client (``collocate ls``) needs JobState, not numpy
+    import numpy as np
 
 
 class SharingMode(StrEnum):
@@ -132,6 +134,9 @@ class Job:
     alone: bool = False
     #: Out-of-memory crashes charged to a neighbour's overrun: requeued ahead, not counted.
     victim_crashes: int = 0
+    #: An interactive job (``collocate run``): its command runs on a terminal its member is
+    #: attached to, so it ends with that terminal: never requeued (``recovery.after_exit``).
+    interactive: bool = False
 
     @property
     def width(self) -> int:
@@ -224,6 +229,7 @@ class Gangs:
     @classmethod
     def of(cls, gangs: Sequence[tuple[Sequence[int], JobProfile]], n_gpus: int) -> Gangs:
         """From (GPU positions, profile) pairs."""
+        import numpy as np
         width = np.array([len(gpus) for gpus, _ in gangs], dtype=np.int64)
         member_gpu = np.array([i for gpus, _ in gangs for i in gpus], dtype=np.int64)
         hosts = np.zeros(n_gpus, dtype=bool)
@@ -237,6 +243,7 @@ class Gangs:
 
     def plus(self, gpus: Sequence[int], profile: JobProfile) -> Gangs:
         """These gangs and one more (a gang placed in this round)."""
+        import numpy as np
         hosts = self.hosts.copy()
         hosts[list(gpus)] = True
         return Gangs(np.append(self.sm, profile.sm_activity), np.append(self.dram, profile.dram_activity),
@@ -310,6 +317,7 @@ class ClusterSnapshot:
     def subset(self, keep: Sequence[int]) -> ClusterSnapshot:
         """The snapshot of these GPU positions only (a node that does not answer is left out);
         a multi-GPU job with a GPU left out is left out of ``gangs``."""
+        import numpy as np
         idx = np.asarray(keep, dtype=np.int64)
         where = np.full(len(self.ids), -1, dtype=np.int64)
         where[idx] = np.arange(len(idx))
@@ -343,6 +351,7 @@ class ClusterSnapshot:
     ) -> ClusterSnapshot:
         """``running`` gives the profiles and datasets of the jobs named in ``GpuView.jobs``
         (those it lacks count as ``UNKNOWN_PROFILE``); only the sums per GPU are kept."""
+        import numpy as np
         running = dict(running or {})
         node_numbers: dict[str, int] = {}
         sm = np.zeros(len(views))
@@ -403,6 +412,7 @@ def running_gangs(views: Sequence[GpuView], running: Mapping[str, RunningJob]) -
 def gang_nodes(ids: Sequence[GpuId], node: np.ndarray) -> np.ndarray:
     """Per GPU, the node number under which it may join a multi-GPU job: its node, or -1 for a
     MIG instance (a CUDA process sees one MIG device, and NCCL does not run across instances)."""
+    import numpy as np
     return np.where(np.array([g.mig is not None for g in ids], dtype=bool), -1, node).astype(np.int64)
 
 

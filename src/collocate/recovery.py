@@ -2,7 +2,8 @@
 
 Pure rules shared by the simulator and the daemon. An out-of-memory crash is retried with a
 raised memory requirement and ahead of the queue (``Job.recovered`` sorts first); other failures
-are retried only when the user asked for retries of them.
+are retried only when the user asked for retries of them. An interactive job (``collocate run``)
+is never requeued: it ends with its status, as its member's terminal did.
 
 Never worse than a plain queue:
 
@@ -69,6 +70,9 @@ def after_exit(job: Job, report: ExitReport, rules: RecoveryRules = RecoveryRule
         return job.evolve(state=JobState.CANCELLED)
     if report.outcome is Outcome.TIMEOUT:
         return job.evolve(state=JobState.TIMEOUT, reason=report.reason or "reached its time limit")
+    if job.interactive:  # its member's terminal is gone with the attempt (even a lost one): end with the status
+        return job.evolve(state=JobState.FAILED, reason=report.reason or "exited with an error",
+                          oom_crashes=job.oom_crashes + (report.outcome is Outcome.OOM))
     if report.outcome is Outcome.LOST:  # not an attempt the job used up
         return job.evolve(state=JobState.PENDING, lost_attempts=job.lost_attempts + 1,
             reason=report.reason or "the attempt was lost; requeued",

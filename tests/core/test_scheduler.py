@@ -66,6 +66,17 @@ def test_requirement_is_never_lowered_and_other_failures_are_not_retried():
     assert after_exit(running, ExitReport(Outcome.LOST)).state is JobState.PENDING
 
 
+def test_an_interactive_job_ends_with_its_status_and_is_never_requeued():
+    """``collocate run``: its member's terminal went with the attempt, so nothing retries it."""
+    job = Job("a", state=JobState.RUNNING, attempts=1, interactive=True, retry_failures=True, mem_mib=GIB)
+    oom = after_exit(job, ExitReport(Outcome.OOM, observed_peak_mib=2 * GIB, reason="CUDA out of memory"))
+    assert oom.state is JobState.FAILED and oom.oom_crashes == 1 and oom.mem_mib == GIB
+    for outcome in (Outcome.LOST, Outcome.FAILED):
+        assert after_exit(job, ExitReport(outcome)).state is JobState.FAILED
+    assert after_exit(job, ExitReport(Outcome.SUCCEEDED)).state is JobState.DONE
+    assert after_exit(job, ExitReport(Outcome.CANCELLED)).state is JobState.CANCELLED
+
+
 def test_a_bad_plan_is_caught_as_a_policy_bug():
     class Broken:
         name = "broken"

@@ -40,7 +40,7 @@ def submit(member, d, work, argv, **opts):
 
 def test_every_operation_has_a_rule_and_a_test_here():
     tested = {"ping", "gpus", "history", "limits", "submit", "ls", "show", "logs", "cancel", "hold",
-              "release", "priority", "set_limits", "drain", "resume"}
+              "release", "priority", "set_limits", "drain", "resume", "attach"}
     assert set(RIGHTS) == tested  # a new operation needs its rule tested below
 
 
@@ -62,6 +62,26 @@ def test_a_second_member_cannot_touch_the_first_ones_jobs(lab):
         assert [a["ok"] for a in mine] == [True, True, True, False, True, True], mine
         assert "only the daemon's owner may raise" in mine[3]["error"]
         assert d.job(job)["state"] == "cancelled" and d.job(job)["priority"] == -5
+    finally:
+        d.client.request("resume")
+
+
+def test_only_the_owner_attaches_to_an_interactive_job(lab):
+    """``collocate run``'s terminal: another member is refused before anything is relayed
+    (the relay itself: ``test_e2e_run.py``)."""
+    d, (alice, bob, _), work = lab
+    d.client.request("drain")
+    try:
+        job = submit(alice, d, work, ["/bin/sh"], interactive=True)
+        refused = bob.requests(d.state_dir, ("attach", {"id": job}))[0]
+        assert not refused["ok"] and "may not attach to job" in refused["error"], refused
+        assert "belongs to collocate-m1" in refused["error"]
+        mine = alice.requests(d.state_dir, ("attach", {"id": job}))[0]
+        assert mine["ok"] and mine["result"] == {"state": "pending"}, mine
+        batch = submit(alice, d, work, ["/bin/true"])
+        no_terminal = alice.requests(d.state_dir, ("attach", {"id": batch}))[0]
+        assert not no_terminal["ok"] and "not interactive" in no_terminal["error"]
+        alice.requests(d.state_dir, ("cancel", {"id": job}), ("cancel", {"id": batch}))
     finally:
         d.client.request("resume")
 

@@ -50,6 +50,9 @@ def register(app: typer.Typer) -> None:
     app.command("drain")(drain)
     app.command("resume")(resume)
     app.command("dashboard-url")(dashboard_url)
+    from collocate.client.interactive import run
+
+    app.command("run", context_settings={"allow_interspersed_args": False})(run)
 
 
 def _client(state_dir: Path | None, host: str | None = None, token_file: Path | None = None,

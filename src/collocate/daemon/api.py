@@ -10,14 +10,17 @@ anything changes; what a member sees of others' jobs is redacted there too.
 from __future__ import annotations
 
 import os
+import socket
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from collocate.daemon import rights, views
 from collocate.daemon.attempts import Attempts
 from collocate.daemon.config import Wiring
 from collocate.daemon.faults import disk_nearly_full
+from collocate.daemon.fleet import InProcessNodes
 from collocate.daemon.producers import resolve_factory
 from collocate.daemon.protocol import PAGE_ROWS, check_logs_args, whole_number
 from collocate.daemon.quotas import Accounts, queued_of, request_size
@@ -27,6 +30,7 @@ from collocate.errors import InputError
 from collocate.fairness import Fairness, UserLimits
 from collocate.knowledge import ProfileKnowledge, with_belief
 from collocate.model import Job, JobState, Wait, WaitKind
+from collocate.node.ptyjob import SOCKET_NAME
 from collocate.recovery import Outcome
 
 
@@ -83,7 +87,8 @@ class Api:
                   retry_failures=req.spec.retry_failures, dataset=req.spec.dataset, after=req.after,
                   after_any=req.after_any, after_notok=req.after_notok, user=peer.user,
                   time_limit_s=req.time_limit_s, held="user" if req.hold else "",
-                  mem_fence=not req.spec.no_mem_fence)
+                  mem_fence=not req.spec.no_mem_fence,
+                  interactive=_interactive(args, req.nodes))
         why = self.scheduler.capacity.why_not(job)
         if why is not None:
             raise InputError(f"this job can never run here: {why}",
@@ -151,6 +156,30 @@ class Api:
         if job.attempts:  # requeued after an attempt: its tracking run is still open
             self.tracking.job_ended(job_id, job.state.value)
         return {"id": job_id, "state": job.state.value}
+
+    def op_attach(self, args: dict, peer: Peer) -> dict:
+        """Where an interactive job's terminal is served (``node/ptyjob.py``), for the server to
+        relay this connection to: ``{"state": "pending"}`` while it waits. The path never
+        reaches the client (``server.py`` takes it out of the reply)."""
+        job_id = self._job_id(args)
+        self._check_owner(job_id, peer, "attach to")
+        job = self.scheduler.jobs.get(job_id) or self.store.job(job_id)[0]  # type: ignore[index]
+        if not job.interactive:
+            raise InputError(f"job {job_id} is not interactive: it has no terminal to attach to",
+                             hint=f"`collocate logs -f {job_id}` follows its output")
+        if job.state is JobState.PENDING:
+            return {"state": "pending"}
+        run = self.attempts.running.get(job_id)
+        if job.state.is_terminal or run is None:
+            raise InputError(f"job {job_id} has ended ({job.state.value})",
+                             hint=f"`collocate show {job_id}` says how")
+        if not isinstance(self.fleet.nodes, InProcessNodes):
+            raise InputError("interactive jobs run on a one-server daemon for now",
+                             hint="submit it as a batch job (`collocate submit`)")
+        if run.waiting is not None:
+            return {"state": "starting"}
+        return {"state": "running", "socket": str(Path(run.attempt.dir) / SOCKET_NAME),
+                "node": socket.gethostname()}
 
     def op_hold(self, args: dict, peer: Peer) -> dict:
         job = self._pending_job(args, peer, "hold")
@@ -278,6 +307,15 @@ class Api:
         if self.store.job(job_id) is None:
             raise InputError(f"no job {job_id!r}", hint="`collocate ls --all` lists every job")
         return job_id
+
+
+def _interactive(args: dict, nodes: int) -> bool:
+    """``collocate run``'s jobs: on one node (the terminal is served there)."""
+    if not args.get("interactive"):
+        return False
+    if nodes != 1:
+        raise InputError("an interactive job runs on one node", hint="drop --nodes")
+    return True
 
 
 def _limits_dict(lim: UserLimits) -> dict[str, int | None]:

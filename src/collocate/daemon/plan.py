@@ -109,7 +109,8 @@ def plan_launch(
     if not as_other:  # where log_metric() appends; a job run as another user cannot write the
         env.update(metrics_env(attempt_dir))  # state dir, so it gets none (log_metric: no-op)
     as_user = ("--uid", str(spec.uid), "--gid", str(spec.gid)) if as_other else ()
-    argv = (*bootstrap_argv(RUNNER_MODULE), "--dir", str(attempt_dir), *as_user,
+    interactive = ("--pty",) if job.interactive else ()  # `collocate run`: node/ptyjob.py
+    argv = (*bootstrap_argv(RUNNER_MODULE), "--dir", str(attempt_dir), *as_user, *interactive,
             "--cwd", spec.cwd, "--env-file", str(attempt_dir / ENV_FILE), "--", *spec.argv)
     return LaunchPlan(argv, env, spec.cwd, attempt_dir,
                       spec.uid if as_other else None, spec.gid if as_other else None)

@@ -44,6 +44,8 @@ RIGHTS: Mapping[str, tuple[Who, str]] = {
     "show": (Who.MEMBER, "one job; another's as squeue shows it unless it is --public"),
     "logs": (Who.OWNER, "or any member for a --public job"),
     "cancel": (Who.OWNER, ""),
+    "attach": (Who.OWNER, "a running interactive job's terminal (`collocate run`); its keys "
+                          "and output pass through the daemon, never to another member"),
     "hold": (Who.OWNER, "a hold by the daemon's owner only they release"),
     "release": (Who.OWNER, "not a hold the daemon's owner set"),
     "priority": (Who.OWNER, "a member may only lower their own job's priority (to -1,000,000)"),

@@ -155,7 +155,19 @@ class _Connection(socketserver.StreamRequestHandler):
             if message is None:
                 return
             first = False
-            if not self._reply(answer(api, message, peer)):
+            reply = answer(api, message, peer)
+            if message.get("op") == "attach" and reply.get("ok"):  # collocate run: daemon/attach.py
+                from collocate.daemon.attach import open_terminal, relay
+
+                terminal = open_terminal(reply["result"])
+                if self._reply(reply) and terminal is not None:
+                    relay(self.request, terminal)
+                elif terminal is not None:
+                    terminal.close()
+                if terminal is not None:
+                    return
+                continue
+            if not self._reply(reply):
                 return
 
     def _reply(self, reply: dict[str, Any]) -> bool:

@@ -72,7 +72,8 @@ def _accounting(state_dir: Path) -> list[dict] | None:
 def dashboard(
     state_dir: StateDirOpt = None,
     host: Annotated[str, typer.Option("--host", help="Address to serve on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", help="Port (0 picks a free one).")] = 8765,
+    port: Annotated[int, typer.Option("--port", help="Port (0 picks a free one). Not 8765, the "
+                     "daemon's own dashboard's (`collocate serve --dashboard 8765`, the lab unit's).")] = 8390,
     token_file: Annotated[Path | None, typer.Option(
         "--token-file", help="File holding the access token (default: the daemon's, kept in "
         "<state>/dashboard.token, when you own the state dir; else a new random one, printed in "

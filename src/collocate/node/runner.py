@@ -108,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fence", type=Path, default=None, help="the node agent's heartbeat file")
     parser.add_argument("--fence-after", type=float, default=60.0, help="stop the job when the "
                         "heartbeat is older than this (its attempt is requeued elsewhere)")
+    parser.add_argument("--pty", action="store_true", help="an interactive job (`collocate run`): "
+                        "on a terminal served on the attempt's pty.sock (collocate.node.ptyjob)")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     ns = parser.parse_args(argv)
     command = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
@@ -132,6 +134,11 @@ def main(argv: list[str] | None = None) -> int:
     # entered, and nothing of the job's environment touches this root-side process.
     # The job waits for a go byte until ``child.json`` names it: a job that runs is always
     # recorded as started, so a runner killed at any moment never gets it run twice.
+    terminal = None
+    if ns.pty:
+        from collocate.node.ptyjob import Terminal
+
+        terminal = Terminal(ns.dir, owner=ns.uid)
     go_read, go_write = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -140,25 +147,32 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(err_w, 2)
         os.close(out_w)
         os.close(err_w)
+        if terminal is not None:
+            terminal.enter_child()
         tree.enter()  # as root, before it drops privileges: it cannot leave its cgroup
         if os.read(go_read, 1) != b"g":  # the runner died before recording it: do not run
             os._exit(125)
         os.close(go_read)
         exec_as(command, env, ns.cwd, ns.uid, ns.gid)
     os.close(go_read)
-    os.close(out_w)
+    if terminal is None:
+        os.close(out_w)
     os.close(err_w)
     try:
         started = psutil.Process(pid).create_time()
     except psutil.Error:
         started = None
     write_json_atomic(ns.dir / "child.json", {"pid": pid, "started": started})
-    os.write(go_write, b"g")
+    if terminal is None or terminal.await_client(stop_requested):  # an interactive job starts
+        os.write(go_write, b"g")  # once its member's terminal is attached (else: exit 125)
     os.close(go_write)
     if stop_requested:  # the group signal may have come before the child existed
         os.kill(pid, stop_requested[0])
     fenced = None
-    if ns.fence is None:
+    if terminal is not None:  # what it prints is kept in stdout.log as well
+        returncode = terminal.serve(pid, out_w, stop_requested, exclude={me, keeper})
+        os.close(out_w)
+    elif ns.fence is None:
         returncode = wait_status(pid)
     else:
         returncode, fenced = _wait_fenced(pid, tree, ns.fence, ns.fence_after, exclude={me, keeper})
