@@ -47,6 +47,9 @@ def register(app: typer.Typer) -> None:
     app.command("release")(release)
     app.command("priority")(priority_)
     app.command("limits")(limits)
+    from collocate.client.update import update
+
+    app.command("update")(update)
     app.command("drain")(drain)
     app.command("resume")(resume)
     app.command("dashboard-url")(dashboard_url)
@@ -61,6 +64,7 @@ def _client(state_dir: Path | None, host: str | None = None, token_file: Path | 
 
 
 def submit(
+    ctx: typer.Context,
     command: Annotated[list[str] | None, typer.Argument(help="The command, after --.")] = None,
     gpus: Annotated[int, typer.Option("--gpus", help="GPUs the job needs (on each node, with --nodes).")] = 1,
     nodes: Annotated[int, typer.Option("--nodes", help="Run on this many different nodes, --gpus "
@@ -121,9 +125,14 @@ def submit(
 ) -> None:
     """Queue a job and print its id: collocate submit --mem 6GiB -- python train.py --lr 3e-4
 
+    A job script runs as a job, its options read from its #COLLOCATE lines (as sbatch reads
+    #SBATCH; an option given here wins): collocate submit train.sh
+
     A sweep queues one job per combination and prints their ids, one per line:
     collocate submit --mem 6GiB --sweep lr=1e-3,3e-4 --sweep seed=0..2 -- python train.py --lr {lr} --seed {seed}
     """
+    if (script := _script_params(ctx, command)) is not None:  # `submit train.sh`: its #COLLOCATE lines
+        return script()
     from collocate.client.sweep import expand, parse_axis
     from collocate.daemon.spec import default_name, parse_env
     from collocate.estimate.providers import EstimateRequest
@@ -180,6 +189,24 @@ def submit(
             raise CollocateError(f"{exc.args[0]} ({done} of {len(points)} sweep jobs were queued "
                                  "before it; their ids are printed above)", hint=exc.hint) from exc
         typer.echo(result["id"])
+
+
+def _script_params(ctx: typer.Context, command: list[str] | None) -> Any:
+    """When ``command`` runs a job script: submit again with the script's ``#COLLOCATE``
+    options merged in (``client/script.py``), as a thunk; else None."""
+    from collocate.client.script import merged_params, script_of
+
+    if ctx.meta.get("collocate.script") or (script := script_of(command)) is None:
+        return None
+    ctx.meta["collocate.script"] = True
+    params = merged_params(ctx, script)
+
+    def again() -> None:
+        try:
+            ctx.invoke(ctx.command.callback, **params)  # type: ignore[arg-type]
+        except InputError as exc:
+            raise script.blame(exc) from None
+    return again
 
 
 def _notify_argv(notify: str | None) -> list[str] | None:
