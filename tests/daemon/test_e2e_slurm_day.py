@@ -125,3 +125,26 @@ def test_a_dependency_added_by_update_is_waited_for_and_released(daemons):
     d.client.request("resume")
     d.wait_state(first, "done")
     assert d.wait_state(second, "cancelled")["reason"].startswith(f"job {first} ended done")
+
+
+def test_cancel_by_state_and_user_and_json_on_cancel_and_wait(daemons):
+    from collocate.client.select import me
+
+    d = daemons()
+    d.client.request("drain")
+    jobs = [d.submit(["/bin/true"], name=f"j{i}", mem="1GiB") for i in range(3)]
+    d.client.request("hold", id=jobs[0])
+    nobody = cli(d, "cancel", "--user", "nobody-here")
+    assert nobody.returncode == 0 and "no pending or running job matches" in nobody.stderr
+    ended = cli(d, "cancel", "--state", "done")
+    assert ended.returncode == 2 and "nothing to cancel" in ended.stderr
+    both = cli(d, "cancel", "1", "--state", "pending")
+    assert both.returncode == 2 and "not both" in both.stderr
+    out = cli(d, "cancel", "--state", "pending", "--user", me(), "--name", "j[01]", "--format", "json")
+    assert out.returncode == 0, out.stderr
+    assert [(r["id"], r["state"]) for r in json.loads(out.stdout)] == [(jobs[0], "cancelled"), (jobs[1], "cancelled")]
+    d.client.request("resume")
+    waited = cli(d, "wait", *jobs, "--format", "json")
+    assert waited.returncode == 1  # two were cancelled
+    assert {r["id"]: r["state"] for r in json.loads(waited.stdout)} == {
+        jobs[0]: "cancelled", jobs[1]: "cancelled", jobs[2]: "done"}

@@ -359,6 +359,11 @@ def cancel(
                     "jobs.")] = False,
     name: Annotated[str | None, typer.Option("--name", "-n", help="Cancel your own pending and "
                     "running jobs whose name matches this shell glob, e.g. 'sweep*' (quote it).")] = None,
+    state: Annotated[list[str], typer.Option("--state", "-s", help="Only jobs in these states: "
+                     "pending or running (as scancel --state; repeatable or a comma list).")] = [],
+    user: Annotated[list[str], typer.Option("--user", "-u", help="Only jobs of this user (default: "
+                    "yours; another's only as the daemon's owner, who may cancel them).")] = [],
+    fmt: FormatOpt = "table",
     state_dir: StateDirOpt = None, host: HostOpt = None,
     token_file: TokenFileOpt = None, fingerprint: FingerprintOpt = None,
 ) -> None:
@@ -370,32 +375,51 @@ def cancel(
     from collocate.client.select import ACTIVE, filter_rows, me, parse_ids
     from collocate.safetext import printable
 
+    from collocate.client.select import parse_states
+
+    _format(fmt)
     ids = parse_ids(job_ids or [])
-    if ids and (all_ or name is not None):
-        raise InputError("give job ids or --all/--name, not both",
-                         hint="--all and --name choose among your own pending and running jobs")
-    if not ids and not all_ and name is None:
-        raise InputError("which jobs?", hint="give ids (7, 3-7, 3,5,9), --name GLOB or --all")
+    states = parse_states(state)
+    if states - set(ACTIVE):
+        raise InputError(f"--state {', '.join(sorted(states - set(ACTIVE)))}: an ended job has nothing to cancel",
+                         hint="use --state pending or --state running")
+    users = {u.strip() for value in user for u in value.split(",") if u.strip()}
+    filters = all_ or name is not None or bool(states) or bool(users)
+    if ids and filters:
+        raise InputError("give job ids or --all/--name/--state/--user, not both",
+                         hint="the filters choose among pending and running jobs")
+    if not ids and not filters:
+        raise InputError("which jobs?", hint="give ids (7, 3-7, 3,5,9), --name GLOB, --state, --user or --all")
     client = _client(state_dir, host, token_file, fingerprint)
     if not ids:  # only active jobs can be chosen: the history is not fetched
-        chosen = filter_rows(list_jobs(client.request), states=set(ACTIVE), users={me()}, name=name)
+        chosen = filter_rows(list_jobs(client.request), states=states or set(ACTIVE),
+                             users=users or {me()}, name=name)
         ids = [r["id"] for r in chosen]
         if not ids:
-            what = "to cancel" if name is None else f"has a name matching {printable(name)}"
-            typer.echo(f"no pending or running job of yours {what}", err=True)
+            typer.echo("no pending or running job " + ("of yours " if not users else "")
+                       + "matches" + (f" the name {printable(name)}" if name is not None else ""), err=True)
+            if fmt == "json":
+                typer.echo("[]")
             return
     failed = 0
+    results: list[dict[str, Any]] = []
     for job_id in ids:
         try:
             result = client.request("cancel", id=job_id)
         except CollocateError as exc:
             failed += 1
+            results.append({"id": job_id, "error": str(exc.args[0]), "hint": exc.hint})
             typer.echo(f"{job_id}: not cancelled: {printable(exc, multiline=True)}", err=True)
+            continue
+        results.append(result)
+        if fmt == "json":
             continue
         if result.get("ended"):
             typer.echo(f"{printable(job_id)}: already {printable(result['state'])}, nothing to cancel")
             continue
         typer.echo(f"{printable(result['id'])}: {printable(result['state'])}")
+    if fmt == "json":
+        typer.echo(json.dumps(results, indent=1))
     if failed:
         raise typer.Exit(1)
 
@@ -405,6 +429,7 @@ def wait(
                        "7, 3-7, 3,5,9.", show_default=False)],
     timeout: Annotated[float | None, typer.Option("--timeout", help="Give up after this many "
                        "seconds (exit status 124).")] = None,
+    fmt: FormatOpt = "table",
     state_dir: StateDirOpt = None, host: HostOpt = None,
     token_file: TokenFileOpt = None, fingerprint: FingerprintOpt = None,
 ) -> None:
@@ -416,8 +441,10 @@ def wait(
     from collocate.client.select import ACTIVE, parse_ids
     from collocate.safetext import printable
 
+    _format(fmt)
     client = _client(state_dir, host, token_file, fingerprint)
     left = parse_ids(job_ids)
+    ended_rows: list[dict[str, Any]] = []  # --format json: printed at the end
     for job_id in left:  # an unknown id fails here, before any waiting
         client.request("show", id=job_id)
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -431,14 +458,21 @@ def wait(
                 left.remove(job_id)
                 all_done &= job["state"] == "done"
                 why = f": {printable(job['reason'])}" if job["reason"] and job["state"] != "done" else ""
-                typer.echo(f"{job_id} {job['state']}{why}")
+                if fmt == "json":
+                    ended_rows.append({"id": job_id, "state": job["state"], "reason": job["reason"]})
+                else:
+                    typer.echo(f"{job_id} {job['state']}{why}")
             if left and deadline is not None and time.monotonic() >= deadline:
+                if fmt == "json":
+                    typer.echo(json.dumps(ended_rows + [{"id": j, "state": None} for j in left], indent=1))
                 typer.echo(f"still not ended after {timeout:g} s: {', '.join(left)}", err=True)
                 raise typer.Exit(124)
             if left:
                 time.sleep(0.5)
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
+    if fmt == "json":
+        typer.echo(json.dumps(ended_rows, indent=1))
     if not all_done:
         raise typer.Exit(1)
 
