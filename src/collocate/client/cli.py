@@ -372,10 +372,8 @@ def cancel(
     Prints what happened to each job; exits 1 if any could not be cancelled.
     """
     from collocate.client.connect import list_jobs
-    from collocate.client.select import ACTIVE, filter_rows, me, parse_ids
+    from collocate.client.select import ACTIVE, filter_rows, me, parse_ids, parse_states
     from collocate.safetext import printable
-
-    from collocate.client.select import parse_states
 
     _format(fmt)
     ids = parse_ids(job_ids or [])
