@@ -148,3 +148,18 @@ def test_cancel_by_state_and_user_and_json_on_cancel_and_wait(daemons):
     assert waited.returncode == 1  # two were cancelled
     assert {r["id"]: r["state"] for r in json.loads(waited.stdout)} == {
         jobs[0]: "cancelled", jobs[1]: "cancelled", jobs[2]: "done"}
+
+
+def test_ls_since_and_until_with_start_and_end_columns(daemons):
+    d = daemons()
+    done = d.submit(["/bin/true"], name="early", mem="1GiB")
+    d.wait_state(done, "done")
+    out = cli(d, "ls", "--since", "1h")
+    assert out.returncode == 0, out.stderr
+    header = out.stdout.splitlines()[0].split()
+    assert header[-3:] == ["START", "END", "REASON"] and "early" in out.stdout
+    assert [r["id"] for r in json.loads(cli(d, "ls", "--since", "2h", "--format", "json").stdout)] == [done]
+    assert json.loads(cli(d, "ls", "--until", "2000-01-01", "--format", "json").stdout) == []
+    assert json.loads(cli(d, "ls", "--since", "2999-01-01T00:00", "--format", "json").stdout) == []
+    bad = cli(d, "ls", "--since", "yesterday")
+    assert bad.returncode == 2 and "cannot read --since 'yesterday'" in bad.stderr

@@ -285,6 +285,11 @@ def ls(
                     "(repeatable or a comma list).")] = [],
     name: Annotated[str | None, typer.Option("--name", "-n", help="Only jobs whose name matches "
                     "this shell glob, e.g. 'train.py*' (quote it).")] = None,
+    since: Annotated[str | None, typer.Option("--since", help="Only jobs in the queue or running "
+                     "at or after this time: 2026-11-28, 2026-11-28T14:00, or 2h, 1d ago (sacct's "
+                     "--starttime; implies --all; adds START and END columns).")] = None,
+    until: Annotated[str | None, typer.Option("--until", help="Only jobs submitted at or before "
+                     "this time (sacct's --endtime; same forms; implies --all).")] = None,
     fmt: FormatOpt = "table",
     state_dir: StateDirOpt = None, host: HostOpt = None,
     token_file: TokenFileOpt = None, fingerprint: FingerprintOpt = None,
@@ -297,12 +302,19 @@ def ls(
     _format(fmt)
     states = parse_states(state)
     users = {u.strip() for value in user for u in value.split(",") if u.strip()}
-    rows = list_jobs(_client(state_dir, host, token_file, fingerprint).request, all=all_ or needs_ended(states))
-    rows = filter_rows(rows, states=states, users=users, name=name)
+    from collocate.client.select import in_window, parse_when
+
+    now = time.time()
+    start = None if since is None else parse_when(since, "--since", now)
+    end = None if until is None else parse_when(until, "--until", now)
+    dated = start is not None or end is not None
+    rows = list_jobs(_client(state_dir, host, token_file, fingerprint).request,
+                     all=all_ or dated or needs_ended(states))
+    rows = [r for r in filter_rows(rows, states=states, users=users, name=name) if in_window(r, start, end, now)]
     if fmt == "json":
         typer.echo(json.dumps(rows, indent=1))
     else:
-        render.print_jobs(rows)
+        render.print_jobs(rows, dated=dated)
 
 
 def show(job_id: Annotated[str, typer.Argument()], state_dir: StateDirOpt = None, host: HostOpt = None,

@@ -98,7 +98,7 @@ def cut_name(name: str, width: int) -> str:
     return name[: width - 1] + "…"
 
 
-def jobs_table(rows: list[dict[str, Any]], width: int) -> Table:
+def jobs_table(rows: list[dict[str, Any]], width: int, *, dated: bool = False) -> Table:
     """``collocate ls`` for a terminal ``width`` columns wide (120 reads well): every column
     keeps its width (NAME, USER and ON cut at 24, 12 and 12 characters) and REASON gets what is
     left, cut with an ellipsis; ``show`` or ``--format json`` give it whole, and the
@@ -109,7 +109,7 @@ def jobs_table(rows: list[dict[str, Any]], width: int) -> Table:
     ended = any(r["state"] in ENDED for r in rows)
     prio = any(r.get("priority") for r in rows)  # PRIO and EXIT only where they say something
     headers = ["ID", "NAME", "STATE", "USER", "GPUS", "MEM", *(["PRIO"] if prio else []), "TIME",
-               "TRIES", "ON", *(["EXIT"] if ended else []), "SUBMITTED"]
+               "TRIES", "ON", *(["EXIT"] if ended else []), "SUBMITTED", *(["START", "END"] if dated else [])]
     cells = []
     for r in rows:
         row = [printable(r["id"]), cut_name(printable(r["name"]), NAME_WIDTH), printable(r["state"]),
@@ -119,7 +119,8 @@ def jobs_table(rows: list[dict[str, Any]], width: int) -> Table:
         if ended:
             code = r.get("exit_code")
             row.append("-" if code is None else str(code))
-        cells.append([*row, when_short(r["submit_time"])])
+        cells.append([*row, when_short(r["submit_time"]),
+                      *([when_short(r.get("start_time")), when_short(r.get("end_time"))] if dated else [])])
     caps = {"NAME": NAME_WIDTH, "ON": 12, "USER": 12}
     widths = [min(max([len(h), *(len(row[i]) for row in cells)]), caps.get(h, 1 << 30))
               for i, h in enumerate(headers)]
@@ -137,9 +138,10 @@ def _cut(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def print_jobs(rows: list[dict[str, Any]]) -> None:
+def print_jobs(rows: list[dict[str, Any]], *, dated: bool = False) -> None:
+    """``ls``; ``dated`` (``--since``/``--until``): START and END columns too, as sacct's."""
     c = console()
-    c.print(jobs_table(rows, c.width))
+    c.print(jobs_table(rows, c.width, dated=dated))
 
 
 def print_detail(d: dict[str, Any]) -> None:
