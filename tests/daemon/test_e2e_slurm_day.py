@@ -163,3 +163,15 @@ def test_ls_since_and_until_with_start_and_end_columns(daemons):
     assert json.loads(cli(d, "ls", "--since", "2999-01-01T00:00", "--format", "json").stdout) == []
     bad = cli(d, "ls", "--since", "yesterday")
     assert bad.returncode == 2 and "cannot read --since 'yesterday'" in bad.stderr
+
+
+def test_hold_release_and_priority_print_json(daemons):
+    d = daemons()
+    d.client.request("drain")
+    job = d.submit(["/bin/true"], name="h", mem="1GiB")
+    held = cli(d, "hold", job, "99", "--format", "json")
+    assert held.returncode == 1
+    rows = json.loads(held.stdout)
+    assert rows[0]["held"] == "user" and rows[1]["id"] == "99" and "no job '99'" in rows[1]["error"]
+    assert json.loads(cli(d, "release", job, "--format", "json").stdout)[0]["held"] == ""
+    assert json.loads(cli(d, "priority", job, "--set", "-4", "--format", "json").stdout)[0]["priority"] == -4
