@@ -124,14 +124,35 @@ def jobs_table(rows: list[dict[str, Any]], width: int, *, dated: bool = False) -
     caps = {"NAME": NAME_WIDTH, "ON": 12, "USER": 12}
     widths = [min(max([len(h), *(len(row[i]) for row in cells)]), caps.get(h, 1 << 30))
               for i, h in enumerate(headers)]
-    reason_width = max(12, width - sum(widths) - len(widths))
+    # A narrow terminal: ids, states, sizes and times are never cut; the wordy columns give way
+    # first (NAME, ON, USER, then the dates go), REASON takes what is left (whole in `show`).
+    for header, least in SHRINK:
+        if width - sum(widths) - len(widths) >= 12 or header not in headers:
+            continue
+        i = headers.index(header)
+        over = 12 - (width - sum(widths) - len(widths))
+        if least == 0:  # a column that goes whole
+            del headers[i], widths[i]
+            for row in cells:
+                del row[i]
+        else:
+            widths[i] = max(least, widths[i] - over)
+    reason_width = max(1, width - sum(widths) - len(widths) - 1)
     table = Table(box=None, header_style="bold", pad_edge=False, padding=(0, 1, 0, 0))
     for header, w in zip(headers, widths, strict=True):
-        table.add_column(header, no_wrap=True, overflow="ellipsis", width=w)
+        table.add_column(header, no_wrap=True, overflow="ellipsis", width=w, min_width=w)
     table.add_column("REASON", no_wrap=True, overflow="ellipsis", max_width=reason_width)
     for row, r in zip(cells, rows, strict=True):
-        table.add_row(*(Text(c) for c in row), Text(_cut(printable(row_reason(r)), reason_width)))
+        table.add_row(*(Text(cut_name(c, w) if h == "NAME" else _cut(c, w))
+                        for c, w, h in zip(row, widths, headers, strict=True)),
+                      Text(_cut(printable(row_reason(r)), reason_width)))
     return table
+
+
+#: The columns of ``ls`` that narrow in a narrow terminal, in order, and their least width (0:
+#: the column goes; `--format json` has them all); ID, STATE, GPUS, MEM, TIME and EXIT never narrow.
+SHRINK = (("NAME", 10), ("ON", 4), ("USER", 6), ("START", 0), ("END", 0), ("SUBMITTED", 0),
+          ("TRIES", 0), ("PRIO", 0))
 
 
 def _cut(text: str, width: int) -> str:
