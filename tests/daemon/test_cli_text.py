@@ -166,3 +166,20 @@ def test_ls_in_80_columns_never_cuts_ids_states_or_units():
         for whole in ("123456", "pending", "cancelled", "12.00 GiB", "0:00/2:00:00", "137", "ID", "STATE", "MEM"):
             assert whole in text, (whole, text)
         assert "…" in text  # the reason was shortened, not wrapped
+
+
+def test_gpus_in_80_columns_keeps_every_unit():
+    from rich.console import Console
+
+    from collocate.client.render import gpu_table
+
+    rows = [{"id": "node-a:0", "node": "node-a", "type": "H100-80GB", "used_mib": 12345.0,
+             "committed_mib": 40960.0, "free_mib": 60000.0, "total_mib": 81559.0, "sm_now": 0.42,
+             "sm_window": 0.38, "jobs": ["12", "13", "14"]}]
+    c = Console(width=80, record=True, markup=False)
+    c.print(gpu_table(rows))
+    text = c.export_text()
+    assert all(len(line.rstrip()) <= 80 for line in text.splitlines()), text
+    for whole in ("node-a:0", "H100-80GB", "12.06 GiB", "40.00 GiB", "79.65 GiB", "COMMITTED", "SM WINDOW", "12,"):
+        assert whole in text, (whole, text)
+    assert "…" not in text

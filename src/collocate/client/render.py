@@ -252,9 +252,11 @@ def gpu_table(rows: list[dict[str, Any]]) -> Table:
     (COMMITTED: a declared or estimated requirement counts from placement, before the job
     allocates it) and the ROOM placement can still give, the smaller of free and uncommitted
     memory: the number a pending job's "most room" reason quotes, before the policy's margins."""
-    table = Table(box=None, header_style="bold")
-    for col in ("GPU", "TYPE", "USED", "COMMITTED", "ROOM", "TOTAL", "SM NOW", "SM WINDOW", "JOBS"):
-        table.add_column(col)
+    table = Table(box=None, header_style="bold", pad_edge=False, padding=(0, 1, 0, 0))
+    # In 80 columns nothing is cut or wrapped but the job list, which folds onto more lines
+    for col in ("GPU", "TYPE", "USED", "COMMITTED", "ROOM", "TOTAL", "SM NOW", "SM WINDOW"):
+        table.add_column(col, no_wrap=True)
+    table.add_column("JOBS", overflow="fold", min_width=4)
     for i, r in enumerate(rows):
         if i and r.get("node") != rows[i - 1].get("node"):
             table.add_row()  # a cluster's GPUs, grouped by node
@@ -266,7 +268,7 @@ def gpu_table(rows: list[dict[str, Any]]) -> Table:
         room = max(0.0, min(free, r["total_mib"] - committed)) if reachable else None
         table.add_row(plain(r["id"]), plain(r["type"]), used, _mib(committed), _mib(room),
                       _mib(r["total_mib"]), sm, f"{r['sm_window'] * 100:.0f}%",
-                      plain(",".join(r["jobs"]) or "-"))
+                      plain(", ".join(r["jobs"]) or "-"))
     events = {(r["node"], e[0], e[1]) for r in rows if (e := r.get("node_event"))}
     if events:  # a cluster's membership: nodes that joined, left or came back lately
         table.caption = "; ".join(f"{printable(node)} {printable(what)} {format_duration(time.time() - at)} ago"
