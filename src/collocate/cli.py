@@ -50,6 +50,8 @@ COMMANDS: dict[str, Command] = {
     "hold": Command("collocate.client.cli", "Keep pending jobs from starting until released."),
     "release": Command("collocate.client.cli", "Let held jobs start again."),
     "priority": Command("collocate.client.cli", "Change the priority of pending jobs."),
+    "update": Command("collocate.client.cli", "Change a pending job's memory, time limit, name, "
+                      "dependencies or priority (scontrol update)."),
     "limits": Command("collocate.client.cli", "Show the per-user caps and fair share, or set them."),
     "drain": Command("collocate.client.cli", "Stop placing jobs; running ones finish."),
     "resume": Command("collocate.client.cli", "Place jobs again after `collocate drain`."),

@@ -252,6 +252,26 @@ class Scheduler:
         for dep in job.after_notok:
             if self.jobs[dep].state is JobState.DONE:
                 return f"runs only if job {dep} does not succeed (--after-notok), but it ended done"
+        if (through := self._cycle(job)) is not None:
+            return ("depends on itself" if through == job.id
+                    else f"would wait for itself: job {through} waits for it")
+        return None
+
+    def _cycle(self, job: Job) -> str | None:
+        """The dependency of ``job`` that leads back to it (a pending job's dependencies edited
+        by ``edit``; a new job's cannot, as they existed before it), or None."""
+        seen: set[str] = set()
+        for first in (*job.after, *job.after_any, *job.after_notok):
+            stack = [first]
+            while stack:
+                dep = stack.pop()
+                if dep == job.id:
+                    return first
+                other = self.jobs.get(dep)
+                if dep in seen or other is None or other.state is not JobState.PENDING:
+                    continue
+                seen.add(dep)
+                stack.extend((*other.after, *other.after_any, *other.after_notok))
         return None
 
     def restore(self, jobs: Iterable[Job]) -> None:
@@ -390,6 +410,22 @@ class Scheduler:
     def update(self, job: Job) -> Job:
         """Replace a job's record (e.g. a new estimate), keeping the queue consistent."""
         return self._store(job)
+
+    def edit(self, job: Job) -> Job:
+        """A pending job as its owner changed it (Slurm's ``scontrol update``): its memory,
+        time limit, name, priority or dependencies. New dependencies are checked as at submit
+        (they exist and can still be met) and for a cycle; the job then waits for them."""
+        old = self.jobs[job.id]
+        if old.state is not JobState.PENDING:
+            raise CollocateError(f"job {job.id} is {old.state.value}: only a pending job can be changed")
+        if why := self.capacity.why_not(job) or self.why_not_after(job):
+            raise CollocateError(f"job {job.id} cannot be changed so: it {why}")
+        for dep in (*old.after, *old.after_any, *old.after_notok):
+            self._dependents.get(dep, set()).discard(job.id)
+        waiting = self._unfinished(job)
+        for dep in waiting:
+            self._dependents.setdefault(dep, set()).add(job.id)
+        return self._store(job.evolve(reason=_waits_for(waiting) if waiting else ""))
 
     # -- internals --------------------------------------------------------------------------
     def _queue_for(self, job: Job) -> SortedKeyList:

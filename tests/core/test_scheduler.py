@@ -147,3 +147,19 @@ def test_a_policy_rejection_is_applied_with_its_reason():
     s.submit(Job("a"))
     s.schedule(cluster())
     assert s.jobs["a"].state is JobState.REJECTED and s.jobs["a"].reason == "never on Sundays"
+
+
+def test_edit_rewires_dependencies_refuses_cycles_and_running_jobs():
+    s = Scheduler(make_policy("exclusive"), Capacity.of(cluster(1)))
+    a, b, c = (s.submit(Job(id=i, mem_mib=GIB, submit_time=float(i))) for i in ("1", "2", "3"))
+    s.edit(c.evolve(after=("2",)))
+    assert [j.id for j in s.queue] == ["1", "2"] and s.jobs["3"].reason == "waits for job 2"
+    with pytest.raises(CollocateError, match="would wait for itself: job 3 waits for it"):
+        s.edit(b.evolve(after=("3",)))
+    with pytest.raises(CollocateError, match="depends on itself"):
+        s.edit(a.evolve(after_any=("1",)))
+    s.edit(s.jobs["3"].evolve(after=()))  # dropped: it joins the queue again
+    assert [j.id for j in s.queue] == ["1", "2", "3"]
+    s.schedule(cluster(1))
+    with pytest.raises(CollocateError, match="only a pending job"):
+        s.edit(s.jobs["1"].evolve(name="x"))

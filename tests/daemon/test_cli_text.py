@@ -144,3 +144,42 @@ def test_ls_shows_time_against_the_limit_and_the_queue_order():
     assert [line.split()[0] for line in lines[1:]] == ["7", "6", "5", "8"]
     assert "PRIO" in lines[0] and "EXIT" in lines[0] and "1:15/1:00:00" in lines[1]
     assert "2:00:00/2:00:00" in lines[4] and "-15" in lines[4] and "n:1" in lines[4]
+
+
+def test_ls_in_80_columns_never_cuts_ids_states_or_units():
+    from rich.console import Console
+
+    from collocate.client.render import jobs_table
+
+    row = {"id": "123456", "name": "a-rather-long-training-name[lr=0.1,seed=3]", "state": "pending",
+           "user": "someone-long", "gpus": 2, "nodes": 1, "mem_mib": 12288.0, "priority": -5,
+           "attempts": 0, "on": [], "submit_time": 1.8e9, "start_time": None, "end_time": None,
+           "elapsed_s": 0.0, "time_limit_s": 7200.0, "position": 1, "exit_code": None,
+           "reason": "waits for room: " + "x" * 110, "wait": "memory"}
+    ended = {**row, "id": "99", "state": "cancelled", "exit_code": 137, "on": ["node-a:0", "node-a:1"]}
+    for dated in (False, True):
+        c = Console(width=80, record=True, markup=False)
+        c.print(jobs_table([row, ended], 80, dated=dated))
+        lines = c.export_text().splitlines()
+        assert all(len(line.rstrip()) <= 80 for line in lines), lines
+        text = "\n".join(lines)
+        for whole in ("123456", "pending", "cancelled", "12.00 GiB", "0:00/2:00:00", "137", "ID", "STATE", "MEM"):
+            assert whole in text, (whole, text)
+        assert "…" in text  # the reason was shortened, not wrapped
+
+
+def test_gpus_in_80_columns_keeps_every_unit():
+    from rich.console import Console
+
+    from collocate.client.render import gpu_table
+
+    rows = [{"id": "node-a:0", "node": "node-a", "type": "H100-80GB", "used_mib": 12345.0,
+             "committed_mib": 40960.0, "free_mib": 60000.0, "total_mib": 81559.0, "sm_now": 0.42,
+             "sm_window": 0.38, "jobs": ["12", "13", "14"]}]
+    c = Console(width=80, record=True, markup=False)
+    c.print(gpu_table(rows))
+    text = c.export_text()
+    assert all(len(line.rstrip()) <= 80 for line in text.splitlines()), text
+    for whole in ("node-a:0", "H100-80GB", "12.06 GiB", "40.00 GiB", "79.65 GiB", "COMMITTED", "SM WINDOW", "12,"):
+        assert whole in text, (whole, text)
+    assert "…" not in text

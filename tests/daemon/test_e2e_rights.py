@@ -40,7 +40,7 @@ def submit(member, d, work, argv, **opts):
 
 def test_every_operation_has_a_rule_and_a_test_here():
     tested = {"ping", "gpus", "history", "limits", "submit", "ls", "show", "logs", "cancel", "hold",
-              "release", "priority", "set_limits", "drain", "resume", "attach"}
+              "release", "priority", "set_limits", "drain", "resume", "attach", "update"}
     assert set(RIGHTS) == tested  # a new operation needs its rule tested below
 
 
@@ -100,6 +100,26 @@ def test_priority_is_the_owners_to_raise_and_members_may_lower_their_own(lab):
     assert d.job(nice.stdout.strip())["priority"] == -10
     boosted = d.client.request("submit", argv=["/bin/true"], cwd=str(work), mem="1GiB", priority=50)
     assert d.job(boosted["id"])["priority"] == 50  # root, the daemon's owner
+
+
+def test_update_is_the_owners_with_prioritys_rule(lab):
+    d, (alice, bob, _), work = lab
+    d.client.request("drain")
+    try:
+        job = submit(alice, d, work, sh("sleep 30"))
+        theirs = bob.requests(d.state_dir, ("update", {"id": job, "name": "bobs"}))[0]
+        assert not theirs["ok"] and "belongs to collocate-m1" in theirs["error"]
+        mine = alice.requests(d.state_dir, ("update", {"id": job, "name": "renamed", "mem": "2GiB",
+                                                       "priority": -3}),
+                              ("update", {"id": job, "priority": 4}))
+        assert mine[0]["ok"] and not mine[1]["ok"], mine
+        assert "only the daemon's owner may raise" in mine[1]["error"]
+        shown = d.job(job)
+        assert (shown["name"], shown["mem_mib"], shown["priority"]) == ("renamed", 2048.0, -3)
+        assert d.client.request("update", id=job, priority=7)["priority"] == 7  # root may raise
+        alice.request(d.state_dir, "cancel", id=job)
+    finally:
+        d.client.request("resume")
 
 
 def test_admin_operations_are_the_daemon_owners(lab):

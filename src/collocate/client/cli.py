@@ -47,6 +47,9 @@ def register(app: typer.Typer) -> None:
     app.command("release")(release)
     app.command("priority")(priority_)
     app.command("limits")(limits)
+    from collocate.client.update import update
+
+    app.command("update")(update)
     app.command("drain")(drain)
     app.command("resume")(resume)
     app.command("dashboard-url")(dashboard_url)
@@ -64,6 +67,7 @@ def _client(state_dir: Path | None, host: str | None = None, token_file: Path | 
 
 
 def submit(
+    ctx: typer.Context,
     command: Annotated[list[str] | None, typer.Argument(help="The command, after --.")] = None,
     gpus: Annotated[int, typer.Option("--gpus", help="GPUs the job needs (on each node, with --nodes). 0: a CPU job (a pipeline's "
                   "prepare or evaluate step), started at once with CUDA_VISIBLE_DEVICES empty, within "
@@ -131,9 +135,14 @@ def submit(
 ) -> None:
     """Queue a job and print its id: collocate submit --mem 6GiB -- python train.py --lr 3e-4
 
+    A job script runs as a job, its options read from its #COLLOCATE lines (as sbatch reads
+    #SBATCH; an option given here wins): collocate submit train.sh
+
     A sweep queues one job per combination and prints their ids, one per line:
     collocate submit --mem 6GiB --sweep lr=1e-3,3e-4 --sweep seed=0..2 -- python train.py --lr {lr} --seed {seed}
     """
+    if (script := _script_params(ctx, command)) is not None:  # `submit train.sh`: its #COLLOCATE lines
+        return script()
     from collocate.client.sweep import expand, parse_axis
     from collocate.daemon.spec import default_name, parse_env
     from collocate.estimate.providers import EstimateRequest
@@ -192,6 +201,24 @@ def submit(
             raise CollocateError(f"{exc.args[0]} ({done} of {len(points)} sweep jobs were queued "
                                  "before it; their ids are printed above)", hint=exc.hint) from exc
         typer.echo(result["id"])
+
+
+def _script_params(ctx: typer.Context, command: list[str] | None) -> Any:
+    """When ``command`` runs a job script: submit again with the script's ``#COLLOCATE``
+    options merged in (``client/script.py``), as a thunk; else None."""
+    from collocate.client.script import merged_params, script_of
+
+    if ctx.meta.get("collocate.script") or (script := script_of(command)) is None:
+        return None
+    ctx.meta["collocate.script"] = True
+    params = merged_params(ctx, script)
+
+    def again() -> None:
+        try:
+            ctx.invoke(ctx.command.callback, **params)  # type: ignore[arg-type]
+        except InputError as exc:
+            raise script.blame(exc) from None
+    return again
 
 
 def _notify_argv(notify: str | None) -> list[str] | None:
@@ -270,6 +297,11 @@ def ls(
                     "(repeatable or a comma list).")] = [],
     name: Annotated[str | None, typer.Option("--name", "-n", help="Only jobs whose name matches "
                     "this shell glob, e.g. 'train.py*' (quote it).")] = None,
+    since: Annotated[str | None, typer.Option("--since", help="Only jobs in the queue or running "
+                     "at or after this time: 2026-11-28, 2026-11-28T14:00, or 2h, 1d ago (sacct's "
+                     "--starttime; implies --all; adds START and END columns).")] = None,
+    until: Annotated[str | None, typer.Option("--until", help="Only jobs submitted at or before "
+                     "this time (sacct's --endtime; same forms; implies --all).")] = None,
     fmt: FormatOpt = "table",
     state_dir: StateDirOpt = None, host: HostOpt = None,
     token_file: TokenFileOpt = None, fingerprint: FingerprintOpt = None,
@@ -282,12 +314,19 @@ def ls(
     _format(fmt)
     states = parse_states(state)
     users = {u.strip() for value in user for u in value.split(",") if u.strip()}
-    rows = list_jobs(_client(state_dir, host, token_file, fingerprint).request, all=all_ or needs_ended(states))
-    rows = filter_rows(rows, states=states, users=users, name=name)
+    from collocate.client.select import in_window, parse_when
+
+    now = time.time()
+    start = None if since is None else parse_when(since, "--since", now)
+    end = None if until is None else parse_when(until, "--until", now)
+    dated = start is not None or end is not None
+    rows = list_jobs(_client(state_dir, host, token_file, fingerprint).request,
+                     all=all_ or dated or needs_ended(states))
+    rows = [r for r in filter_rows(rows, states=states, users=users, name=name) if in_window(r, start, end, now)]
     if fmt == "json":
         typer.echo(json.dumps(rows, indent=1))
     else:
-        render.print_jobs(rows)
+        render.print_jobs(rows, dated=dated)
 
 
 def show(job_id: Annotated[str, typer.Argument()], state_dir: StateDirOpt = None, host: HostOpt = None,
@@ -344,6 +383,11 @@ def cancel(
                     "jobs.")] = False,
     name: Annotated[str | None, typer.Option("--name", "-n", help="Cancel your own pending and "
                     "running jobs whose name matches this shell glob, e.g. 'sweep*' (quote it).")] = None,
+    state: Annotated[list[str], typer.Option("--state", "-s", help="Only jobs in these states: "
+                     "pending or running (as scancel --state; repeatable or a comma list).")] = [],
+    user: Annotated[list[str], typer.Option("--user", "-u", help="Only jobs of this user (default: "
+                    "yours; another's only as the daemon's owner, who may cancel them).")] = [],
+    fmt: FormatOpt = "table",
     state_dir: StateDirOpt = None, host: HostOpt = None,
     token_file: TokenFileOpt = None, fingerprint: FingerprintOpt = None,
 ) -> None:
@@ -352,35 +396,52 @@ def cancel(
     Prints what happened to each job; exits 1 if any could not be cancelled.
     """
     from collocate.client.connect import list_jobs
-    from collocate.client.select import ACTIVE, filter_rows, me, parse_ids
+    from collocate.client.select import ACTIVE, filter_rows, me, parse_ids, parse_states
     from collocate.safetext import printable
 
+    _format(fmt)
     ids = parse_ids(job_ids or [])
-    if ids and (all_ or name is not None):
-        raise InputError("give job ids or --all/--name, not both",
-                         hint="--all and --name choose among your own pending and running jobs")
-    if not ids and not all_ and name is None:
-        raise InputError("which jobs?", hint="give ids (7, 3-7, 3,5,9), --name GLOB or --all")
+    states = parse_states(state)
+    if states - set(ACTIVE):
+        raise InputError(f"--state {', '.join(sorted(states - set(ACTIVE)))}: an ended job has nothing to cancel",
+                         hint="use --state pending or --state running")
+    users = {u.strip() for value in user for u in value.split(",") if u.strip()}
+    filters = all_ or name is not None or bool(states) or bool(users)
+    if ids and filters:
+        raise InputError("give job ids or --all/--name/--state/--user, not both",
+                         hint="the filters choose among pending and running jobs")
+    if not ids and not filters:
+        raise InputError("which jobs?", hint="give ids (7, 3-7, 3,5,9), --name GLOB, --state, --user or --all")
     client = _client(state_dir, host, token_file, fingerprint)
     if not ids:  # only active jobs can be chosen: the history is not fetched
-        chosen = filter_rows(list_jobs(client.request), states=set(ACTIVE), users={me()}, name=name)
+        chosen = filter_rows(list_jobs(client.request), states=states or set(ACTIVE),
+                             users=users or {me()}, name=name)
         ids = [r["id"] for r in chosen]
         if not ids:
-            what = "to cancel" if name is None else f"has a name matching {printable(name)}"
-            typer.echo(f"no pending or running job of yours {what}", err=True)
+            typer.echo("no pending or running job " + ("of yours " if not users else "")
+                       + "matches" + (f" the name {printable(name)}" if name is not None else ""), err=True)
+            if fmt == "json":
+                typer.echo("[]")
             return
     failed = 0
+    results: list[dict[str, Any]] = []
     for job_id in ids:
         try:
             result = client.request("cancel", id=job_id)
         except CollocateError as exc:
             failed += 1
+            results.append({"id": job_id, "error": str(exc.args[0]), "hint": exc.hint})
             typer.echo(f"{job_id}: not cancelled: {printable(exc, multiline=True)}", err=True)
+            continue
+        results.append(result)
+        if fmt == "json":
             continue
         if result.get("ended"):
             typer.echo(f"{printable(job_id)}: already {printable(result['state'])}, nothing to cancel")
             continue
         typer.echo(f"{printable(result['id'])}: {printable(result['state'])}")
+    if fmt == "json":
+        typer.echo(json.dumps(results, indent=1))
     if failed:
         raise typer.Exit(1)
 
@@ -390,6 +451,7 @@ def wait(
                        "7, 3-7, 3,5,9.", show_default=False)],
     timeout: Annotated[float | None, typer.Option("--timeout", help="Give up after this many "
                        "seconds (exit status 124).")] = None,
+    fmt: FormatOpt = "table",
     state_dir: StateDirOpt = None, host: HostOpt = None,
     token_file: TokenFileOpt = None, fingerprint: FingerprintOpt = None,
 ) -> None:
@@ -401,8 +463,10 @@ def wait(
     from collocate.client.select import ACTIVE, parse_ids
     from collocate.safetext import printable
 
+    _format(fmt)
     client = _client(state_dir, host, token_file, fingerprint)
     left = parse_ids(job_ids)
+    ended_rows: list[dict[str, Any]] = []  # --format json: printed at the end
     for job_id in left:  # an unknown id fails here, before any waiting
         client.request("show", id=job_id)
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -416,14 +480,21 @@ def wait(
                 left.remove(job_id)
                 all_done &= job["state"] == "done"
                 why = f": {printable(job['reason'])}" if job["reason"] and job["state"] != "done" else ""
-                typer.echo(f"{job_id} {job['state']}{why}")
+                if fmt == "json":
+                    ended_rows.append({"id": job_id, "state": job["state"], "reason": job["reason"]})
+                else:
+                    typer.echo(f"{job_id} {job['state']}{why}")
             if left and deadline is not None and time.monotonic() >= deadline:
+                if fmt == "json":
+                    typer.echo(json.dumps(ended_rows + [{"id": j, "state": None} for j in left], indent=1))
                 typer.echo(f"still not ended after {timeout:g} s: {', '.join(left)}", err=True)
                 raise typer.Exit(124)
             if left:
                 time.sleep(0.5)
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
+    if fmt == "json":
+        typer.echo(json.dumps(ended_rows, indent=1))
     if not all_done:
         raise typer.Exit(1)
 

@@ -28,41 +28,54 @@ def _client(state_dir: Path | None, host: str | None = None, token_file: Path | 
     return client_for(state_dir, host=host, token_file=token_file, fingerprint=fingerprint)
 
 
-def _each(op: str, job_ids: list[str], target: tuple[Any, ...], **args: Any) -> None:
-    """Send ``op`` for every id; one line per job, exit 1 if any was refused. ``target``:
-    where the daemon is (``_client``'s arguments)."""
+FormatOpt = Annotated[str, typer.Option("--format", help="table (for people) or json (for tools).")]
+
+
+def _each(op: str, job_ids: list[str], target: tuple[Any, ...], fmt: str = "table", **args: Any) -> None:
+    """Send ``op`` for every id; one line per job (``fmt`` json: one list at the end, refusals
+    with their error), exit 1 if any was refused. ``target``: where the daemon is (``_client``'s
+    arguments)."""
+    from collocate.client.cli import _format
     from collocate.client.select import parse_ids
     from collocate.safetext import printable
 
+    _format(fmt)
     client = _client(*target)
     failed = 0
+    results: list[dict[str, Any]] = []
     for job_id in parse_ids(job_ids):
         try:
             r = client.request(op, id=job_id, **args)
         except CollocateError as exc:
             failed += 1
+            results.append({"id": job_id, "error": str(exc.args[0]), "hint": exc.hint})
             what = {"hold": "not held", "release": "not released"}.get(op, "unchanged")
             typer.echo(f"{job_id}: {what}: {printable(exc, multiline=True)}", err=True)
+            continue
+        results.append(r)
+        if fmt == "json":
             continue
         if op == "priority":
             typer.echo(f"{r['id']}: priority {r['priority']}")
         else:
             typer.echo(f"{r['id']}: {'held' if r['held'] else 'released'}")
+    if fmt == "json":
+        typer.echo(json.dumps(results, indent=1))
     if failed:
         raise typer.Exit(1)
 
 
-def hold(job_ids: IdsArg, state_dir: StateDirOpt = None, host: HostOpt = None,
+def hold(job_ids: IdsArg, fmt: FormatOpt = "table", state_dir: StateDirOpt = None, host: HostOpt = None,
     token_file: TokenFileOpt = None, fingerprint: FingerprintOpt = None) -> None:
     """Keep pending jobs from starting until `collocate release` (your own; the daemon's owner
     may hold anyone's, and only they release such a hold)."""
-    _each("hold", job_ids, (state_dir, host, token_file, fingerprint))
+    _each("hold", job_ids, (state_dir, host, token_file, fingerprint), fmt)
 
 
-def release(job_ids: IdsArg, state_dir: StateDirOpt = None, host: HostOpt = None,
+def release(job_ids: IdsArg, fmt: FormatOpt = "table", state_dir: StateDirOpt = None, host: HostOpt = None,
     token_file: TokenFileOpt = None, fingerprint: FingerprintOpt = None) -> None:
     """Let held jobs start again."""
-    _each("release", job_ids, (state_dir, host, token_file, fingerprint))
+    _each("release", job_ids, (state_dir, host, token_file, fingerprint), fmt)
 
 
 def priority_(
@@ -70,11 +83,12 @@ def priority_(
     value: Annotated[int, typer.Option("--set", help="The new priority (higher runs first, within "
                      "+/-1,000,000). You may lower your own jobs'; raising one is the daemon "
                      "owner's right.")],
+    fmt: FormatOpt = "table",
     state_dir: StateDirOpt = None, host: HostOpt = None,
     token_file: TokenFileOpt = None, fingerprint: FingerprintOpt = None,
 ) -> None:
     """Change the priority of pending jobs: collocate priority 7 --set -10"""
-    _each("priority", job_ids, (state_dir, host, token_file, fingerprint), priority=value)
+    _each("priority", job_ids, (state_dir, host, token_file, fingerprint), fmt, priority=value)
 
 
 def limits(

@@ -98,7 +98,7 @@ def cut_name(name: str, width: int) -> str:
     return name[: width - 1] + "…"
 
 
-def jobs_table(rows: list[dict[str, Any]], width: int) -> Table:
+def jobs_table(rows: list[dict[str, Any]], width: int, *, dated: bool = False) -> Table:
     """``collocate ls`` for a terminal ``width`` columns wide (120 reads well): every column
     keeps its width (NAME, USER and ON cut at 24, 12 and 12 characters) and REASON gets what is
     left, cut with an ellipsis; ``show`` or ``--format json`` give it whole, and the
@@ -109,7 +109,7 @@ def jobs_table(rows: list[dict[str, Any]], width: int) -> Table:
     ended = any(r["state"] in ENDED for r in rows)
     prio = any(r.get("priority") for r in rows)  # PRIO and EXIT only where they say something
     headers = ["ID", "NAME", "STATE", "USER", "GPUS", "MEM", *(["PRIO"] if prio else []), "TIME",
-               "TRIES", "ON", *(["EXIT"] if ended else []), "SUBMITTED"]
+               "TRIES", "ON", *(["EXIT"] if ended else []), "SUBMITTED", *(["START", "END"] if dated else [])]
     cells = []
     for r in rows:
         row = [printable(r["id"]), cut_name(printable(r["name"]), NAME_WIDTH), printable(r["state"]),
@@ -119,27 +119,50 @@ def jobs_table(rows: list[dict[str, Any]], width: int) -> Table:
         if ended:
             code = r.get("exit_code")
             row.append("-" if code is None else str(code))
-        cells.append([*row, when_short(r["submit_time"])])
+        cells.append([*row, when_short(r["submit_time"]),
+                      *([when_short(r.get("start_time")), when_short(r.get("end_time"))] if dated else [])])
     caps = {"NAME": NAME_WIDTH, "ON": 12, "USER": 12}
     widths = [min(max([len(h), *(len(row[i]) for row in cells)]), caps.get(h, 1 << 30))
               for i, h in enumerate(headers)]
-    reason_width = max(12, width - sum(widths) - len(widths))
+    # A narrow terminal: ids, states, sizes and times are never cut; the wordy columns give way
+    # first (NAME, ON, USER, then the dates go), REASON takes what is left (whole in `show`).
+    for header, least in SHRINK:
+        if width - sum(widths) - len(widths) >= 12 or header not in headers:
+            continue
+        i = headers.index(header)
+        over = 12 - (width - sum(widths) - len(widths))
+        if least == 0:  # a column that goes whole
+            del headers[i], widths[i]
+            for row in cells:
+                del row[i]
+        else:
+            widths[i] = max(least, widths[i] - over)
+    reason_width = max(1, width - sum(widths) - len(widths) - 1)
     table = Table(box=None, header_style="bold", pad_edge=False, padding=(0, 1, 0, 0))
     for header, w in zip(headers, widths, strict=True):
-        table.add_column(header, no_wrap=True, overflow="ellipsis", width=w)
+        table.add_column(header, no_wrap=True, overflow="ellipsis", width=w, min_width=w)
     table.add_column("REASON", no_wrap=True, overflow="ellipsis", max_width=reason_width)
     for row, r in zip(cells, rows, strict=True):
-        table.add_row(*(Text(c) for c in row), Text(_cut(printable(row_reason(r)), reason_width)))
+        table.add_row(*(Text(cut_name(c, w) if h == "NAME" else _cut(c, w))
+                        for c, w, h in zip(row, widths, headers, strict=True)),
+                      Text(_cut(printable(row_reason(r)), reason_width)))
     return table
+
+
+#: The columns of ``ls`` that narrow in a narrow terminal, in order, and their least width (0:
+#: the column goes; `--format json` has them all); ID, STATE, GPUS, MEM, TIME and EXIT never narrow.
+SHRINK = (("NAME", 10), ("ON", 4), ("USER", 6), ("START", 0), ("END", 0), ("SUBMITTED", 0),
+          ("TRIES", 0), ("PRIO", 0))
 
 
 def _cut(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def print_jobs(rows: list[dict[str, Any]]) -> None:
+def print_jobs(rows: list[dict[str, Any]], *, dated: bool = False) -> None:
+    """``ls``; ``dated`` (``--since``/``--until``): START and END columns too, as sacct's."""
     c = console()
-    c.print(jobs_table(rows, c.width))
+    c.print(jobs_table(rows, c.width, dated=dated))
 
 
 def print_detail(d: dict[str, Any]) -> None:
@@ -245,9 +268,11 @@ def gpu_table(rows: list[dict[str, Any]]) -> Table:
     (COMMITTED: a declared or estimated requirement counts from placement, before the job
     allocates it) and the ROOM placement can still give, the smaller of free and uncommitted
     memory: the number a pending job's "most room" reason quotes, before the policy's margins."""
-    table = Table(box=None, header_style="bold")
-    for col in ("GPU", "TYPE", "USED", "COMMITTED", "ROOM", "TOTAL", "SM NOW", "SM WINDOW", "JOBS"):
-        table.add_column(col)
+    table = Table(box=None, header_style="bold", pad_edge=False, padding=(0, 1, 0, 0))
+    # In 80 columns nothing is cut or wrapped but the job list, which folds onto more lines
+    for col in ("GPU", "TYPE", "USED", "COMMITTED", "ROOM", "TOTAL", "SM NOW", "SM WINDOW"):
+        table.add_column(col, no_wrap=True)
+    table.add_column("JOBS", overflow="fold", min_width=4)
     for i, r in enumerate(rows):
         if i and r.get("node") != rows[i - 1].get("node"):
             table.add_row()  # a cluster's GPUs, grouped by node
@@ -259,7 +284,7 @@ def gpu_table(rows: list[dict[str, Any]]) -> Table:
         room = max(0.0, min(free, r["total_mib"] - committed)) if reachable else None
         table.add_row(plain(r["id"]), plain(r["type"]), used, _mib(committed), _mib(room),
                       _mib(r["total_mib"]), sm, f"{r['sm_window'] * 100:.0f}%",
-                      plain(",".join(r["jobs"]) or "-"))
+                      plain(", ".join(r["jobs"]) or "-"))
     events = {(r["node"], e[0], e[1]) for r in rows if (e := r.get("node_event"))}
     if events:  # a cluster's membership: nodes that joined, left or came back lately
         table.caption = "; ".join(f"{printable(node)} {printable(what)} {format_duration(time.time() - at)} ago"

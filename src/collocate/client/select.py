@@ -83,3 +83,32 @@ def me() -> str:
     """The caller's user name as the daemon records it on the jobs they submit (from the uid,
     not from $USER, which ``sudo`` and ``su`` leave behind)."""
     return pwd.getpwuid(os.getuid()).pw_name
+
+
+def parse_when(text: str, option: str, now: float) -> float:
+    """``--since``/``--until`` as sacct reads them: a date (``2026-11-28``), a date and time
+    (``2026-11-28T14:00``, ``2026-11-28 14:00[:00]``), or a time ago (``2h``, ``30m``, ``1d``)."""
+    import time as _time
+
+    raw = text.strip()
+    for form in ("%Y-%m-%d", "%Y-%m-%dT%H:%M", "%Y-%m-%d %H:%M", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S"):
+        try:
+            return _time.mktime(_time.strptime(raw, form))
+        except ValueError:
+            continue
+    if raw and raw[-1].lower() in "smhd":
+        from collocate.units import parse_duration
+
+        try:
+            return now - parse_duration(raw, option)
+        except InputError:
+            pass
+    raise InputError(f"cannot read {option} {text!r}",
+                     hint="give a date (2026-11-28), a date and time (2026-11-28T14:00) or a time ago (2h, 1d)")
+
+
+def in_window(row: dict[str, Any], since: float | None, until: float | None, now: float) -> bool:
+    """Whether a job was in the system (from submission to its end) at some time in
+    [``since``, ``until``]: sacct's ``--starttime``/``--endtime``."""
+    end = row.get("end_time") or now
+    return (since is None or end >= since) and (until is None or row["submit_time"] <= until)

@@ -208,6 +208,27 @@ class Api:
         job = self.scheduler.update(job.evolve(priority=value))
         return {"id": job.id, "state": job.state.value, "priority": job.priority}
 
+    def op_update(self, args: dict, peer: Peer) -> dict:
+        """Change a pending job (Slurm's ``scontrol update``): its memory, time limit, name,
+        dependencies or priority, with ``priority``'s rights (only the daemon's owner raises)."""
+        from collocate.daemon.spec import validate_update
+        from collocate.errors import CollocateError
+
+        job = self._pending_job(args, peer, "update")
+        changes = validate_update(args)
+        value = changes.get("priority", job.priority)
+        if value > job.priority and not rights.is_admin(peer.uid):
+            raise InputError(f"only the daemon's owner may raise a job's priority ({job.priority} to {value})",
+                             hint="you may lower your own job's priority (--nice N); ask the daemon's owner to raise it")
+        try:
+            job = self.scheduler.edit(job.evolve(**changes))
+        except CollocateError as exc:
+            raise InputError(str(exc.args[0]), hint="`collocate ls --all` lists the jobs and their states") from None
+        return {"id": job.id, "state": job.state.value, "changed": sorted(changes),
+                "name": job.name, "mem_mib": job.mem_mib, "time_limit_s": job.time_limit_s,
+                "priority": job.priority, "after": list(job.after), "after_any": list(job.after_any),
+                "after_notok": list(job.after_notok), "reason": job.reason}
+
     def op_limits(self, args: dict, peer: Peer) -> dict:
         f = self.scheduler.fairness
         running: dict[str, tuple[int, int]] = {}
@@ -297,9 +318,12 @@ class Api:
         self._check_owner(job_id, peer, action)
         job = self.scheduler.jobs[job_id]
         if job.state is not JobState.PENDING:
-            what = {"hold": "be held", "release": "be released"}.get(action, "have its priority changed")
-            raise InputError(f"job {job_id} is {job.state.value}: only a pending job can {what}",
-                             hint="`collocate ls` shows which jobs are pending")
+            what = {"hold": "be held", "release": "be released",
+                    "update": "be changed"}.get(action, "have its priority changed")
+            hint = ("`collocate ls` shows which jobs are pending" if action != "update" else
+                    "memory, time limit, name, dependencies and priority change only while it waits; "
+                    "cancel it and submit it again to change them now")
+            raise InputError(f"job {job_id} is {job.state.value}: only a pending job can {what}", hint=hint)
         return job
 
     def _job_id(self, args: dict) -> str:

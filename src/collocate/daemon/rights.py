@@ -49,6 +49,7 @@ RIGHTS: Mapping[str, tuple[Who, str]] = {
     "hold": (Who.OWNER, "a hold by the daemon's owner only they release"),
     "release": (Who.OWNER, "not a hold the daemon's owner set"),
     "priority": (Who.OWNER, "a member may only lower their own job's priority (to -1,000,000)"),
+    "update": (Who.OWNER, "a pending job's memory, time, name, dependencies; its priority as `priority`"),
     "set_limits": (Who.ADMIN, ""),
     "drain": (Who.ADMIN, ""),
     "resume": (Who.ADMIN, ""),

@@ -311,3 +311,35 @@ def _dataset(name: Any, factory: Any) -> tuple[str | None, str | None]:
 
 def _int(value: Any, option: str, *, low: int | None = None, high: int | None = None) -> int:
     return whole_number(value, option, low=low, high=high)
+
+
+#: What ``collocate update`` may change on a pending job (Slurm's ``scontrol update``).
+UPDATABLE = ("mem", "time", "name", "after", "after_any", "after_notok", "priority")
+
+
+def validate_update(args: dict[str, Any]) -> dict[str, Any]:
+    """The ``Job`` fields an ``update`` request changes, checked as ``validate_submit`` checks
+    them; a field the request leaves out (or sends as None) keeps its value."""
+    given = {k: args[k] for k in UPDATABLE if args.get(k) is not None}
+    if not given:
+        raise InputError("nothing to change", hint="give --mem, --time, --name, --after, --after-any, "
+                         "--after-notok or --nice")
+    changes: dict[str, Any] = {}
+    if "mem" in given:  # a declaration now: the owner knows better than any estimate
+        mem_mib = parse_mib(given["mem"]) if isinstance(given["mem"], str) else None
+        if mem_mib is None or mem_mib <= 0:
+            raise InputError(f"--mem must be an amount with a unit, got {given['mem']!r}", hint="e.g. --mem 6GiB")
+        changes.update(mem_mib=mem_mib, mem_source="declared", mem_uncertainty=0.0)
+    if "time" in given:
+        changes["time_limit_s"] = _time_limit(given["time"])
+    if "name" in given:
+        name = str(given["name"]).strip()
+        if not name:
+            raise InputError("--name is empty", hint="give the job a name, e.g. --name baseline")
+        changes["name"] = name[:200]
+    for key, option in (("after", "--after"), ("after_any", "--after-any"), ("after_notok", "--after-notok")):
+        if key in given:
+            changes[key] = _after(given[key], option)
+    if "priority" in given:
+        changes["priority"] = _int(given["priority"], "--priority", low=-PRIORITY_MAX, high=PRIORITY_MAX)
+    return changes

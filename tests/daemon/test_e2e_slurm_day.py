@@ -1,0 +1,177 @@
+"""A Slurm user's day, against a real daemon on emulated GPUs: job scripts with ``#COLLOCATE``
+lines (as ``sbatch`` reads ``#SBATCH``), ``update`` of a pending job (``scontrol update``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from collocate.client.script import script_of
+from collocate.errors import InputError
+
+CLI = [sys.executable, "-m", "collocate.daemon"]
+
+
+def cli(d, *args: str, cwd: Path | None = None, columns: int = 120) -> subprocess.CompletedProcess:
+    env = {**os.environ, "COLLOCATE_STATE_DIR": str(d.state_dir), "COLUMNS": str(columns)}
+    return subprocess.run([*CLI, *args], env=env, capture_output=True, text=True, timeout=60,
+                          check=False, cwd=cwd or d.state_dir.parent)
+
+
+SCRIPT = """#!/bin/bash
+# train a model
+#COLLOCATE --mem 2GiB --name from-script
+#COLLOCATE --time 10   # minutes, as sbatch reads them
+
+#COLLOCATE --env GREETING=hello --env OTHER=2
+echo "$GREETING $OTHER $*"
+#COLLOCATE --gpus 2
+"""
+
+
+def test_directives_are_read_at_the_top_only(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    Path("train.sh").write_text(SCRIPT)
+    script = script_of(["train.sh", "a"])
+    assert script is not None
+    assert script.argv == ("/bin/bash", "train.sh", "a")  # by its shebang: not executable
+    assert [n for n, _ in script.lines] == [3, 4, 6]  # line 8 is after the first command
+    assert script.lines[1][1] == ("--time", "10")  # a comment after the options is a comment
+    os.chmod("train.sh", 0o755)
+    assert script_of(["./train.sh"]).argv == ("./train.sh",)  # executable: run as it is
+    Path("plain.sh").write_text("#COLLOCATE --mem 1GiB\necho hi\n")
+    assert script_of(["plain.sh"]).argv == ("bash", "plain.sh")  # no shebang: bash, as sbatch
+    assert script_of(["python3", "x.py"]) is None  # a program on the PATH, not a file here
+    binary = script_of([sys.executable, "-c", "1"])  # a program: run as it is, no directives
+    assert binary is not None and (binary.argv, binary.lines) == ((sys.executable, "-c", "1"), ())
+    Path("quote.sh").write_text("#!/bin/sh\n#COLLOCATE --name 'open\n")
+    with pytest.raises(InputError, match=r"quote.sh:2: cannot read"):
+        script_of(["quote.sh"])
+
+
+def test_submit_a_script_reads_its_collocate_lines_and_the_command_line_wins(daemons, tmp_path):
+    d = daemons()
+    d.client.request("drain")
+    (tmp_path / "train.sh").write_text(SCRIPT)
+    first = cli(d, "submit", "train.sh", "x", "y", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    job = d.job(first.stdout.strip())
+    assert (job["name"], job["mem_mib"], job["time_limit_s"], job["gpus"]) == ("from-script", 2048.0, 600.0, 1)
+    assert job["argv"] == ["/bin/bash", "train.sh", "x", "y"]
+    second = cli(d, "submit", "--name", "cli-name", "--mem", "3GiB", "train.sh", cwd=tmp_path)
+    job2 = d.job(second.stdout.strip())
+    assert (job2["name"], job2["mem_mib"], job2["time_limit_s"]) == ("cli-name", 3072.0, 600.0)
+    d.client.request("resume")
+    d.wait_state(job["id"], "done")
+    out = cli(d, "logs", job["id"])
+    assert out.stdout == "hello 2 x y\n"
+
+
+def test_a_bad_directive_names_its_file_and_line(daemons, tmp_path):
+    d = daemons()
+    cases = {"unknown.sh": ("#!/bin/bash\n#COLLOCATE --mem 1GiB\n#COLLOCATE --bogus 3\necho\n",
+                            "unknown.sh:3: No such option: --bogus"),
+             "extra.sh": ("#!/bin/bash\n#COLLOCATE --mem 1GiB python\necho\n",
+                          "extra.sh:2: a #COLLOCATE line takes options only"),
+             "unit.sh": ("#!/bin/bash\n\n#COLLOCATE --mem 2\necho\n", "unit.sh:3: --mem 2 has no unit")}
+    for name, (text, error) in cases.items():
+        (tmp_path / name).write_text(text)
+        out = cli(d, "submit", name, cwd=tmp_path)
+        assert out.returncode == 2 and error in out.stderr, (name, out.stderr)
+        assert "Traceback" not in out.stderr
+    assert d.client.request("ls", all=True) == []  # nothing was queued
+
+
+def test_update_a_pending_job_as_scontrol_update_does(daemons):
+    d = daemons()
+    d.client.request("drain")
+    first = d.submit(["/bin/true"], name="a", mem="1GiB")
+    second = d.submit(["/bin/true"], name="b", mem="1GiB")
+    out = cli(d, "update", second, "--mem", "4GiB", "--time", "1:00:00", "--name", "bigger",
+              "--after", first, "--nice", "5")
+    assert out.returncode == 0, out.stderr
+    assert "memory 4.00 GiB" in out.stdout and "waits for job 1" in out.stdout
+    job = d.job(second)
+    assert (job["name"], job["mem_mib"], job["mem_source"], job["time_limit_s"], job["after"],
+            job["priority"]) == ("bigger", 4096.0, "declared", 3600.0, [first], -5)
+    assert d.client.request("ls")[1]["wait"] == "dependency"
+    cycle = cli(d, "update", first, "--after", second)
+    assert cycle.returncode == 1 and "would wait for itself" in cycle.stderr
+    missing = cli(d, "update", first, "--after", "99", "--format", "json")
+    assert missing.returncode == 1 and "job 99, which does not exist" in json.loads(missing.stdout)[0]["error"]
+    too_big = cli(d, "update", first, "--mem", "500GiB")
+    assert too_big.returncode == 1 and "largest GPU" in too_big.stderr
+    cleared = json.loads(cli(d, "update", second, "--after", "", "--format", "json").stdout)
+    assert cleared[0]["after"] == [] and cleared[0]["reason"] == ""
+    d.client.request("resume")
+    d.wait_state(first, "done")
+    d.wait_state(second, "done")
+    ended = cli(d, "update", first, "--mem", "1GiB")
+    assert ended.returncode == 1 and "only a pending job can be changed" in ended.stderr
+    assert "cancel it and submit it again" in ended.stderr
+
+
+def test_a_dependency_added_by_update_is_waited_for_and_released(daemons):
+    d = daemons()
+    d.client.request("drain")
+    first = d.submit(["/bin/true"], name="first", mem="1GiB")
+    second = d.submit(["/bin/true"], name="second", mem="1GiB")
+    d.client.request("update", id=second, after_notok=[first])  # runs only if first fails
+    d.client.request("resume")
+    d.wait_state(first, "done")
+    assert d.wait_state(second, "cancelled")["reason"].startswith(f"job {first} ended done")
+
+
+def test_cancel_by_state_and_user_and_json_on_cancel_and_wait(daemons):
+    from collocate.client.select import me
+
+    d = daemons()
+    d.client.request("drain")
+    jobs = [d.submit(["/bin/true"], name=f"j{i}", mem="1GiB") for i in range(3)]
+    d.client.request("hold", id=jobs[0])
+    nobody = cli(d, "cancel", "--user", "nobody-here")
+    assert nobody.returncode == 0 and "no pending or running job matches" in nobody.stderr
+    ended = cli(d, "cancel", "--state", "done")
+    assert ended.returncode == 2 and "nothing to cancel" in ended.stderr
+    both = cli(d, "cancel", "1", "--state", "pending")
+    assert both.returncode == 2 and "not both" in both.stderr
+    out = cli(d, "cancel", "--state", "pending", "--user", me(), "--name", "j[01]", "--format", "json")
+    assert out.returncode == 0, out.stderr
+    assert [(r["id"], r["state"]) for r in json.loads(out.stdout)] == [(jobs[0], "cancelled"), (jobs[1], "cancelled")]
+    d.client.request("resume")
+    waited = cli(d, "wait", *jobs, "--format", "json")
+    assert waited.returncode == 1  # two were cancelled
+    assert {r["id"]: r["state"] for r in json.loads(waited.stdout)} == {
+        jobs[0]: "cancelled", jobs[1]: "cancelled", jobs[2]: "done"}
+
+
+def test_ls_since_and_until_with_start_and_end_columns(daemons):
+    d = daemons()
+    done = d.submit(["/bin/true"], name="early", mem="1GiB")
+    d.wait_state(done, "done")
+    out = cli(d, "ls", "--since", "1h")
+    assert out.returncode == 0, out.stderr
+    header = out.stdout.splitlines()[0].split()
+    assert header[-3:] == ["START", "END", "REASON"] and "early" in out.stdout
+    assert [r["id"] for r in json.loads(cli(d, "ls", "--since", "2h", "--format", "json").stdout)] == [done]
+    assert json.loads(cli(d, "ls", "--until", "2000-01-01", "--format", "json").stdout) == []
+    assert json.loads(cli(d, "ls", "--since", "2999-01-01T00:00", "--format", "json").stdout) == []
+    bad = cli(d, "ls", "--since", "yesterday")
+    assert bad.returncode == 2 and "cannot read --since 'yesterday'" in bad.stderr
+
+
+def test_hold_release_and_priority_print_json(daemons):
+    d = daemons()
+    d.client.request("drain")
+    job = d.submit(["/bin/true"], name="h", mem="1GiB")
+    held = cli(d, "hold", job, "99", "--format", "json")
+    assert held.returncode == 1
+    rows = json.loads(held.stdout)
+    assert rows[0]["held"] == "user" and rows[1]["id"] == "99" and "no job '99'" in rows[1]["error"]
+    assert json.loads(cli(d, "release", job, "--format", "json").stdout)[0]["held"] == ""
+    assert json.loads(cli(d, "priority", job, "--set", "-4", "--format", "json").stdout)[0]["priority"] == -4
