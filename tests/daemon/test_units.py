@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import sys
@@ -79,7 +80,10 @@ def test_launch_plan_is_exact(tmp_path):
                        sharing=SharingMode.TIME_SLICING, emulated_dir=None, daemon_uid=0)
     assert plan.argv == (*bootstrap_argv("collocate.node.runner"), "--dir", str(tmp_path),
                          "--uid", "1000", "--gid", "100", "--cwd", "/work",
-                         "--env-file", str(tmp_path / "env.json"), "--", "python", "train.py")
+                         "--env-file", str(tmp_path / "env.json"),
+                         "--command-file", str(tmp_path / "command.json"))
+    # the command travels in a 0600 file, never on a root process's command line (/proc)
+    assert plan.command == ("python", "train.py") and "train.py" not in plan.argv
     # the runner starts isolated: python -I, from the daemon's own installation
     assert plan.argv[:3] == (sys.executable, "-I", "-c")
     assert plan.env == {"HOME": "/home/ada", "CUDA_VISIBLE_DEVICES": "GPU-a,GPU-b", "COLLOCATE_JOB_ID": "7",
@@ -357,6 +361,12 @@ def test_monitor_tells_the_policy_which_gpus_read_which_dataset():
         (["python3", "-c", "print('key')"], "python3 -c"),
         (["./train.sh", "x"], "train.sh"),
         (["python"], "python"),
+        # NAME=VALUE words carry secrets inline: never a name (issue 36)
+        (["bash", "-c", "TOKEN=hunter2 sleep 300"], "sleep"),
+        (["sh", "-c", "A=1 B=2 env C=3 python t.py"], "python"),
+        (["sh", "-c", "export KEY=s"], "sh"),
+        (["sh", "-c", "X=1"], "sh"),
+        (["env", "PASSWORD=s", "train"], "train"),
     ],
 )
 def test_default_job_names_show_what_a_launcher_runs(argv, name):
@@ -484,4 +494,11 @@ def test_what_another_member_sees_of_a_failed_job():
     shown = redact({"id": "1", "argv": ["x", "--key", "s"], "cwd": "/home/ann", "reason": "exited with status 2: s",
                     "attempts": [{"n": 1, "reason": "exited with status 2: s", "dir": "/state/jobs/1"}]})
     assert "argv" not in shown and "cwd" not in shown and "s" not in shown["reason"].split(" ")
-    assert shown["attempts"][0] == {"n": 1, "reason": "exited with status 2", "dir": None}
+    assert shown["attempts"][0]["reason"] == "exited with status 2" and shown["attempts"][0]["dir"] is None
+    # show of another's job: what ls shows, never its identity, runner pid or samples (issue 36)
+    seen = redact({"id": "1", "name": "t", "identity": "ab12", "summary": {"samples": 9},
+                   "profile": {"sm_activity": 0.5}, "series": [1], "notify": ["mail"],
+                   "attempts": [{"n": 1, "pid": 4242, "pid_started": 1.0, "runners": [[4242, 1.0]],
+                                 "uuids": ["GPU-x"], "solo_sm": 0.3, "outcome": "done"}]})
+    assert set(seen) == {"id", "name", "reason", "attempts", "redacted"}
+    assert "4242" not in json.dumps(seen) and seen["attempts"][0]["outcome"] == "done"

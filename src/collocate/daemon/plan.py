@@ -19,7 +19,7 @@ from collocate.gpus.mps import MpsDirs, mps_client_env
 from collocate.model import Job, Placement, SharingMode
 from collocate.monitor.job_metrics import metrics_env
 from collocate.node.isolate import bootstrap_argv
-from collocate.node.launcher import ENV_EMULATED_DIR, ENV_FILE, RUNNER_MODULE, LaunchPlan
+from collocate.node.launcher import COMMAND_FILE, ENV_EMULATED_DIR, ENV_FILE, RUNNER_MODULE, LaunchPlan
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +95,7 @@ def plan_launch(
         env.update(metrics_env(attempt_dir))  # state dir, so it gets none (log_metric: no-op)
     as_user = ("--uid", str(spec.uid), "--gid", str(spec.gid)) if as_other else ()
     argv = (*bootstrap_argv(RUNNER_MODULE), "--dir", str(attempt_dir), *as_user,
-            "--cwd", spec.cwd, "--env-file", str(attempt_dir / ENV_FILE), "--", *spec.argv)
+            "--cwd", spec.cwd, "--env-file", str(attempt_dir / ENV_FILE),
+            "--command-file", str(attempt_dir / COMMAND_FILE))
     return LaunchPlan(argv, env, spec.cwd, attempt_dir,
-                      spec.uid if as_other else None, spec.gid if as_other else None)
+                      spec.uid if as_other else None, spec.gid if as_other else None, tuple(spec.argv))

@@ -45,6 +45,7 @@ from collocate.daemon.store import Store
 from collocate.daemon.tracking import DaemonTracking
 from collocate.errors import CollocateError
 from collocate.interference import default_interference
+from collocate.node.confine import UNLIMITED, Confinement
 from collocate.node.files import disk_size
 from collocate.node.local import LocalNode
 from collocate.policies import make_policy
@@ -90,7 +91,7 @@ class Service:
                                  hint="check `nvidia-smi`, or use --gpus emulated:4xA100-40GB")
         self.tracking = DaemonTracking(self.layout.root, self.watch.devices, self.config.tracking)
         policy = make_policy(self.config.policy, **self.config.policy_params)
-        self.notifier = Notifier(self.layout, self.specs, self.store)
+        self.notifier = Notifier(self.layout, self.specs, self.store, self._local_confinement())
         self.scheduler = Scheduler(policy, Capacity.of(self.watch.snapshot(time.time())), rules=self.config.rules,
                                    on_change=self._job_changed, fairness=self.store.fairness())
         wiring = Wiring(self.config, self.layout, self.store, self.scheduler, self.specs,
@@ -142,6 +143,15 @@ class Service:
         if emulated is not None and self.config.allow_gid is not None and emulated.is_relative_to(self.layout.root):
             share_with_group(emulated, self.config.allow_gid)  # members' emulated jobs claim there
         return InProcessNodes([node])
+
+    def _local_confinement(self) -> Confinement:
+        """What this machine bounds the parts it starts itself by (a job's ``--notify``): the
+        local node's confinement, or on a cluster's head the log bounds alone."""
+        for node in getattr(self._nodes, "nodes", {}).values():
+            if isinstance(node, LocalNode):
+                return node.confinement
+        return Confinement(log_max=self.quotas.log_max or UNLIMITED,
+                           disk_reserve=self.quotas.disk_reserve or 0)
 
     def _job_changed(self, job: Any) -> None:
         """Persist a job the scheduler changed; an ended one's environment is dropped (as the
