@@ -6,7 +6,6 @@ daemon serving ``--group nogroup``) and found refused or harmless.
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
@@ -97,5 +96,60 @@ def _job_processes(detail: dict) -> list[psutil.Process]:
         return []
 
 
-def _unused() -> None:  # keep imports used while the file grows
-    _ = (os, time)
+# -- finding 1 and 2: --notify is a part of the job, confined, capped, readable ------------------
+def _sleepers(seconds: str) -> list[psutil.Process]:
+    return [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", seconds]]
+
+
+def test_notify_runs_confined_as_the_member_and_its_output_is_capped(lab, lab_daemon):
+    """The issue's reproductions: ``--notify "sh -c 'sleep 4444 &'"`` leaves nothing running
+    (its cgroup is stopped with it), a notify writing 20 MB keeps ``--log-max`` of it, counted
+    in the member's stored bytes, and the member reads it with ``logs --notify``; another
+    member may not."""
+    d, work = lab_daemon("--job-max-pids", "64", "--job-max-memory", "128MiB", "--log-max", "1MiB")
+    if "jobs confined: cgroup" not in d.read_log():
+        pytest.skip(f"cgroups are not writable here: {d.read_log()[-400:]}")
+    a = lab["A"]
+    escape = _ok(submit_as(a, _sock(d), cwd=str(work), argv=["/bin/true"],
+                           notify=["sh", "-c", "sleep 4444 & echo started-$(id -u); cat"]))
+    flood = _ok(submit_as(a, _sock(d), cwd=str(work), argv=["/bin/true"],
+                          notify=["sh", "-c", "head -c 20000000 /dev/zero | tr '\\0' n"]))
+    for job in (escape, flood):
+        d.wait_state(job, "done", timeout=60)
+    folder = d.state_dir / "jobs" / escape / "notify"
+    wait_for(lambda: (folder / "exit.json").exists(), 30, "the notify's runner to record its end")
+    assert not _sleepers("4444")  # stopped with the notify's cgroup
+    shown = cli_as(a, d.state_dir, "logs", escape, "--notify")
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.splitlines()[0] == f"started-{a.uid}"  # as the member
+    assert f"collocate job {escape} (true) done" in shown.stdout  # the summary on its stdin
+    wait_for(lambda: (d.state_dir / "jobs" / flood / "notify" / "exit.json").exists(), 60,
+             "the flooding notify to end")
+    log = d.state_dir / "jobs" / flood / "notify" / "stdout.log"
+    assert log.stat().st_size < 2**20 + 128 * 1024  # --log-max, and its kept tail
+    big = cli_as(a, d.state_dir, "logs", flood, "--notify")
+    assert "of stdout were cut here" in big.stdout
+    theirs = cli_as(lab["B"], d.state_dir, "logs", escape, "--notify")
+    assert theirs.returncode != 0 and "belongs to collocate-a" in theirs.stderr
+
+
+def test_a_notify_past_its_time_limit_is_stopped_with_all_it_started(tmp_path):
+    """The runner's ``--time-limit`` (a notify's, 60 s by default): the command and what it
+    left in the background are stopped, and the record says so."""
+    import subprocess
+
+    from collocate.node.isolate import bootstrap_argv, write_command_file, write_env_file
+
+    write_env_file(tmp_path / "env.json", {"PATH": "/usr/bin:/bin"})
+    write_command_file(tmp_path / "command.json", ["sh", "-c", "sleep 4445 & sleep 4446"])
+    (tmp_path / "stdin.txt").write_text("summary\n")
+    started = time.monotonic()
+    subprocess.run([*bootstrap_argv("collocate.node.runner"), "--dir", str(tmp_path), "--cwd", "/",
+                    "--env-file", str(tmp_path / "env.json"), "--command-file",
+                    str(tmp_path / "command.json"), "--stdin-file", str(tmp_path / "stdin.txt"),
+                    "--time-limit", "1"], check=True, timeout=60, start_new_session=True)
+    assert time.monotonic() - started < 30
+    record = json.loads((tmp_path / "exit.json").read_text())
+    assert "time limit of 1 s" in record["timed_out"] and record["returncode"] == -9
+    assert not _sleepers("4445") and not _sleepers("4446")
+    assert not (tmp_path / "command.json").exists()  # read and removed
