@@ -13,7 +13,7 @@ the caller passes the cluster snapshot and the time, and persists every changed 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sortedcontainers import SortedKeyList
@@ -150,6 +150,9 @@ class Scheduler:
         self.usage = Usage(fairness.half_life_s)
         self._deadlines: dict[str, float] = {}  # running job id -> when its time limit is up
         self._now = 0.0  # the last round's time: the order ``queue`` shows between rounds
+        #: user -> why their jobs get no new attempt (at their storage quota; the daemon's
+        #: ``quotas.Accounts.over_quota`` sets it every round, the simulator never)
+        self.stopped_users: Mapping[str, str] = {}
 
     # -- queue ------------------------------------------------------------------------------
     @property
@@ -165,11 +168,14 @@ class Scheduler:
         return any(self._queues.values())
 
     def eligible(self, now: float) -> Sequence[Job]:
-        """What the policy sees at ``now``: the queue without the jobs of users at a cap."""
+        """What the policy sees at ``now``: the queue without the jobs of users at a cap or
+        stopped (``stopped_users``)."""
+        queues = self._queues if not self.stopped_users else {
+            user: q for user, q in self._queues.items() if user not in self.stopped_users}
         if not self.fairness.capped:
-            return FairQueue(self._queues, self._usage_at(now))
+            return FairQueue(queues, self._usage_at(now))
         # users at a cap whatever the job: left out whole, so a flood costs nothing per round
-        open_users = {user: q for user, q in self._queues.items()
+        open_users = {user: q for user, q in queues.items()
                       if q and self._cap(q[0].evolve(gpus=1, nodes=1)) is None}
         return FairQueue(open_users, self._usage_at(now), self._over_cap)
 
@@ -264,6 +270,8 @@ class Scheduler:
             return Wait(WaitKind.HELD, f"held by {by}: `collocate release {job.id}` lets it start")
         if (job.after or job.after_any or job.after_notok) and (waiting := self._unfinished(job)):
             return Wait(WaitKind.DEPENDENCY, _waits_for(waiting))
+        if job.user in self.stopped_users:
+            return Wait(WaitKind.QUOTA, self.stopped_users[job.user])
         if self.fairness.capped and (why := self._cap(job)):
             return Wait(WaitKind.LIMIT, why)
         return self.waits.get(job_id) or Wait(

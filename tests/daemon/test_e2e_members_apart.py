@@ -6,6 +6,7 @@ daemon serving ``--group nogroup``) and found refused or harmless.
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -153,3 +154,35 @@ def test_a_notify_past_its_time_limit_is_stopped_with_all_it_started(tmp_path):
     assert "time limit of 1 s" in record["timed_out"] and record["returncode"] == -9
     assert not _sleepers("4445") and not _sleepers("4446")
     assert not (tmp_path / "command.json").exists()  # read and removed
+
+
+# -- finding 3: quotas hold while jobs run, retries included --------------------------------------
+def test_retries_and_notifies_stop_at_the_members_quota_not_the_disk(lab, lab_daemon):
+    """The issue's reproduction: a job failing 20 times after 9 MB of output each. Its logs
+    stop at A's 8 MiB quota (the cut said in the log), it gets no new attempt (it waits with
+    the quota as its reason), A's submits are refused, and B's job runs untouched beside it."""
+    d, work = lab_daemon("--user-max-stored", "8MiB", "--log-max", "4MiB", disk_mib=64)
+    a, b = lab["A"], lab["B"]
+    flood = _ok(submit_as(a, _sock(d), cwd=str(work), retries=20, argv=[
+        "/bin/sh", "-c", "yes A | head -c 9000000; exit 1"]))
+    wait_for(lambda: d.job(flood)["state"] == "pending" and d.job(flood)["attempts_used"] >= 2
+             and "quota" in (d.job(flood)["reason"] or ""), 120, "the flood to stop at A's quota")
+    detail = d.job(flood)
+    assert detail["wait"] == "quota" and "--user-max-stored" in detail["reason"], detail
+    used = detail["attempts_used"]
+    logs = sum(f.stat().st_size for f in (d.state_dir / "jobs" / flood).rglob("*.log"))
+    # the quota, and per attempt what a cut stream adds at its end (its last 64 KiB, two lines)
+    assert logs <= 8 * 2**20 + used * 2 * (64 * 1024 + 512), (logs, used)
+    time.sleep(3)  # rounds go by: still no new attempt
+    assert d.job(flood)["attempts_used"] == used and d.job(flood)["state"] == "pending"
+    last = cli_as(a, d.state_dir, "logs", flood)
+    assert "passed their storage quota" in last.stdout or "passed its limit" in last.stdout
+    refused = submit_as(a, _sock(d), cwd=str(work), argv=["/bin/true"])
+    assert not refused["ok"] and "--user-max-stored" in refused["hint"]
+    theirs = _ok(submit_as(b, _sock(d), cwd=str(work), argv=[
+        "/bin/sh", "-c", "yes B | head -c 3000000"]))
+    assert d.wait_state(theirs, ("done", "failed"), timeout=60)["state"] == "done"
+    out = d.state_dir / "jobs" / theirs / "attempt-1" / "stdout.log"
+    assert out.stat().st_size == 3000000  # B's output whole: A's flood cost B nothing
+    st = os.statvfs(d.state_dir)
+    assert st.f_bavail * st.f_frsize > 32 * 2**20  # far above the reserve

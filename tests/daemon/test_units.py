@@ -502,3 +502,38 @@ def test_what_another_member_sees_of_a_failed_job():
                                  "uuids": ["GPU-x"], "solo_sm": 0.3, "outcome": "done"}]})
     assert set(seen) == {"id", "name", "reason", "attempts", "redacted"}
     assert "4242" not in json.dumps(seen) and seen["attempts"][0]["outcome"] == "done"
+
+
+def test_log_keepers_share_a_members_ledger_and_cut_at_zero(tmp_path):
+    """Two streams (two jobs of one member) take from one ledger: what they write together
+    stops at what the member had left, and the cut is said in the log (issue 36)."""
+    from collocate.node.logkeeper import Ledger, _Stream, write_ledger
+
+    path = tmp_path / "ledger"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    write_ledger(fd, 100_000)
+    os.close(fd)
+    streams = []
+    for name in ("one", "two"):
+        out = os.open(tmp_path / f"{name}.log", os.O_WRONLY | os.O_CREAT, 0o600)
+        streams.append((_Stream("stdout", out, 1 << 40), Ledger(str(path))))
+    for _ in range(4):
+        for stream, ledger in streams:
+            stream.take(b"\x01" * 20_000, None, 0, ledger)
+    for stream, ledger in streams:
+        stream.close()
+        ledger.close()
+    texts = [(tmp_path / f"{n}.log").read_bytes() for n in ("one", "two")]
+    assert sum(t.count(b"\x01") for t in texts) == 100_000 + sum(len(s.tail) for s, _ in streams)
+    assert all(b"storage quota" in t for t in texts)
+    assert Ledger(None).take(5) == 5  # no ledger: no quota
+
+
+def test_one_member_can_never_bring_the_disk_to_its_reserve():
+    from collocate.daemon.quotas import Quotas
+
+    mib = 2**20
+    q = Quotas(max_stored=1 << 40).resolved(64 * mib)  # the owner asked for too much
+    assert q.max_stored is not None and q.disk_reserve is not None
+    assert q.max_stored <= (64 * mib - q.disk_reserve) // 2
+    assert Quotas().resolved(64 * mib).max_stored == 16 * mib  # the default: a quarter

@@ -60,6 +60,15 @@ REQUEST_TIMEOUT_S = 60.0
 OFF_LOOP = frozenset({"history"})
 
 
+def _quota_args(accounts: Accounts, uid: int) -> list[str]:
+    """A ``--notify``'s runner: its logs count in the member's quota (their ledger, counted now)."""
+    ledger = accounts.ledger(uid)
+    if ledger is None:
+        return []
+    accounts.refresh(uid)
+    return ["--quota-file", str(ledger)]
+
+
 class Service:
     def __init__(self, config: ServeConfig, *, nodes: Nodes | None = None) -> None:
         """``nodes``: where jobs run (made in ``open`` if not given: this machine, or with
@@ -98,7 +107,9 @@ class Service:
                         self.tracking, self.watch, self.fleet)
         accounts = Accounts(self.quotas, self.layout.root, self.store.db, owner_uid=os.getuid())
         self.attempts = Attempts(wiring)
-        self.round = SchedulingRound(wiring, self.attempts, self._interference)
+        self.attempts.ledger = accounts.ledger_for_launch  # logs count in their owner's quota as written
+        self.notifier.extra_args = lambda spec: _quota_args(accounts, spec.uid)
+        self.round = SchedulingRound(wiring, self.attempts, self._interference, accounts)
         self.api = Api(wiring, self.attempts, accounts)
         restore(self.store, self.scheduler, self.attempts, self.fleet)
         names = {s.dataset for s in self.specs.values() if s.dataset}

@@ -109,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fence", type=Path, default=None, help="the node agent's heartbeat file")
     parser.add_argument("--fence-after", type=float, default=60.0, help="stop the job when the "
                         "heartbeat is older than this (its attempt is requeued elsewhere)")
+    parser.add_argument("--quota-file", default=None,
+                        help="the owner's storage ledger: logs stop at their quota (logkeeper.Ledger)")
     parser.add_argument("--stdin-file", type=Path, default=None,
                         help="the job's stdin (a --notify command's summary; else /dev/null)")
     parser.add_argument("--time-limit", type=float, default=None,
@@ -133,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
                                                   "stderr_tail": ""})
         return 0
     tree = JobTree.confined(ns.confine)
-    keeper, (out_w, err_w) = _start_keeper(ns.log_max, ns.disk_reserve, str(ns.dir))
+    keeper, (out_w, err_w) = _start_keeper(ns.log_max, ns.disk_reserve, str(ns.dir), ns.quota_file)
     # The job inherits the runner's session and process group; signals reach both. Forked by
     # hand (the runner has no threads) so that privileges are dropped *before* the job's cwd is
     # entered, and nothing of the job's environment touches this root-side process.
@@ -194,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _start_keeper(max_bytes: int, reserve: int, disk: str) -> tuple[int, tuple[int, int]]:
+def _start_keeper(max_bytes: int, reserve: int, disk: str,
+                  quota_file: str | None = None) -> tuple[int, tuple[int, int]]:
     """Fork the log keeper (``collocate.node.logkeeper``) on two pipes whose write ends the job
     gets as stdout and stderr; the keeper writes the runner's own stdout and stderr (the logs)."""
     from collocate.node.logkeeper import keep
@@ -207,7 +210,7 @@ def _start_keeper(max_bytes: int, reserve: int, disk: str) -> tuple[int, tuple[i
             os.close(out_w)
             os.close(err_w)
             keep({"stdout": (out_r, os.dup(1)), "stderr": (err_r, os.dup(2))},
-                 max_bytes=max_bytes, reserve_bytes=reserve, disk=disk)
+                 max_bytes=max_bytes, reserve_bytes=reserve, disk=disk, quota_file=quota_file)
         finally:
             os._exit(0)
     os.close(out_r)
