@@ -537,3 +537,10 @@ def test_one_member_can_never_bring_the_disk_to_its_reserve():
     assert q.max_stored is not None and q.disk_reserve is not None
     assert q.max_stored <= (64 * mib - q.disk_reserve) // 2
     assert Quotas().resolved(64 * mib).max_stored == 16 * mib  # the default: a quarter
+
+
+@given(st.lists(st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,8}=[^\s]{0,12}", fullmatch=True), min_size=1, max_size=3),
+       st.sampled_from(["sleep 300", "python t.py", "", "./run.sh --key=v"]))
+def test_a_default_name_never_holds_an_inline_assignment(assignments, rest):
+    name = default_name(["bash", "-c", " ".join([*assignments, rest])])
+    assert "=" not in name and not any(a in name for a in assignments)
