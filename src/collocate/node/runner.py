@@ -14,8 +14,11 @@ reaped (a runner killed in between leaves the job's zombie to the daemon, its su
 ``collocate.node.reaping``). A full disk delays the record, never loses it.
 
 Isolation (``collocate.node.isolate``): a root daemon starts the runner with ``python -I``
-and a clean environment; the job's environment is read from a private file, and the job drops
-privileges before it enters its cwd and execs.
+and a clean environment; the job's environment and its command are read from private files
+(0600, removed once read: a root process's own command line is every local user's to read in
+``/proc``, so no job's command is ever on it), and the job drops privileges before it enters its
+cwd and execs. A ``--notify`` command runs through the runner too, with ``--stdin-file`` (its
+summary) and ``--time-limit`` (its whole tree stopped then).
 
 The runner survives SIGTERM/SIGINT/SIGHUP itself: a cancel signals the whole process group, the
 job gets the signal, and the runner records how it ended. A signal that arrives before the job
