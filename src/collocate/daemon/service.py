@@ -158,9 +158,10 @@ class Service:
     def _local_confinement(self) -> Confinement:
         """What this machine bounds the parts it starts itself by (a job's ``--notify``): the
         local node's confinement, or on a cluster's head the log bounds alone."""
-        for node in getattr(self._nodes, "nodes", {}).values():
-            if isinstance(node, LocalNode):
-                return node.confinement
+        if isinstance(self._nodes, InProcessNodes):
+            for node in self._nodes.nodes.values():
+                if isinstance(node, LocalNode):
+                    return node.confinement
         return Confinement(log_max=self.quotas.log_max or UNLIMITED,
                            disk_reserve=self.quotas.disk_reserve or 0)
 
