@@ -445,6 +445,7 @@ class WaitKind(StrEnum):
     DISK = "disk"  # the daemon's disk is (nearly) full: a launch could not be recorded
     HELD = "held"  # held by its owner or the daemon's owner (``collocate release`` frees it)
     LIMIT = "limit"  # its user runs as many jobs or GPUs as the daemon's owner allows
+    QUOTA = "quota"  # its user's jobs store as much as the daemon's owner allows (logs, specs)
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ the caller passes the cluster snapshot and the time, and persists every changed 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sortedcontainers import SortedKeyList
@@ -192,6 +192,9 @@ class Scheduler:
         self._deadlines: dict[str, float] = {}  # running job id -> when its time limit is up
         self._now = 0.0  # the last round's time: the order ``queue`` shows between rounds
         self._alone: set[str] = set()  # pending jobs whose next attempt runs alone
+        #: user -> why their jobs get no new attempt (at their storage quota; the daemon's
+        #: ``quotas.Accounts.over_quota`` sets it every round, the simulator never)
+        self.stopped_users: Mapping[str, str] = {}
 
     # -- queue ------------------------------------------------------------------------------
     @property
@@ -212,11 +215,14 @@ class Scheduler:
         return FairQueue(self._cpu_queues, None)
 
     def eligible(self, now: float) -> Sequence[Job]:
-        """What the policy sees at ``now``: the queue without the jobs of users at a cap."""
+        """What the policy sees at ``now``: the queue without the jobs of users at a cap or
+        stopped (``stopped_users``)."""
+        queues = self._queues if not self.stopped_users else {
+            user: q for user, q in self._queues.items() if user not in self.stopped_users}
         if not self.fairness.capped:
-            return FairQueue(self._queues, self._usage_at(now))
+            return FairQueue(queues, self._usage_at(now))
         # users at a cap whatever the job: left out whole, so a flood costs nothing per round
-        open_users = {user: q for user, q in self._queues.items()
+        open_users = {user: q for user, q in queues.items()
                       if q and self._cap(q[0].evolve(gpus=1, nodes=1)) is None}
         return FairQueue(open_users, self._usage_at(now), self._over_cap)
 
@@ -343,6 +349,8 @@ class Scheduler:
             return Wait(WaitKind.HELD, f"held by {by}: `collocate release {job.id}` lets it start")
         if (job.after or job.after_any or job.after_notok) and (waiting := self._unfinished(job)):
             return Wait(WaitKind.DEPENDENCY, _waits_for(waiting))
+        if job.user in self.stopped_users:
+            return Wait(WaitKind.QUOTA, self.stopped_users[job.user])
         if job.gpus == 0:
             why = self.fairness.limits(job.user).why_not_cpu(job.user, self._cpu_running.get(job.user, 0),
                                                              self.cpu_jobs_default)
@@ -447,6 +455,8 @@ class Scheduler:
         placed: list[Placement] = []
         waits: dict[str, Wait] = {}
         for user, queue in self._cpu_queues.items():
+            if user in self.stopped_users:  # at their storage quota: no new attempt, CPU or not
+                continue
             limits = self.fairness.limits(user)
             running = self._cpu_running.get(user, 0)
             for job in queue:

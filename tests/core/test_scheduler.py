@@ -163,3 +163,19 @@ def test_edit_rewires_dependencies_refuses_cycles_and_running_jobs():
     s.schedule(cluster(1))
     with pytest.raises(CollocateError, match="only a pending job"):
         s.edit(s.jobs["1"].evolve(name="x"))
+
+
+def test_a_stopped_user_gets_no_new_attempt_and_their_jobs_say_why():
+    """A member at their storage quota (the daemon sets ``stopped_users``): their jobs wait
+    with the reason, others' start; once freed, theirs start again (issue 36)."""
+    from collocate.model import WaitKind
+
+    s = Scheduler(make_policy("exclusive"), Capacity.of(cluster(2)))
+    s.submit(Job("a1", user="ann", submit_time=0.0))
+    s.submit(Job("b1", user="bob", submit_time=1.0))
+    s.stopped_users = {"ann": "ann's jobs hold 8.0 MiB, at the quota"}
+    assert [p.job_id for p in s.schedule(cluster(2)).placements] == ["b1"]
+    wait = s.why_waiting("a1")
+    assert wait is not None and wait.kind is WaitKind.QUOTA and "at the quota" in str(wait)
+    s.stopped_users = {}
+    assert [p.job_id for p in s.schedule(cluster(2)).placements] == ["a1"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import sys
@@ -86,7 +87,10 @@ def test_launch_plan_is_exact(tmp_path):
                        sharing=SharingMode.TIME_SLICING, emulated_dir=None, daemon_uid=0)
     assert plan.argv == (*bootstrap_argv("collocate.node.runner"), "--dir", str(tmp_path),
                          "--uid", "1000", "--gid", "100", "--cwd", "/work",
-                         "--env-file", str(tmp_path / "env.json"), "--", "python", "train.py")
+                         "--env-file", str(tmp_path / "env.json"),
+                         "--command-file", str(tmp_path / "command.json"))
+    # the command travels in a 0600 file, never on a root process's command line (/proc)
+    assert plan.command == ("python", "train.py") and "train.py" not in plan.argv
     # the runner starts isolated: python -I, from the daemon's own installation
     assert plan.argv[:3] == (sys.executable, "-I", "-c")
     assert plan.env == {"HOME": "/home/ada", "CUDA_VISIBLE_DEVICES": "GPU-a,GPU-b", "COLLOCATE_JOB_ID": "7",
@@ -385,6 +389,12 @@ def test_monitor_tells_the_policy_which_gpus_read_which_dataset():
         (["python3", "-c", "print('key')"], "python3 -c"),
         (["./train.sh", "x"], "train.sh"),
         (["python"], "python"),
+        # NAME=VALUE words carry secrets inline: never a name (issue 36)
+        (["bash", "-c", "TOKEN=hunter2 sleep 300"], "sleep"),
+        (["sh", "-c", "A=1 B=2 env C=3 python t.py"], "python"),
+        (["sh", "-c", "export KEY=s"], "sh"),
+        (["sh", "-c", "X=1"], "sh"),
+        (["env", "PASSWORD=s", "train"], "train"),
     ],
 )
 def test_default_job_names_show_what_a_launcher_runs(argv, name):
@@ -512,4 +522,53 @@ def test_what_another_member_sees_of_a_failed_job():
     shown = redact({"id": "1", "argv": ["x", "--key", "s"], "cwd": "/home/ann", "reason": "exited with status 2: s",
                     "attempts": [{"n": 1, "reason": "exited with status 2: s", "dir": "/state/jobs/1"}]})
     assert "argv" not in shown and "cwd" not in shown and "s" not in shown["reason"].split(" ")
-    assert shown["attempts"][0] == {"n": 1, "reason": "exited with status 2", "dir": None}
+    assert shown["attempts"][0]["reason"] == "exited with status 2" and shown["attempts"][0]["dir"] is None
+    # show of another's job: what ls shows, never its identity, runner pid or samples (issue 36)
+    seen = redact({"id": "1", "name": "t", "identity": "ab12", "summary": {"samples": 9},
+                   "profile": {"sm_activity": 0.5}, "series": [1], "notify": ["mail"],
+                   "attempts": [{"n": 1, "pid": 4242, "pid_started": 1.0, "runners": [[4242, 1.0]],
+                                 "uuids": ["GPU-x"], "solo_sm": 0.3, "outcome": "done"}]})
+    assert set(seen) == {"id", "name", "reason", "attempts", "redacted"}
+    assert "4242" not in json.dumps(seen) and seen["attempts"][0]["outcome"] == "done"
+
+
+def test_log_keepers_share_a_members_ledger_and_cut_at_zero(tmp_path):
+    """Two streams (two jobs of one member) take from one ledger: what they write together
+    stops at what the member had left, and the cut is said in the log (issue 36)."""
+    from collocate.node.logkeeper import Ledger, _Stream, write_ledger
+
+    path = tmp_path / "ledger"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    write_ledger(fd, 100_000)
+    os.close(fd)
+    streams = []
+    for name in ("one", "two"):
+        out = os.open(tmp_path / f"{name}.log", os.O_WRONLY | os.O_CREAT, 0o600)
+        streams.append((_Stream("stdout", out, 1 << 40), Ledger(str(path))))
+    for _ in range(4):
+        for stream, ledger in streams:
+            stream.take(b"\x01" * 20_000, None, 0, ledger)
+    for stream, ledger in streams:
+        stream.close()
+        ledger.close()
+    texts = [(tmp_path / f"{n}.log").read_bytes() for n in ("one", "two")]
+    assert sum(t.count(b"\x01") for t in texts) == 100_000 + sum(len(s.tail) for s, _ in streams)
+    assert all(b"storage quota" in t for t in texts)
+    assert Ledger(None).take(5) == 5  # no ledger: no quota
+
+
+def test_one_member_can_never_bring_the_disk_to_its_reserve():
+    from collocate.daemon.quotas import Quotas
+
+    mib = 2**20
+    q = Quotas(max_stored=1 << 40).resolved(64 * mib)  # the owner asked for too much
+    assert q.max_stored is not None and q.disk_reserve is not None
+    assert q.max_stored <= (64 * mib - q.disk_reserve) // 2
+    assert Quotas().resolved(64 * mib).max_stored == 16 * mib  # the default: a quarter
+
+
+@given(st.lists(st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,8}=[^\s]{0,12}", fullmatch=True), min_size=1, max_size=3),
+       st.sampled_from(["sleep 300", "python t.py", "", "./run.sh --key=v"]))
+def test_a_default_name_never_holds_an_inline_assignment(assignments, rest):
+    name = default_name(["bash", "-c", " ".join([*assignments, rest])])
+    assert "=" not in name and not any(a in name for a in assignments)

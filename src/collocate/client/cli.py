@@ -352,6 +352,8 @@ def logs(
                        "latest); with -f, follow only that attempt.")] = None,
     node: Annotated[str | None, typer.Option("--node", help="A job on several nodes: the part on "
                     "this node (default: rank 0's; `collocate show` lists the nodes).")] = None,
+    notify: Annotated[bool, typer.Option("--notify", help="The output of the job's --notify "
+                      "command instead (with --stderr, its stderr).")] = False,
     state_dir: StateDirOpt = None, host: HostOpt = None,
     token_file: TokenFileOpt = None, fingerprint: FingerprintOpt = None,
 ) -> None:
@@ -364,6 +366,9 @@ def logs(
     from collocate.client.select import me
 
     client = _client(state_dir, host, token_file, fingerprint)
+    if notify:
+        _print_notify_logs(client, job_id, "stderr" if stderr else "stdout")
+        return
     owner = client.request("show", id=job_id)["user"]
     try:
         print_logs(client.request, job_id, stream="stderr" if stderr else "stdout",
@@ -374,6 +379,21 @@ def logs(
     except BrokenPipeError:  # `collocate logs 3 | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise typer.Exit(0) from None
+
+
+def _print_notify_logs(client: Any, job_id: str, stream: str) -> None:
+    """``logs --notify``: what the job's --notify command wrote (it runs once the job ends)."""
+    offset = 0
+    while True:
+        chunk = client.request("logs", id=job_id, notify=True, stream=stream, offset=offset)
+        if not chunk["started"]:
+            typer.echo(f"job {job_id}'s --notify command has not run (it runs once the job ends; "
+                       "a job submitted without --notify has none)", err=True)
+            return
+        sys.stdout.write(chunk["text"])
+        if not chunk["text"]:
+            return
+        offset = chunk["offset"]
 
 
 def cancel(

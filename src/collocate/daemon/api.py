@@ -131,6 +131,12 @@ class Api:
         job_id = self._job_id(args)
         if not self.specs[job_id].public:
             self._check_owner(job_id, peer, "read the logs of")
+        if args.get("notify"):  # its --notify command's output (daemon/notify.py)
+            from collocate.daemon.notify import notify_dir
+
+            checked = check_logs_args(args)
+            return views.notify_logs(notify_dir(self.layout.root, job_id), str(args.get("stream")),
+                                     checked.get("offset", 0))
         return views.logs(self.store, job_id, check_logs_args(args), self.fleet.read_log,
                           self._why_waiting)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ from collocate.model import GpuId, Job, JobState, Placement, SharingMode
 from collocate.monitor.sinks.base import JobInfo
 from collocate.node.api import ExitRecord, NodeUnreachable
 from collocate.node.datasets import ProducerStartError
-from collocate.node.launcher import LaunchPlan
+from collocate.node.launcher import LaunchPlan, with_runner_args
 from collocate.recovery import ExitReport, Holding, Outcome, charged_to, job_allowance_mib, job_fence_mib
 
 log = logging.getLogger("collocate.daemon")
@@ -100,6 +101,8 @@ class Attempts:
         self.scheduler, self.specs, self.tracking = wiring.scheduler, wiring.specs, wiring.tracking
         self.watch, self.fleet = wiring.watch, wiring.fleet
         self.running: dict[str, LiveAttempt] = {}
+        #: uid -> the member's storage ledger its runners take log bytes from (``quotas``)
+        self.ledger: Callable[[int], Path | None] = lambda uid: None
 
     @property
     def uuid_of(self) -> dict[GpuId, str]:
@@ -144,6 +147,9 @@ class Attempts:
                 job, spec, part, [uuid_of[g] for g in gpus], attempt=attempt.n, attempt_dir=adir,
                 sharing=self.config.sharing, emulated_dir=None, mps_dirs=mps_dirs,
                 rendezvous=None if rendezvous is None else replace(rendezvous, rank=rank)))
+        ledger = self.ledger(spec.uid)
+        if ledger is not None:  # its logs count against its owner's quota as they are written
+            plans = [with_runner_args(p, "--quota-file", str(ledger)) for p in plans]
         return tuple(plans)
 
     def _cpu_host(self) -> str:

@@ -19,7 +19,7 @@ from collocate.model import Job, Placement, SharingMode
 from collocate.monitor.job_metrics import metrics_env
 from collocate.node.fence import ENV_MEM_FENCE
 from collocate.node.isolate import bootstrap_argv
-from collocate.node.launcher import ENV_EMULATED_DIR, ENV_FILE, RUNNER_MODULE, LaunchPlan
+from collocate.node.launcher import COMMAND_FILE, ENV_EMULATED_DIR, ENV_FILE, RUNNER_MODULE, LaunchPlan
 from collocate.recovery import job_fence_mib
 
 
@@ -111,6 +111,7 @@ def plan_launch(
     as_user = ("--uid", str(spec.uid), "--gid", str(spec.gid)) if as_other else ()
     interactive = ("--pty",) if job.interactive else ()  # `collocate run`: node/ptyjob.py
     argv = (*bootstrap_argv(RUNNER_MODULE), "--dir", str(attempt_dir), *as_user, *interactive,
-            "--cwd", spec.cwd, "--env-file", str(attempt_dir / ENV_FILE), "--", *spec.argv)
+            "--cwd", spec.cwd, "--env-file", str(attempt_dir / ENV_FILE),
+            "--command-file", str(attempt_dir / COMMAND_FILE))
     return LaunchPlan(argv, env, spec.cwd, attempt_dir,
-                      spec.uid if as_other else None, spec.gid if as_other else None)
+                      spec.uid if as_other else None, spec.gid if as_other else None, tuple(spec.argv))

@@ -14,11 +14,20 @@ jobs (issue 31). The owner sets each bound with a ``collocate serve`` option; th
   is for the records of work already accepted (attempt ends, cancels).
 
 The daemon's own user and root are not held to the per-user bounds (they own the machine).
+
+Stored bytes hold *while jobs run* (issue 36), not only at submit: ``Accounts.refresh`` keeps
+each member's ledger (``<state>/quota/<uid>``, the bytes they may still store) from what their
+jobs hold, every log keeper of theirs (attempts, retries and ``--notify`` alike) takes what it
+writes from that ledger and cuts its stream at zero, and ``over_quota`` names the members at
+their quota, whose jobs get no new attempt (a retry is one) until space is freed. A member's
+quota is at most half of what the disk reserve leaves (``Quotas.resolved``): one member alone
+can never bring the disk to the reserve, where every member's submits are refused.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
@@ -29,6 +38,7 @@ from collocate.errors import InputError
 from collocate.model import JobState
 from collocate.node.confine import default_disk_reserve, default_log_max
 from collocate.node.files import attempt_files
+from collocate.node.logkeeper import locked, write_ledger
 
 MIB = 2**20
 RECOUNT_S = 1.0  # a member's stored bytes are counted again after this; submits add meanwhile
@@ -45,18 +55,26 @@ class Quotas:
     disk_reserve: int | None = None  # default: 5 % of the disk, between 1 MiB and 1 GiB
 
     def resolved(self, disk_bytes: int) -> Quotas:
-        """Every bound as a number, for a state dir on a disk of ``disk_bytes``."""
+        """Every bound as a number, for a state dir on a disk of ``disk_bytes``; a member's
+        stored bytes at most half of what the reserve leaves (``member_share``)."""
+        reserve = self.disk_reserve if self.disk_reserve is not None else default_disk_reserve(disk_bytes)
+        stored = self.max_stored if self.max_stored is not None else disk_bytes // 4
         return replace(
             self,
-            max_stored=self.max_stored if self.max_stored is not None else disk_bytes // 4,
+            max_stored=min(stored, member_share(disk_bytes, reserve)),
             log_max=self.log_max if self.log_max is not None else default_log_max(disk_bytes),
-            disk_reserve=(self.disk_reserve if self.disk_reserve is not None
-                          else default_disk_reserve(disk_bytes)))
+            disk_reserve=reserve)
 
     def describe(self) -> str:
         return (f"quotas per member: {self.max_queued} queued jobs, {_size(self.max_request)} per "
                 f"submit, {_size(self.max_stored)} stored; logs cut at {_size(self.log_max)} per "
                 f"stream; {_size(self.disk_reserve)} of the disk kept for records")
+
+
+def member_share(disk_bytes: int, reserve: int) -> int:
+    """The most one member may store: half of the disk above the reserve, so one member alone
+    never brings the disk to the reserve (where everyone's submits are refused and logs cut)."""
+    return max(0, (disk_bytes - reserve) // 2)
 
 
 class Accounts:
@@ -102,14 +120,70 @@ class Accounts:
         self._stored[uid] = (stored + request_bytes, counted[1])  # as if stored: it is, next
 
     def stored_bytes(self, uid: int) -> int:
-        """What ``uid``'s jobs hold: their rows in the store and their attempts' logs."""
+        """What ``uid``'s jobs hold: their rows in the store, their attempts' logs and their
+        ``--notify`` commands' logs."""
         (rows,) = self.db.execute(
             "SELECT COALESCE(SUM(length(job) + length(spec)), 0) FROM jobs"
             " WHERE json_extract(spec, '$.uid') = ?", (uid,)).fetchone()
         attempts = self.db.execute(
             "SELECT a.dir, a.end IS NOT NULL FROM attempts a JOIN jobs j ON j.id = a.job_id"
             " WHERE json_extract(j.spec, '$.uid') = ?", (uid,))
-        return int(rows) + sum(self._log_bytes(d, bool(ended)) for d, ended in attempts)
+        notified = self.db.execute(
+            "SELECT id FROM jobs WHERE json_extract(spec, '$.uid') = ?"
+            " AND json_array_length(json_extract(spec, '$.notify')) > 0", (uid,))
+        notify_logs = sum(self._log_bytes(str(self.root / "jobs" / job_id / "notify"),
+                                          (self.root / "jobs" / job_id / "notify" / "exit.json").exists())
+                          for (job_id,) in notified)
+        return int(rows) + sum(self._log_bytes(d, bool(ended)) for d, ended in attempts) + notify_logs
+
+    # -- while jobs run ------------------------------------------------------------------------
+    def held_to_quota(self, uid: int) -> bool:
+        return self.quotas.max_stored is not None and uid not in (self.owner_uid, 0, -1)
+
+    def ledger(self, uid: int) -> Path | None:
+        """The member's ledger (``logkeeper.Ledger``) their runners get (``--quota-file``);
+        None for those not held to a quota."""
+        return self.root / "quota" / str(uid) if self.held_to_quota(uid) else None
+
+    def ledger_for_launch(self, uid: int) -> Path | None:
+        """``ledger``, counted first if it is not there yet (a member's first job)."""
+        path = self.ledger(uid)
+        if path is not None and not path.exists():
+            self.refresh(uid)
+        return path
+
+    def refresh(self, uid: int) -> int:
+        """Count what ``uid``'s jobs hold now and set their ledger to what is left; their
+        stored bytes. Counted under the ledger's lock, so keepers wait, not race."""
+        path = self.ledger(uid)
+        if path is None:
+            return 0
+        path.parent.mkdir(mode=0o700, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            with locked(fd):
+                stored = self.stored_bytes(uid)
+                write_ledger(fd, (self.quotas.max_stored or 0) - stored)
+        finally:
+            os.close(fd)
+        self._stored[uid] = (stored, time.monotonic())
+        return stored
+
+    def over_quota(self, members: dict[int, str]) -> dict[str, str]:
+        """Of ``members`` (uid -> user name, those with jobs waiting or running), those at
+        their quota, each with the reason their pending jobs wait."""
+        out = {}
+        for uid, user in members.items():
+            if not self.held_to_quota(uid):
+                continue
+            stored = self.refresh(uid)
+            if stored >= (self.quotas.max_stored or 0):
+                out[user] = (f"{user or 'this user'}'s jobs hold {_size(stored)} in the daemon's state "
+                             f"(logs, notifies, specs), at the {_size(self.quotas.max_stored)} a member "
+                             "may store: no new attempt starts until space is freed (read what you "
+                             "need with `collocate logs`, then ask the daemon's owner to remove old "
+                             "jobs' logs or raise --user-max-stored)")
+        return out
 
     def _log_bytes(self, attempt_dir: str, ended: bool) -> int:
         if attempt_dir in self._ended_logs:

@@ -92,13 +92,26 @@ def public_reason(reason: str | None) -> str:
     return reason
 
 
+#: What another member sees of a job: what ``ls`` shows (``squeue``'s columns), and of
+#: ``show`` the scheduling facts beside them. Everything else (command, cwd, notify, identity,
+#: runner pids, samples, profile, own metrics, log paths) is the owner's.
+SQUEUE_FIELDS = frozenset({
+    "id", "name", "state", "reason", "wait", "user", "gpus", "mem_mib", "mem_source", "priority",
+    "attempts", "oom_crashes", "submit_time", "start_time", "end_time", "on", "position",
+    "elapsed_s", "wait_s", "exit_code", "time_limit_s", "held", "public", "nodes",
+    # show's, beside them: how many attempts of how many, and what it waits for
+    "max_retries", "attempts_used", "after", "after_any", "after_notok", "retry_failures"})
+#: Of each of ``show``'s attempt rows: when, where, how it ended (``sacct``'s view).
+ATTEMPT_FIELDS = ("n", "start", "end", "gpus", "mem_mib", "peak_mib", "returncode", "outcome")
+
+
 def redact(detail: dict[str, Any]) -> dict[str, Any]:
     """A job row or ``show`` detail as another member may see it (``squeue``'s view)."""
-    # metrics: what the job logged itself (``log_metric``), its own output as its logs are
-    out = {k: v for k, v in detail.items() if k not in ("argv", "cwd", "signature", "notify", "metrics")}
+    out = {k: v for k, v in detail.items() if k in SQUEUE_FIELDS}
     out["reason"] = public_reason(out.get("reason"))
     if isinstance(out.get("attempts"), list):  # show's attempt rows (ls counts them)
-        out["attempts"] = [{**a, "reason": public_reason(a.get("reason")), "dir": None}
+        out["attempts"] = [{**{k: a.get(k) for k in ATTEMPT_FIELDS},
+                            "reason": public_reason(a.get("reason")), "dir": None}
                            for a in out["attempts"]]
     out["redacted"] = True
     return out

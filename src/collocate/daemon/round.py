@@ -16,6 +16,7 @@ from collocate.daemon.attempts import Attempts
 from collocate.daemon.config import Wiring
 from collocate.daemon.faults import disk_nearly_full
 from collocate.daemon.producers import active_factories
+from collocate.daemon.quotas import Accounts
 from collocate.daemon.views import committed_by_gpu
 from collocate.interference import InterferenceModel
 from collocate.knowledge import ProfileKnowledge, price_pending
@@ -25,15 +26,20 @@ from collocate.monitor.sampler import UsageJob
 from collocate.scheduler import Capacity
 from collocate.world import observed_residents
 
+QUOTA_RECOUNT_S = 1.0  # how often members' stored bytes are counted again while jobs wait
+
 
 class SchedulingRound:
-    def __init__(self, wiring: Wiring, attempts: Attempts, interference: InterferenceModel) -> None:
+    def __init__(self, wiring: Wiring, attempts: Attempts, interference: InterferenceModel,
+                 accounts: Accounts | None = None) -> None:
         self.config, self.layout, self.store = wiring.config, wiring.layout, wiring.store
         self.scheduler, self.specs, self.watch = wiring.scheduler, wiring.specs, wiring.watch
         self.tracking, self.fleet, self.attempts = wiring.tracking, wiring.fleet, attempts
         self.interference = interference
         self.knowledge = ProfileKnowledge(wiring.store)
         self._devices = len(wiring.watch.devices)
+        self.accounts = accounts  # the members' storage quotas (daemon/quotas.py)
+        self._quota_counted = float("-inf")
 
     def run(self) -> None:
         now = time.time()
@@ -58,12 +64,22 @@ class SchedulingRound:
         if disk_nearly_full(self.layout.root):  # a launch could not be recorded: wait for space
             return
         self._price_pending()
+        self._stop_over_quota()
         plan = self.scheduler.schedule(self.watch.snapshot(now))
         for placement in plan.placements:
             try:
                 self.attempts.launch(placement, now)
             except Exception as exc:  # confined to this job: the round goes on with the next
                 self.attempts.launch_failed(placement.job_id, exc)
+
+    def _stop_over_quota(self) -> None:
+        """Members at their storage quota get no new attempt (``quotas.Accounts.over_quota``):
+        their ledgers are counted again, at most once a ``QUOTA_RECOUNT_S``."""
+        if self.accounts is None or time.monotonic() - self._quota_counted < QUOTA_RECOUNT_S:
+            return
+        self._quota_counted = time.monotonic()
+        members = {self.specs[j.id].uid: j.user for j in self.scheduler.queue if j.id in self.specs}
+        self.scheduler.stopped_users = self.accounts.over_quota(members)
 
     def _devices_joined(self, now: float) -> None:
         """GPUs joined (a node joined the cluster, or shows more GPUs): admission counts them,

@@ -45,6 +45,7 @@ from collocate.daemon.store import Store
 from collocate.daemon.tracking import DaemonTracking
 from collocate.errors import CollocateError
 from collocate.interference import default_interference
+from collocate.node.confine import UNLIMITED, Confinement
 from collocate.node.files import disk_size
 from collocate.node.local import LocalNode
 from collocate.policies import make_policy
@@ -57,6 +58,15 @@ REQUEST_TIMEOUT_S = 60.0
 #: Requests answered on the caller's thread: they read only the monitoring store (its own
 #: connection and lock), and a day of history may take a while to bucket.
 OFF_LOOP = frozenset({"history"})
+
+
+def _quota_args(accounts: Accounts, uid: int) -> list[str]:
+    """A ``--notify``'s runner: its logs count in the member's quota (their ledger, counted now)."""
+    ledger = accounts.ledger(uid)
+    if ledger is None:
+        return []
+    accounts.refresh(uid)
+    return ["--quota-file", str(ledger)]
 
 
 class Service:
@@ -90,7 +100,7 @@ class Service:
                                  hint="check `nvidia-smi`, or use --gpus emulated:4xA100-40GB")
         self.tracking = DaemonTracking(self.layout.root, self.watch.devices, self.config.tracking)
         policy = make_policy(self.config.policy, **self.config.policy_params)
-        self.notifier = Notifier(self.layout, self.specs, self.store)
+        self.notifier = Notifier(self.layout, self.specs, self.store, self._local_confinement())
         self.scheduler = Scheduler(policy, Capacity.of(self.watch.snapshot(time.time())), rules=self.config.rules,
                                    on_change=self._job_changed, fairness=self.store.fairness())
         self.scheduler.cpu_jobs_default = os.cpu_count() or 1  # CPU jobs (--gpus 0): per user
@@ -98,7 +108,9 @@ class Service:
                         self.tracking, self.watch, self.fleet)
         accounts = Accounts(self.quotas, self.layout.root, self.store.db, owner_uid=os.getuid())
         self.attempts = Attempts(wiring)
-        self.round = SchedulingRound(wiring, self.attempts, self._interference)
+        self.attempts.ledger = accounts.ledger_for_launch  # logs count in their owner's quota as written
+        self.notifier.extra_args = lambda spec: _quota_args(accounts, spec.uid)
+        self.round = SchedulingRound(wiring, self.attempts, self._interference, accounts)
         self.api = Api(wiring, self.attempts, accounts)
         restore(self.store, self.scheduler, self.attempts, self.fleet)
         names = {s.dataset for s in self.specs.values() if s.dataset}
@@ -143,6 +155,16 @@ class Service:
         if emulated is not None and self.config.allow_gid is not None and emulated.is_relative_to(self.layout.root):
             share_with_group(emulated, self.config.allow_gid)  # members' emulated jobs claim there
         return InProcessNodes([node])
+
+    def _local_confinement(self) -> Confinement:
+        """What this machine bounds the parts it starts itself by (a job's ``--notify``): the
+        local node's confinement, or on a cluster's head the log bounds alone."""
+        if isinstance(self._nodes, InProcessNodes):
+            for node in self._nodes.nodes.values():
+                if isinstance(node, LocalNode):
+                    return node.confinement
+        return Confinement(log_max=self.quotas.log_max or UNLIMITED,
+                           disk_reserve=self.quotas.disk_reserve or 0)
 
     def _job_changed(self, job: Any) -> None:
         """Persist a job the scheduler changed; an ended one's environment is dropped (as the

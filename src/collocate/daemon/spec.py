@@ -103,6 +103,7 @@ class SubmitRequest:
 
 
 _SHELLS = re.compile(r"^(bash|sh|zsh|dash)$")
+_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")  # a shell's ``NAME=VALUE`` prefix
 
 
 def default_name(argv: list[str] | tuple[str, ...]) -> str:
@@ -110,14 +111,18 @@ def default_name(argv: list[str] | tuple[str, ...]) -> str:
     ls`` shows ``train.py`` rather than a column of ``python``. A name is what every member of a
     shared daemon sees (``daemon/rights.py``), so inline code never becomes one: ``bash -c
     'SCRIPT'`` is named by the script's first word (its arguments and a sweep's
-    ``{placeholders}`` stay out: ``sleep[lr=0.1]``), ``python -c CODE`` is ``python -c``."""
+    ``{placeholders}`` stay out: ``sleep[lr=0.1]``), ``python -c CODE`` is ``python -c``, and
+    ``NAME=VALUE`` words (an inline ``TOKEN=...``) are never part of a name."""
     if "-c" in argv[1:-1] and LAUNCHERS.match(os.path.basename(argv[0])):
         if not _SHELLS.match(os.path.basename(argv[0])):
             return f"{os.path.basename(argv[0])} -c"
-        words = argv[argv.index("-c", 1) + 1].split()
+        words = [w for w in argv[argv.index("-c", 1) + 1].split()
+                 if not _ASSIGNMENT.match(w) and w not in ("env", "export")]
         token = words[0] if words else argv[0]
     else:
         token = program_token(argv)
+    if "=" in token:  # never a NAME=VALUE word (``TOKEN=... sleep``'s secret), issue 36
+        token = argv[0]
     return token if "/" not in token else os.path.basename(token)
 
 

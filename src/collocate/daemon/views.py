@@ -222,6 +222,23 @@ def logs(store: Store, job_id: str, args: Mapping[str, Any], read: LogReader,
             "node": chosen.nodes[rank] if chosen.nodes else None}
 
 
+def notify_logs(folder: Path, stream: str, offset: int) -> dict[str, Any]:
+    """A chunk of a job's ``--notify`` output (``collocate logs ID --notify``): the files its
+    runner's log keeper wrote under ``folder`` (``daemon.notify.notify_dir``), on the head."""
+    path = attempt_files(folder)["stderr" if stream == "stderr" else "stdout"]
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read(LOG_CHUNK_BYTES)
+    except OSError:
+        data = b""
+    ended = (folder / "exit.json").exists()
+    if not (ended and len(data) < LOG_CHUNK_BYTES):
+        data = complete_utf8(data)
+    return {"text": data.decode(errors="replace"), "offset": offset + len(data),
+            "started": folder.is_dir(), "ended": ended}
+
+
 def complete_utf8(data: bytes) -> bytes:
     """``data`` without a multi-byte UTF-8 character cut off at its end: those bytes start the
     next chunk, so a character split across two reads is not shown as two replacement marks."""

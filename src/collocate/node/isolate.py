@@ -60,6 +60,17 @@ def read_env_file(path: Path) -> dict[str, str]:
     return {str(k): str(v) for k, v in env.items()}
 
 
+def write_command_file(path: Path, argv: Sequence[str]) -> None:
+    """A job's command for its runner, as private as its environment: a root process's own
+    command line is readable by every local user (``/proc/PID/cmdline``), this file is not."""
+    write_env_file(path, {"argv": json.dumps(list(argv))})
+
+
+def read_command_file(path: Path) -> list[str]:
+    """Read and remove what ``write_command_file`` wrote."""
+    return [str(a) for a in json.loads(read_env_file(path)["argv"])]
+
+
 def user_groups(uid: int, gid: int | None) -> list[int]:
     """The groups ``uid`` has at login (``/etc/group`` and NSS), ``gid`` among them; only
     ``gid`` when the user has no name."""

@@ -18,10 +18,13 @@ from pathlib import Path
 import psutil
 
 from collocate.node.files import attempt_files
-from collocate.node.isolate import CLEAN_ENV, bootstrap_argv, write_env_file
+from collocate.node.isolate import CLEAN_ENV, bootstrap_argv, write_command_file, write_env_file
 
 ENV_EMULATED_DIR = "COLLOCATE_EMULATED_DIR"  # the emulated backend's contract with its jobs
 ENV_FILE = "env.json"  # the job's environment for the runner; removed once read
+#: The job's command for the runner (0600, removed once read): never on the runner's own
+#: command line, which every local user reads in ``/proc`` (a ``--db-password=...``).
+COMMAND_FILE = "command.json"
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +37,9 @@ class LaunchPlan:
     dir: Path
     uid: int | None  # run as this user (daemon is root and the submitter is someone else)
     gid: int | None
+    #: The job's command: the runner reads it from ``COMMAND_FILE`` (``--command-file``), so
+    #: no root process shows it. Empty for a plan that carries it in ``argv`` (after ``--``).
+    command: tuple[str, ...] = ()
 
 
 RUNNER_MODULE = "collocate.node.runner"
@@ -59,7 +65,7 @@ def start(plan: LaunchPlan) -> tuple[subprocess.Popen, float]:
     """
     plan.dir.mkdir(parents=True, exist_ok=True)
     files = attempt_files(plan.dir)
-    write_env_file(plan.dir / ENV_FILE, plan.env)
+    write_private_files(plan)
     with _open_log(files["stdout"]) as out, _open_log(files["stderr"]) as err:
         proc = subprocess.Popen(
             list(plan.argv),
@@ -76,6 +82,14 @@ def start(plan: LaunchPlan) -> tuple[subprocess.Popen, float]:
     except psutil.Error:
         started = 0.0  # exited already; the exit record tells the rest
     return proc, started
+
+
+def write_private_files(plan: LaunchPlan) -> None:
+    """The job's environment and command, in 0600 files of the attempt's folder the runner
+    reads (and removes) before it starts the job."""
+    write_env_file(plan.dir / ENV_FILE, plan.env)
+    if plan.command:
+        write_command_file(plan.dir / COMMAND_FILE, plan.command)
 
 
 def _open_log(path: Path):
@@ -112,7 +126,7 @@ def start_detached(plan: LaunchPlan, node: str) -> tuple[int, float]:
     ``(pid, process start time)``; it is followed by those and its records, never a handle."""
     plan.dir.mkdir(parents=True, exist_ok=True)
     files = attempt_files(plan.dir)
-    write_env_file(plan.dir / ENV_FILE, plan.env)
+    write_private_files(plan)
     read_end, write_end = os.pipe()
     try:
         with _open_log(files["stdout"]) as out, _open_log(files["stderr"]) as err:

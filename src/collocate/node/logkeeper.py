@@ -10,6 +10,11 @@ a line in the log says so at that point, its last ``TAIL_KEPT`` bytes are kept i
 written at the end with how much was cut (an out-of-memory message at the end of stderr is what
 classifies the attempt, so the tail matters most).
 
+A member's logs also count against their storage quota *as they are written* (issue 36): a root
+daemon gives the runner the member's ledger (``--quota-file``, ``Ledger``: the bytes the member
+may still store, kept by the daemon from what their jobs hold), every keeper of that member's
+jobs and notifies takes what it writes from it, and past zero the stream is cut the same way.
+
 It is a process of its own, not the runner: a runner killed by a fault (the daemon then watches
 the job) must not take the job's output with it, which would make the job's next write fail.
 It ignores the signals a cancel sends to the job's process group and ends when every writer has
@@ -18,6 +23,7 @@ closed its end (the job's whole process tree is gone; the runner makes sure of t
 
 from __future__ import annotations
 
+import fcntl
 import os
 import select
 import signal
@@ -26,6 +32,64 @@ from collocate.node.files import free_bytes
 
 TAIL_KEPT = 64 * 1024  # the end of a cut stream, written when it closes
 _CHUNK = 1 << 16
+
+
+LEDGER_WIDTH = 24  # the ledger is one number, space-padded to this width (rewritten in place)
+QUOTA_CUT = ("its owner's jobs and notifies passed their storage quota (collocate serve "
+             "--user-max-stored); their jobs get no new attempts until space is freed")
+
+
+class Ledger:
+    """A member's remaining storage, in bytes: one number in a root-owned file that the daemon
+    sets from what the member's jobs hold (``collocate.daemon.quotas``) and every log keeper of
+    theirs takes from as it writes, under an ``flock`` (several jobs at once share it). No file
+    (no quota: the daemon's owner, root, a cluster node without the head's ledger) takes nothing."""
+
+    def __init__(self, path: str | None) -> None:
+        self.fd: int | None = None
+        if path:
+            try:
+                self.fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+            except OSError:
+                self.fd = None
+
+    def take(self, n: int) -> int:
+        """How many of ``n`` bytes may be written (taken from the ledger)."""
+        if self.fd is None or n <= 0:
+            return n
+        try:
+            with locked(self.fd):
+                left = read_ledger(self.fd)
+                got = max(0, min(n, left))
+                write_ledger(self.fd, left - got)
+            return got
+        except (OSError, ValueError):
+            return n  # an unreadable ledger never loses the job's output
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+
+
+class locked:
+    """``with locked(fd):`` an exclusive ``flock`` on the ledger."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __enter__(self) -> None:
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+
+    def __exit__(self, *exc: object) -> None:
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+
+
+def read_ledger(fd: int) -> int:
+    return int(os.pread(fd, LEDGER_WIDTH, 0).decode().strip() or 0)
+
+
+def write_ledger(fd: int, left: int) -> None:
+    os.pwrite(fd, str(left).ljust(LEDGER_WIDTH).encode(), 0)
 
 
 class _Stream:
@@ -39,7 +103,7 @@ class _Stream:
         self.why: str | None = None
         self.tail = bytearray()
 
-    def take(self, data: bytes, free: int | None, reserve: int) -> None:
+    def take(self, data: bytes, free: int | None, reserve: int, ledger: Ledger | None = None) -> None:
         if self.why is None:
             room = self.max_bytes - self.written
             if free is not None and free - len(data) < reserve:
@@ -48,6 +112,10 @@ class _Stream:
                 self._write(data[:max(0, room)])
                 data = data[max(0, room):]
                 self._start_cut(f"the log passed its limit of {_size(self.max_bytes)} (--log-max)")
+            elif ledger is not None and (allowed := ledger.take(len(data))) < len(data):
+                self._write(data[:allowed])
+                data = data[allowed:]
+                self._start_cut(QUOTA_CUT)
             else:
                 self._write(data)
                 return
@@ -81,8 +149,10 @@ class _Stream:
 
 
 def keep(streams: dict[str, tuple[int, int]], *, max_bytes: int, reserve_bytes: int,
-         disk: str) -> None:
-    """Copy each stream (``name -> (pipe read end, log file fd)``) until every pipe is closed."""
+         disk: str, quota_file: str | None = None) -> None:
+    """Copy each stream (``name -> (pipe read end, log file fd)``) until every pipe is closed;
+    ``quota_file``: the owner's ``Ledger``."""
+    ledger = Ledger(quota_file)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
     by_fd = {r: _Stream(name, out, max_bytes) for name, (r, out) in streams.items()}
@@ -105,7 +175,8 @@ def keep(streams: dict[str, tuple[int, int]], *, max_bytes: int, reserve_bytes: 
                 os.close(fd)
                 by_fd.pop(fd).close()
                 continue
-            stream.take(data, free_bytes(disk), reserve_bytes)
+            stream.take(data, free_bytes(disk), reserve_bytes, ledger)
+    ledger.close()
 
 
 def _size(n: int) -> str:

@@ -14,8 +14,11 @@ reaped (a runner killed in between leaves the job's zombie to the daemon, its su
 ``collocate.node.reaping``). A full disk delays the record, never loses it.
 
 Isolation (``collocate.node.isolate``): a root daemon starts the runner with ``python -I``
-and a clean environment; the job's environment is read from a private file, and the job drops
-privileges before it enters its cwd and execs.
+and a clean environment; the job's environment and its command are read from private files
+(0600, removed once read: a root process's own command line is every local user's to read in
+``/proc``, so no job's command is ever on it), and the job drops privileges before it enters its
+cwd and execs. A ``--notify`` command runs through the runner too, with ``--stdin-file`` (its
+summary) and ``--time-limit`` (its whole tree stopped then).
 
 The runner survives SIGTERM/SIGINT/SIGHUP itself: a cancel signals the whole process group, the
 job gets the signal, and the runner records how it ended. A signal that arrives before the job
@@ -33,7 +36,7 @@ import time
 from pathlib import Path
 
 from collocate.node.fence import with_fence_path
-from collocate.node.isolate import exec_as, read_env_file
+from collocate.node.isolate import exec_as, read_command_file, read_env_file
 from collocate.node.jobtree import JobTree
 
 TAIL_BYTES = 16 * 1024  # how much of stderr is kept with an attempt and inspected for OOM
@@ -102,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gid", type=int, default=None, help="with this group")
     parser.add_argument("--cwd", required=True, help="the job's working directory (entered as the job's user)")
     parser.add_argument("--env-file", required=True, type=Path, help="the job's environment (JSON, removed once read)")
+    parser.add_argument("--command-file", type=Path, default=None,
+                        help="the job's command (JSON, removed once read): never on this command line")
     parser.add_argument("--confine", default=None, help="the attempt's cgroup (collocate.node.cgroups, JSON)")
     parser.add_argument("--log-max", type=int, default=1 << 62, help="bytes kept of each log stream")
     parser.add_argument("--disk-reserve", type=int, default=0, help="free bytes logs never take")
@@ -110,6 +115,12 @@ def main(argv: list[str] | None = None) -> int:
                         "heartbeat is older than this (its attempt is requeued elsewhere)")
     parser.add_argument("--pty", action="store_true", help="an interactive job (`collocate run`): "
                         "on a terminal served on the attempt's pty.sock (collocate.node.ptyjob)")
+    parser.add_argument("--quota-file", default=None,
+                        help="the owner's storage ledger: logs stop at their quota (logkeeper.Ledger)")
+    parser.add_argument("--stdin-file", type=Path, default=None,
+                        help="the job's stdin (a --notify command's summary; else /dev/null)")
+    parser.add_argument("--time-limit", type=float, default=None,
+                        help="stop the job's whole tree after this many seconds (a --notify command)")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     ns = parser.parse_args(argv)
     command = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
@@ -122,13 +133,15 @@ def main(argv: list[str] | None = None) -> int:
     write_json_atomic(ns.dir / "runner.json",
                       {"pid": me, "started": psutil.Process(me).create_time(), "at": time.time()})
     env = with_fence_path(read_env_file(ns.env_file))  # a fenced PyTorch job: its sitecustomize
+    if ns.command_file is not None:
+        command = read_command_file(ns.command_file)
     stderr_path = ns.dir / "stderr.log"
     if stop_requested:  # cancelled before the job even started
         write_json_atomic(ns.dir / "exit.json", {"returncode": -stop_requested[0], "end": time.time(),
                                                   "stderr_tail": ""})
         return 0
     tree = JobTree.confined(ns.confine)
-    keeper, (out_w, err_w) = _start_keeper(ns.log_max, ns.disk_reserve, str(ns.dir))
+    keeper, (out_w, err_w) = _start_keeper(ns.log_max, ns.disk_reserve, str(ns.dir), ns.quota_file)
     # The job inherits the runner's session and process group; signals reach both. Forked by
     # hand (the runner has no threads) so that privileges are dropped *before* the job's cwd is
     # entered, and nothing of the job's environment touches this root-side process.
@@ -139,10 +152,13 @@ def main(argv: list[str] | None = None) -> int:
         from collocate.node.ptyjob import Terminal
 
         terminal = Terminal(ns.dir, owner=ns.uid)
+    stdin = _open_stdin(ns.stdin_file)
     go_read, go_write = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.close(go_write)
+        if stdin is not None:
+            os.dup2(stdin, 0)
         os.dup2(out_w, 1)
         os.dup2(err_w, 2)
         os.close(out_w)
@@ -158,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     if terminal is None:
         os.close(out_w)
     os.close(err_w)
+    if stdin is not None:
+        os.close(stdin)
     try:
         started = psutil.Process(pid).create_time()
     except psutil.Error:
@@ -172,10 +190,15 @@ def main(argv: list[str] | None = None) -> int:
     if terminal is not None:  # what it prints is kept in stdout.log as well
         returncode = terminal.serve(pid, out_w, stop_requested, exclude={me, keeper})
         os.close(out_w)
-    elif ns.fence is None:
+    elif ns.fence is None and ns.time_limit is None:
         returncode = wait_status(pid)
     else:
-        returncode, fenced = _wait_fenced(pid, tree, ns.fence, ns.fence_after, exclude={me, keeper})
+        deadline = None if ns.time_limit is None else time.monotonic() + ns.time_limit
+        returncode, fenced = _wait_fenced(pid, tree, ns.fence, ns.fence_after, exclude={me, keeper},
+                                          deadline=deadline)
+        if fenced and ns.fence is None:  # a time limit, not a fence
+            fenced = f"stopped at its time limit of {ns.time_limit:g} s, with all it started"
+            _note(stderr_path, fenced)
     tree.kill_rest(exclude={me, keeper})  # nothing the job started outlives it
     _wait_keeper(keeper)
     record: dict[str, object] = {"returncode": returncode, "end": time.time(), **tree.usage()}
@@ -183,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     if note:
         _note(stderr_path, note)
     if fenced:
-        record["lost"] = fenced
+        record["lost" if ns.fence is not None else "timed_out"] = fenced
     record["stderr_tail"] = read_tail(stderr_path)
     write_record_until_written(ns.dir / "exit.json", record)
     os.waitpid(pid, 0)  # only now: the record is safe
@@ -191,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _start_keeper(max_bytes: int, reserve: int, disk: str) -> tuple[int, tuple[int, int]]:
+def _start_keeper(max_bytes: int, reserve: int, disk: str,
+                  quota_file: str | None = None) -> tuple[int, tuple[int, int]]:
     """Fork the log keeper (``collocate.node.logkeeper``) on two pipes whose write ends the job
     gets as stdout and stderr; the keeper writes the runner's own stdout and stderr (the logs)."""
     from collocate.node.logkeeper import keep
@@ -204,7 +228,7 @@ def _start_keeper(max_bytes: int, reserve: int, disk: str) -> tuple[int, tuple[i
             os.close(out_w)
             os.close(err_w)
             keep({"stdout": (out_r, os.dup(1)), "stderr": (err_r, os.dup(2))},
-                 max_bytes=max_bytes, reserve_bytes=reserve, disk=disk)
+                 max_bytes=max_bytes, reserve_bytes=reserve, disk=disk, quota_file=quota_file)
         finally:
             os._exit(0)
     os.close(out_r)
@@ -225,11 +249,23 @@ def _wait_keeper(keeper: int, timeout_s: float = 10.0) -> None:
         time.sleep(0.01)
 
 
-def _wait_fenced(pid: int, tree: JobTree, heartbeat: Path, after_s: float, *,
-                 exclude: set[int]) -> tuple[int, str | None]:
+def _open_stdin(path: Path | None) -> int | None:
+    """The job's stdin file, opened here as root (it is the daemon's, 0600), never a symlink."""
+    if path is None:
+        return None
+    try:
+        return os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+
+
+def _wait_fenced(pid: int, tree: JobTree, heartbeat: Path | None, after_s: float, *,
+                 exclude: set[int], deadline: float | None = None) -> tuple[int, str | None]:
     """``wait_status`` on a node of a cluster: the head's agent touches ``heartbeat`` on every
     round; when it is older than ``after_s`` the head records this attempt lost and runs the job
-    elsewhere, so the job is stopped here first (fencing): it never runs twice."""
+    elsewhere, so the job is stopped here first (fencing): it never runs twice. With
+    ``deadline`` (``time.monotonic``), the job's whole tree is stopped then (a ``--notify``
+    command's time limit)."""
     fenced = None
     while True:
         try:
@@ -239,7 +275,10 @@ def _wait_fenced(pid: int, tree: JobTree, heartbeat: Path, after_s: float, *,
         if info is not None and info.si_pid:
             status = info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
             return status, fenced
-        if fenced is None:
+        if fenced is None and deadline is not None and time.monotonic() > deadline:
+            fenced = "stopped at its time limit: it ran too long"
+            tree.kill_rest(exclude=exclude)
+        if fenced is None and heartbeat is not None:
             try:
                 age = time.time() - heartbeat.stat().st_mtime
             except OSError:
