@@ -24,9 +24,9 @@ import time
 from pathlib import Path
 
 import pytest
+from daemon_harness import Daemon, job_argv, wait_for
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from daemon_harness import Daemon, job_argv, wait_for
 from lab import LabDir, User, lab_users, run_as
 
 from collocate.client.connect import Client
