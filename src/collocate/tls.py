@@ -24,6 +24,18 @@ from collocate.errors import CollocateError, InputError
 SELF_SIGNED = "self-signed"
 
 
+def read_secret(path: Path, what: str) -> str:
+    """A token file's text, refused (like ssh refuses a private key) when the group or others
+    may read or write it: a token others could read is a token others hold."""
+    path = Path(path).expanduser()
+    mode = path.stat().st_mode
+    if mode & 0o077:
+        raise InputError(f"{what} {path} is readable or writable by other users (mode {mode & 0o777:o}); "
+                         "a token others can read is a token others hold",
+                         hint=f"chmod 600 {path} (and make a new token if others may have read it)")
+    return path.read_text()
+
+
 def fingerprint(der: bytes) -> str:
     """A certificate's SHA-256 fingerprint as ``openssl x509 -fingerprint -sha256`` prints it
     (``AB:CD:...``)."""

@@ -70,7 +70,7 @@ _PRELUDE = (  # what the user's code and the CLI import, imported while still ro
     "import collocate.daemon.__main__, collocate.client.connect, collocate.client.follow\n"
     "import collocate.daemon.protocol, collocate.client.render, collocate.client.select\n"
     "import collocate.daemon.spec, collocate.client.sweep, collocate.estimate.providers\n"
-    "import collocate.monitor.report, psutil\n"
+    "import collocate.monitor.report, collocate.tls, encodings.idna, psutil\n"
     "os.setgroups([]); os.setgid({gid}); os.setuid({uid})\n"
 )
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+import ssl
 import threading
 import time
 from pathlib import Path
@@ -15,6 +16,7 @@ from daemon_harness import job_argv, wait_for
 from collocate.client.connect import Client
 from collocate.daemon.server import ApiServer
 from collocate.errors import CollocateError
+from collocate.tls import cert_fingerprint
 
 TOKEN = "a-long-random-test-token-0123456789"
 
@@ -25,7 +27,16 @@ def _tcp_daemon(daemons, tmp_path):
         port = s.getsockname()[1]
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
-    return daemons("--tcp", f"127.0.0.1:{port}", "--token-file", str(token_file)), port
+    token_file.chmod(0o600)
+    d = daemons("--tcp", f"127.0.0.1:{port}", "--token-file", str(token_file))
+    return d, port, cert_fingerprint(d.state_dir / "tls" / "cert.pem")
+
+
+def tls_peer(port: int) -> ssl.SSLSocket:
+    """A raw TLS connection to the daemon's TCP API (no pin: a stranger's)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    return context.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=30))
 
 
 def _reply(sock: socket.socket) -> bytes:
@@ -38,12 +49,12 @@ def _reply(sock: socket.socket) -> bytes:
 
 def test_unauthenticated_tcp_peers_cannot_grow_the_daemon(daemons, tmp_path):
     """Big lines before the token are cut at 4 KiB; 200 such peers cost the daemon little."""
-    d, port = _tcp_daemon(daemons, tmp_path)
+    d, port, pin = _tcp_daemon(daemons, tmp_path)
     rss_before = psutil.Process(d.proc.pid).memory_info().rss
     junk = b"x" * (1 << 20)  # 1 MiB, no newline
     replies = []
     for _ in range(4):  # 4 waves of 50 (the TCP listener serves at most 64 at once)
-        socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(50)]
+        socks = [tls_peer(port) for _ in range(50)]
         for s in socks:
             try:
                 s.sendall(junk)
@@ -55,21 +66,22 @@ def test_unauthenticated_tcp_peers_cannot_grow_the_daemon(daemons, tmp_path):
     grown_mib = (psutil.Process(d.proc.pid).memory_info().rss - rss_before) / 2**20
     assert grown_mib < 64, grown_mib  # it read ~4 KiB of each 1 MiB line, not the line
     assert any(b"too long" in r for r in replies)
-    good = Client(d.state_dir, tcp=("127.0.0.1", port), token=TOKEN)
+    good = Client(d.state_dir, tcp=("127.0.0.1", port), token=TOKEN, fingerprint=pin)
     assert good.request("ping")["pid"] == d.proc.pid
     with pytest.raises(CollocateError, match="token"):
-        Client(d.state_dir, tcp=("127.0.0.1", port), token="wrong-token-wrong-token-wrong").request("ls")
+        Client(d.state_dir, tcp=("127.0.0.1", port), token="wrong-token-wrong-token-wrong",
+               fingerprint=pin).request("ls")
 
 
 def test_silent_tcp_peers_cannot_keep_a_token_holder_out(daemons, tmp_path):
     """64 silent peers fill the pool of peers without a token: a client with the token gets
     through at once (the oldest silent peer makes room), not after they time out."""
-    d, port = _tcp_daemon(daemons, tmp_path)
+    d, port, pin = _tcp_daemon(daemons, tmp_path)
     silent = [socket.create_connection(("127.0.0.1", port)) for _ in range(64)]
     try:
         wait_for(lambda: len([c for c in psutil.Process(d.proc.pid).net_connections("tcp")
                               if c.status == psutil.CONN_ESTABLISHED]) >= 64, 30, "the daemon to accept them")
-        good = Client(d.state_dir, tcp=("127.0.0.1", port), token=TOKEN)
+        good = Client(d.state_dir, tcp=("127.0.0.1", port), token=TOKEN, fingerprint=pin)
         started = time.monotonic()
         assert good.request("ping")["pid"] == d.proc.pid
         assert time.monotonic() - started < 5

@@ -15,6 +15,7 @@ from daemon_harness import job_argv
 
 from collocate.client.connect import Client
 from collocate.errors import CollocateError
+from collocate.tls import cert_fingerprint
 
 CLI = [sys.executable, "-m", "collocate.cli"]
 
@@ -116,10 +117,13 @@ def test_tcp_needs_the_token(daemons, tmp_path):
         port = s.getsockname()[1]
     token_file = tmp_path / "token"
     token_file.write_text("a-long-random-test-token-0123456789\n")
+    token_file.chmod(0o600)
     d = daemons("--tcp", f"127.0.0.1:{port}", "--token-file", str(token_file))
-    good = Client(d.state_dir, tcp=("127.0.0.1", port), token="a-long-random-test-token-0123456789")
+    pin = cert_fingerprint(d.state_dir / "tls" / "cert.pem")
+    good = Client(d.state_dir, tcp=("127.0.0.1", port), token="a-long-random-test-token-0123456789",
+                  fingerprint=pin)
     job = good.request("submit", argv=job_argv(300, 0.2), cwd=str(tmp_path), mem="1GiB")["id"]
     assert good.request("show", id=job)["user"]
     for token in ("wrong-token-wrong-token-wrong", None):
         with pytest.raises(CollocateError, match="token"):
-            Client(d.state_dir, tcp=("127.0.0.1", port), token=token).request("ls")
+            Client(d.state_dir, tcp=("127.0.0.1", port), token=token, fingerprint=pin).request("ls")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import ssl
 import time
 import urllib.request
 from pathlib import Path
@@ -19,6 +20,7 @@ from daemon_harness import Daemon, wait_for
 from lab import LabDir, User, cli_as, lab_users, popen_as, raw_requests, submit_as
 
 from collocate.client.connect import Client
+from collocate.tls import cert_fingerprint
 
 PYTHON = "/usr/bin/python3"  # one every user may run (the test's own may be under /root)
 TOKEN = "a-long-random-test-token-0123456789"
@@ -227,13 +229,17 @@ def test_row7_slow_and_crowded_peers_do_not_hold_up_the_others(lab, lab_daemon, 
         port = s.getsockname()[1]
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN)
+    token_file.chmod(0o600)
     d, _ = lab_daemon("--tcp", f"127.0.0.1:{port}", "--token-file", str(token_file))
+    pin = cert_fingerprint(d.state_dir / "tls" / "cert.pem")
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    tls.check_hostname, tls.verify_mode = False, ssl.CERT_NONE
     trickle = popen_as(lab["B"], _TRICKLE, str(_sock(d)))
     tcp = []
     try:
         assert int(trickle.stdout.readline()) > 0
         for _ in range(64):
-            c = socket.create_connection(("127.0.0.1", port))
+            c = tls.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=30))
             c.sendall(b'{"token":"')
             tcp.append(c)
         time.sleep(1.0)
@@ -243,7 +249,8 @@ def test_row7_slow_and_crowded_peers_do_not_hold_up_the_others(lab, lab_daemon, 
             assert reply["ok"], reply
             worst = max(worst, reply["s"])
             started = time.monotonic()
-            assert Client(d.state_dir, tcp=("127.0.0.1", port), token=TOKEN).request("ping")["gpus"] == 2
+            assert Client(d.state_dir, tcp=("127.0.0.1", port), token=TOKEN,
+                          fingerprint=pin).request("ping")["gpus"] == 2
             worst = max(worst, time.monotonic() - started)
             time.sleep(1.0)
         assert worst < 2.0, worst

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from collocate.daemon import protocol
-from collocate.daemon.paths import StateLayout, resolve_state_dir
+from collocate.daemon.paths import StateLayout, client_state_dir, lab_state_dir
 from collocate.errors import CollocateError
 
 CONNECT_TIMEOUT_S = 5.0
@@ -23,7 +23,6 @@ REPLY_TIMEOUT_S = 90.0
 RETRY_FOR_S = 15.0  # how long a request is retried after a broken connection or a busy daemon
 
 
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 ENV_HOST, ENV_TOKEN_FILE = "COLLOCATE_HOST", "COLLOCATE_TOKEN_FILE"
 ENV_FINGERPRINT, ENV_CA_FILE = "COLLOCATE_FINGERPRINT", "COLLOCATE_CA_FILE"
 
@@ -46,13 +45,26 @@ def client_for(state_dir: str | Path | None = None, *, host: str | None = None,
     if path is None:
         raise CollocateError(f"a daemon over TCP ({host}) needs your token",
                              hint=f"pass --token-file FILE or set {ENV_TOKEN_FILE}")
+    from collocate.tls import read_secret
+
     try:
-        token = path.expanduser().read_text().strip()
+        token = read_secret(path, "the token file").strip()
     except OSError as exc:
         raise CollocateError(f"cannot read the token file {path}: {exc}") from exc
     ca = ca_file or (Path(os.environ[ENV_CA_FILE]) if os.environ.get(ENV_CA_FILE) else None)
     return Client(state_dir, tcp=(name.strip("[]"), int(port)), token=token,
                   fingerprint=fingerprint or os.environ.get(ENV_FINGERPRINT) or None, ca_file=ca)
+
+
+def no_daemon_hint(state_dir: Path) -> str:
+    """What to do when no daemon answers: on a machine with a lab daemon, never "start your own"
+    (a second scheduler on the lab's GPUs); else how to start one."""
+    lab = lab_state_dir()
+    if lab is not None:
+        return (f"this machine's lab daemon ({lab}) is not answering: it may be restarting "
+                "(jobs keep running); check `systemctl status collocate-lab` or ask the lab's admin")
+    return ("start it with `collocate serve` (on a machine without GPUs: `collocate serve --gpus "
+            "emulated:4xA100-40GB`), or pass the --state-dir / COLLOCATE_STATE_DIR it uses")
 
 
 class DaemonNotRunning(CollocateError):
@@ -101,10 +113,11 @@ class Client:
         fingerprint: str | None = None,
         ca_file: Path | None = None,
     ) -> None:
-        """Over the state dir's Unix socket, or with ``tcp`` over TCP with ``token``: over TLS
-        when ``fingerprint`` (the daemon's certificate, pinned) or ``ca_file`` is given, else
-        plain, which only a loopback address is allowed."""
-        self.state_dir = resolve_state_dir(state_dir) if tcp is None else Path(state_dir or ".")
+        """Over the state dir's Unix socket, or with ``tcp`` over TCP with ``token``, always over
+        TLS: the daemon's certificate must match ``fingerprint`` (pinned) or be signed by
+        ``ca_file``'s CA before a byte of the token is sent (loopback included: any local user
+        may listen on a port the daemon is not on)."""
+        self.state_dir = client_state_dir(state_dir) if tcp is None else Path(state_dir or ".")
         self.socket_path = StateLayout(self.state_dir).socket
         self.tcp, self.token, self.timeout_s = tcp, token, timeout_s
         self.fingerprint, self.ca_file = fingerprint, ca_file
@@ -167,10 +180,11 @@ class Client:
         if self.tcp is not None:
             host = self.tcp[0]
             secure = self.fingerprint is not None or self.ca_file is not None
-            if not secure and host not in LOOPBACK:
-                raise CollocateError(f"refusing to send the token to {host} in clear",
+            if not secure:
+                raise CollocateError(f"refusing to send the token to {host}:{self.tcp[1]} before "
+                                     "the daemon proves who it is",
                                      hint="pin the daemon's certificate: --fingerprint or "
-                                          "COLLOCATE_FINGERPRINT (printed by `collocate serve --tls ...`)")
+                                          "COLLOCATE_FINGERPRINT (printed by `collocate serve --tcp ...`)")
             try:
                 sock = socket.create_connection(self.tcp, timeout=CONNECT_TIMEOUT_S)
             except OSError as exc:
@@ -178,8 +192,6 @@ class Client:
                     f"cannot reach a collocate daemon at {self.tcp[0]}:{self.tcp[1]}: {exc}",
                     hint="check the address and that the daemon was started with --tcp",
                 ) from exc
-            if not secure:
-                return sock
             from collocate.tls import client_socket
 
             return client_socket(sock, pin=self.fingerprint, ca_file=self.ca_file, host=host)
@@ -191,10 +203,7 @@ class Client:
             sock.close()
             raise DaemonNotRunning(
                 f"the collocate daemon is not running (no daemon on {self.socket_path})",
-                hint="start it with `collocate serve` (on a machine without GPUs: "
-                "`collocate serve --gpus emulated:4xA100-40GB`), or pass the --state-dir / "
-                "COLLOCATE_STATE_DIR it uses",
-            ) from exc
+                hint=no_daemon_hint(self.state_dir)) from exc
         except BlockingIOError:
             sock.close()
             raise
@@ -202,7 +211,6 @@ class Client:
             sock.close()
             raise CollocateError(
                 f"permission denied on {self.socket_path}: this daemon belongs to another user",
-                hint="ask its owner to start it with --group GROUP including you, or run your "
-                "own with `collocate serve --state-dir DIR`",
-            ) from exc
+                hint="ask its owner (on a lab server: the lab's admin) to add you to the group it "
+                "serves (--group), then log in again") from exc
         return sock

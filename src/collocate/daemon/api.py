@@ -282,7 +282,7 @@ class Api:
         since = args.get("since_s", 600)
         if isinstance(since, bool) or not isinstance(since, int | float) or not 0 < since <= 30 * 86400:
             raise InputError(f"since_s must be seconds in (0, 30 days], got {since!r}")
-        return self.tracking.history(time.time() - float(since), points=int(args.get("points") or 120))
+        return self.tracking.history(time.time() - float(since), points=args.get("points") or 120)
 
     def op_gpus(self, args: dict, peer: Peer) -> list[dict]:
         return views.gpu_rows(self.watch, self.attempts.running, time.time(), self.fleet.events)

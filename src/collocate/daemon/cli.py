@@ -41,21 +41,24 @@ def serve(
     period: Annotated[float, typer.Option("--period", help="Sampling/scheduling period, seconds.")] = 1.0,
     window: Annotated[int, typer.Option("--window", help="Samples in the utilization window.")] = 30,
     group: Annotated[str | None, typer.Option("--group", help="Also serve members of this group.")] = None,
-    tcp: Annotated[str | None, typer.Option("--tcp", help="Also listen on HOST:PORT (needs --token-file "
-                   "or --user-tokens; a host other than loopback needs --tls).")] = None,
-    tls: Annotated[str | None, typer.Option("--tls", help="Serve --tcp over TLS: `self-signed` (a "
-                   "certificate made once under the state dir; its SHA-256 fingerprint is printed "
-                   "for clients to pin), or give --tls-cert and --tls-key.")] = None,
+    tcp: Annotated[str | None, typer.Option("--tcp", help="Also listen on HOST:PORT, over TLS "
+                   "only (needs --token-file or --user-tokens).")] = None,
+    tls: Annotated[str | None, typer.Option("--tls", help="The certificate of --tcp: `self-signed` "
+                   "(the default: one made once under the state dir; its SHA-256 fingerprint is "
+                   "printed for clients to pin), or give --tls-cert and --tls-key.")] = None,
+    tcp_max_per_token: Annotated[int, typer.Option("--tcp-max-per-token", help="TCP connections "
+                                 "served at once for the holders of one token (one member), so "
+                                 "no one fills the daemon's 64.")] = 8,
     tls_cert: Annotated[Path | None, typer.Option("--tls-cert", help="PEM certificate for --tcp.")] = None,
     tls_key: Annotated[Path | None, typer.Option("--tls-key", help="Its PEM private key.")] = None,
     user_tokens: Annotated[Path | None, typer.Option("--user-tokens", help="File of members' tokens "
                            "for --tcp, one `USER TOKEN` line each: a client with one acts, and its "
                            "jobs run, as that user (docs/security.md).")] = None,
-    token_file: Annotated[Path | None, typer.Option("--token-file", help="File holding the access "
-                          "token for --tcp and --dashboard.")] = None,
+    token_file: Annotated[Path | None, typer.Option("--token-file", help="File (mode 0600) holding "
+                          "the owner's access token for --tcp.")] = None,
     dashboard: Annotated[str | None, typer.Option("--dashboard", help="Serve the web dashboard and "
                          "Prometheus /metrics on [HOST:]PORT (127.0.0.1 unless HOST; 0 = any free "
-                         "port). It needs a token: --token-file's, else a random one (see "
+                         "port), behind a token of its own, made once and kept (see "
                          "`collocate dashboard-url`).")] = None,
     dashboard_token: Annotated[bool, typer.Option("--dashboard-token/--no-dashboard-token",
                                help="--no-dashboard-token: serve the dashboard with no token "
@@ -129,19 +132,16 @@ def serve(
     members = _read_user_tokens(user_tokens)
     if tls not in (None, "self-signed") or (tls_cert is None) != (tls_key is None):
         raise InputError("--tls takes `self-signed`; or give both --tls-cert and --tls-key")
-    with_tls = tls is not None or tls_cert is not None
+    if not 1 <= tcp_max_per_token <= 64:
+        raise InputError("--tcp-max-per-token must be 1 to 64 (the daemon serves 64 TCP connections)")
     if tcp is not None:
         host, _, port = tcp.rpartition(":")
         if not host or not port.isdigit():
             raise InputError(f"cannot read --tcp {tcp!r}", hint="write HOST:PORT, e.g. 127.0.0.1:7070")
         if token is None and not members:
             raise InputError("--tcp needs --token-file", hint="put a long random token in a file only you can read")
-        if not with_tls and host not in ("127.0.0.1", "localhost", "::1"):
-            raise InputError(f"--tcp {tcp} would send tokens over the network in clear",
-                             hint="add --tls self-signed (clients pin the fingerprint it prints), or "
-                                  "--tls-cert/--tls-key; plain TCP is for 127.0.0.1 only")
         tcp_addr = (host, int(port))
-    tracking = _tracking_config(dashboard, token, mlflow, mlflow_uri, dashboard_auth=dashboard_token)
+    tracking = _tracking_config(dashboard, None, mlflow, mlflow_uri, dashboard_auth=dashboard_token)
     if job_max_pids < 0 or user_max_queued < 1:
         raise InputError("--job-max-pids must be 0 or more and --user-max-queued 1 or more")
     quotas = Quotas(max_queued=user_max_queued, max_request=option_bytes(user_max_request, "--user-max-request") or Quotas().max_request,
@@ -157,7 +157,8 @@ def serve(
         token=token if tcp_addr is not None else None, rules=RecoveryRules(growth=retry_growth),
         tracking=tracking, ray=ray, node_grace_s=node_grace_s, quotas=quotas,
         job_max_pids=job_max_pids or None, job_max_memory=option_bytes(job_max_memory, "--job-max-memory"),
-        tls_cert=tls_cert, tls_key=tls_key, tls_self_signed=tls == "self-signed", user_tokens=members,
+        tls_cert=tls_cert, tls_key=tls_key, tls_self_signed=tls_cert is None, user_tokens=members,
+        tcp_max_per_token=tcp_max_per_token,
     )
 
     def ready(service) -> None:
@@ -165,14 +166,13 @@ def serve(
                    f"policy {policy}, sharing {sharing} ({why_sharing}), state {service.layout.root}", err=True)
         typer.echo(f"  {service.fleet.confinement_words()}", err=True)
         if service.server.tcp_port is not None:
-            secure = (f"TLS, certificate SHA-256 fingerprint {service.tls_fingerprint}"
-                      if service.tls_fingerprint else "plain TCP")
+            secure = f"TLS, certificate SHA-256 fingerprint {service.tls_fingerprint}"
             typer.echo(f"  TCP API on {config.tcp[0] if config.tcp else ''}:{service.server.tcp_port} "
                        f"({secure})", err=True)
         typer.echo(f"  {service.quotas.describe()}", err=True)
         server, secret = service.tracking.dashboard_server, service.tracking.dashboard_token
         if server is not None:  # a generated token is printed once, like Jupyter's
-            shown = "" if secret is None else "?token=" + ("..." if tracking.dashboard_token else secret)
+            shown = "" if secret is None else "?token=" + secret
             typer.echo(f"dashboard on {server.url}{shown} (Prometheus: {server.url}metrics; "
                        "`collocate dashboard-url` prints the URL again)", err=True)
 
@@ -180,10 +180,12 @@ def serve(
 
 
 def _read_token(token_file: Path | None) -> str | None:
+    from collocate.tls import read_secret
+
     if token_file is None:
         return None
     try:
-        token = token_file.read_text().strip()
+        token = read_secret(token_file, "--token-file").strip()
     except OSError as exc:
         raise InputError(f"cannot read --token-file {token_file}: {exc}",
                          hint="give a file you can read holding one long random token") from exc
@@ -197,8 +199,10 @@ def _read_user_tokens(path: Path | None) -> dict[str, str]:
     """``--user-tokens``: ``USER TOKEN`` per line (``#`` comments), token → user."""
     if path is None:
         return {}
+    from collocate.tls import read_secret
+
     try:
-        lines = path.read_text().splitlines()
+        lines = read_secret(path, "--user-tokens").splitlines()
     except OSError as exc:
         raise InputError(f"cannot read --user-tokens {path}: {exc}") from exc
     tokens: dict[str, str] = {}

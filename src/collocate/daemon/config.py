@@ -57,6 +57,7 @@ class ServeConfig:
     tls_key: Path | None = None
     tls_self_signed: bool = False
     user_tokens: dict[str, str] = field(default_factory=dict)  # token → member (``--user-tokens``)
+    tcp_max_per_token: int = 8  # TCP connections served at once per token holder
 
 
 def job_bounds(config: ServeConfig) -> NodeBounds:

@@ -17,6 +17,11 @@ from collocate.errors import CollocateError
 from collocate.node.files import attempt_files as attempt_files
 
 ENV_STATE_DIR = "COLLOCATE_STATE_DIR"
+#: The lab's daemon (scripts/lab/collocate-lab.service): clients try its socket before the
+#: per-user default, so a shell that did not read /etc/profile.d (ssh host cmd, cron, su -c)
+#: still finds it. ``COLLOCATE_LAB_STATE_DIR`` names another (tests).
+LAB_STATE_DIR = Path("/var/lib/collocate-lab")
+ENV_LAB_STATE_DIR = "COLLOCATE_LAB_STATE_DIR"
 
 
 def resolve_state_dir(explicit: str | Path | None = None) -> Path:
@@ -29,6 +34,24 @@ def resolve_state_dir(explicit: str | Path | None = None) -> Path:
     xdg = os.environ.get("XDG_STATE_HOME")
     base = Path(xdg) if xdg else Path.home() / ".local" / "state"
     return (base / "collocate").absolute()
+
+
+def lab_state_dir() -> Path | None:
+    """The machine's lab daemon's state dir, if the lab set-up made one (a member may not list
+    it, but sees that it exists)."""
+    path = Path(os.environ.get(ENV_LAB_STATE_DIR) or LAB_STATE_DIR)
+    return path if os.path.isdir(path) else None
+
+
+def client_state_dir(explicit: str | Path | None = None) -> Path:
+    """The state dir a client command talks to: ``--state-dir``, ``$COLLOCATE_STATE_DIR``, else
+    the lab's daemon when its socket is there, else the per-user default."""
+    if explicit or os.environ.get(ENV_STATE_DIR):
+        return resolve_state_dir(explicit)
+    lab = lab_state_dir()
+    if lab is not None and os.path.exists(StateLayout(lab).socket):
+        return lab.absolute()
+    return resolve_state_dir()
 
 
 @dataclass(frozen=True, slots=True)

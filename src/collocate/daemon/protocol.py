@@ -24,6 +24,7 @@ import socket
 import time
 from typing import Any
 
+from collocate.daemon import schema
 from collocate.daemon.rights import RIGHTS
 from collocate.errors import CollocateError, InputError
 
@@ -208,6 +209,7 @@ def check_request(message: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         raise InputError(f"unknown request {op!r}", hint=f"valid requests: {', '.join(OPS)}")
     if not isinstance(args, dict):
         raise InputError("request args must be a JSON object")
+    schema.check(op, args)
     return op, args
 
 

@@ -26,6 +26,10 @@ from typing import Any
 from collocate.errors import InputError
 
 
+class NotAllowed(InputError):
+    """A request the rights table refuses (recorded in the audit log)."""
+
+
 class Who(StrEnum):
     MEMBER = "any member"
     OWNER = "the job's owner (or the daemon's owner)"
@@ -72,13 +76,13 @@ def owns(uid: int, owner_uid: int) -> bool:
 
 def check_admin(op: str, uid: int) -> None:
     if RIGHTS[op][0] is Who.ADMIN and not is_admin(uid):
-        raise InputError(f"only the daemon's owner may {op.replace('_', ' ')} this daemon",
+        raise NotAllowed(f"only the daemon's owner may {op.replace('_', ' ')} this daemon",
                          hint="ask the daemon's owner (the user running `collocate serve`, or root)")
 
 
 def check_owner(action: str, job_id: str, uid: int, owner_uid: int, owner: str) -> None:
     if not owns(uid, owner_uid):
-        raise InputError(f"you may not {action} job {job_id}: it belongs to {owner}",
+        raise NotAllowed(f"you may not {action} job {job_id}: it belongs to {owner}",
                          hint="ask its owner or the daemon's owner")
 
 

@@ -18,13 +18,19 @@ Bounds, so that no one peer (or user) can keep the others waiting:
   whose further connections are told at once that they hold too many;
 * on TCP, peers that have not sent the token yet hold at most 64 threads, and a new one evicts
   the oldest of them (so peers trickling ``{"token":"`` cannot keep a token holder out); those
-  with the token get 64 threads of their own;
+  with the token get 64 threads of their own, at most ``PER_TOKEN_CONNECTIONS`` (8, ``serve
+  --tcp-max-per-token``) for the holders of one user's token, so no member fills the pool;
+* TCP is TLS only (a token never crosses any socket in clear, loopback included);
+* every listener is bound (``bind``) before any is served: a taken port is a clear error at
+  start, never a daemon that serves half its listeners;
+* refused tokens, refused peers and busy refusals go to the audit log (``daemon/audit.py``).
 * any error inside a handler is answered as a clean error (its traceback goes to the daemon's
   log, never to the client).
 """
 
 from __future__ import annotations
 
+import errno
 import grp
 import hmac
 import logging
@@ -43,7 +49,9 @@ from pathlib import Path
 from typing import Any
 
 from collocate.daemon import protocol
+from collocate.daemon.audit import AuditLog
 from collocate.daemon.faults import disk_full, is_disk_full
+from collocate.daemon.rights import NotAllowed
 from collocate.errors import CollocateError
 
 log = logging.getLogger("collocate.daemon")
@@ -95,8 +103,8 @@ def authorize(peer: Peer, *, daemon_uid: int, allow_gid: int | None) -> None:
             return
     raise Refused(
         f"user {peer.user} (uid {peer.uid}) may not use this collocate daemon",
-        hint="ask its owner to start it with --group GROUP including you, or run your own "
-        "daemon with `collocate serve --state-dir DIR`",
+        hint="ask its owner (on a lab server: the lab's admin) to add you to the group it "
+        "serves (--group)",
     )
 
 
@@ -105,6 +113,7 @@ REQUEST_TIMEOUT_S = 10.0  # a request must arrive whole within this of its first
 IDLE_TIMEOUT_S = 120.0  # any connection idle this long between requests is closed
 LISTEN_BACKLOG = 1024  # connections the kernel queues while every slot is busy (capped by somaxconn)
 PER_USER_CONNECTIONS = 16  # Unix connections served at once per user (the owner and root excepted)
+PER_TOKEN_CONNECTIONS = 8  # TCP connections served at once per token holder (``--tcp-max-per-token``)
 
 Handler = Callable[[str, dict[str, Any], Peer], Any]
 
@@ -130,8 +139,12 @@ class _Connection(socketserver.StreamRequestHandler):
                 token = self.reader.read(protocol.MAX_AUTH_BYTES, idle_s=AUTH_TIMEOUT_S,
                                          finish_s=AUTH_TIMEOUT_S, deadline=connected + AUTH_TIMEOUT_S)
                 peer = api.check_token((token or {}).get("token"))
-                self.server.authenticated(self.request)  # type: ignore[union-attr]
+                self.server.authenticated(self.request, peer)  # type: ignore[union-attr]
         except (Refused, Busy, protocol.ProtocolError, CollocateError) as exc:
+            if isinstance(exc, Refused | Busy):
+                api.audit.write("busy" if isinstance(exc, Busy) else "refused", why=str(exc.args[0]),
+                                transport="unix" if self.request.family == socket.AF_UNIX else "tcp",
+                                **_who(self.request, self.client_address))
             if self.request.family == socket.AF_UNIX:  # read the request first, so the client gets the reply
                 try:
                     self.reader.read(protocol.MAX_AUTH_BYTES, idle_s=5.0, finish_s=5.0)
@@ -155,7 +168,7 @@ class _Connection(socketserver.StreamRequestHandler):
             if message is None:
                 return
             first = False
-            reply = answer(api, message, peer)
+            reply = answer(api, message, peer, audit=api.audit)
             if message.get("op") == "attach" and reply.get("ok"):  # collocate run: daemon/attach.py
                 from collocate.daemon.attach import open_terminal, relay
 
@@ -183,13 +196,32 @@ class _Connection(socketserver.StreamRequestHandler):
             return False
 
 
-def answer(api: ApiServer, message: dict[str, Any], peer: Peer) -> dict[str, Any]:
+def _who(request: socket.socket, address: Any) -> dict[str, Any]:
+    """Who is at the other end, for the audit log: a Unix peer's uid, a TCP peer's address."""
+    if request.family == socket.AF_UNIX:
+        try:
+            return {"uid": peer_of(request).uid}
+        except OSError:
+            return {}
+    return {"address": f"{address[0]}:{address[1]}"} if isinstance(address, tuple) else {}
+
+
+def answer(api: ApiServer, message: dict[str, Any], peer: Peer, *, audit: AuditLog | None = None) -> dict[str, Any]:
     """The reply to one request: its result, its ``CollocateError``, or for anything else a
-    clean "internal error" whose details (and traceback) go to the daemon's log only."""
+    clean "internal error" whose details (and traceback) go to the daemon's log only. With
+    ``audit``: every submit and every refusal by the rights table is recorded."""
     op = message.get("op")
+    transport = "tcp" if peer.tcp else "unix"
     try:
         op, args = protocol.check_request(message)
-        return protocol.ok(api.handler(op, args, peer))
+        result = api.handler(op, args, peer)
+        if audit is not None and op == "submit" and isinstance(result, dict):
+            audit.write("submit", user=peer.user, uid=peer.uid, transport=transport, job=result.get("id"))
+        return protocol.ok(result)
+    except NotAllowed as exc:
+        if audit is not None:
+            audit.write("rights", user=peer.user, uid=peer.uid, transport=transport, op=op, why=str(exc.args[0]))
+        return protocol.error(exc)
     except CollocateError as exc:
         return protocol.error(exc)
     except Exception as exc:
@@ -215,6 +247,10 @@ class _Capped:
         super().server_activate()  # type: ignore[misc]
 
     def turn_away(self, request: socket.socket, why: str) -> None:
+        api = getattr(self, "api", None)
+        if api is not None:
+            api.audit.write("busy", why=why, transport="unix" if request.family == socket.AF_UNIX else "tcp",
+                            **_who(request, _address_of(request)))
         try:
             request.settimeout(1.0)
             request.sendall(protocol.encode(protocol.error(Busy(
@@ -251,6 +287,13 @@ class _Capped:
 
     def release(self, request: socket.socket) -> None:
         """Forget what ``admit`` counted for this connection."""
+
+
+def _address_of(request: socket.socket) -> Any:
+    try:
+        return request.getpeername()
+    except OSError:
+        return None
 
 
 class _UnixServer(_Capped, socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
@@ -312,7 +355,7 @@ class _TcpServer(_Capped, socketserver.ThreadingMixIn, socketserver.TCPServer):
 
     def server_activate(self) -> None:
         self._pending: OrderedDict[int, socket.socket] = OrderedDict()
-        self._authenticated: set[int] = set()
+        self._authenticated: dict[int, int] = {}  # id(request) -> uid of its token's holder
         super().server_activate()
 
     def admit(self, request: socket.socket) -> bool:
@@ -326,19 +369,37 @@ class _TcpServer(_Capped, socketserver.ThreadingMixIn, socketserver.TCPServer):
             self._pending[id(request)] = request
         return True
 
-    def authenticated(self, request: socket.socket) -> None:
-        """Move a peer that sent the token from the pending pool to its own; ``Busy`` if full."""
+    def authenticated(self, request: socket.socket, peer: Peer) -> None:
+        """Move a peer that sent the token from the pending pool to its own; ``Busy`` if full,
+        or if the holders of this token's user already have ``api.per_token`` connections."""
         with self._guard:
             self._pending.pop(id(request), None)
             if len(self._authenticated) >= self.max_authenticated:
                 raise Busy("the daemon is busy: too many open connections",
                            hint="retry in a moment; collocate clients retry by themselves")
-            self._authenticated.add(id(request))
+            held = sum(1 for uid in self._authenticated.values() if uid == peer.uid)
+            if held >= self.api.per_token:
+                raise Busy(f"the daemon is busy: {peer.user}'s token already has {held} connections "
+                           "open to it", hint="close some (or wait for them to end); collocate "
+                           "clients retry by themselves")
+            self._authenticated[id(request)] = peer.uid
 
     def release(self, request: socket.socket) -> None:
         with self._guard:
             self._pending.pop(id(request), None)
-            self._authenticated.discard(id(request))
+            self._authenticated.pop(id(request), None)
+
+
+def address_error(address: tuple[str, int], exc: OSError, option: str) -> CollocateError:
+    """The error for a listener that cannot bind ``address``: in use, or not this machine's."""
+    host, port = address
+    if exc.errno == errno.EADDRINUSE:
+        return CollocateError(f"port {port} is in use on {host}: another program (or another "
+                              "collocate daemon) listens there",
+                              hint=f"pick another port for {option}, or stop what listens there "
+                                   f"(`ss -ltnp 'sport = :{port}'` names it)")
+    return CollocateError(f"cannot listen on {host}:{port} ({option}): {exc.strerror or exc}",
+                          hint="give an address of this machine, e.g. 127.0.0.1:PORT or 0.0.0.0:PORT")
 
 
 class ApiServer:
@@ -355,12 +416,19 @@ class ApiServer:
         idle_timeout_s: float = IDLE_TIMEOUT_S,
         tls: ssl.SSLContext | None = None,
         user_tokens: Mapping[str, str] | None = None,
+        per_token: int = PER_TOKEN_CONNECTIONS,
+        audit: AuditLog | None = None,
     ) -> None:
         """``token``: the owner's (a TCP peer with it is the daemon's own user); ``user_tokens``:
         each member's, token → user name (a TCP peer with one is that user, as if it had come
-        through the Unix socket); ``tls``: serve TCP over TLS with this context."""
+        through the Unix socket); ``tls``: serve TCP over TLS with this context (TCP is TLS
+        only); ``per_token``: TCP connections served at once per token holder; ``audit``: where
+        refusals and submits are recorded (none: nowhere)."""
         if tcp is not None and not (token or user_tokens):
             raise CollocateError("a TCP listener needs a token", hint="pass --token-file FILE")
+        if tcp is not None and tls is None:
+            raise CollocateError("a TCP listener needs TLS: a token never crosses a socket in clear",
+                                 hint="pass --tls self-signed, or --tls-cert and --tls-key")
         self.socket_path = Path(socket_path)
         self.handler = handler
         self.allow_gid = allow_gid
@@ -369,11 +437,17 @@ class ApiServer:
         self.user_tokens = dict(user_tokens or {})
         self.tls = tls
         self.idle_timeout_s = idle_timeout_s
+        self.per_token = per_token
+        self.audit = audit or AuditLog(None)
         self._servers: list[socketserver.BaseServer] = []
         self._threads: list[threading.Thread] = []
         self._tcp_address = tcp
 
-    def start(self) -> None:
+    def bind(self) -> None:
+        """Bind every listener, serving none yet; a taken address is a ``CollocateError`` (and
+        nothing stays bound), so ``serve`` fails at once instead of serving half its listeners."""
+        if self._servers:
+            return
         if self.socket_path.exists() or self.socket_path.is_symlink():
             self.socket_path.unlink()
         old = os.umask(0o117 if self.allow_gid is not None else 0o177)
@@ -387,9 +461,17 @@ class ApiServer:
         unix.api = self
         self._servers.append(unix)
         if self._tcp_address is not None:
-            tcp = _TcpServer(self._tcp_address, _Connection)
+            try:
+                tcp = _TcpServer(self._tcp_address, _Connection)
+            except OSError as exc:
+                self.stop()
+                raise address_error(self._tcp_address, exc, "--tcp") from None
             tcp.api = self
             self._servers.append(tcp)
+
+    def start(self) -> None:
+        """Bind (if not yet) and serve every listener, each from a thread."""
+        self.bind()
         for s in self._servers:
             t = threading.Thread(target=s.serve_forever, kwargs={"poll_interval": 0.5},
                                  name=f"api-{type(s).__name__}", daemon=True)
@@ -427,9 +509,12 @@ class ApiServer:
                       "--token-file or COLLOCATE_TOKEN_FILE")
 
     def stop(self) -> None:
-        for s in self._servers:
-            s.shutdown()
+        serving = len(self._threads)
+        for i, s in enumerate(self._servers):
+            if i < serving:  # ``shutdown`` waits for a ``serve_forever`` that never ran otherwise
+                s.shutdown()
             s.server_close()
+        self._servers = []
         for t in self._threads:
             t.join(timeout=2.0)
         try:

@@ -30,9 +30,11 @@ from typing import Any
 
 from collocate.daemon.api import Api
 from collocate.daemon.attempts import Attempts
+from collocate.daemon.audit import AUDIT_FILE, AuditLog
 from collocate.daemon.config import ServeConfig, Wiring, job_bounds
 from collocate.daemon.faults import disk_full, is_disk_full
 from collocate.daemon.fleet import Fleet, InProcessNodes, Nodes
+from collocate.daemon.gpu_claims import GpuClaims
 from collocate.daemon.gpu_watch import GpuWatch
 from collocate.daemon.notify import Notifier
 from collocate.daemon.paths import StateLayout, share_with_group
@@ -80,6 +82,7 @@ class Service:
         self._stop = threading.Event()
         self.specs: dict[str, JobSpec] = {}
         self._lock_fd: int | None = None
+        self.claims = GpuClaims(self.layout.root)
         self._interference = default_interference()
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -87,6 +90,12 @@ class Service:
         """Take the state dir, open the store and the GPUs, recover the previous run, listen."""
         self.layout.create(allow_gid=self.config.allow_gid)
         self._take_lock()
+        self.audit = AuditLog(self.layout.root / AUDIT_FILE)
+        self.server = ApiServer(self.layout.socket, self.call, allow_gid=self.config.allow_gid,
+                                tcp=self.config.tcp, token=self.config.token, tls=self._tls(),
+                                user_tokens=self.config.user_tokens, per_token=self.config.tcp_max_per_token,
+                                audit=self.audit)
+        self.server.bind()  # every listener bound before any is served: a taken port fails now
         self.store = Store(self.layout.db)
         self.quotas = self.config.quotas.resolved(disk_size(self.layout.root))
         if self._nodes is None:
@@ -98,7 +107,10 @@ class Service:
         if not self.watch.devices:
             raise CollocateError("the GPU backend reports no devices",
                                  hint="check `nvidia-smi`, or use --gpus emulated:4xA100-40GB")
+        if self.config.ray is None:  # one daemon per GPU (a Ray head's GPUs are its nodes')
+            self.claims.claim(d.parent_uuid or d.uuid for d in self.watch.devices)
         self.tracking = DaemonTracking(self.layout.root, self.watch.devices, self.config.tracking)
+        self.tracking.bind_dashboard()
         policy = make_policy(self.config.policy, **self.config.policy_params)
         self.notifier = Notifier(self.layout, self.specs, self.store, self._local_confinement())
         self.scheduler = Scheduler(policy, Capacity.of(self.watch.snapshot(time.time())), rules=self.config.rules,
@@ -117,22 +129,20 @@ class Service:
         if names:  # producers a previous run started (on the jobs' nodes)
             for producers in self.fleet.all_producers():
                 producers.adopt(names)
-        self.server = ApiServer(self.layout.socket, self.call, allow_gid=self.config.allow_gid,
-                                tcp=self.config.tcp, token=self.config.token, tls=self._tls(),
-                                user_tokens=self.config.user_tokens)
         self.server.start()
-        self.tracking.start_dashboard(self.call)
+        self.tracking.start_dashboard(self.call, avoid={t for t in (self.config.token, *self.config.user_tokens) if t})
         self.layout.pid_file.write_text(f"{os.getpid()}\n")
         log.info("serving %d GPU(s) with policy %s from %s", len(self.watch.devices),
                  self.config.policy, self.layout.root)
 
     def _tls(self) -> Any:
-        """The TLS context of the TCP API (None: plain TCP, loopback only); sets
-        ``self.tls_fingerprint`` for the start-up line."""
+        """The TLS context of the TCP API (None: no TCP; TCP is TLS only, the daemon's own
+        self-signed certificate unless one is given); sets ``self.tls_fingerprint`` for the
+        start-up line."""
         from collocate import tls
 
         self.tls_fingerprint: str | None = None
-        if self.config.tcp is None or not (self.config.tls_self_signed or self.config.tls_cert):
+        if self.config.tcp is None:
             return None
         if self.config.tls_cert is not None and self.config.tls_key is not None:
             cert, key = self.config.tls_cert, self.config.tls_key
@@ -202,6 +212,7 @@ class Service:
                 self._nodes.close()
             except CollocateError as exc:  # e.g. the MPS control daemon would not stop
                 log.warning("%s", exc)
+        self.claims.release()
         if self._lock_fd is not None:
             os.close(self._lock_fd)
 
@@ -217,7 +228,7 @@ class Service:
             except queue.Empty:
                 return
             future.set_exception(CollocateError("the daemon is shutting down",
-                                                hint="start it again with `collocate serve`"))
+                                                hint="retry in a moment (a restart re-adopts every job)"))
 
     def serve_forever(self) -> None:
         """Answer requests as they come; run a round whenever one is due (requests never starve it)."""
@@ -244,7 +255,8 @@ class Service:
     def call(self, op: str, args: dict[str, Any], peer: Peer) -> Any:
         """Run a request on the loop thread and wait for its answer (API threads call this)."""
         if self._stop.is_set():
-            raise CollocateError("the daemon is shutting down", hint="start it again with `collocate serve`")
+            raise CollocateError("the daemon is shutting down",
+                                 hint="retry in a moment (a restart re-adopts every job)")
         if op in OFF_LOOP:  # reads of the monitoring store alone: never hold up a round
             return self.api.answer(op, args, peer)
         future: Future = Future()

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from collocate.daemon.protocol import whole_number
+from collocate.daemon.schema import MAX_TIME_LIMIT_S, MIN_TIME_LIMIT_S
 from collocate.errors import InputError
 from collocate.identity import LAUNCHERS, JobKeys, program_token
 from collocate.units import parse_duration, parse_mib
@@ -29,7 +30,7 @@ MAX_RETRIES = 100
 #: Priorities are whole numbers within +/- this (raising one above 0 is the daemon owner's right,
 #: ``daemon/rights.py``); a bound keeps a pasted 10**22 from meaning anything.
 PRIORITY_MAX = 1_000_000
-MAX_TIME_LIMIT_S = 365 * 86400.0
+
 MAX_AFTER = 1000  # dependencies of one job
 _KEY = re.compile(r"^[A-Za-z0-9_-]{8,128}$")
 
@@ -254,8 +255,9 @@ def _time_limit(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise InputError(f"--time must be a duration, got {value!r}", hint="e.g. --time 2:00:00")
     seconds = float(value) if isinstance(value, int | float) else parse_duration(value)
-    if not 0 < seconds <= MAX_TIME_LIMIT_S:
-        raise InputError(f"--time must be more than 0 and at most 365 days, got {value!r}")
+    if not MIN_TIME_LIMIT_S <= seconds <= MAX_TIME_LIMIT_S:
+        raise InputError(f"--time must be at least {MIN_TIME_LIMIT_S:g} s and at most 365 days, got {value!r}",
+                         hint="e.g. --time 30:00 (30 minutes) or --time 2:00:00")
     return seconds
 
 

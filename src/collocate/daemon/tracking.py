@@ -17,8 +17,9 @@ Dashboard access: the page shows every job's command line and logs, so it is nev
 default. The token is stable: the first daemon with a dashboard makes a random one and keeps it
 in ``<state>/dashboard.token`` (created 0600, owner only), and every later start reuses it, so
 bookmarks and Prometheus scrape configs survive restarts (``collocate dashboard-url`` prints the
-URL). ``--token-file`` overrides it (and is stored there in its place); deleting the file makes a
-new one at the next start. Only ``--no-dashboard-token`` serves the page without one (and then
+URL). It is never the TCP API's token (``--token-file``): a dashboard link shared for a look
+must not also submit jobs as the owner; a kept one equal to a TCP token is replaced. Deleting
+the file makes a new one at the next start. Only ``--no-dashboard-token`` serves the page without one (and then
 only on a loopback address).
 """
 
@@ -27,7 +28,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -101,6 +102,7 @@ class DaemonTracking:
 
         self.config = config
         self.dashboard_server: Any = None
+        self._dashboard_socket: Any = None  # bound by ``bind_dashboard``, served by ``start_dashboard``
         self.dashboard_token: str | None = None  # the token in force (given or generated)
         self.token_file = StateLayout(Path(state_dir)).dashboard_token  # 0600: the owner's CLI reads it
         self._failed: set[str] = set()
@@ -179,8 +181,18 @@ class DaemonTracking:
             return None
 
     # -- dashboard ----------------------------------------------------------------------------
-    def start_dashboard(self, call: Callable[[str, dict[str, Any], Any], Any]) -> None:
-        """Serve the page, its JSON API and ``/metrics`` from a thread; ``call`` is ``Service.call``."""
+    def bind_dashboard(self) -> None:
+        """Bind the dashboard's port now (served later by ``start_dashboard``), so a taken port
+        stops the daemon before it serves anything."""
+        if self.config.dashboard is not None and self._dashboard_socket is None:
+            from collocate.web.server import bind_listener
+
+            self._dashboard_socket = bind_listener(*self.config.dashboard)
+
+    def start_dashboard(self, call: Callable[[str, dict[str, Any], Any], Any], *,
+                        avoid: Collection[str] = ()) -> None:
+        """Serve the page, its JSON API and ``/metrics`` from a thread; ``call`` is ``Service.call``;
+        ``avoid``: tokens the dashboard's must differ from (the TCP API's)."""
         if self.config.dashboard is None:
             return
         from collocate.client.connect import list_jobs
@@ -190,13 +202,14 @@ class DaemonTracking:
 
         token = None
         if self.config.dashboard_auth:
-            token = stable_token(self.token_file, self.config.dashboard_token)
+            token = stable_token(self.token_file, self.config.dashboard_token, avoid=avoid)
         requester = LoopRequester(call)
         source = ClientSource(requester)
         self.prometheus.queue = lambda: list_jobs(requester.request, all=True)
         app = create_app(source, token=token, registry=self.prometheus.registry)
         host, port = self.config.dashboard
-        self.dashboard_server = serve_in_thread(app, host, port)
+        sock, self._dashboard_socket = self._dashboard_socket, None
+        self.dashboard_server = serve_in_thread(app, host, port, sock=sock)
         self.dashboard_token = token
         log.info("dashboard on %s (%s; Prometheus metrics at %smetrics)", self.dashboard_server.url,
                  "with a token: `collocate dashboard-url` prints the URL" if token else "no token",
@@ -209,15 +222,19 @@ class DaemonTracking:
 
     def close(self) -> None:
         """Stop the dashboard, then flush and close every sink (never raises)."""
+        if self._dashboard_socket is not None:  # bound, never served
+            self._dashboard_socket.close()
+            self._dashboard_socket = None
         if self.dashboard_server is not None:
             self._guard("dashboard stop", self.dashboard_server.stop)
             self.dashboard_server = None
         self._guard("close", self.mon.close)
 
 
-def stable_token(path: Path, given: str | None = None) -> str:
+def stable_token(path: Path, given: str | None = None, *, avoid: Collection[str] = ()) -> str:
     """The dashboard token: ``given`` if any, else the one ``path`` keeps, else a new random one;
-    ``path`` (0600) holds the token in force afterwards, for `collocate dashboard-url`."""
+    ``path`` (0600) holds the token in force afterwards, for `collocate dashboard-url`. A kept
+    token in ``avoid`` (an older version stored the TCP API's token there) is replaced."""
     stored = None
     try:
         if path.stat().st_mode & 0o077:
@@ -226,6 +243,8 @@ def stable_token(path: Path, given: str | None = None) -> str:
         stored = path.read_text().strip() or None
     except FileNotFoundError:
         pass
+    if stored in avoid:
+        stored = None
     token = given or stored or secrets.token_urlsafe(32)
     if token != stored:
         write_private(path, token + "\n")

@@ -47,9 +47,24 @@ class DashboardServer:
         self.thread.join(timeout_s)
 
 
+def bind_listener(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port``, not yet listening; a clear error if the port is taken
+    (the daemon binds every listener before it serves any)."""
+    from collocate.daemon.server import address_error
+
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise address_error((host, port), exc, "--dashboard") from exc
+    return sock
+
+
 def serve_in_thread(app: object, host: str = "127.0.0.1", port: int = 0, *,
-                    start_timeout_s: float = 15.0) -> DashboardServer:
-    """Start serving ``app``; returns once it accepts connections."""
+                    start_timeout_s: float = 15.0, sock: socket.socket | None = None) -> DashboardServer:
+    """Start serving ``app`` (on ``sock`` if already bound); returns once it accepts connections."""
     import uvicorn
 
     if not is_loopback(host) and getattr(getattr(app, "state", None), "token", None) is None:
@@ -57,14 +72,8 @@ def serve_in_thread(app: object, host: str = "127.0.0.1", port: int = 0, *,
             f"refusing to serve the dashboard on {host} without a token",
             hint="bind to 127.0.0.1 (and use an SSH tunnel), or set a dashboard token",
         )
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise CollocateError(f"cannot serve the dashboard on {host}:{port}: {exc}",
-                             hint="pick another port, or stop what listens there") from exc
+    if sock is None:
+        sock = bind_listener(host, port)
     bound_port = sock.getsockname()[1]
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
     server = uvicorn.Server(config)  # in a non-main thread it leaves signals to the daemon

@@ -1,0 +1,128 @@
+"""Every request field's type (and the ranges no handler checks), in one table, checked where
+requests are parsed.
+
+``protocol.check_request`` runs ``check`` on each request before any handler sees it, so a
+field of the wrong type is a clean ``InputError`` naming the op and the field, never an
+internal error deep in a handler (``history {"points":"abc"}`` was one). A range the table
+gives is the only check of that field (``history points``, ``submit time``); the rest are
+checked by their handlers too, in the words of the command's own options (``--gpus must be at
+least 1``), along with what only they can check (a job id exists, a directory can be entered,
+a duration's text form). A field the table does not name is left to
+its handler (a newer client's option an older daemon ignores).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from collocate.errors import InputError
+
+MIN_TIME_LIMIT_S = 1.0  # ``submit --time``: shorter is no limit a job could meet
+MAX_TIME_LIMIT_S = 365 * 86400.0
+_BIG = 1 << 62
+
+Check = Callable[[Any], bool]
+
+
+def _int(low: int = -_BIG, high: int = _BIG, *, text: bool = True) -> Check:
+    """A whole number in [low, high]: a JSON integer, or (``text``) ASCII digits."""
+    def check(v: Any) -> bool:
+        if isinstance(v, str) and text:
+            s = v.strip().removeprefix("-")
+            if not (s.isascii() and s.isdigit() and len(s) <= 18):
+                return False
+            v = int(v)
+        return not isinstance(v, bool) and isinstance(v, int) and low <= v <= high
+    return check
+
+
+def _num(low: float, high: float) -> Check:
+    return lambda v: not isinstance(v, bool) and isinstance(v, int | float) and low <= v <= high
+
+
+def _str(max_len: int = 1 << 20) -> Check:
+    return lambda v: isinstance(v, str) and len(v) <= max_len
+
+
+def _list(item: Check, max_len: int = 1 << 16) -> Check:
+    return lambda v: isinstance(v, list) and len(v) <= max_len and all(item(x) for x in v)
+
+
+def _any(*checks: Check) -> Check:
+    return lambda v: any(c(v) for c in checks)
+
+
+def _none(v: Any) -> bool:
+    return v is None
+
+
+def _bool(v: Any) -> bool:
+    return isinstance(v, bool) or v is None
+
+
+def _time(v: Any) -> bool:
+    """Seconds as a number (at least ``MIN_TIME_LIMIT_S``), or Slurm's text (checked by spec)."""
+    if isinstance(v, str):
+        return len(v) <= 64
+    return v is None or (not isinstance(v, bool) and isinstance(v, int | float)
+                         and MIN_TIME_LIMIT_S <= v <= MAX_TIME_LIMIT_S)
+
+
+_ID = _any(_int(1), _str(32))
+_IDS = _any(_none, _list(_any(_int(1), _str(32)), 1000))
+_TEXT = _any(_none, _str(4096))
+
+#: op -> field -> (its check, what it must be: said in the error).
+FIELDS: Mapping[str, Mapping[str, tuple[Check, str]]] = {
+    "ping": {},
+    "gpus": {},
+    "drain": {},
+    "resume": {},
+    "limits": {},
+    "history": {"since_s": (_num(1e-9, 30 * 86400), "seconds in (0, 30 days]"),
+                "points": (_any(_none, _int(1, 10_000, text=False)), "a whole number of 1 to 10000")},
+    "ls": {"all": (_bool, "true or false"), "after": (_int(), "a whole number"),
+           "limit": (_int(), "a whole number"), "ids": (_any(_none, lambda v: isinstance(v, list)), "a list of job ids")},
+    "show": {"id": (_ID, "a job id"), "series": (_bool, "true or false")},
+    "logs": {"id": (_ID, "a job id"), "offset": (_int(0), "a byte offset (0 or more)"),
+             "attempt": (_any(_none, _int(1)), "an attempt number (1 or more)"),
+             "stream": (_any(_none, _str(16)), "stdout or stderr"), "node": (_TEXT, "a node name")},
+    "cancel": {"id": (_ID, "a job id")},
+    "hold": {"id": (_ID, "a job id")},
+    "release": {"id": (_ID, "a job id")},
+    "priority": {"id": (_ID, "a job id"), "priority": (_int(text=False), "a whole number")},
+    "set_limits": {"user": (_TEXT, "a user name"),
+                   "max_jobs": (_any(_none, _int(text=False)), "a whole number"),
+                   "max_gpus": (_any(_none, _int(text=False)), "a whole number"),
+                   "clear": (_bool, "true or false"), "fair_share": (_bool, "true or false")},
+    "submit": {"argv": (_list(_str(), 1 << 16), "a list of strings (the command)"),
+               "cwd": (_str(4096), "an absolute directory"),
+               "gpus": (_int(), "a whole number"), "nodes": (_int(), "a whole number"),
+               "mem": (_any(_none, _str(64), _num(0, 1 << 50)), "a size such as 6GiB"),
+               "retries": (_any(_none, _int()), "a whole number"),
+               "env": (_any(_none, _list(_str())), "a list of NAME=VALUE strings"),
+               "base_env": (_any(_none, lambda v: isinstance(v, dict)), "an object of names to values"),
+               "name": (_any(_none, _str(1 << 16)), "text"), "priority": (_int(), "a whole number"),
+               "mem_source": (_any(_none, _str(64)), "declared or static-<method>"),
+               "mem_uncertainty": (_num(-1e308, 1e308), "a number"),
+               "dataset": (_TEXT, "a dataset name"), "dataset_factory": (_TEXT, "a factory"),
+               "key": (_any(_none, _str(128)), "a random key"), "public": (_bool, "true or false"),
+               "notify": (_any(_none, _str(0), _list(_str(4096), 1024)), "a command (a list of strings)"),
+               "after": (_IDS, "a list of job ids"), "after_any": (_IDS, "a list of job ids"),
+               "after_notok": (_IDS, "a list of job ids"),
+               "time": (_time, f"a duration of at least {MIN_TIME_LIMIT_S:g} s (e.g. 2:00:00 or 3600)"),
+               "hold": (_bool, "true or false")},
+}
+
+
+def check(op: str, args: Mapping[str, Any]) -> None:
+    """Raise ``InputError`` for the first field of ``args`` that ``FIELDS[op]`` refuses."""
+    for name, (ok, what) in FIELDS.get(op, {}).items():
+        if name in args and not ok(args[name]):
+            raise InputError(f"{op} {name} must be {what}, got {_short(args[name])}")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
