@@ -95,6 +95,7 @@ FIELDS: Mapping[str, Mapping[str, tuple[Check, str]]] = {
     "set_limits": {"user": (_TEXT, "a user name"),
                    "max_jobs": (_any(_none, _int(text=False)), "a whole number"),
                    "max_gpus": (_any(_none, _int(text=False)), "a whole number"),
+                   "max_cpu_jobs": (_any(_none, _int(text=False)), "a whole number"),
                    "clear": (_bool, "true or false"), "fair_share": (_bool, "true or false")},
     "submit": {"argv": (_list(_str(), 1 << 16), "a list of strings (the command)"),
                "cwd": (_str(4096), "an absolute directory"),
@@ -112,7 +113,15 @@ FIELDS: Mapping[str, Mapping[str, tuple[Check, str]]] = {
                "after": (_IDS, "a list of job ids"), "after_any": (_IDS, "a list of job ids"),
                "after_notok": (_IDS, "a list of job ids"),
                "time": (_time, f"a duration of at least {MIN_TIME_LIMIT_S:g} s (e.g. 2:00:00 or 3600)"),
-               "hold": (_bool, "true or false")},
+               "hold": (_bool, "true or false"), "interactive": (_bool, "true or false"),
+               "no_mem_fence": (_bool, "true or false")},
+    "update": {"id": (_ID, "a job id"), "mem": (_any(_none, _str(64)), "a size such as 6GiB"),
+               "time": (_time, f"a duration of at least {MIN_TIME_LIMIT_S:g} s (e.g. 2:00:00 or 3600)"),
+               "name": (_any(_none, _str(1 << 16)), "text"),
+               "after": (_IDS, "a list of job ids"), "after_any": (_IDS, "a list of job ids"),
+               "after_notok": (_IDS, "a list of job ids"),
+               "priority": (_any(_none, _int(text=False)), "a whole number")},
+    "attach": {"id": (_ID, "a job id")},
 }
 
 
