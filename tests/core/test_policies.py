@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 
 from collocate.errors import InputError, UnknownNameError
@@ -178,6 +179,7 @@ def test_auto_refuses_collocation_that_slows_jobs_too_much():
     heavy = JobProfile(0.9, 0.5)
     running = {"h": RunningJob("h", (GpuId("n0", 0),), heavy, 4 * GIB)}
     cluster = ClusterSnapshot.from_views([gpu(0, free=30 * GIB, committed=4 * GIB, jobs=["h"])], running=running)
+    cluster = cluster.evolve(util_sm=np.array([0.9]))  # it reads busy: no room to start on trial
     assert placed(make_policy("auto")([job("new", mem=GIB, profile=heavy)], cluster)) == {}
 
 

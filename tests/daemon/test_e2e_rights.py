@@ -40,7 +40,7 @@ def submit(member, d, work, argv, **opts):
 
 def test_every_operation_has_a_rule_and_a_test_here():
     tested = {"ping", "gpus", "history", "limits", "submit", "ls", "show", "logs", "cancel", "hold",
-              "release", "priority", "set_limits", "drain", "resume"}
+              "release", "priority", "set_limits", "drain", "resume", "suspend", "resume_job"}
     assert set(RIGHTS) == tested  # a new operation needs its rule tested below
 
 
@@ -64,6 +64,24 @@ def test_a_second_member_cannot_touch_the_first_ones_jobs(lab):
         assert d.job(job)["state"] == "cancelled" and d.job(job)["priority"] == -5
     finally:
         d.client.request("resume")
+
+
+def test_a_running_job_is_its_owners_to_suspend_and_resume(lab):
+    d, (alice, bob, _), work = lab
+    job = submit(alice, d, work, sh("sleep 60"))
+    try:
+        wait_for(lambda: d.job(job)["state"] == "running" and d.job(job)["attempts"][-1]["dir"], 30,
+                 "alice's job to run")
+        wait_for(lambda: alice.requests(d.state_dir, ("suspend", {"id": job}))[0]["ok"], 10,
+                 "alice's job to be suspended by her")  # once its processes run
+        refused = bob.requests(d.state_dir, ("resume_job", {"id": job}), ("suspend", {"id": job}))
+        assert all(not a["ok"] and "belongs to collocate-m1" in a["error"] for a in refused), refused
+        shown = d.job(job)
+        assert shown["suspended"] == "user" and shown["state"] == "running"
+        assert alice.requests(d.state_dir, ("resume_job", {"id": job}))[0]["ok"]
+        assert not d.job(job)["suspended"]
+    finally:
+        d.client.request("cancel", id=job)
 
 
 def test_priority_is_the_owners_to_raise_and_members_may_lower_their_own(lab):
