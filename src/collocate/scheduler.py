@@ -32,7 +32,7 @@ from collocate.model import (
 )
 from collocate.policies.base import Policy
 from collocate.recovery import ExitReport, RecoveryRules, after_exit
-from collocate.suspension import Neighbour, SuspendRules, Suspensions, may_freeze, review
+from collocate.suspension import DEFAULT_RULES, Neighbour, SuspendRules, Suspensions, may_freeze, review
 
 
 class PolicyError(CollocateError):
@@ -136,7 +136,7 @@ class Scheduler:
         rules: RecoveryRules = RecoveryRules(),
         on_change: Callable[[Job], None] | None = None,
         fairness: Fairness | None = None,
-        suspend: SuspendRules | None = SuspendRules(),
+        suspend: SuspendRules | None = DEFAULT_RULES,
     ) -> None:
         self.policy = policy
         self.suspend_rules = suspend  # None: jobs started on trial are never taken back

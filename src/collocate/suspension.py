@@ -48,6 +48,9 @@ class SuspendRules:
     settle_s: float = 30.0
 
 
+DEFAULT_RULES = SuspendRules()
+
+
 @dataclass(frozen=True, slots=True)
 class Neighbour:
     """A job on the GPUs of a job under review, as the world observes it."""
@@ -89,7 +92,7 @@ def may_freeze(job: Job) -> bool:
 
 def review(jobs: Mapping[str, Job], watched: Iterable[str],
            neighbourhood: Callable[[str], Sequence[Neighbour]], now: float,
-           rules: SuspendRules = SuspendRules()) -> Suspensions:
+           rules: SuspendRules = DEFAULT_RULES) -> Suspensions:
     """Which of the ``watched`` jobs (running on trial, or frozen by the scheduler) to freeze
     and which to thaw at ``now`` (see the module docstring). ``neighbourhood(job_id)``: every
     job on that job's GPUs, itself included."""
