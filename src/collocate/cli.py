@@ -54,7 +54,9 @@ COMMANDS: dict[str, Command] = {
                       "dependencies or priority (scontrol update)."),
     "limits": Command("collocate.client.cli", "Show the per-user caps and fair share, or set them."),
     "drain": Command("collocate.client.cli", "Stop placing jobs; running ones finish."),
-    "resume": Command("collocate.client.cli", "Place jobs again after `collocate drain`."),
+    "suspend": Command("collocate.client.cli", "Freeze running jobs until resumed (scontrol suspend)."),
+    "resume": Command("collocate.client.cli", "Thaw suspended jobs (resume ID...), or place jobs again "
+                      "after `collocate drain` (no ids)."),
     "dashboard-url": Command("collocate.client.cli", "Print the daemon's dashboard URL with its token."),
     "dashboard": Command("collocate.monitor.cli", "Serve your own web dashboard of a running daemon."),
     "report": Command("collocate.monitor.cli", "Summarise GPU usage per user, job and GPU, with plots."),

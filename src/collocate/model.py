@@ -135,8 +135,24 @@ class Job:
     #: Out-of-memory crashes charged to a neighbour's overrun: requeued ahead, not counted.
     victim_crashes: int = 0
     #: An interactive job (``collocate run``): its command runs on a terminal its member is
-    #: attached to, so it ends with that terminal: never requeued (``recovery.after_exit``).
+    #: attached to, so it ends with that terminal: never requeued (``recovery.after_exit``) and
+    #: never frozen (``collocate.suspension``).
     interactive: bool = False
+    #: Non-empty while it is suspended (frozen: its processes stopped, its memory and GPUs
+    #: kept; ``collocate.suspension``): "trial" (the scheduler froze a job started on
+    #: observation, ``on_trial``, that slowed a neighbour past the limit: it thaws it when room
+    #: returns) or "user" (its owner or the daemon's owner: only ``collocate resume`` thaws it).
+    #: The state stays RUNNING, so every rule about jobs that hold GPUs holds for it too.
+    suspended: str = ""
+    suspended_at: float | None = None  # since when (the round's ``now``)
+    suspended_why: str = ""  # why, in words (``ls`` and ``show`` print it)
+    #: The neighbours it was frozen beside (by the scheduler): it thaws once one of them is gone.
+    suspended_beside: tuple[str, ...] = ()
+    thawed_at: float | None = None  # when it was last thawed (the scheduler waits before refreezing)
+    frozen_s: float = 0.0  # seconds its current attempt spent frozen: its --time does not count them
+    #: Started on observation (``policies.auto``: measured room, past what the model predicts):
+    #: the scheduler takes it back by freezing it if a neighbour is seen slowed past the limit.
+    on_trial: bool = False
 
     @property
     def width(self) -> int:
@@ -422,6 +438,9 @@ class Placement:
     gpus: tuple[GpuId, ...]
     mem_mib: float | None = None  # the requirement it was placed with (a job of unknown memory: its room)
     room_mib: float | None = None  # the room its GPUs had for it (MPS limits derive from both)
+    #: Started on observation, past what the model predicts (``Job.on_trial``): taken back by
+    #: freezing if its neighbours are seen slowed past the limit (``collocate.suspension``).
+    trial: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,6 +35,7 @@ from collocate.model import (
 )
 from collocate.policies.base import Policy
 from collocate.recovery import ExitReport, Outcome, RecoveryRules, after_exit, overrun_requirement
+from collocate.suspension import DEFAULT_RULES, Neighbour, SuspendRules, Suspensions, may_freeze, review
 
 
 class PolicyError(CollocateError):
@@ -171,8 +172,10 @@ class Scheduler:
         rules: RecoveryRules = RecoveryRules(),
         on_change: Callable[[Job], None] | None = None,
         fairness: Fairness | None = None,
+        suspend: SuspendRules | None = DEFAULT_RULES,
     ) -> None:
         self.policy = policy
+        self.suspend_rules = suspend  # None: jobs started on trial are never taken back
         self.capacity = capacity
         self.rules = rules
         self.jobs: dict[str, Job] = {}
@@ -195,6 +198,7 @@ class Scheduler:
         #: user -> why their jobs get no new attempt (at their storage quota; the daemon's
         #: ``quotas.Accounts.over_quota`` sets it every round, the simulator never)
         self.stopped_users: Mapping[str, str] = {}
+        self._watched: dict[str, None] = {}  # running jobs on trial or frozen by the scheduler
 
     # -- queue ------------------------------------------------------------------------------
     @property
@@ -289,6 +293,8 @@ class Scheduler:
         for job in self.jobs.values():
             if job.state is JobState.RUNNING:
                 self._running(job)
+                if job.on_trial or job.suspended == "trial":
+                    self._watched[job.id] = None
             if job.state is not JobState.PENDING:
                 continue
             if job.alone:
@@ -330,7 +336,8 @@ class Scheduler:
         for placement in plan.placements:
             job = self.jobs[placement.job_id]
             self._store(job.evolve(state=JobState.RUNNING, attempts=job.attempts + 1,
-                                   started_at=cluster.now))
+                                   started_at=cluster.now, frozen_s=0.0, thawed_at=None,
+                                   on_trial=placement.trial and may_freeze(job)))
         for rejection in plan.rejections:
             job = self.jobs[rejection.job_id]
             self._store(job.evolve(state=JobState.REJECTED, reason=rejection.reason))
@@ -415,6 +422,51 @@ class Scheduler:
         ``Outcome.TIMEOUT``."""
         return [self.jobs[j] for j, deadline in self._deadlines.items() if deadline <= now]
 
+    # -- suspension (``collocate.suspension``) -------------------------------------------------
+    @property
+    def reviewing(self) -> bool:
+        """Whether any running job is on trial or frozen by the scheduler (``review`` has work)."""
+        return bool(self._watched)
+
+    def review(self, neighbourhood: Callable[[str], Sequence[Neighbour]], now: float) -> Suspensions:
+        """Freeze the jobs on trial that slow a neighbour past the limit, thaw the frozen ones
+        whose room returned (``suspension.review``), and record it; the caller carries it out
+        (the simulator stops their progress, the daemon freezes their cgroups)."""
+        if not self._watched or self.suspend_rules is None:
+            return Suspensions()
+        decided = review(self.jobs, list(self._watched), neighbourhood, now, self.suspend_rules)
+        for f in decided.freeze:
+            self.suspend(f.job_id, "trial", now, why=f.why, beside=f.beside)
+        for job_id in decided.thaw:
+            self.resume(job_id, now)
+        return decided
+
+    def suspend(self, job_id: str, by: str, now: float, *, why: str = "",
+                beside: tuple[str, ...] = ()) -> Job:
+        """Record a running job as frozen (``by``: "trial", the scheduler; "user", its owner or
+        the daemon's owner): its time limit stops running until ``resume``. A job already
+        frozen by the scheduler that its owner suspends becomes theirs to resume."""
+        job = self.jobs[job_id]
+        if job.state is not JobState.RUNNING:
+            raise CollocateError(f"job {job_id} is {job.state.value}: only a running job can be suspended")
+        if job.suspended:
+            return job if job.suspended == by or by != "user" else self._store(
+                job.evolve(suspended=by, suspended_why=why or job.suspended_why, suspended_beside=()))
+        self._deadlines.pop(job_id, None)
+        return self._store(job.evolve(suspended=by, suspended_at=now, suspended_why=why,
+                                      suspended_beside=beside))
+
+    def resume(self, job_id: str, now: float) -> Job:
+        """Record a frozen job as running again; its time limit runs on from where it stopped."""
+        job = self.jobs[job_id]
+        if not job.suspended:
+            return job
+        frozen = job.frozen_s + max(0.0, now - (job.suspended_at if job.suspended_at is not None else now))
+        job = self._store(job.evolve(suspended="", suspended_at=None, suspended_why="", suspended_beside=(),
+                                     thawed_at=now, frozen_s=frozen))
+        self._running(job, deadline_only=True)
+        return job
+
     def update(self, job: Job) -> Job:
         """Replace a job's record (e.g. a new estimate), keeping the queue consistent."""
         return self._store(job)
@@ -481,6 +533,13 @@ class Scheduler:
 
     def _store(self, job: Job, now: float | None = None) -> Job:
         old = self.jobs.get(job.id)
+        if job.state is not JobState.RUNNING and (job.suspended or job.on_trial):
+            job = job.evolve(suspended="", suspended_at=None, suspended_why="", suspended_beside=(),
+                             on_trial=False)
+        if job.state is JobState.RUNNING and (job.on_trial or job.suspended == "trial"):
+            self._watched[job.id] = None
+        else:
+            self._watched.pop(job.id, None)
         if old is not None and old.state is JobState.PENDING:
             self._queue_for(old).discard(old)
         if old is not None and old.state is JobState.RUNNING and job.state is not JobState.RUNNING:
@@ -507,14 +566,15 @@ class Scheduler:
             self._release_dependents(job)
         return job
 
-    def _running(self, job: Job) -> None:
+    def _running(self, job: Job, *, deadline_only: bool = False) -> None:
         started = job.started_at if job.started_at is not None else self._now
-        if job.gpus:
-            self.usage.started(job.user, job.width, started)
-        else:  # a CPU job counts against its own cap only (``UserLimits.max_cpu_jobs``)
-            self._cpu_running[job.user] = self._cpu_running.get(job.user, 0) + 1
-        if job.time_limit_s is not None:
-            self._deadlines[job.id] = started + job.time_limit_s
+        if not deadline_only:
+            if job.gpus:
+                self.usage.started(job.user, job.width, started)
+            else:  # a CPU job counts against its own cap only (``UserLimits.max_cpu_jobs``)
+                self._cpu_running[job.user] = self._cpu_running.get(job.user, 0) + 1
+        if job.time_limit_s is not None and not job.suspended:  # frozen time does not count
+            self._deadlines[job.id] = started + job.time_limit_s + job.frozen_s
 
     def _unfinished(self, job: Job) -> list[str]:
         """The jobs ``job`` still waits for (by id, in the order it named them)."""

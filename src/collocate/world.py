@@ -52,7 +52,7 @@ import numpy as np
 
 from collocate.belief import HISTORY_SD_FLOOR, SD_FLOOR, UNKNOWN, Belief, Joint, exact, realized
 from collocate.commitment import MemoryRamp, committed_mib
-from collocate.interference import ModeParams
+from collocate.interference import ModeParams, shared_slowdown
 from collocate.model import (
     ClusterSnapshot,
     Gangs,
@@ -64,6 +64,7 @@ from collocate.model import (
     gang_nodes,
 )
 from collocate.policies.risk import summarize_window
+from collocate.suspension import Neighbour
 
 #: A warming job's GPU must read this much more SM activity than when the job appeared for the
 #: job to count as active (a job whose steady activity is below it becomes active at
@@ -125,6 +126,7 @@ class Resident:
     steps: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=256))  # reported (time, step)
     best_rate: float = 0.0  # its fastest reported step rate while active: what it can do
     slowdown: float = 0.0  # measured: ``best_rate`` over its rate now (0: not measured)
+    frozen: bool = False  # suspended (``collocate.suspension``): holds its memory, draws nothing
 
     @property
     def profile(self) -> JobProfile:
@@ -341,6 +343,53 @@ class World:
             self._gang_table = None
         return r
 
+    def freeze(self, job_id: str, now: float, frozen: bool) -> None:
+        """A resident was frozen (or thawed): while frozen it draws nothing on its GPUs but keeps
+        its memory, so their readings teach nothing of it (its segments leave it out) and its
+        step rate is read afresh once it runs again."""
+        r = self.residents.get(job_id)
+        if r is None or r.frozen == frozen:
+            return
+        r.frozen = frozen
+        r.steps.clear()
+        r.slowdown = 0.0
+        for i in r.devices:
+            self._integrate(i, now)
+            self._close_segment(i)
+            self._refresh_slowed(i)
+            self._open_segment(i, now)
+
+    def neighbourhood(self, job_id: str) -> list[Neighbour]:
+        """Every resident of ``job_id``'s devices, itself included, with its slowdown as
+        observed (``collocate.suspension``): measured from the steps it reports, else what the
+        interference model gives for the activity the readings taught of it and its running
+        neighbours (0 while any of them is priced only by a prior, or on a MIG instance)."""
+        r = self.residents.get(job_id)
+        if r is None:
+            return []
+        seen: dict[str, None] = {}
+        for i in r.devices:
+            seen.update(self.state[i].residents)
+        return [self._observed(self.residents[j]) for j in seen]
+
+    def _observed(self, r: Resident) -> Neighbour:
+        active = r.phase is Phase.ACTIVE and not r.frozen
+        if r.slowdown or not active or self.params is None:
+            return Neighbour(r.job.id, r.devices, r.seq, active, r.slowdown if active else 0.0, bool(r.slowdown))
+        worst = 0.0
+        for i in r.devices:
+            if self.speed[i] < 1.0:
+                return Neighbour(r.job.id, r.devices, r.seq, active, 0.0)
+            others = [self.residents[j] for j in self.state[i].residents if j != r.job.id]
+            others = [o for o in others if o.phase is Phase.ACTIVE and not o.frozen]
+            if any(o.pricing.source in _PRIORS for o in (r, *others)):
+                return Neighbour(r.job.id, r.devices, r.seq, active, 0.0)
+            p = r.pricing.profile
+            worst = max(worst, float(shared_slowdown(
+                self.params, p.sm_activity, p.dram_activity, sum(o.pricing.profile.sm_activity for o in others),
+                sum(o.pricing.profile.dram_activity for o in others))) if others else 1.0)
+        return Neighbour(r.job.id, r.devices, r.seq, active, worst)
+
     def tell(self, job_id: str, job: Job) -> None:
         """The scheduler's record of a running job changed (e.g. its profile was measured in an
         earlier attempt): keep the world's copy, not its belief."""
@@ -352,7 +401,7 @@ class World:
         ``log_metric``). Reports before it is active are dropped: start-up and first steps are
         not its pace."""
         r = self.residents.get(job_id)
-        if r is None or r.phase is not Phase.ACTIVE:
+        if r is None or r.phase is not Phase.ACTIVE or r.frozen:
             return
         if r.steps and (step < r.steps[-1][1] or now <= r.steps[-1][0]):
             if step < r.steps[-1][1]:  # its counter went back (a restarted loop): start over
@@ -578,10 +627,12 @@ class World:
             return
         members = []
         for j in st.residents:
-            phase = self.residents[j].phase
-            if phase is Phase.WARMING:
+            r = self.residents[j]
+            if r.frozen:  # draws nothing: not in what the readings show
+                continue
+            if r.phase is Phase.WARMING:
                 return
-            if phase is Phase.ACTIVE:
+            if r.phase is Phase.ACTIVE:
                 members.append(j)
         if members:
             st.segment = _Segment(tuple(members), now + self.period)
@@ -680,6 +731,7 @@ class World:
 
 
 _MEMORY, _WARMUP, _SEGMENT = range(3)
+_PRIORS = ("assumed", "similar")  # belief sources that are guesses, not observations
 
 #: SM occupancy when a reading does not say (an A100's NVML, the emulated GPUs, the simulator):
 #: resident warps fill ~60% of an active SM's slots (typical of training kernels).

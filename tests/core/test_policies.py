@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 
 from collocate.errors import InputError, UnknownNameError
@@ -178,6 +179,7 @@ def test_auto_refuses_collocation_that_slows_jobs_too_much():
     heavy = JobProfile(0.9, 0.5)
     running = {"h": RunningJob("h", (GpuId("n0", 0),), heavy, 4 * GIB)}
     cluster = ClusterSnapshot.from_views([gpu(0, free=30 * GIB, committed=4 * GIB, jobs=["h"])], running=running)
+    cluster = cluster.evolve(util_sm=np.array([0.9]))  # it reads busy: no room to start on trial
     assert placed(make_policy("auto")([job("new", mem=GIB, profile=heavy)], cluster)) == {}
 
 
@@ -259,13 +261,14 @@ def test_a_blocked_multi_gpu_job_starts_once_its_room_is_free_gates_or_not():
     gang = job("gang", mem=4 * GIB, gpus=2, profile=heavy, submit_time=0.0)
     single = job("single", mem=4 * GIB, profile=heavy, submit_time=0.0)
     young = ClusterSnapshot.from_views(views, running=running, now=600.0)
+    young = young.evolve(util_sm=np.full(2, 0.9))  # they read busy: no room to start on trial
     # beside heavy residents the gates refuse a young single-GPU job...
     assert placed(make_policy("auto")([single], young)) == {}
     # ...but a gang is reserved for at once (backfill would keep its GPUs from freeing together)
     assert placed(make_policy("auto")([gang], young)) == {"gang": ["n0:0", "n0:1"]}
     # A single-GPU job keeps the gates even once it waited reserve_after_s (only its room is
     # reserved): an idle GPU always passes them
-    old = ClusterSnapshot.from_views(views, running=running, now=1800.0)
+    old = ClusterSnapshot.from_views(views, running=running, now=1800.0).evolve(util_sm=np.full(2, 0.9))
     assert placed(make_policy("auto")([single], old)) == {}
 
 

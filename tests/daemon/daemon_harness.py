@@ -114,6 +114,8 @@ class Daemon:
 
         deadline = time.monotonic() + 15
         for key in [str(self.state_dir), *(str(p) for p in self.state_dir.glob("nodes/*"))]:
+            for state in Path(Cgroups.detect(key).parents.get("freezer", "/nonexistent")).glob("*/freezer.state"):
+                state.write_text("THAWED")  # a job left frozen (suspended) dies only once thawed
             while not Cgroups.remove_leftovers(key) and time.monotonic() < deadline:
                 time.sleep(0.1)
 

@@ -40,7 +40,8 @@ def submit(member, d, work, argv, **opts):
 
 def test_every_operation_has_a_rule_and_a_test_here():
     tested = {"ping", "gpus", "history", "limits", "submit", "ls", "show", "logs", "cancel", "hold",
-              "release", "priority", "set_limits", "drain", "resume", "attach", "update"}
+              "release", "priority", "set_limits", "drain", "resume", "attach", "update", "suspend",
+              "resume_job"}
     assert set(RIGHTS) == tested  # a new operation needs its rule tested below
 
 
@@ -84,6 +85,24 @@ def test_only_the_owner_attaches_to_an_interactive_job(lab):
         alice.requests(d.state_dir, ("cancel", {"id": job}), ("cancel", {"id": batch}))
     finally:
         d.client.request("resume")
+
+
+def test_a_running_job_is_its_owners_to_suspend_and_resume(lab):
+    d, (alice, bob, _), work = lab
+    job = submit(alice, d, work, sh("sleep 60"))
+    try:
+        wait_for(lambda: d.job(job)["state"] == "running" and d.job(job)["attempts"][-1]["dir"], 30,
+                 "alice's job to run")
+        wait_for(lambda: alice.requests(d.state_dir, ("suspend", {"id": job}))[0]["ok"], 10,
+                 "alice's job to be suspended by her")  # once its processes run
+        refused = bob.requests(d.state_dir, ("resume_job", {"id": job}), ("suspend", {"id": job}))
+        assert all(not a["ok"] and "belongs to collocate-m1" in a["error"] for a in refused), refused
+        shown = d.job(job)
+        assert shown["suspended"] == "user" and shown["state"] == "running"
+        assert alice.requests(d.state_dir, ("resume_job", {"id": job}))[0]["ok"]
+        assert not d.job(job)["suspended"]
+    finally:
+        d.client.request("cancel", id=job)
 
 
 def test_priority_is_the_owners_to_raise_and_members_may_lower_their_own(lab):

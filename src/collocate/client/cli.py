@@ -41,9 +41,10 @@ def register(app: typer.Typer) -> None:
     app.command("cancel")(cancel)
     app.command("wait")(wait)
     app.command("gpus")(gpus)
-    from collocate.client.control import hold, limits, priority_, release
+    from collocate.client.control import hold, limits, priority_, release, suspend
 
     app.command("hold")(hold)
+    app.command("suspend")(suspend)
     app.command("release")(release)
     app.command("priority")(priority_)
     app.command("limits")(limits)
@@ -571,9 +572,18 @@ def drain(state_dir: StateDirOpt = None, host: HostOpt = None,
     typer.echo(f"draining: {r['running']} running job(s) will finish, {r['pending']} stay queued")
 
 
-def resume(state_dir: StateDirOpt = None, host: HostOpt = None,
+def resume(job_ids: Annotated[list[str] | None, typer.Argument(
+        metavar="[IDS]", help="Suspended jobs to thaw (ids, ranges, lists); none: undo `collocate drain`.",
+        show_default=False)] = None,
+    state_dir: StateDirOpt = None, host: HostOpt = None,
     token_file: TokenFileOpt = None, fingerprint: FingerprintOpt = None) -> None:
-    """Place jobs again after `collocate drain`."""
+    """Place jobs again after `collocate drain`; with job ids, thaw jobs `collocate suspend`
+    froze (your own; a job the scheduler froze thaws by itself when room returns)."""
+    if job_ids:
+        from collocate.client.control import resume_jobs
+
+        resume_jobs(job_ids, (state_dir, host, token_file, fingerprint))
+        return
     _client(state_dir, host, token_file, fingerprint).request("resume")
     typer.echo("placing jobs again")
 

@@ -57,12 +57,28 @@ def _each(op: str, job_ids: list[str], target: tuple[Any, ...], fmt: str = "tabl
             continue
         if op == "priority":
             typer.echo(f"{r['id']}: priority {r['priority']}")
+        elif op in ("suspend", "resume_job"):
+            typer.echo(f"{r['id']}: {r['state']}")
         else:
             typer.echo(f"{r['id']}: {'held' if r['held'] else 'released'}")
     if fmt == "json":
         typer.echo(json.dumps(results, indent=1))
     if failed:
         raise typer.Exit(1)
+
+
+def suspend(job_ids: IdsArg, state_dir: StateDirOpt = None, host: HostOpt = None,
+            token_file: TokenFileOpt = None, fingerprint: FingerprintOpt = None) -> None:
+    """Freeze running jobs until `collocate resume ID` (your own; the daemon's owner may suspend
+    anyone's), as Slurm's `scontrol suspend`: their processes stop (no CPU, no new GPU kernels),
+    their GPU memory and GPUs stay theirs, and their --time does not run meanwhile. A job across
+    nodes or an interactive job is never suspended."""
+    _each("suspend", job_ids, (state_dir, host, token_file, fingerprint))
+
+
+def resume_jobs(job_ids: list[str], target: tuple[Any, ...]) -> None:
+    """Thaw suspended jobs (``collocate resume ID...``)."""
+    _each("resume_job", job_ids, target)
 
 
 def hold(job_ids: IdsArg, fmt: FormatOpt = "table", state_dir: StateDirOpt = None, host: HostOpt = None,

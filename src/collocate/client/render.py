@@ -112,7 +112,8 @@ def jobs_table(rows: list[dict[str, Any]], width: int, *, dated: bool = False) -
                "TRIES", "ON", *(["EXIT"] if ended else []), "SUBMITTED", *(["START", "END"] if dated else [])]
     cells = []
     for r in rows:
-        row = [printable(r["id"]), cut_name(printable(r["name"]), NAME_WIDTH), printable(r["state"]),
+        row = [printable(r["id"]), cut_name(printable(r["name"]), NAME_WIDTH),
+               "suspended" if r.get("suspended") else printable(r["state"]),
                printable(r["user"]), _gpus(r), _mib(r["mem_mib"]),
                *([str(r.get("priority", 0))] if prio else []),
                job_time(r), str(r["attempts"]), printable(",".join(r["on"]) or "-")]
@@ -196,6 +197,10 @@ def print_detail(d: dict[str, Any]) -> None:
             c.print(f"  {key.replace('_', '-'):<9} job(s) {printable(', '.join(d[key]))} ({what})")
     if d.get("time_limit_s") is not None:
         c.print(f"  time      limit {format_duration(d['time_limit_s'])}")
+    if d.get("suspended"):
+        by = "its owner" if d["suspended"] == "user" else "the scheduler"
+        c.print(f"  suspended by {by} since {when(d.get('suspended_at'))}: {printable(d.get('suspended_why') or '')}"
+                + (f"; `collocate resume {printable(d['id'])}`" if d["suspended"] == "user" else ""))
     if d.get("held"):
         by = "the daemon's owner" if d["held"] == "admin" else "its owner"
         c.print(f"  held      by {by}: `collocate release {printable(d['id'])}`")

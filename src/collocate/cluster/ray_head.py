@@ -330,6 +330,9 @@ class RayNode:
     def signal(self, part: PartRef, sig: int) -> None:
         self._call("signal", part, sig)
 
+    def suspend(self, part: PartRef, frozen: bool) -> str:
+        return str(self._call("suspend", part, frozen))
+
     def release(self, part: PartRef) -> None:
         self._call("release", part)
 

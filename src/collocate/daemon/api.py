@@ -201,6 +201,45 @@ class Api:
                              hint="ask the daemon's owner")
         return {"id": job.id, "state": job.state.value, "held": self.scheduler.release(job.id).held}
 
+    def op_suspend(self, args: dict, peer: Peer) -> dict:
+        """Freeze a running job (``collocate suspend``): memory and GPUs kept, --time stopped,
+        until ``collocate resume ID``."""
+        job, run = self._running_job(args, peer, "suspend")
+        if job.nodes > 1 or job.interactive:
+            why = ("runs across nodes: a frozen rank stalls the others' collectives into their timeouts"
+                   if job.nodes > 1 else "is interactive: someone waits at its terminal")
+            raise InputError(f"job {job.id} {why}; it is never suspended", hint=f"`collocate cancel {job.id}` stops it")
+        if job.suspended != "user":
+            now = time.time()
+            why = f"suspended by {peer.user}"
+            self.scheduler.suspend(job.id, "user", now, why=why)
+            self.attempts.set_frozen(job.id, True, now, why)
+        return {"id": job.id, "state": "suspended"}
+
+    def op_resume_job(self, args: dict, peer: Peer) -> dict:
+        """Thaw a job its owner suspended (``collocate resume ID``); one the scheduler froze
+        thaws when room returns, or when the daemon's owner says so."""
+        job, run = self._running_job(args, peer, "resume")
+        if job.suspended == "trial" and not rights.is_admin(peer.uid):
+            raise InputError(f"job {job.id} was frozen by the scheduler: it {job.suspended_why}",
+                             hint="it thaws by itself when room returns; the daemon's owner may thaw it now")
+        if job.suspended:
+            now = time.time()
+            self.scheduler.resume(job.id, now)
+            self.attempts.set_frozen(job.id, False, now, f"resumed by {peer.user}")
+        return {"id": job.id, "state": "running"}
+
+    def _running_job(self, args: dict, peer: Peer, action: str) -> tuple[Job, Any]:
+        job_id = self._job_id(args)
+        self._check_owner(job_id, peer, action)
+        job = self.scheduler.jobs[job_id]
+        run = self.attempts.running.get(job_id)
+        if job.state is not JobState.RUNNING or run is None or run.waiting is not None or not run.attempt.pid:
+            state = job.state.value if job.state is not JobState.RUNNING else "starting"
+            raise InputError(f"job {job_id} is {state}: only a running job can be {action}d",
+                             hint="`collocate ls` shows which jobs run")
+        return job, run
+
     def op_priority(self, args: dict, peer: Peer) -> dict:
         from collocate.daemon.spec import PRIORITY_MAX
 

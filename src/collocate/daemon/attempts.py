@@ -240,6 +240,18 @@ class Attempts:
             job_id, run.name, spec.user, tuple(spec.argv), run.attempt.gpus,
             self.config.sharing.value, self.config.policy, tuple(neighbours)))
 
+    # -- suspension ------------------------------------------------------------------------
+    def set_frozen(self, job_id: str, frozen: bool, now: float, why: str = "") -> None:
+        """Carry out a freeze or thaw the scheduler recorded: the attempt's nodes freeze its
+        cgroups (its memory stays), and the world stops learning from it while it is frozen."""
+        run = self.running.get(job_id)
+        if run is None or run.waiting is not None or not run.attempt.pid:
+            return
+        how = self.fleet.suspend(run.attempt, frozen)
+        self.watch.world.freeze(job_id, now, frozen)
+        log.info("job %s: %s (%s) by %s", job_id, "frozen" if frozen else "thawed", why,
+                 ", ".join(dict.fromkeys(how)) or "nothing: its node is silent")
+
     # -- ending ------------------------------------------------------------------------------
     def cancel(self, run: LiveAttempt) -> None:
         """Ask a running attempt to stop: SIGTERM now, SIGKILL after the grace period."""

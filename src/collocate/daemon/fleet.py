@@ -359,6 +359,16 @@ class Fleet:
         for part in self.parts(attempt):
             self._quietly(part, "release")
 
+    def suspend(self, attempt: Attempt, frozen: bool) -> list[str]:
+        """Freeze (or thaw) every part's job; how each node did it (a silent node: nothing)."""
+        done = []
+        for part in self.parts(attempt):
+            try:
+                done.append(self.nodes.node(part.node).suspend(part.ref, frozen))
+            except NodeUnreachable:
+                pass
+        return done
+
     def _quietly(self, part: Part, method: str, *args: int) -> None:
         try:
             node = self.nodes.node(part.node)

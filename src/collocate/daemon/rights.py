@@ -57,6 +57,8 @@ RIGHTS: Mapping[str, tuple[Who, str]] = {
     "set_limits": (Who.ADMIN, ""),
     "drain": (Who.ADMIN, ""),
     "resume": (Who.ADMIN, ""),
+    "suspend": (Who.OWNER, "a running job on one node, not interactive (Slurm's scontrol suspend)"),
+    "resume_job": (Who.OWNER, "one its owner suspended; one the scheduler froze only the daemon's owner"),
 }
 
 #: The only reasons whose detail after the first ": " is the job's own output or paths.

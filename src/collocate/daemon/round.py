@@ -57,6 +57,7 @@ class SchedulingRound:
         for job in self.scheduler.overdue(now):  # --time: stopped, then recorded as a timeout
             if (run := running.get(job.id)) is not None:
                 self.attempts.time_out(run, job.time_limit_s or 0.0)
+        self._review(now)
         self.attempts.start_waiting()
         self._reconcile_datasets()
         if self.store.get_flag("draining") or not self.scheduler.waiting:
@@ -80,6 +81,17 @@ class SchedulingRound:
         self._quota_counted = time.monotonic()
         members = {self.specs[j.id].uid: j.user for j in self.scheduler.queue if j.id in self.specs}
         self.scheduler.stopped_users = self.accounts.over_quota(members)
+
+    def _review(self, now: float) -> None:
+        """Freeze the jobs on trial that slow a neighbour past the limit and thaw those whose
+        room returned, as the core decides (``Scheduler.review``, the rule the simulator runs)."""
+        if not self.scheduler.reviewing:
+            return
+        decided = self.scheduler.review(self.watch.world.neighbourhood, now)
+        for f in decided.freeze:
+            self.attempts.set_frozen(f.job_id, True, now, f.why)
+        for job_id in decided.thaw:
+            self.attempts.set_frozen(job_id, False, now, "room returned")
 
     def _devices_joined(self, now: float) -> None:
         """GPUs joined (a node joined the cluster, or shows more GPUs): admission counts them,

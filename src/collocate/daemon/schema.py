@@ -122,6 +122,8 @@ FIELDS: Mapping[str, Mapping[str, tuple[Check, str]]] = {
                "after_notok": (_IDS, "a list of job ids"),
                "priority": (_any(_none, _int(text=False)), "a whole number")},
     "attach": {"id": (_ID, "a job id")},
+    "suspend": {"id": (_ID, "a job id")},
+    "resume_job": {"id": (_ID, "a job id")},
 }
 
 

@@ -124,7 +124,7 @@ def job_from_json(text: str) -> Job:
     if "profile_source" not in d and d["profile"] != UNKNOWN_PROFILE:  # stored before it existed
         d["profile_source"] = "history"
     d["state"] = JobState(d["state"])
-    for key in ("after", "after_any", "after_notok"):  # JSON has no tuples
+    for key in ("after", "after_any", "after_notok", "suspended_beside"):  # JSON has no tuples
         if key in d:
             d[key] = tuple(d[key])
     if d.get("profile_var") is not None:

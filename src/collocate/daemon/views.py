@@ -76,9 +76,18 @@ def job_rows(store: Store, *, include_done: bool, running: Mapping[str, Any],
             "wait_s": (started if started is not None else (ended or now)) - job.submit_time,
             "exit_code": last[3] if last and job.state.is_terminal else None,
             "time_limit_s": job.time_limit_s, "held": job.held, "public": spec.public,
-            "nodes": job.nodes, **reason,
+            "nodes": job.nodes, **reason, **_suspension(job),
         })
     return rows
+
+
+def _suspension(job: Job) -> dict[str, Any]:
+    """A frozen job's who, since when and why (``collocate.suspension``); its reason says it."""
+    if not job.suspended:
+        return {"suspended": ""}
+    since = time.strftime("%H:%M:%S", time.localtime(job.suspended_at or 0.0))
+    return {"suspended": job.suspended, "suspended_at": job.suspended_at, "suspended_why": job.suspended_why,
+            "reason": f"suspended since {since}: {job.suspended_why}"}
 
 
 def _reason(job: Job, running: Mapping[str, Any], waiting: Waiting) -> dict[str, Any]:
@@ -109,7 +118,7 @@ def job_detail(store: Store, job_id: str, *, running: Mapping[str, Any] | None =
         "identity": spec.keys.identity, "after": list(job.after), "after_any": list(job.after_any),
         "after_notok": list(job.after_notok), "time_limit_s": job.time_limit_s,
         "held": job.held, "public": spec.public, "notify": list(spec.notify),
-        "retry_failures": job.retry_failures, "nodes": job.nodes,
+        "retry_failures": job.retry_failures, "nodes": job.nodes, **_suspension(job),
         **_measured(job, store.attempts(job_id), resident(job_id) if resident else None),
         "fence": fence_line(job, resident(job_id) if resident else None),
         "victim_crashes": job.victim_crashes,

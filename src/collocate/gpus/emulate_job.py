@@ -197,6 +197,11 @@ def job_slowdown(
     return model.instance_slowdown(own, others, device.sm_fraction, inner)
 
 
+#: A gap between two ticks longer than this is the process being stopped (a cgroup freezer,
+#: SIGSTOP): a stopped job makes no progress, so only this much of the gap counts.
+FROZEN_GAP_S = 2.0
+
+
 class EmulatedJob:
     """Runs one ``JobSpec`` against the emulated state; ``run`` returns the exit status."""
 
@@ -261,9 +266,11 @@ class EmulatedJob:
             if self.held is not None and abs(slowdown - self.reported) > 0.01 * self.reported:
                 self.store.set_rate(self.pid, 1.0 / slowdown)
                 self.reported = slowdown
-            progress += (now - last) / self.spec.seconds / slowdown
+            # a gap this long is the process being stopped (frozen): no progress, as a real job
+            dt = min(now - last, FROZEN_GAP_S)
+            progress += dt / self.spec.seconds / slowdown
             if training and self.spec.steps_per_s and self.metrics_file:
-                steps += (now - last) * self.spec.steps_per_s / slowdown
+                steps += dt * self.spec.steps_per_s / slowdown
                 if now >= next_step_report:  # as a training loop logs every few steps
                     log_metric("steps", steps, step=int(steps), path=self.metrics_file)
                     next_step_report = now + STEP_REPORT_S

@@ -22,7 +22,7 @@ import sqlite3
 import time
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import psutil
@@ -108,6 +108,27 @@ def process_start_time(pid: int) -> float | None:
 def claim_is_live(pid: int, started: float) -> bool:
     now_started = process_start_time(pid)
     return now_started is not None and abs(now_started - started) < _START_TIME_TOLERANCE_S
+
+
+def is_frozen(pid: int) -> bool:
+    """Whether a process is frozen (its cgroup's freezer, v1 or v2) or stopped (SIGSTOP): it
+    launches no kernels, so an emulated GPU reads no activity of it, as a real one would."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        if stat[stat.rindex(")") + 2] in "Tt":
+            return True
+        for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            if controllers == "freezer":
+                state = Path(f"/sys/fs/cgroup/freezer{path}/freezer.state")
+                return state.exists() and state.read_text().strip() != "THAWED"
+            if controllers == "":
+                freeze = Path(f"/sys/fs/cgroup{path}/cgroup.freeze")
+                if freeze.exists() and freeze.read_text().strip() == "1":
+                    return True
+    except (OSError, ValueError, IndexError):
+        return False
+    return False
 
 
 class StateStore:
@@ -305,7 +326,7 @@ def read_live_claims(
         if key not in liveness:
             liveness[key] = claim_is_live(c.pid, c.started)
         if liveness[key]:
-            live.append(c)
+            live.append(replace(c, sm=0.0, dram=0.0) if is_frozen(c.pid) else c)
         elif delete_dead:
             db.execute("DELETE FROM claims WHERE pid = ? AND started = ?", key)
     return live

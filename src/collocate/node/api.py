@@ -161,6 +161,11 @@ class Node(Protocol):
         """Signal the part's whole job (gone is fine); SIGKILL ends its cgroup."""
         ...
 
+    def suspend(self, part: PartRef, frozen: bool) -> str:
+        """Freeze the part's job (its cgroup's freezer: no CPU, no new kernels, its memory
+        kept) or thaw it; how it was done (``collocate.suspension``)."""
+        ...
+
     def release(self, part: PartRef) -> None:
         """The part has ended: stop anything of it still running and free its cgroup."""
         ...

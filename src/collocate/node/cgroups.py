@@ -130,6 +130,27 @@ class AttemptCgroup:
                 return False
             time.sleep(0.02)
 
+    def freeze(self, frozen: bool) -> bool:
+        """Freeze (or thaw) every process in it: v1's freezer, v2's ``cgroup.freeze``. A frozen
+        process gets no CPU and launches no kernel; its memory, host and GPU, stays. False where
+        there is no freezer (then the caller stops the processes with signals)."""
+        if self.version == 2:
+            try:
+                return _write(Path(self.dirs["unified"]) / "cgroup.freeze", "1" if frozen else "0", missing_ok=True)
+            except OSError:
+                return False
+        return _freeze(self._dir("freezer"), "FROZEN" if frozen else "THAWED")
+
+    def frozen(self) -> bool | None:
+        """Whether it reads frozen (None: no freezer)."""
+        try:
+            if self.version == 2:
+                return (Path(self.dirs["unified"]) / "cgroup.freeze").read_text().strip() == "1"
+            freezer = self._dir("freezer")
+            return None if freezer is None else (freezer / "freezer.state").read_text().strip() != "THAWED"
+        except OSError:
+            return None
+
     def usage(self) -> dict[str, int]:
         """What the kernel accounted: peak host memory (bytes) and out-of-memory kills."""
         out: dict[str, int] = {}

@@ -59,6 +59,19 @@ class Confinement:
         signal_group(pid, sig)
         if cgroup is not None:
             cgroup.signal(sig)
+            if _exists(cgroup):
+                cgroup.freeze(False)  # a frozen (suspended) job acts on the signal once thawed
+        elif sig != signal.SIGCONT:
+            signal_group(pid, signal.SIGCONT)  # ... and one stopped by SIGSTOP once continued
+
+    def freeze(self, job_id: str, n: int, pid: int | None, frozen: bool) -> str:
+        """Freeze (or thaw) an attempt's job: its cgroup's freezer, else SIGSTOP (SIGCONT) to its
+        process group, which a process that left the group escapes. How it was done."""
+        cgroup = self.cgroup(job_id, n, ())
+        if cgroup is not None and _exists(cgroup) and cgroup.freeze(frozen):
+            return "cgroup freezer"
+        signal_group(pid, signal.SIGSTOP if frozen else signal.SIGCONT)
+        return "SIGSTOP/SIGCONT"
 
     def release(self, job_id: str, n: int) -> None:
         """An attempt has ended: stop whatever of it is left and remove its cgroup."""

@@ -39,6 +39,7 @@ class FakeNode:
         self._ended: dict[tuple[str, int], ExitRecord] = {}
         self._pid = 1000
         self.signals: list[tuple[tuple[str, int], int]] = []
+        self.frozen: set[tuple[str, int]] = set()  # parts frozen now
 
     def _check(self) -> None:
         if self.down:
@@ -102,6 +103,14 @@ class FakeNode:
         self.signals.append((part.key, sig))
         if part.key in self._parts:
             self.finish(part.job_id, part.n, -sig)
+
+    def suspend(self, part: PartRef, frozen: bool) -> str:
+        self._check()
+        if frozen:
+            self.frozen.add(part.key)
+        else:
+            self.frozen.discard(part.key)
+        return "fake"
 
     def release(self, part: PartRef) -> None:
         self._check()

@@ -147,6 +147,9 @@ class LocalNode:
     def signal(self, part: PartRef, sig: int) -> None:
         self.confinement.signal(part.job_id, part.n, part.pid, sig)
 
+    def suspend(self, part: PartRef, frozen: bool) -> str:
+        return self.confinement.freeze(part.job_id, part.n, part.pid, frozen)
+
     def release(self, part: PartRef) -> None:
         self._handles.pop(part.key, None)
         self.confinement.release(part.job_id, part.n)

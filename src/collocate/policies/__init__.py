@@ -84,7 +84,7 @@ def _parameter_types(name: str) -> dict[str, type]:
 
 _MODELS = frozenset({"interference"})  # a fitted model, not a threshold: no --param for it
 # Parameters whose values are fractions (in [0, 1]); ``limits.*`` are utilization fractions too.
-_FRACTIONS = frozenset({"pack_tolerance"})
+_FRACTIONS = frozenset({"pack_tolerance", "observe_below_sm"})
 _AT_LEAST_ONE = frozenset({"max_slowdown", "startup_max_slowdown"})  # slowdown factors: 1 means none
 _COUNTS_FROM_ZERO = frozenset({"startup_slots"})  # 0 turns the rule off
 

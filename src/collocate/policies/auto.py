@@ -43,6 +43,14 @@ placement adds the most total training progress?" and answers with the interfere
   activity the gate decides on what the GPU reads. The slowdown bound keeps a GPU from filling
   up with unpriced jobs; a job whose profile is known gains nothing by being observed and
   passes the gate or waits.
+* **Start, observe, take back.** Such a job also starts past the gate, whatever the model predicts
+  at its prior, on a GPU that reads less than ``observe_below_sm`` SM activity with a start-up
+  slot open: the prior is a guess and the GPU's reading says there is room. It starts *on
+  trial* (``Placement.trial``), and so does every job placed beside others on a prior: once it is seen
+  working, the scheduler freezes it if a neighbour is seen slowed past the limit, and thaws it
+  when room returns (``collocate.suspension``). Waiting on the prior left ``sleep 1`` pending
+  for minutes beside two H100s reading 48% SM (issue 35). A job across nodes or an interactive
+  job, which are never frozen, is never started on trial past the slowdown bound.
 * **Measured slowdowns check the model** (rule 9). Where a job reports its progress (a step
   counter in ``log_metric``), the world measures its slowdown: its fastest step rate over its
   rate now (``ClusterSnapshot.slowed``, each GPU's largest). A GPU whose jobs are measured
@@ -109,6 +117,7 @@ class Auto:
     dataset_affinity: float = 0.05  # gain bonus for sharing a GPU with jobs reading the same dataset
     startup_slots: int = 1  # jobs per GPU that may be starting when an unpriced job joins past the gate
     startup_max_slowdown: float = 2.0  # ... if nobody there is predicted slower than this
+    observe_below_sm: float = 0.6  # ... or, whatever the prediction, if the GPU reads less SM than this
     limits: RiskLimits = field(default_factory=RiskLimits)  # measured saturation still vetoes
     interference: InterferenceModel = field(default_factory=default_interference)
 
@@ -121,7 +130,9 @@ class Auto:
                 break
             gpus, why = self._choose(job, ledger, ~busy, keep)
             if gpus is not None:
-                ledger.place(job, gpus)
+                # on trial: started past the gate, or beside others on a prior (a guess)
+                trial = why is _TRIAL or (job.profile_source in _PRIORS and bool((ledger.n_jobs[gpus] > 0).any()))
+                ledger.place(job, gpus, trial=trial)
                 continue
             reserve_after = self.reserve_after_s if job.width == 1 else 0.0  # a gang: at once
             if not keep.any():
@@ -204,14 +215,19 @@ class Auto:
             if readers:
                 gain = gain + self.dataset_affinity * np.isin(candidates, readers)
             passes = ok & (gain >= min_gain) & usable[candidates]
-            if not passes.any():  # past the gate only where it may start unpriced
-                passes = startable & (worst <= self.startup_max_slowdown)
+            placed = _PLACED
+            if not passes.any():  # past the gate only where it may start unpriced, on trial
+                # a job that can be taken back (never one across nodes or an interactive one)
+                roomy = (cluster.util_sm[candidates] < self.observe_below_sm) & (
+                    job.nodes == 1 and not job.interactive)
+                passes = startable & ((worst <= self.startup_max_slowdown) | roomy)
+                placed = _TRIAL
             if passes.any():
                 chosen, gain = candidates[passes], gain[passes]
                 if job.width == 1:
-                    return [int(chosen[np.argmax(gain)])], _PLACED
+                    return [int(chosen[np.argmax(gain)])], placed
                 return pick_gang(chosen[np.argsort(-gain, kind="stable")], cluster.gang_node, job), \
-                    gpus_wait(job, "with room")
+                    gpus_wait(job, "with room") if placed is _PLACED else placed
             return None, self._slowdown_wait(job, ledger, candidates, gain, worst, min_gain)
         return None, self._slowdown_wait(job, ledger, missed, None, None, min_gain)
 
@@ -376,6 +392,8 @@ class Auto:
 
 
 _PLACED = Wait(WaitKind.QUEUE)  # the reason slot of a successful choice: never recorded
+_PRIORS = ("assumed", "similar")  # profile sources that are guesses
+_TRIAL = Wait(WaitKind.QUEUE, "on trial")  # ... of a start past the gate (``Placement.trial``)
 
 
 def _jobs_on(cluster: ClusterSnapshot, gpu: int) -> str:

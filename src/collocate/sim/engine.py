@@ -168,6 +168,8 @@ class SimRun:
     rate: float = 1.0
     since: float = 0.0  # when work_left was last brought up to date
     version: int = 0
+    frozen: bool = False  # suspended (``collocate.suspension``): no progress, no activity, memory kept
+    frozen_since: float = 0.0
 
 
 @dataclass
@@ -182,6 +184,7 @@ class SimResult:
     decisions: int
     timelines: dict[str, list[tuple[float, float, float]]]  # gpu -> (t, used MiB, busy)
     waits: dict[str, int] = field(default_factory=dict)  # wait kind -> job-rounds it was the reason
+    frozen_seconds: float = 0.0  # job-seconds jobs spent frozen (``collocate.suspension``)
 
 
 class Simulation:
@@ -249,6 +252,8 @@ class Simulation:
         self._seq = 0
         self._wake_at = math.inf  # the earliest wake-up pushed and not yet reached
         self._recheck_at = math.inf  # when the last plan asked to be looked at again
+        self._review_at = math.inf  # when the last review of jobs on trial asked to be looked at again
+        self.frozen_seconds = 0.0  # job-seconds spent frozen, over the run
         self.decisions = 0
         self.wait_counts: dict[str, int] = {}
         self.closed = 0  # jobs in a final state
@@ -289,10 +294,12 @@ class Simulation:
                 elif kind == _ACTIVE:
                     changed |= self._active(job_id, version, now)
             changed |= world.tick(now) or now >= self._recheck_at
+            if self.scheduler.reviewing and (changed or now >= self._review_at):
+                changed |= self._review(now)
             if changed and self.scheduler.waiting:
                 self._recheck_at = self._round(now)
-            if self.scheduler.waiting:
-                self._wake(min(self._recheck_at, world.next_change_at()), now)
+            if self.scheduler.waiting or self.scheduler.reviewing:
+                self._wake(min(self._recheck_at, self._review_at, world.next_change_at()), now)
             if self.progress and self.closed != done:
                 done = self.closed
                 self.progress(done, total)
@@ -354,6 +361,31 @@ class Simulation:
             self._launch(placement.job_id, [self._index[g] for g in placement.gpus], now,
                          placement.room_mib)
         return plan.recheck_at
+
+    def _review(self, now: float) -> bool:
+        """Freeze the jobs on trial that slow a neighbour past the limit and thaw those whose
+        room returned, as the core decides (``Scheduler.review``): a frozen job keeps its memory
+        and makes no progress. Whether anything changed."""
+        decided = self.scheduler.review(self.world.neighbourhood, now)
+        self._review_at = decided.recheck_at
+        for f in decided.freeze:
+            self._set_frozen(f.job_id, True, now)
+        for job_id in decided.thaw:
+            self._set_frozen(job_id, False, now)
+        return bool(decided)
+
+    def _set_frozen(self, job_id: str, frozen: bool, now: float) -> None:
+        run = self.running.get(job_id)
+        if run is None or run.frozen == frozen:
+            return
+        self._advance(run.gpus, now)
+        run.frozen = frozen
+        if frozen:
+            run.frozen_since = now
+        else:
+            self.frozen_seconds += now - run.frozen_since
+        self.world.freeze(job_id, now, frozen)
+        self._rerate(run.gpus, now)
 
     def _price_pending(self) -> None:
         """Pending jobs without history take their family's prior over history and the observed
@@ -531,17 +563,21 @@ class Simulation:
             slowdown = 1.0
             for i in run.gpus if not run.starting else ():  # inline: the simulator's hot path
                 others = [r.profile for o in self.residents[i]
-                          if o != job_id and not (r := self.running[o]).starting]
+                          if o != job_id and not (r := self.running[o]).starting and not r.frozen]
                 if instance is None:
                     here = model.slowdown(mode, run.profile, others)
                 else:
                     here = model.instance_slowdown(run.profile, others, instance[i])
                 if error is not None and others:
-                    co_runners = [o for o in self.residents[i] if o != job_id and not self.running[o].starting]
+                    co_runners = [o for o in self.residents[i]
+                                  if o != job_id and not self.running[o].starting and not self.running[o].frozen]
                     here = max(1.0, here * error.factor(job_id, co_runners))
                 slowdown = max(slowdown, here)
-            run.rate = 1.0 / slowdown
             run.version += 1
+            if run.frozen:  # no progress until thawed; its memory stays
+                run.rate = 0.0
+                continue
+            run.rate = 1.0 / slowdown
             self._push(now + max(run.work_left, 0.0) / run.rate, _FINISH, job_id, run.version)
         self._realize(gpus, now)
         self._realize(beyond, now)
@@ -557,6 +593,8 @@ class Simulation:
             sm = dram = floor = 0.0
             for job_id in self.residents[i]:
                 run = self.running[job_id]
+                if run.frozen:
+                    continue
                 if run.starting:
                     floor = warm_busy if run.warming else floor
                     continue
@@ -602,4 +640,5 @@ class Simulation:
             decisions=self.decisions,
             timelines=self.timelines,
             waits=dict(sorted(self.wait_counts.items())),
+            frozen_seconds=self.frozen_seconds,
         )

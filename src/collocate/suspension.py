@@ -1,0 +1,143 @@
+"""Start, observe, take back: which running jobs to freeze and which to thaw, one rule for both
+worlds.
+
+A job the model cannot price yet (its profile a prior) may start past the placement gates on a
+GPU whose readings show room (``policies.auto``): it starts *on trial* (``Job.on_trial``). Once
+it is seen working, its neighbours are watched: their slowdown as they report it (step rates,
+``World.observe_progress``), else as the interference model gives it from what the GPU's
+readings taught of every job there (never from a prior). If one of them is slowed past
+``SuspendRules.max_slowdown``, the trial job is *frozen*: its attempt's cgroup freezer stops it
+(no CPU, no new kernels), its memory and GPUs stay its own, and its ``--time`` stops running.
+When room returns (a neighbour it was frozen beside ends, or is frozen itself) it is thawed.
+It is never killed for it: collocation may slow a job, never fail it.
+
+A job its owner (or the daemon's owner) suspends (``collocate suspend``) stays frozen until
+``collocate resume``: the scheduler never thaws it. A job across nodes and an interactive job are
+never frozen by the scheduler (a frozen rank stalls its peers' collectives into their timeouts;
+someone waits at an interactive job's terminal).
+
+The decision is pure (no clock, no I/O): ``review`` reads the jobs and what the world observes of
+each trial job's neighbourhood and says what to freeze and thaw; the ``Scheduler`` records it, the
+simulator stops the job's progress, and the daemon asks the job's node to freeze its cgroup.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from collocate.model import Job, JobState
+
+
+@dataclass(frozen=True, slots=True)
+class SuspendRules:
+    """The thresholds of ``review``, named.
+
+    ``max_slowdown``: a neighbour seen slower than this takes a trial job back. 2.0: the bound
+    ``policies.auto`` already admits an unpriced job by (``startup_max_slowdown``), so a job
+    frozen is one the model would have kept waiting had it known what the readings now show.
+    ``settle_s``: after a job on a GPU was frozen or thawed, its neighbours' measurements need
+    this long to show the new mix (a step rate is read over ``world.PROGRESS_WINDOW_S`` = 5 s of
+    reports, a belief over a few 1 s samples), so nothing more is frozen there, and a job
+    thawed is not frozen again, for 30 s: no flapping, and a mix that hurts is still taken back
+    within a minute.
+    """
+
+    max_slowdown: float = 2.0
+    settle_s: float = 30.0
+
+
+DEFAULT_RULES = SuspendRules()
+
+
+@dataclass(frozen=True, slots=True)
+class Neighbour:
+    """A job on the GPUs of a job under review, as the world observes it."""
+
+    job_id: str
+    devices: tuple[int, ...]
+    seq: int  # placement order
+    active: bool  # seen working (its start-up and warm-up are over)
+    #: Its slowdown as observed: measured from the steps it reports, else modelled from what
+    #: the readings taught of it and its neighbours; 0 when nothing observed says.
+    slowdown: float
+    measured: bool = False  # ``slowdown`` from reported steps
+
+
+@dataclass(frozen=True, slots=True)
+class Freeze:
+    job_id: str
+    why: str
+    beside: tuple[str, ...]  # the neighbours it is frozen beside: it thaws once one is gone
+
+
+@dataclass(frozen=True, slots=True)
+class Suspensions:
+    """What one review decided; ``recheck_at``: when it would decide otherwise with nothing
+    else changed (a settling period ends)."""
+
+    freeze: tuple[Freeze, ...] = ()
+    thaw: tuple[str, ...] = ()
+    recheck_at: float = math.inf
+
+    def __bool__(self) -> bool:
+        return bool(self.freeze or self.thaw)
+
+
+def may_freeze(job: Job) -> bool:
+    """Whether the scheduler may ever freeze ``job``: never across nodes, never interactive."""
+    return job.nodes == 1 and not job.interactive
+
+
+def review(jobs: Mapping[str, Job], watched: Iterable[str],
+           neighbourhood: Callable[[str], Sequence[Neighbour]], now: float,
+           rules: SuspendRules = DEFAULT_RULES) -> Suspensions:
+    """Which of the ``watched`` jobs (running on trial, or frozen by the scheduler) to freeze
+    and which to thaw at ``now`` (see the module docstring). ``neighbourhood(job_id)``: every
+    job on that job's GPUs, itself included."""
+    freeze: list[Freeze] = []
+    thaw: list[str] = []
+    recheck = math.inf
+    settling: set[int] = set()  # devices where something was frozen or thawed recently
+    order = sorted(watched, key=lambda j: jobs[j].started_at or 0.0, reverse=True)  # newest first
+    views = {j: neighbourhood(j) for j in order}
+    for job_id in order:
+        for n in views[job_id]:
+            other = jobs.get(n.job_id)
+            if other is None:
+                continue
+            moved = max(other.suspended_at or -math.inf, other.thawed_at or -math.inf)
+            if now - moved < rules.settle_s:
+                settling.update(n.devices)
+                recheck = min(recheck, moved + rules.settle_s)
+    for job_id in order:
+        job = jobs[job_id]
+        if job.state is not JobState.RUNNING:
+            continue
+        around = views[job_id]
+        me = next((n for n in around if n.job_id == job_id), None)
+        if me is None:
+            continue
+        others = [n for n in around if n.job_id != job_id and jobs.get(n.job_id) is not None]
+        if job.suspended == "trial":
+            still = {n.job_id for n in others if not jobs[n.job_id].suspended}
+            gone = [b for b in job.suspended_beside if b not in still]
+            if gone:
+                thaw.append(job_id)
+                settling.update(me.devices)
+            continue
+        if job.suspended or not job.on_trial or not may_freeze(job) or not me.active:
+            continue
+        if settling.intersection(me.devices):
+            continue
+        slowed = [n for n in others if not jobs[n.job_id].suspended and n.slowdown > rules.max_slowdown]
+        if not slowed:
+            continue
+        worst = max(slowed, key=lambda n: n.slowdown)
+        how = "measured from its steps" if worst.measured else "from its GPU's readings"
+        beside = tuple(n.job_id for n in others if not jobs[n.job_id].suspended)
+        freeze.append(Freeze(job_id, f"slowed job {worst.job_id} to {worst.slowdown:.1f}x ({how}; limit "
+                                     f"{rules.max_slowdown:g}x): frozen until room returns", beside))
+        settling.update(me.devices)
+    return Suspensions(tuple(freeze), tuple(thaw), recheck if math.isfinite(recheck) and recheck > now else math.inf)

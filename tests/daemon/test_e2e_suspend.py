@@ -1,0 +1,109 @@
+"""Start, observe, take back (issue 35) on a real daemon with emulated GPUs and real processes:
+a job nobody has seen starts beside a busy-but-not-saturated GPU at once; one that turns out to
+slow its neighbour past the limit is frozen by its attempt's cgroup freezer (its step counter
+stops, its memory stays) and thawed when room returns; ``collocate suspend``/``resume`` for the
+job's owner."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from daemon_harness import job_argv, wait_for
+
+from collocate.gpus.emulated_state import is_frozen
+
+
+def _steps(job: dict) -> float:
+    """The last step the job reported (its metrics file), 0 before any."""
+    path = Path(job["attempts"][-1]["dir"]) / "metrics.jsonl"
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return 0.0
+    return float(json.loads(lines[-1]).get("step") or 0.0) if lines else 0.0
+
+
+def _pids(job: dict) -> set[int]:
+    """The job's processes: its runner's children (the runner itself stays outside the cgroup)."""
+    folder = Path(job["attempts"][-1]["dir"])
+    try:
+        runner = psutil.Process(int(json.loads((folder / "runner.json").read_text())["pid"]))
+        return {p.pid for p in runner.children(recursive=True) if "/job-" in _where({p.pid})[p.pid]}
+    except (OSError, ValueError, KeyError, psutil.Error):
+        return set()
+
+
+def _where(pids: set[int]) -> dict[int, str]:
+    out = {}
+    for p in pids:
+        try:
+            out[p] = Path(f"/proc/{p}/cgroup").read_text()
+        except OSError as exc:
+            out[p] = str(exc)
+    return out
+
+
+def test_sleep_beside_busy_gpus_starts_at_once_and_ends_within_10_s(daemons):
+    d = daemons(gpus="emulated:2xH100-80GB")
+    # two GPUs at about half their SM, as issue 35's lab trial found them
+    busy = [d.submit(job_argv(8000, 120, None, 0.45, "--dram", "0.2", "--job", f"busy{k}"), mem="10GiB")
+            for k in range(3)]
+    wait_for(lambda: all(d.job(j)["state"] == "running" for j in busy), 30, "the busy jobs to run")
+    time.sleep(3.0)  # their activity shows
+    t0 = time.monotonic()
+    job = d.submit(["sleep", "1"], mem="1GiB")
+    d.wait_state(job, "done", timeout=10.0)
+    assert time.monotonic() - t0 < 10.0
+
+
+def test_a_job_that_slows_its_neighbour_past_the_limit_is_frozen_then_thawed_and_finishes(daemons):
+    d = daemons(gpus="emulated:1xH100-80GB")
+    if "jobs confined: cgroup" not in d.read_log():
+        pytest.skip("no writable cgroups here: jobs are stopped by SIGSTOP instead")
+    # the neighbour: SM 0.5, reporting its steps, alone long enough to show its pace
+    old = d.submit(job_argv(8000, 40, None, 0.5, "--dram", "0.3", "--steps-per-s", "20", "--job", "old"),
+                   mem="10GiB")
+    wait_for(lambda: _steps(d.job(old)) > 40, 30, "the neighbour to report its steps")
+    time.sleep(2.0)
+    # nobody has seen this one: its prior is a guess, the GPU reads room, it starts on trial;
+    # it is heavy (SM 1.0, DRAM 0.9): under time-slicing the neighbour runs about 2.8x slower
+    new = d.submit(job_argv(8000, 15, None, 1.0, "--dram", "0.9", "--steps-per-s", "20", "--job", "new"),
+                   mem="10GiB")
+    d.wait_state(new, "running", timeout=10.0)
+    frozen = wait_for(lambda: (j := d.job(new)).get("suspended") and j, 45, "the newcomer to be frozen")
+    assert frozen["suspended"] == "trial" and "slowed job" in frozen["suspended_why"], frozen
+    assert frozen["state"] == "running"  # it keeps its GPU and memory
+    pids = _pids(frozen)
+    assert pids and all(is_frozen(p) for p in pids), (pids, _where(pids))  # its freezer reads FROZEN
+    before = _steps(frozen)
+    time.sleep(2.0)
+    assert _steps(d.job(new)) == before  # its step counter stands still
+    rows = {r["id"]: r for r in d.client.request("ls")}
+    assert rows[new]["suspended"] == "trial" and rows[new]["reason"].startswith("suspended since")
+    # room returns: the neighbour ends; the newcomer is thawed and finishes, never killed
+    d.client.request("cancel", id=old)
+    wait_for(lambda: not d.job(new).get("suspended"), 30, "the newcomer to be thawed")
+    done = d.wait_state(new, ("done", "failed"), timeout=60.0)
+    assert done["state"] == "done", done
+
+
+def test_the_owner_suspends_and_resumes_a_job_and_its_time_limit_waits(daemons):
+    d = daemons(gpus="emulated:1xA100-40GB")
+    job = d.submit(job_argv(1000, 30, None, 0.2, "--steps-per-s", "20", "--job", "mine"), mem="2GiB", time=8)
+    wait_for(lambda: _steps(d.job(job)) > 10, 30, "the job to report steps")
+    assert d.client.request("suspend", id=job)["state"] == "suspended"
+    shown = d.job(job)
+    assert shown["suspended"] == "user" and shown["state"] == "running"
+    before = _steps(shown)
+    time.sleep(10.0)  # past its --time of 8 s, frozen: its limit does not run
+    shown = d.job(job)
+    assert shown["state"] == "running" and _steps(shown) == before
+    # the scheduler never thaws what its owner suspended; resume does
+    assert d.client.request("resume_job", id=job)["state"] == "running"
+    wait_for(lambda: _steps(d.job(job)) > before, 10, "the job to step again")
+    ended = d.wait_state(job, ("timeout", "done"), timeout=30.0)
+    assert ended["state"] == "timeout"
