@@ -19,6 +19,8 @@ from collocate.gpus.emulated_state import is_frozen
 
 def _steps(job: dict) -> float:
     """The last step the job reported (its metrics file), 0 before any."""
+    if not job["attempts"]:  # not started yet
+        return 0.0
     path = Path(job["attempts"][-1]["dir"]) / "metrics.jsonl"
     try:
         lines = path.read_text().splitlines()
@@ -29,6 +31,8 @@ def _steps(job: dict) -> float:
 
 def _pids(job: dict) -> set[int]:
     """The job's processes: its runner's children (the runner itself stays outside the cgroup)."""
+    if not job["attempts"]:
+        return set()
     folder = Path(job["attempts"][-1]["dir"])
     try:
         runner = psutil.Process(int(json.loads((folder / "runner.json").read_text())["pid"]))

@@ -299,7 +299,9 @@ class Simulation:
             if changed and self.scheduler.waiting:
                 self._recheck_at = self._round(now)
             if self.scheduler.waiting or self.scheduler.reviewing:
-                self._wake(min(self._recheck_at, self._review_at, world.next_change_at()), now)
+                # the policy's recheck is a pending job's: with an empty queue it is stale
+                recheck = self._recheck_at if self.scheduler.waiting else math.inf
+                self._wake(min(recheck, self._review_at, world.next_change_at()), now)
             if self.progress and self.closed != done:
                 done = self.closed
                 self.progress(done, total)
