@@ -75,12 +75,24 @@ _PRELUDE = (  # what the user's code and the CLI import, imported while still ro
 )
 
 
+def _python() -> tuple[list[str], dict[str, str]]:
+    """The interpreter and environment a user's process starts with: the one members may run,
+    with import paths they can reach (``lab_harness.member_python``), so that whatever the code
+    imports after it dropped to the user (the CLI's commands load lazily) is still readable."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from lab_harness import member_python
+
+    python, path = member_python()
+    return [python], {**os.environ, "PYTHONPATH": path}
+
+
 def run_as(user: User, code: str, *args: str, cwd: str = "/", timeout: float = 120,
            check: bool = True) -> subprocess.CompletedProcess:
     """Run Python ``code`` as ``user`` (see the module docstring); ``sys.argv[1:]`` is ``args``."""
-    out = subprocess.run([sys.executable, "-c", _PRELUDE.format(uid=user.uid, gid=user.gid) + code,
+    python, env = _python()
+    out = subprocess.run([*python, "-c", _PRELUDE.format(uid=user.uid, gid=user.gid) + code,
                           *args], capture_output=True, text=True, timeout=timeout, cwd=cwd,
-                         check=False)
+                         check=False, env=env)
     if check and out.returncode != 0:
         raise AssertionError(f"as {user.name}: exit {out.returncode}\n{out.stdout}\n{out.stderr}")
     return out
@@ -88,8 +100,9 @@ def run_as(user: User, code: str, *args: str, cwd: str = "/", timeout: float = 1
 
 def popen_as(user: User, code: str, *args: str) -> subprocess.Popen:
     """``run_as`` in the background; its stdout is a text pipe."""
-    return subprocess.Popen([sys.executable, "-c", _PRELUDE.format(uid=user.uid, gid=user.gid) + code,
-                             *args], stdout=subprocess.PIPE, text=True)
+    python, env = _python()
+    return subprocess.Popen([*python, "-c", _PRELUDE.format(uid=user.uid, gid=user.gid) + code,
+                             *args], stdout=subprocess.PIPE, text=True, env=env)
 
 
 _RAW = """
@@ -111,9 +124,10 @@ print(json.dumps(replies))
 def raw_requests(user: User, socket_path: Path, lines: list[bytes]) -> list[dict[str, Any]]:
     """Send each line (a request, as bytes) on a connection of its own, as ``user``; each
     reply decoded (``{"ok": False, "error": "no reply"}`` for none) with its ``s`` (seconds)."""
-    out = subprocess.run([sys.executable, "-c", _PRELUDE.format(uid=user.uid, gid=user.gid) + _RAW,
+    python, env = _python()
+    out = subprocess.run([*python, "-c", _PRELUDE.format(uid=user.uid, gid=user.gid) + _RAW,
                           str(socket_path)], input=b"\n".join(lines) + b"\n", capture_output=True,
-                         timeout=600, check=True)
+                         timeout=600, check=True, env=env)
     replies = []
     for r in json.loads(out.stdout):
         reply = json.loads(r["reply"]) if r["reply"].strip() else {"ok": False, "error": "no reply"}

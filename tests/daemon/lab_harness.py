@@ -131,6 +131,14 @@ def _reachable(path: str) -> bool:
 _MIRRORS: list[Path] = []
 
 
+def _stdlib(path: str) -> bool:
+    """Whether ``path`` is this interpreter's standard library: a member's Python has its own,
+    and another build's compiled modules would not load in it."""
+    base = os.path.realpath(sys.base_prefix)
+    real = os.path.realpath(path)
+    return real.startswith(base + os.sep) and "site-packages" not in real
+
+
 def remove_mirrors() -> None:
     """Remove what ``member_paths`` mirrored (``tests/conftest.py`` calls it as pytest ends)."""
     while _MIRRORS:
@@ -142,7 +150,7 @@ def member_paths() -> dict[str, str]:
     """Where members find each of this interpreter's import paths and this folder of tests:
     the path itself where they can reach it, else a mirror of it in a temporary directory they
     can (hard links where the file system allows, else copies; directories opened to all)."""
-    wanted = [p for p in sys.path if p and os.path.isdir(p)] + [str(HERE)]
+    wanted = [p for p in sys.path if p and os.path.isdir(p) and not _stdlib(p)] + [str(HERE)]
     mirror_root: Path | None = None
     found: dict[str, str] = {}
     for index, path in enumerate(dict.fromkeys(wanted)):

@@ -86,7 +86,7 @@ FIELDS: Mapping[str, Mapping[str, tuple[Check, str]]] = {
            "limit": (_int(), "a whole number"), "ids": (_any(_none, lambda v: isinstance(v, list)), "a list of job ids")},
     "show": {"id": (_ID, "a job id"), "series": (_bool, "true or false")},
     "logs": {"id": (_ID, "a job id"), "offset": (_int(0), "a byte offset (0 or more)"),
-             "attempt": (_any(_none, _int(1)), "an attempt number (1 or more)"),
+             "attempt": (_any(_none, _int(1)), "an attempt number (a whole number, 1 or more)"),
              "stream": (_any(_none, _str(16)), "stdout or stderr"), "node": (_TEXT, "a node name")},
     "cancel": {"id": (_ID, "a job id")},
     "hold": {"id": (_ID, "a job id")},
