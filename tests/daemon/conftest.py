@@ -30,3 +30,31 @@ def daemons(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
     yield make
     for d in started:
         d.kill_all()
+
+
+@pytest.fixture
+def lab():
+    """The lab of ``lab.py``: members A and B of ``nogroup``, E outside it (skipped without root)."""
+    from lab import lab_users
+
+    return lab_users()
+
+
+@pytest.fixture
+def lab_daemon(daemons):
+    """``make(*serve_args, disk_mib=None)``: a root daemon for ``--group nogroup`` in a
+    ``LabDir``; its jobs and dirs are gone after the test."""
+    from lab import LabDir
+
+    made: list = []
+
+    def make(*args: str, disk_mib: int | None = None) -> tuple[Daemon, Path]:
+        where = LabDir(disk_mib)
+        d = daemons("--group", "nogroup", *args, name=str(where.state))
+        made.append((d, where))
+        return d, where.work
+
+    yield make
+    for d, where in made:
+        d.kill_all()
+        where.close()

@@ -13,32 +13,9 @@ from pathlib import Path
 import psutil
 import pytest
 from daemon_harness import Daemon, wait_for
-from lab import LabDir, User, cli_as, lab_users, raw_requests, submit_as
+from lab import cli_as, raw_requests, submit_as
 
 SECRET = "hunter2-issue36"
-
-
-@pytest.fixture
-def lab() -> dict[str, User]:
-    return lab_users()
-
-
-@pytest.fixture
-def lab_daemon(daemons):
-    """``make(*serve_args, disk_mib=None)``: a root daemon for ``--group nogroup`` in a
-    ``LabDir``; its jobs and dirs are gone after the test."""
-    made: list[tuple[Daemon, LabDir]] = []
-
-    def make(*args: str, disk_mib: int | None = None) -> tuple[Daemon, Path]:
-        where = LabDir(disk_mib)
-        d = daemons("--group", "nogroup", *args, name=str(where.state))
-        made.append((d, where))
-        return d, where.work
-
-    yield make
-    for d, where in made:
-        d.kill_all()
-        where.close()
 
 
 def _sock(d: Daemon) -> Path:

@@ -17,36 +17,13 @@ from pathlib import Path
 import psutil
 import pytest
 from daemon_harness import Daemon, wait_for
-from lab import LabDir, User, cli_as, lab_users, popen_as, raw_requests, submit_as
+from lab import cli_as, popen_as, raw_requests, submit_as
 
 from collocate.client.connect import Client
 from collocate.tls import cert_fingerprint
 
 PYTHON = "/usr/bin/python3"  # one every user may run (the test's own may be under /root)
 TOKEN = "a-long-random-test-token-0123456789"
-
-
-@pytest.fixture
-def lab() -> dict[str, User]:
-    return lab_users()
-
-
-@pytest.fixture
-def lab_daemon(daemons):
-    """``make(*serve_args, disk_mib=None)``: a root daemon for ``--group nogroup`` in a
-    ``LabDir``; its jobs and dirs are gone after the test."""
-    made: list[tuple[Daemon, LabDir]] = []
-
-    def make(*args: str, disk_mib: int | None = None) -> tuple[Daemon, Path]:
-        where = LabDir(disk_mib)
-        d = daemons("--group", "nogroup", *args, name=str(where.state))
-        made.append((d, where))
-        return d, where.work
-
-    yield make
-    for d, where in made:
-        d.kill_all()
-        where.close()
 
 
 def _sock(d: Daemon) -> Path:
