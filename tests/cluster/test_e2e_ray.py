@@ -30,6 +30,15 @@ def _marker_job(marker: Path, seconds: float) -> list[str]:
     return [sys.executable, "-c", code, str(marker), str(seconds)]
 
 
+def _gated_marker_job(marker: Path, gate: Path) -> list[str]:
+    """Waits until ``gate`` exists, then appends its attempt number to ``marker``: a job that is
+    certainly still running until the test says otherwise, however loaded the machine."""
+    code = ("import os, sys, time, pathlib\n"
+            "while not pathlib.Path(sys.argv[2]).exists(): time.sleep(0.2)\n"
+            "open(sys.argv[1], 'a').write(os.environ['COLLOCATE_ATTEMPT'] + '\\n')")
+    return [sys.executable, "-c", code, str(marker), str(gate)]
+
+
 def _node_of(detail: dict, n: int = -1) -> str:
     return detail["attempts"][n]["gpus"][0].split(":")[0]
 
@@ -90,8 +99,8 @@ def test_a_node_lost_for_good_has_its_job_fenced_then_run_elsewhere_once(heads, 
 
 def test_a_node_back_within_the_grace_period_keeps_its_job(heads, ray_cluster, tmp_path: Path):
     head = heads("--policy", "exclusive", grace=120.0)
-    marker = tmp_path / "marker"
-    job = head.submit(_marker_job(marker, 20.0), mem=1000)
+    marker, gate = tmp_path / "marker", tmp_path / "gate"
+    job = head.submit(_gated_marker_job(marker, gate), mem=1000)
     first = wait_for(lambda: (d := head.job(job))["attempts"] and d["attempts"][0]["pid"] and d,
                      60, "a runner")
     node = _node_of(first)
@@ -105,6 +114,7 @@ def test_a_node_back_within_the_grace_period_keeps_its_job(heads, ray_cluster, t
     wait_for(lambda: f"node {node} is back" in (head.state_dir / "daemon.log").read_text(), 60,
              "a new agent on the node")
     assert head.job(job)["state"] == "running"  # the new agent did not stop a runner the head owns
+    gate.touch()
     done = head.wait_state(job, ("done", "failed"), timeout=90)
     assert [a["outcome"] for a in done["attempts"]] == ["succeeded"], done["attempts"]
     assert marker.read_text() == "1\n"
