@@ -15,12 +15,14 @@ Never worse than a plain queue:
 * A crash is charged to whoever overran (``charged_to``): a job that held no more than it was
   allowed while a neighbour held more than its own allowance is requeued ahead of the queue
   with its requirement unchanged, and the crash uses none of its retries; the neighbours'
-  requirements rise from what they held (``Scheduler.charge_overrun``).
+  requirements rise from what they held (``Scheduler.charge_overrun``). A neighbour that
+  ended just before the crash was seen counts too (``beside_at_crash``): the crash may reach
+  the daemon after the job that filled the GPU has already gone.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -162,6 +164,34 @@ def charged_to(crashed: Holding, neighbours: Iterable[Holding]) -> tuple[str, ..
     if crashed.allowed_mib is None or crashed.held_mib > crashed.allowed_mib:
         return ()
     return tuple(h.job_id for h in neighbours if overran(h))
+
+
+#: How long before a crash was seen a neighbour that left still counts as beside it: a runner
+#: writes its exit after the job's last output, and the daemon reaps every second or so, so an
+#: offender that ended a few seconds before its victim's end was seen still held the memory.
+DEPARTED_WINDOW_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class Departure:
+    """What a job held when its attempt ended, on which devices, and when."""
+
+    holding: Holding
+    devices: frozenset[int]
+    end: float
+
+
+def beside_at_crash(present: Sequence[Holding], departed: Iterable[Departure], devices: Iterable[int],
+                    crashed_id: str, at: float, window_s: float = DEPARTED_WINDOW_S) -> list[Holding]:
+    """The holdings an out-of-memory crash at ``at`` on ``devices`` is weighed against: the jobs
+    there now, and those that left those devices within ``window_s`` before it (the job's own
+    earlier attempts aside)."""
+    on = frozenset(devices)
+    seen = {h.job_id for h in present}
+    recent = {d.holding.job_id: d.holding for d in departed
+              if d.devices & on and at - window_s <= d.end <= at + window_s
+              and d.holding.job_id != crashed_id and d.holding.job_id not in seen}
+    return [*present, *recent.values()]
 
 
 def overrun_requirement(job: Job, held_mib: float, rules: RecoveryRules = RecoveryRules()) -> Job:

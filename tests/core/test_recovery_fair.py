@@ -17,10 +17,13 @@ from collocate.model import ClusterSnapshot, GpuId, GpuView, Job, JobProfile, Jo
 from collocate.node.fence import ENV_MEM_FENCE, site_dir, with_fence_path
 from collocate.policies import POLICY_NAMES, make_policy
 from collocate.recovery import (
+    DEPARTED_WINDOW_S,
+    Departure,
     ExitReport,
     Holding,
     Outcome,
     after_exit,
+    beside_at_crash,
     charged_to,
     job_allowance_mib,
     job_fence_mib,
@@ -112,6 +115,22 @@ def test_a_crash_within_ones_commitment_beside_an_overrun_is_charged_to_the_over
     assert after.state is JobState.PENDING and after.recovered
     assert after.mem_mib == 30 * GIB and after.mem_source == "declared"
     assert after.attempts - after.lost_attempts == 0 and after.oom_crashes == 0 and after.victim_crashes == 1
+
+
+@given(st.floats(-3 * DEPARTED_WINDOW_S, 3 * DEPARTED_WINDOW_S), st.booleans(), st.booleans())
+def test_an_offender_that_left_just_before_the_crash_was_seen_still_pays(left_before, same_gpu, itself):
+    """The daemon may see a crash after the job that filled the GPU has ended and been reaped:
+    a neighbour that left the crashed job's GPUs within the window before counts as beside it
+    (never the job's own earlier attempt, never a job on other GPUs)."""
+    at = 1000.0
+    offender = Holding("v" if itself else "o", 18 * GIB, 4 * GIB)
+    gone = Departure(offender, frozenset({0} if same_gpu else {1}), at - left_before)
+    present = [Holding("p", 2 * GIB, 8 * GIB)]
+    beside = beside_at_crash(present, [gone, gone], [0], "v", at)
+    counted = same_gpu and not itself and abs(left_before) <= DEPARTED_WINDOW_S
+    assert beside == present + ([offender] if counted else [])
+    by = charged_to(Holding("v", 30 * GIB, 30 * GIB), beside)
+    assert by == (("o",) if counted else ())
 
 
 @given(st.floats(0.0, 60_000.0), st.floats(0.0, 60_000.0))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import signal
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -34,7 +35,17 @@ from collocate.monitor.sinks.base import JobInfo
 from collocate.node.api import ExitRecord, NodeUnreachable
 from collocate.node.datasets import ProducerStartError
 from collocate.node.launcher import LaunchPlan, with_runner_args
-from collocate.recovery import ExitReport, Holding, Outcome, charged_to, job_allowance_mib, job_fence_mib
+from collocate.recovery import (
+    DEPARTED_WINDOW_S,
+    Departure,
+    ExitReport,
+    Holding,
+    Outcome,
+    beside_at_crash,
+    charged_to,
+    job_allowance_mib,
+    job_fence_mib,
+)
 
 log = logging.getLogger("collocate.daemon")
 
@@ -101,6 +112,9 @@ class Attempts:
         self.scheduler, self.specs, self.tracking = wiring.scheduler, wiring.specs, wiring.tracking
         self.watch, self.fleet = wiring.watch, wiring.fleet
         self.running: dict[str, LiveAttempt] = {}
+        #: attempts that left a GPU lately, with what they held: a crash seen after its offender
+        #: ended is still charged to it (``recovery.beside_at_crash``)
+        self.departed: deque[Departure] = deque(maxlen=256)
         #: uid -> the member's storage ledger its runners take log bytes from (``quotas``)
         self.ledger: Callable[[int], Path | None] = lambda uid: None
 
@@ -319,6 +333,8 @@ class Attempts:
     def finish(self, run: LiveAttempt, outcome: Outcome, reason: str, returncode: int | None,
                tail: str, end: float) -> None:
         resident = self.watch.remove(run.attempt.job_id, end)
+        if resident is not None:
+            self._remember_departure(resident, end)
         peak = resident.ramp.peak_mib if resident is not None and resident.ramp.peak_mib > 0 else None
         learned = resident.belief if resident is not None and resident.belief.source in OBSERVED_HERE else None
         observed = peak
@@ -332,7 +348,8 @@ class Attempts:
                 outcome, reason = Outcome.LOST, f"{reason} beside GPU memory held by processes no job owns; requeued"
             elif resident is not None:  # charged to whoever overran (collocate.recovery)
                 crashed = Holding(run.attempt.job_id, observed or 0.0, job_allowance_mib(resident.job, resident.room_mib))
-                beside = self._holdings_beside(resident)
+                beside = beside_at_crash(self._holdings_beside(resident), self.departed,
+                                         resident.devices, run.attempt.job_id, end)
                 by = set(charged_to(crashed, beside))
                 overrun = [h for h in beside if h.job_id in by]
         a = replace(run.attempt, end=end, returncode=returncode, outcome=outcome.value,
@@ -373,6 +390,13 @@ class Attempts:
                          if o != resident.job.id}, key=_job_key)
         return [Holding(o, r.ramp.peak_mib, job_allowance_mib(r.job, r.room_mib))
                 for o in beside if (r := world.residents.get(o)) is not None]
+
+    def _remember_departure(self, resident: Any, end: float) -> None:
+        while self.departed and self.departed[0].end < end - 2 * DEPARTED_WINDOW_S:
+            self.departed.popleft()
+        self.departed.append(Departure(
+            Holding(resident.job.id, resident.ramp.peak_mib, job_allowance_mib(resident.job, resident.room_mib)),
+            frozenset(resident.devices), end))
 
     def _beside_unowned_memory(self, resident: Any) -> bool:
         """Whether a GPU of the attempt holds memory of processes that are no job's (then an
