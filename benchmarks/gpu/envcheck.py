@@ -47,6 +47,7 @@ NEEDS: dict[str, list[str]] = {
     "C2": ["PIL", "collocate.share", "tensorsocket", "zmq", "tornado"],
     "D": ["collocate.daemon.service", "collocate.estimate.trace", "collocate.bench.minitrace_run"],
     "E": ["ray", "collocate.daemon.service", "collocate.cluster"],  # collocate.cluster: h-ray's head/agent
+    "F1": ["collocate.daemon.service", "collocate.node.runner", "collocate.node.fence"],
 }
 # Imported when present; a missing one is reported with what it costs, and is not fatal.
 _C1 = "C1 skips its configurations"

@@ -14,6 +14,7 @@
 #   bash benchmarks/gpu/round.sh D2 <D>                  D1's trace: auto MPS with history, carma-magm, auto TS
 #   bash benchmarks/gpu/round.sh E1                      issue 20: one-node Ray cluster, serve --ray (carry .whl-ray)
 #   bash benchmarks/gpu/round.sh E2                      issue 32 (optional): the same, a --nodes 1 torchrun job, NCCL
+#   bash benchmarks/gpu/round.sh F1                      issue 35: the offender pays (fence, time-slicing), freeze/thaw
 #   bash benchmarks/gpu/round.sh CHECK                   versions and imports only
 #
 #   bash benchmarks/gpu/round.sh --rehearse <CALL> ...   (or DRY=1) the same plumbing on a CPU
@@ -54,9 +55,9 @@ for i in "${!ARGS[@]}"; do
   if [[ "$a" == /* && ! -e "$a" && "$a" == */benchmarks/* ]]; then ARGS[$i]=benchmarks/${a#*/benchmarks/}; fi
 done
 
-usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 case "$CALL" in
-  A1|C2|D1|E1|E2|CHECK) [[ ${#ARGS[@]} -eq 0 ]] || usage ;;
+  A1|C2|D1|E1|E2|F1|CHECK) [[ ${#ARGS[@]} -eq 0 ]] || usage ;;
   D2) [[ ${#ARGS[@]} -eq 1 && -f "${ARGS[0]}/trace.json" ]] || { echo "D2 needs D1's folder <D> (with trace.json)" >&2; usage; } ;;
   A2|A3) [[ ${#ARGS[@]} -eq 1 && -f "${ARGS[0]}/results.jsonl" ]] || { echo "$CALL needs a bench folder with results.jsonl" >&2; usage; } ;;
   B2|B3) [[ ${#ARGS[@]} -eq 2 && -f "${ARGS[0]}/jobs.json" ]] || { echo "$CALL needs <M> (with jobs.json) and a policy" >&2; usage; } ;;
@@ -69,6 +70,7 @@ T0=$(date +%s)
 if [[ $REHEARSE == 1 ]]; then
   BUDGET=${ROUND_BUDGET:-150}
   [[ $CALL != [BD]* ]] || BUDGET=${ROUND_BUDGET:-240}  # two emulated replays (D: and estimates)
+  [[ $CALL != F* ]] || BUDGET=${ROUND_BUDGET:-420}  # three daemons, real CPU jobs
   OUT=${OUT:-$(mktemp -d /tmp/round-rehearsal-XXXXXX)}
 else
   BUDGET=${ROUND_BUDGET:-555}
@@ -346,6 +348,17 @@ call_E2() {
     --out "$W/torchrun_nccl" --timeout-s $(($(left) - 60))
 }
 
+# Issue 35 (fence_freeze_gpu.py): under time-slicing a real PyTorch job overrunning its declaration
+# beside one within it gets the out-of-memory error from its capped allocator, the other finishes;
+# the same with --no-mem-fence charges the crash to the overrunning one; a frozen and thawed job
+# ends with the same loss as one never frozen. About 4 minutes.
+call_F1() {
+  local dry=()
+  [[ $REHEARSE == 0 ]] || dry=(--dry-run)
+  step fence-freeze $(($(left) - 10)) "$PY" "$GPU/sigrun.py" "$GPU/fence_freeze_gpu.py" "${dry[@]}" \
+    --out "$W/fence_freeze"
+}
+
 call_CHECK() { :; }
 
 # ---------------------------------------------------------------- summary and packing
@@ -388,6 +401,9 @@ summary() {
       for d in ray_one_node torchrun_nccl; do
         [[ ! -f "$W/$d/summary.json" ]] || "$PY" -c 'import json,sys; d=json.load(open(sys.argv[1])); [print("-", "ok" if v else "FAIL", k) for k, v in d["checks"].items()]; print("jobs:", [(j["name"], j["state"], [(a["uuids"], a.get("peak_mib")) for a in j["attempts"]]) for j in d["jobs"]]); [print("stdout:", t.strip()) for t in d.get("stdout", [])]' "$W/$d/summary.json"
       done
+      ;;
+    F1)
+      [[ ! -f "$W/fence_freeze/summary.md" ]] || cat "$W/fence_freeze/summary.md"
       ;;
     C2)
       [[ ! -f "$W/share_gpu.json" ]] || "$PY" -c 'import json,sys; d=json.load(open(sys.argv[1])); print("correctness:", d["correctness"]); [print("-", r) for r in d["throughput"]]' "$W/share_gpu.json"

@@ -103,6 +103,12 @@ case "$CALL" in
     [[ ! -d "$TMP/ray_one_node" ]] || cp -r "$TMP/ray_one_node/." "$E/"
     echo "E=${E#"$ROOT"/}"
     ;;
+  F1)
+    F=$RESULTS/fence_freeze-$DEVICE_SLUG-$DATE
+    mkdir -p "$F"
+    [[ ! -d "$TMP/fence_freeze" ]] || cp -r "$TMP/fence_freeze/." "$F/"
+    echo "F=${F#"$ROOT"/}"
+    ;;
   CHECK) ;;
   *) echo "unknown call $CALL" >&2; exit 2 ;;
 esac
