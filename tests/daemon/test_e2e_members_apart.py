@@ -134,14 +134,16 @@ def test_a_notify_past_its_time_limit_is_stopped_with_all_it_started(tmp_path):
 
 
 # -- finding 3: quotas hold while jobs run, retries included --------------------------------------
-def test_retries_and_notifies_stop_at_the_members_quota_not_the_disk(lab, lab_daemon):
+@pytest.mark.parametrize("gpus", [1, 0], ids=["gpu-job", "cpu-job"])
+def test_retries_and_notifies_stop_at_the_members_quota_not_the_disk(lab, lab_daemon, gpus):
     """The issue's reproduction: a job failing 20 times after 9 MB of output each. Its logs
     stop at A's 8 MiB quota (the cut said in the log), it gets no new attempt (it waits with
-    the quota as its reason), A's submits are refused, and B's job runs untouched beside it."""
+    the quota as its reason), A's submits are refused, and B's job runs untouched beside it.
+    The same for a CPU job (``--gpus 0``), whose queue is not the GPU queue."""
     d, work = lab_daemon("--user-max-stored", "8MiB", "--log-max", "4MiB", disk_mib=64)
     a, b = lab["A"], lab["B"]
-    flood = _ok(submit_as(a, _sock(d), cwd=str(work), retries=20, argv=[
-        "/bin/sh", "-c", "yes A | head -c 9000000; exit 1"]))
+    flood = _ok(submit_as(a, _sock(d), cwd=str(work), retries=20, gpus=gpus, mem="1GiB" if gpus else None,
+                          argv=["/bin/sh", "-c", "yes A | head -c 9000000; exit 1"]))
     wait_for(lambda: d.job(flood)["state"] == "pending" and d.job(flood)["attempts_used"] >= 2
              and "quota" in (d.job(flood)["reason"] or ""), 120, "the flood to stop at A's quota")
     detail = d.job(flood)

@@ -329,7 +329,7 @@ class Api:
     def op_drain(self, args: dict, peer: Peer) -> dict:
         self.store.set_flag("draining", True)
         return {"draining": True, "running": len(self.attempts.running),
-                "pending": len(self.scheduler.queue)}
+                "pending": len(self.scheduler.queue) + len(self.scheduler.cpu_queue)}
 
     def op_resume(self, args: dict, peer: Peer) -> dict:
         self.store.set_flag("draining", False)

@@ -79,7 +79,8 @@ class SchedulingRound:
         if self.accounts is None or time.monotonic() - self._quota_counted < QUOTA_RECOUNT_S:
             return
         self._quota_counted = time.monotonic()
-        members = {self.specs[j.id].uid: j.user for j in self.scheduler.queue if j.id in self.specs}
+        pending = (*self.scheduler.queue, *self.scheduler.cpu_queue)  # a CPU job's output counts too
+        members = {self.specs[j.id].uid: j.user for j in pending if j.id in self.specs}
         self.scheduler.stopped_users = self.accounts.over_quota(members)
 
     def _review(self, now: float) -> None:
