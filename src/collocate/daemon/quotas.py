@@ -115,8 +115,9 @@ class Accounts:
         if q.max_stored is not None and stored + request_bytes > q.max_stored:
             raise InputError(f"your jobs hold {_size(stored)} in the daemon's state (their specs "
                              f"and logs), the most a member may is {_size(q.max_stored)}",
-                             hint="cancel queued jobs you do not need (ended jobs' environments are "
-                                  "dropped), or ask the daemon's owner to raise --user-max-stored")
+                             hint="remove ended jobs' logs you no longer need (`collocate purge ID...` "
+                                  "or `--before DATE`), cancel queued jobs you do not need, or ask the "
+                                  "daemon's owner to raise --user-max-stored")
         self._stored[uid] = (stored + request_bytes, counted[1])  # as if stored: it is, next
 
     def stored_bytes(self, uid: int) -> int:
@@ -169,6 +170,11 @@ class Accounts:
         self._stored[uid] = (stored, time.monotonic())
         return stored
 
+    def forget(self, attempt_dirs: Iterable[str]) -> None:
+        """Count these ended attempts' logs again (``collocate purge`` removed them)."""
+        for attempt_dir in attempt_dirs:
+            self._ended_logs.pop(attempt_dir, None)
+
     def over_quota(self, members: dict[int, str]) -> dict[str, str]:
         """Of ``members`` (uid -> user name, those with jobs waiting or running), those at
         their quota, each with the reason their pending jobs wait."""
@@ -181,8 +187,9 @@ class Accounts:
                 out[user] = (f"{user or 'this user'}'s jobs hold {_size(stored)} in the daemon's state "
                              f"(logs, notifies, specs), at the {_size(self.quotas.max_stored)} a member "
                              "may store: no new attempt starts until space is freed (read what you "
-                             "need with `collocate logs`, then ask the daemon's owner to remove old "
-                             "jobs' logs or raise --user-max-stored)")
+                             "need with `collocate logs`, then remove old jobs' logs with `collocate "
+                             "purge ID...` or `--before DATE`, or ask the daemon's owner to raise "
+                             "--user-max-stored)")
         return out
 
     def _log_bytes(self, attempt_dir: str, ended: bool) -> int:

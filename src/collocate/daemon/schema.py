@@ -23,6 +23,7 @@ from collocate.errors import InputError
 
 MIN_TIME_LIMIT_S = 1.0  # ``submit --time``: shorter is no limit a job could meet
 MAX_TIME_LIMIT_S = 365 * 86400.0
+MAX_EPOCH_S = 1e11  # ``purge before``: a date within the next 3,000 years
 _BIG = 1 << 62
 
 Check = Callable[[Any], bool]
@@ -100,6 +101,8 @@ FIELDS: Mapping[str, Mapping[str, tuple[Check, str]]] = {
              "notify": (_bool, "true or false (its --notify command's output)")},
     "cancel": {"id": (_ID, "a job id")},
     "hold": {"id": (_ID, "a job id")},
+    "purge": {"id": (_ID, "a job id"),
+              "before": (_num(0, MAX_EPOCH_S), "a time in seconds since the epoch (e.g. 1767225600)")},
     "release": {"id": (_ID, "a job id")},
     "priority": {"id": (_ID, "a job id"), "priority": (_int(text=False), "a whole number")},
     "set_limits": {"user": (_TEXT, "a user name"),
