@@ -38,7 +38,7 @@ from collocate.errors import InputError
 from collocate.model import JobState
 from collocate.node.confine import default_disk_reserve, default_log_max
 from collocate.node.files import attempt_files
-from collocate.node.logkeeper import locked, write_ledger
+from collocate.node.logkeeper import locked, read_ledger, write_ledger
 
 MIB = 2**20
 RECOUNT_S = 1.0  # a member's stored bytes are counted again after this; submits add meanwhile
@@ -184,13 +184,38 @@ class Accounts:
                 continue
             stored = self.refresh(uid)
             if stored >= (self.quotas.max_stored or 0):
-                out[user] = (f"{user or 'this user'}'s jobs hold {_size(stored)} in the daemon's state "
-                             f"(logs, notifies, specs), at the {_size(self.quotas.max_stored)} a member "
-                             "may store: no new attempt starts until space is freed (read what you "
-                             "need with `collocate logs`, then remove old jobs' logs with `collocate "
-                             "purge ID...` or `--before DATE`, or ask the daemon's owner to raise "
-                             "--user-max-stored)")
+                out[user] = self._stopped(user, stored)
         return out
+
+    def drained(self, members: dict[int, str]) -> dict[str, str]:
+        """``over_quota`` between counts, from the ledgers alone (one small read each): those
+        whose log keepers took the last of their ledger since it was set."""
+        out = {}
+        for uid, user in members.items():
+            path = self.ledger(uid)
+            if path is None:
+                continue
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            except OSError:
+                continue
+            try:
+                left = read_ledger(fd)
+            except ValueError:
+                continue
+            finally:
+                os.close(fd)
+            if left <= 0:
+                out[user] = self._stopped(user, self.quotas.max_stored or 0)
+        return out
+
+    def _stopped(self, user: str, stored: int) -> str:
+        return (f"{user or 'this user'}'s jobs hold {_size(stored)} in the daemon's state "
+                f"(logs, notifies, specs), at the {_size(self.quotas.max_stored)} a member "
+                "may store: no new attempt starts until space is freed (read what you "
+                "need with `collocate logs`, then remove old jobs' logs with `collocate "
+                "purge ID...` or `--before DATE`, or ask the daemon's owner to raise "
+                "--user-max-stored)")
 
     def _log_bytes(self, attempt_dir: str, ended: bool) -> int:
         if attempt_dir in self._ended_logs:
