@@ -45,6 +45,7 @@ COMMANDS: dict[str, Command] = {
     "show": Command("collocate.client.cli", "Show one job: command, memory, why it waits, attempts."),
     "logs": Command("collocate.client.cli", "Print a job's output (-f follows it to the end)."),
     "cancel": Command("collocate.client.cli", "Cancel jobs (running ones get SIGTERM, then SIGKILL)."),
+    "purge": Command("collocate.client.purge", "Remove ended jobs' stored logs, freeing your storage quota."),
     "wait": Command("collocate.client.cli", "Wait until jobs end; exit 0 if all ended done."),
     "gpus": Command("collocate.client.cli", "GPUs as the daemon sees them: memory, room, activity, jobs."),
     "hold": Command("collocate.client.cli", "Keep pending jobs from starting until released."),

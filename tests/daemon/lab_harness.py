@@ -161,15 +161,20 @@ def member_paths() -> dict[str, str]:
             mirror_root = Path(tempfile.mkdtemp(prefix="collocate-lab-mirror-"))
             os.chmod(mirror_root, 0o755)
             _MIRRORS.append(mirror_root)
-        target = mirror_root / str(index)
-        linked = subprocess.run(["cp", "-al", path, str(target)], capture_output=True, check=False)
-        if linked.returncode != 0:  # another file system: copy
-            shutil.rmtree(target, ignore_errors=True)
-            shutil.copytree(path, target, symlinks=True)
-        for directory, _, _ in os.walk(target):
-            os.chmod(directory, os.stat(directory).st_mode | 0o755)
-        found[path] = str(target)
+        found[path] = mirror(path, mirror_root / str(index))
     return found
+
+
+def mirror(path: str, target: Path) -> str:
+    """``path`` at ``target``, where members can read it: hard links where the file system
+    allows, else a copy; every directory opened to all."""
+    linked = subprocess.run(["cp", "-al", path, str(target)], capture_output=True, check=False)
+    if linked.returncode != 0:  # another file system: copy
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.copytree(path, target, symlinks=True)
+    for directory, _, _ in os.walk(target):
+        os.chmod(directory, os.stat(directory).st_mode | 0o755)
+    return str(target)
 
 
 def job_script() -> str:

@@ -12,8 +12,12 @@ from pathlib import Path
 import psutil
 import pytest
 from daemon_harness import job_argv, wait_for
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from collocate.client.connect import Client
+from collocate.daemon.rights import RIGHTS
+from collocate.daemon.schema import FIELDS
 from collocate.daemon.server import ApiServer
 from collocate.errors import CollocateError
 from collocate.tls import cert_fingerprint
@@ -155,3 +159,92 @@ def test_bad_logs_arguments_and_deep_json_get_clear_errors(daemons, tmp_path):
     assert "RecursionError" not in log and "Traceback" not in log
 
 
+
+
+_LEAF = (st.none() | st.booleans() | st.integers(-(10**18), 10**18) | st.sampled_from(["1", "2", 1, 2, ""])
+         | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=20))
+_JSON = st.recursive(_LEAF, lambda inner: st.lists(inner, max_size=4)
+                     | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=8)
+_RAW_NUMBERS = ("1e400", "-1e400", "1e-300", "NaN", "Infinity", "-0.0", "9" * 30)
+
+
+def _request(op: str) -> st.SearchStrategy[bytes]:
+    """One request line for ``op``: mostly its own fields (random JSON in them), sometimes a
+    field it does not have, a number JSON allows but Python reads oddly, or a stray key."""
+    known = sorted(FIELDS.get(op, {})) or ["id"]
+    names = st.sampled_from(known) | st.text(min_size=1, max_size=12)
+    args = st.dictionaries(names, _JSON, max_size=4)
+
+    def line(case: tuple[dict, str | None, bool]) -> bytes:
+        fields, raw, stray = case
+        if op == "submit":  # whatever else it says, it runs nothing: /bin/true, held, drained
+            fields = {**fields, "argv": ["/bin/true"], "hold": True}
+        message: dict = {"op": op, "args": fields}
+        if stray:
+            message["stray"] = 1
+        text = json.dumps(message)
+        if raw is not None and fields:  # the first field's value as a raw JSON number
+            first = json.dumps(next(iter(fields)))
+            text = text.replace(f"{first}: {json.dumps(fields[next(iter(fields))])}", f"{first}: {raw}", 1)
+        return text.encode()
+
+    return st.tuples(args, st.none() | st.sampled_from(_RAW_NUMBERS), st.booleans()).map(line)
+
+
+def test_random_requests_over_the_socket_get_an_answer_never_an_internal_error(daemons, tmp_path):
+    """Random JSON at every op (and ops that do not exist) over the daemon's real Unix socket,
+    a connection each: every reply is ``ok`` or a clean error (never ``internal error``), an
+    unknown field is named with the op's known ones, and the daemon is up throughout and
+    after. Drained, so nothing submitted runs; two held jobs give the ids something to find."""
+    d = daemons()
+    d.client.request("drain")
+    for _ in range(2):
+        d.client.request("submit", argv=["/bin/true"], cwd=str(tmp_path), hold=True)
+    ops = sorted(op for op in RIGHTS if op not in ("resume", "drain"))
+    assert set(FIELDS) == set(RIGHTS)  # every op the daemon answers has its row
+    sock = str(d.state_dir / "collocate.sock")
+    answers: dict[str, int] = {"ok": 0, "error": 0}
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(st.sampled_from([*ops, "format-disk", ""]).flatmap(_request))
+    def check(line: bytes) -> None:
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(sock)
+            s.sendall(line + b"\n")
+            reply = json.loads(_reply(s))
+        assert reply["ok"] or ("internal error" not in reply["error"] and reply["error"]), (line, reply)
+        answers["ok" if reply["ok"] else "error"] += 1
+        message = json.loads(line, parse_constant=lambda c: None)
+        unknown = set(message["args"]) - set(FIELDS.get(message["op"], {}))
+        if message["op"] in FIELDS and unknown:
+            assert not reply["ok"], (line, reply)  # refused, by name (the test below) or sooner
+
+    check()
+    assert answers["ok"] and answers["error"], answers  # both kinds came back
+    assert d.proc.poll() is None and d.client.request("ping")["pid"] == d.proc.pid
+    log = (d.state_dir / "daemon.log").read_text()
+    assert "Traceback" not in log and "internal error" not in log
+
+
+def test_unknown_fields_are_refused_with_the_known_ones(daemons, tmp_path):
+    """A misspelt field is an error naming it and what the op knows, never silently dropped;
+    a number JSON allows but no field can take (``1e400`` reads as infinity) is refused."""
+    d = daemons()
+    with pytest.raises(CollocateError, match=r'unknown field "foo" in submit; known: after, after_any') as err:
+        d.client.request("submit", argv=["/bin/true"], cwd=str(tmp_path), foo=1)
+    assert "hold" in str(err.value) and "upgrade" in (err.value.hint or "")
+    with pytest.raises(CollocateError, match='unknown field "ids" in cancel; known: id'):
+        d.client.request("cancel", ids=["1"])
+    with pytest.raises(CollocateError, match='unknown field "x" in ping; known: none'):
+        d.client.request("ping", x=1)
+    assert d.client.request("ls", all=True) == []
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(str(d.state_dir / "collocate.sock"))
+        s.sendall(b'{"op": "history", "args": {"since_s": 1e400}}\n')
+        reply = json.loads(_reply(s))
+    assert not reply["ok"] and "too large" in reply["error"], reply
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(str(d.state_dir / "collocate.sock"))
+        s.sendall(b'{"op": "ping", "args": {}, "token": "x"}\n')
+        reply = json.loads(_reply(s))
+    assert not reply["ok"] and 'unknown field "token" in the request' in reply["error"], reply

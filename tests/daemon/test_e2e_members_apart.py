@@ -165,3 +165,41 @@ def test_retries_and_notifies_stop_at_the_members_quota_not_the_disk(lab, lab_da
     assert out.stat().st_size == 3000000  # B's output whole: A's flood cost B nothing
     st = os.statvfs(d.state_dir)
     assert st.f_bavail * st.f_frsize > 32 * 2**20  # far above the reserve
+
+
+# -- a member frees their own quota (collocate purge) ---------------------------------------------
+def test_a_member_at_their_quota_purges_their_own_logs_and_their_job_starts(lab, lab_daemon):
+    """A's first job fills A's 8 MiB quota with its log; A's next job waits with the quota as
+    its reason. B may not purge A's job (refused, audited); A's own `collocate purge --before
+    now` removes A's ended jobs' logs only (B's stay), frees the ledger, and A's job starts."""
+    d, work = lab_daemon("--user-max-stored", "8MiB", "--log-max", "16MiB", disk_mib=64)
+    a, b = lab["A"], lab["B"]
+    flood = _ok(submit_as(a, _sock(d), cwd=str(work), hold=True, argv=["/bin/sh", "-c", "yes A | head -c 9000000"]))
+    queued = _ok(submit_as(a, _sock(d), cwd=str(work), after=[flood], argv=["/bin/echo", "after-purge"]))
+    assert raw_requests(a, _sock(d), [json.dumps({"op": "release", "args": {"id": flood}}).encode()])[0]["ok"]
+    theirs = _ok(submit_as(b, _sock(d), cwd=str(work), argv=["/bin/echo", "b-keeps-this"]))
+    d.wait_state(flood, ("done", "failed"), timeout=60)
+    d.wait_state(theirs, "done", timeout=60)
+    wait_for(lambda: d.job(queued)["wait"] == "quota", 60, "A's next job to wait for A's quota")
+    assert "collocate purge" in d.job(queued)["reason"]
+    flood_log = d.state_dir / "jobs" / flood / "attempt-1" / "stdout.log"
+    assert flood_log.stat().st_size >= 7 * 2**20
+
+    early = cli_as(a, d.state_dir, "purge", queued)  # pending: nothing to remove yet
+    assert early.returncode != 0 and "only an ended job's logs are purged" in early.stderr, early.stderr
+    refused = cli_as(b, d.state_dir, "purge", flood)
+    assert refused.returncode != 0 and "may not purge the logs of job" in refused.stderr, refused.stderr
+    assert flood_log.exists()
+    audit = [json.loads(line) for line in (d.state_dir / "audit.log").read_text().splitlines()]
+    assert any(e.get("op") == "purge" and e.get("user") == b.name for e in audit), audit[-3:]
+
+    purged = cli_as(a, d.state_dir, "purge", "--before", "now")
+    assert purged.returncode == 0, purged.stderr
+    assert "purged the logs of 1 jobs" in purged.stdout and "MiB freed" in purged.stdout, purged.stdout
+    assert not flood_log.exists()
+    assert (d.state_dir / "jobs" / theirs / "attempt-1" / "stdout.log").read_text() == "b-keeps-this\n"
+    assert d.wait_state(queued, ("done", "failed"), timeout=60)["state"] == "done"
+    assert cli_as(a, d.state_dir, "logs", queued).stdout.strip() == "after-purge"
+    assert d.job(flood)["state"] == "done"  # the record stays
+    ledger = int((d.state_dir / "quota" / str(a.uid)).read_text())
+    assert ledger > 7 * 2**20, ledger  # the freed bytes are A's again

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 
 import pytest
 from daemon_harness import wait_for
@@ -41,7 +42,7 @@ def submit(member, d, work, argv, **opts):
 def test_every_operation_has_a_rule_and_a_test_here():
     tested = {"ping", "gpus", "history", "limits", "submit", "ls", "show", "logs", "cancel", "hold",
               "release", "priority", "set_limits", "drain", "resume", "attach", "update", "suspend",
-              "resume_job"}
+              "resume_job", "purge"}
     assert set(RIGHTS) == tested  # a new operation needs its rule tested below
 
 
@@ -65,6 +66,24 @@ def test_a_second_member_cannot_touch_the_first_ones_jobs(lab):
         assert d.job(job)["state"] == "cancelled" and d.job(job)["priority"] == -5
     finally:
         d.client.request("resume")
+
+
+def test_purge_is_the_owners_and_takes_ended_jobs_only(lab):
+    """``collocate purge``: cancel's rule. Another member is refused (and ``before`` takes only
+    the asker's own jobs); the owner removes an ended job's logs; the daemon's owner any."""
+    d, (alice, bob, _), work = lab
+    hers = submit(alice, d, work, sh("echo kept-until-purged"))
+    d.wait_state(hers, "done", timeout=60)
+    theirs, before = bob.requests(d.state_dir, ("purge", {"id": hers}), ("purge", {"before": time.time() + 60}))
+    assert not theirs["ok"] and "belongs to collocate-m1" in theirs["error"], theirs
+    assert before["ok"] and hers not in before["result"]["purged"], before
+    assert alice.request(d.state_dir, "logs", id=hers)["text"] == "kept-until-purged\n"
+    assert alice.request(d.state_dir, "purge", id=hers)["freed"] == len("kept-until-purged\n")
+    assert alice.request(d.state_dir, "logs", id=hers)["text"] == ""
+    assert d.job(hers)["state"] == "done"  # the record stays
+    his = submit(bob, d, work, sh("echo his"))
+    d.wait_state(his, "done", timeout=60)
+    assert d.client.request("purge", id=his)["freed"] == len("his\n")  # the daemon's owner
 
 
 def test_only_the_owner_attaches_to_an_interactive_job(lab):

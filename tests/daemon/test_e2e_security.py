@@ -90,7 +90,7 @@ def test_group_member_cannot_run_code_as_root(shared):
     assert reply["ok"], reply
     job = d.wait_state(reply["result"]["id"], ("done", "failed"))
     assert d.client.request("logs", id=job["id"])["text"].strip() == str(NOBODY), (
-        job, d.client.request("logs", id=job["id"], stderr=True))
+        job, d.client.request("logs", id=job["id"], stream="stderr"))
     reply = submit_as_nobody(d, argv=["/bin/true"], cwd=str(work), base_env=env,
                              dataset="evil", dataset_factory="evil_data:make")
     assert reply["ok"], reply

@@ -557,6 +557,23 @@ def test_log_keepers_share_a_members_ledger_and_cut_at_zero(tmp_path):
     assert Ledger(None).take(5) == 5  # no ledger: no quota
 
 
+def test_a_drained_ledger_stops_its_member_between_counts(tmp_path):
+    """``Accounts.drained``: a member whose keepers took the last of their ledger is stopped
+    without a count (a job that filled the quota and ended lets no other start); a member with
+    room, or with no ledger yet, is not."""
+    from collocate.daemon.quotas import Accounts, Quotas
+    from collocate.node.logkeeper import write_ledger
+
+    accounts = Accounts(Quotas(max_stored=2**20), tmp_path, db=None, owner_uid=0)
+    (tmp_path / "quota").mkdir()
+    for uid, left in ((1001, 0), (1002, 4096), (1003, -5)):
+        fd = os.open(tmp_path / "quota" / str(uid), os.O_RDWR | os.O_CREAT, 0o600)
+        write_ledger(fd, left)
+        os.close(fd)
+    stopped = accounts.drained({1001: "ann", 1002: "bob", 1003: "cy", 1004: "dee", 0: "root"})
+    assert sorted(stopped) == ["ann", "cy"] and "collocate purge" in stopped["ann"]
+
+
 def test_one_member_can_never_bring_the_disk_to_its_reserve():
     from collocate.daemon.quotas import Quotas
 

@@ -339,6 +339,9 @@ class RayNode:
     def read_log(self, part: PartRef, stream: str, offset: int, limit: int) -> bytes:
         return self._call("read_log", part, stream, offset, limit)
 
+    def drop_logs(self, part: PartRef) -> int:
+        return int(self._call("drop_logs", part))
+
     def read_trees(self, roots: Mapping[str, int], now: float,
                    gpu_pids: AbstractSet[int]) -> dict[str, TreeUsage]:
         return self._call("read_trees", dict(roots), now, frozenset(gpu_pids))

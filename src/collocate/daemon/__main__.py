@@ -10,12 +10,14 @@ import typer
 
 from collocate.cli_errors import run
 from collocate.client.cli import register as register_client
+from collocate.client.purge import register as register_purge
 from collocate.daemon.cli import register
 
 app = typer.Typer(name="collocate-daemon", no_args_is_help=True, add_completion=False,
                   pretty_exceptions_enable=False)
 register(app)
 register_client(app)
+register_purge(app)
 
 
 def main() -> None:

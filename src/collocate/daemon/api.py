@@ -163,6 +163,38 @@ class Api:
             self.tracking.job_ended(job_id, job.state.value)
         return {"id": job_id, "state": job.state.value}
 
+    def op_purge(self, args: dict, peer: Peer) -> dict:
+        """Remove ended jobs' stored logs (``collocate purge``): one job (``id``, with cancel's
+        rights), or the asker's own that ended before ``before``. Their records stay (``ls
+        --all``, ``show``); the owner's quota ledger is counted again at once, so a member at
+        their quota frees it without the daemon's owner."""
+        from collocate.daemon.notify import drop_notify_logs
+
+        if ("id" in args) == ("before" in args):
+            raise InputError("purge takes one job id or a time to purge before",
+                             hint="collocate purge ID... or collocate purge --before 2026-01-31")
+        if "id" in args:
+            job_id = self._job_id(args)
+            self._check_owner(job_id, peer, "purge the logs of")
+            job = self.scheduler.jobs.get(job_id) or self.store.job(job_id)[0]  # type: ignore[index]
+            if not job.state.is_terminal:
+                raise InputError(f"job {job_id} is {job.state.value}: only an ended job's logs are purged",
+                                 hint=f"read them with `collocate logs {job_id}`; `collocate cancel "
+                                      f"{job_id}` ends it first")
+            ids = [job_id]
+        else:
+            ids = self.store.ended_before(peer.uid, float(args["before"]))
+        freed, owners = 0, set()
+        for job_id in ids:
+            attempts = self.store.attempts(job_id)
+            freed += sum(self.fleet.drop_logs(a) for a in attempts)
+            freed += drop_notify_logs(self.layout.root, job_id)
+            self.accounts.forget(a.dir for a in attempts)
+            owners.add(self.specs[job_id].uid)
+        for uid in owners:
+            self.accounts.refresh(uid)
+        return {"purged": ids, "freed": freed}
+
     def op_attach(self, args: dict, peer: Peer) -> dict:
         """Where an interactive job's terminal is served (``node/ptyjob.py``), for the server to
         relay this connection to: ``{"state": "pending"}`` while it waits. The path never

@@ -388,6 +388,17 @@ class Fleet:
         except NodeUnreachable:
             return b""
 
+    def drop_logs(self, attempt: Attempt) -> int:
+        """Remove an ended attempt's logs on every node it ran on (``collocate purge``); the
+        bytes freed. A node that does not answer keeps its part's (asked again next purge)."""
+        freed = 0
+        for part in self.parts(attempt):
+            try:
+                freed += self.nodes.node(part.node).drop_logs(part.ref)
+            except NodeUnreachable:
+                pass
+        return freed
+
     def stderr_tail(self, attempt: Attempt) -> str:
         return self.ended(attempt).stderr_tail
 

@@ -28,6 +28,7 @@ from collocate.daemon.spec import JobSpec
 from collocate.daemon.store import Store
 from collocate.model import Job
 from collocate.node.confine import Confinement
+from collocate.node.files import drop_logs
 from collocate.node.isolate import bootstrap_argv
 from collocate.node.launcher import COMMAND_FILE, ENV_FILE, RUNNER_MODULE, LaunchPlan, start, with_runner_args
 
@@ -42,6 +43,13 @@ STDIN_FILE = "stdin.txt"
 def notify_dir(root: Path, job_id: str) -> Path:
     """Where a job's ``--notify`` runs: its runner's records and its logs."""
     return root / "jobs" / job_id / "notify"
+
+
+def drop_notify_logs(root: Path, job_id: str) -> int:
+    """Remove a job's ``--notify`` logs once its notify has ended (``collocate purge``); the
+    bytes freed. One still running keeps them: its keeper writes them (at most a minute)."""
+    folder = notify_dir(root, job_id)
+    return drop_logs(folder) if (folder / "exit.json").exists() else 0
 
 
 def plan_notify(job: Job, spec: JobSpec, folder: Path, exit_code: int | None, *,

@@ -9,7 +9,7 @@ so the daemon reads nothing large from a peer before it knows the peer holds the
 
 What a peer sends is checked here, before any handler sees it: integers are at most 18 digits
 (a 5,000-digit one made ``json`` raise a ``ValueError`` that dropped the connection), ``NaN``
-and ``Infinity`` are refused, and text must be valid Unicode (a lone surrogate in a job's name
+and ``Infinity`` are refused (and ``1e400``, which reads as infinity), and text must be valid Unicode (a lone surrogate in a job's name
 was stored, and then every ``ls --all``, ``show``, the dashboard and the usage monitor failed
 to encode it). Numbers written as text must be ASCII digits (``"²"`` passes ``str.isdigit``).
 Replies are UTF-8; text stored before these checks keeps a lone surrogate as a ``\\ud800``
@@ -19,6 +19,7 @@ escape instead of failing the whole reply.
 from __future__ import annotations
 
 import json
+import math
 import re
 import socket
 import time
@@ -68,11 +69,20 @@ def _no_constant(name: str) -> Any:
     raise ProtocolError(f"{name} is not a number this protocol takes")
 
 
+def _finite_float(text: str) -> float:
+    """``1e400`` is a JSON number Python reads as infinity: refused like ``Infinity``."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ProtocolError(f"the number {text[:40]} is too large for this protocol")
+    return value
+
+
 def decode(line: bytes, *, strict: bool = False) -> dict[str, Any]:
     """One JSON object. ``strict`` (what the daemon reads from peers) also refuses lone
     surrogates anywhere in it; bounded integers and no ``NaN`` hold both ways."""
     try:
-        message = json.loads(line, parse_int=_bounded_int, parse_constant=_no_constant)
+        message = json.loads(line, parse_int=_bounded_int, parse_float=_finite_float,
+                             parse_constant=_no_constant)
     except ProtocolError:
         raise
     except RecursionError:  # the C decoder's depth guard: a request is never deeply nested
@@ -206,7 +216,11 @@ def check_logs_args(args: dict[str, Any]) -> dict[str, Any]:
 def check_request(message: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     op, args = message.get("op"), message.get("args", {})
     if op not in OPS:
-        raise InputError(f"unknown request {op!r}", hint=f"valid requests: {', '.join(OPS)}")
+        raise InputError(f"unknown request {schema.short(op)}", hint=f"valid requests: {', '.join(OPS)}")
+    extra = sorted(k for k in message if k not in ("op", "args"))
+    if extra:
+        raise InputError(f"unknown field {schema.quoted(str(extra[0]))} in the request; known: args, op",
+                         hint='a request is {"op": NAME, "args": {...}}')
     if not isinstance(args, dict):
         raise InputError("request args must be a JSON object")
     schema.check(op, args)

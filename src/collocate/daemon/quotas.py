@@ -38,7 +38,7 @@ from collocate.errors import InputError
 from collocate.model import JobState
 from collocate.node.confine import default_disk_reserve, default_log_max
 from collocate.node.files import attempt_files
-from collocate.node.logkeeper import locked, write_ledger
+from collocate.node.logkeeper import locked, read_ledger, write_ledger
 
 MIB = 2**20
 RECOUNT_S = 1.0  # a member's stored bytes are counted again after this; submits add meanwhile
@@ -115,8 +115,9 @@ class Accounts:
         if q.max_stored is not None and stored + request_bytes > q.max_stored:
             raise InputError(f"your jobs hold {_size(stored)} in the daemon's state (their specs "
                              f"and logs), the most a member may is {_size(q.max_stored)}",
-                             hint="cancel queued jobs you do not need (ended jobs' environments are "
-                                  "dropped), or ask the daemon's owner to raise --user-max-stored")
+                             hint="remove ended jobs' logs you no longer need (`collocate purge ID...` "
+                                  "or `--before DATE`), cancel queued jobs you do not need, or ask the "
+                                  "daemon's owner to raise --user-max-stored")
         self._stored[uid] = (stored + request_bytes, counted[1])  # as if stored: it is, next
 
     def stored_bytes(self, uid: int) -> int:
@@ -169,6 +170,11 @@ class Accounts:
         self._stored[uid] = (stored, time.monotonic())
         return stored
 
+    def forget(self, attempt_dirs: Iterable[str]) -> None:
+        """Count these ended attempts' logs again (``collocate purge`` removed them)."""
+        for attempt_dir in attempt_dirs:
+            self._ended_logs.pop(attempt_dir, None)
+
     def over_quota(self, members: dict[int, str]) -> dict[str, str]:
         """Of ``members`` (uid -> user name, those with jobs waiting or running), those at
         their quota, each with the reason their pending jobs wait."""
@@ -178,12 +184,38 @@ class Accounts:
                 continue
             stored = self.refresh(uid)
             if stored >= (self.quotas.max_stored or 0):
-                out[user] = (f"{user or 'this user'}'s jobs hold {_size(stored)} in the daemon's state "
-                             f"(logs, notifies, specs), at the {_size(self.quotas.max_stored)} a member "
-                             "may store: no new attempt starts until space is freed (read what you "
-                             "need with `collocate logs`, then ask the daemon's owner to remove old "
-                             "jobs' logs or raise --user-max-stored)")
+                out[user] = self._stopped(user, stored)
         return out
+
+    def drained(self, members: dict[int, str]) -> dict[str, str]:
+        """``over_quota`` between counts, from the ledgers alone (one small read each): those
+        whose log keepers took the last of their ledger since it was set."""
+        out = {}
+        for uid, user in members.items():
+            path = self.ledger(uid)
+            if path is None:
+                continue
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            except OSError:
+                continue
+            try:
+                left = read_ledger(fd)
+            except ValueError:
+                continue
+            finally:
+                os.close(fd)
+            if left <= 0:
+                out[user] = self._stopped(user, self.quotas.max_stored or 0)
+        return out
+
+    def _stopped(self, user: str, stored: int) -> str:
+        return (f"{user or 'this user'}'s jobs hold {_size(stored)} in the daemon's state "
+                f"(logs, notifies, specs), at the {_size(self.quotas.max_stored)} a member "
+                "may store: no new attempt starts until space is freed (read what you "
+                "need with `collocate logs`, then remove old jobs' logs with `collocate "
+                "purge ID...` or `--before DATE`, or ask the daemon's owner to raise "
+                "--user-max-stored)")
 
     def _log_bytes(self, attempt_dir: str, ended: bool) -> int:
         if attempt_dir in self._ended_logs:

@@ -54,6 +54,8 @@ RIGHTS: Mapping[str, tuple[Who, str]] = {
     "release": (Who.OWNER, "not a hold the daemon's owner set"),
     "priority": (Who.OWNER, "a member may only lower their own job's priority (to -1,000,000)"),
     "update": (Who.OWNER, "a pending job's memory, time, name, dependencies; its priority as `priority`"),
+    "purge": (Who.OWNER, "an ended job's stored logs and --notify logs (`collocate purge`); its "
+                         "record stays; `before` picks the asker's own ended jobs only"),
     "set_limits": (Who.ADMIN, ""),
     "drain": (Who.ADMIN, ""),
     "resume": (Who.ADMIN, ""),

@@ -75,12 +75,19 @@ class SchedulingRound:
 
     def _stop_over_quota(self) -> None:
         """Members at their storage quota get no new attempt (``quotas.Accounts.over_quota``):
-        their ledgers are counted again, at most once a ``QUOTA_RECOUNT_S``."""
-        if self.accounts is None or time.monotonic() - self._quota_counted < QUOTA_RECOUNT_S:
+        their ledgers are counted again, at most once a ``QUOTA_RECOUNT_S``; in between, a member
+        whose log keepers drained their ledger since is stopped at once (a job that filled the
+        quota and ended must not let the next one start before the count)."""
+        if self.accounts is None:
             return
-        self._quota_counted = time.monotonic()
         pending = (*self.scheduler.queue, *self.scheduler.cpu_queue)  # a CPU job's output counts too
         members = {self.specs[j.id].uid: j.user for j in pending if j.id in self.specs}
+        if time.monotonic() - self._quota_counted < QUOTA_RECOUNT_S:
+            drained = self.accounts.drained(members)
+            if drained:
+                self.scheduler.stopped_users = {**self.scheduler.stopped_users, **drained}
+            return
+        self._quota_counted = time.monotonic()
         self.scheduler.stopped_users = self.accounts.over_quota(members)
 
     def _review(self, now: float) -> None:

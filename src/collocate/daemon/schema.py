@@ -7,12 +7,15 @@ internal error deep in a handler (``history {"points":"abc"}`` was one). A range
 gives is the only check of that field (``history points``, ``submit time``); the rest are
 checked by their handlers too, in the words of the command's own options (``--gpus must be at
 least 1``), along with what only they can check (a job id exists, a directory can be entered,
-a duration's text form). A field the table does not name is left to
-its handler (a newer client's option an older daemon ignores).
+a duration's text form). A field the table does not name is refused, with the op's known
+fields listed (issue 36): a misspelt option is never silently dropped, and nothing reaches a
+handler that no row checked. Every op the daemon answers (``rights.RIGHTS``) has its row, even
+one that takes no field.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -20,6 +23,7 @@ from collocate.errors import InputError
 
 MIN_TIME_LIMIT_S = 1.0  # ``submit --time``: shorter is no limit a job could meet
 MAX_TIME_LIMIT_S = 365 * 86400.0
+MAX_EPOCH_S = 1e11  # ``purge before``: a date within the next 3,000 years
 _BIG = 1 << 62
 
 Check = Callable[[Any], bool]
@@ -47,6 +51,12 @@ def _str(max_len: int = 1 << 20) -> Check:
 
 def _list(item: Check, max_len: int = 1 << 16) -> Check:
     return lambda v: isinstance(v, list) and len(v) <= max_len and all(item(x) for x in v)
+
+
+def _names_to_text(max_items: int = 1 << 14) -> Check:
+    """An object of text to text (a submit's ``base_env``: the client's environment)."""
+    return lambda v: (isinstance(v, dict) and len(v) <= max_items
+                      and all(isinstance(k, str) and len(k) <= 4096 and _str()(x) for k, x in v.items()))
 
 
 def _any(*checks: Check) -> Check:
@@ -83,13 +93,16 @@ FIELDS: Mapping[str, Mapping[str, tuple[Check, str]]] = {
     "history": {"since_s": (_num(1e-9, 30 * 86400), "seconds in (0, 30 days]"),
                 "points": (_any(_none, _int(1, 10_000, text=False)), "a whole number of 1 to 10000")},
     "ls": {"all": (_bool, "true or false"), "after": (_int(), "a whole number"),
-           "limit": (_int(), "a whole number"), "ids": (_any(_none, lambda v: isinstance(v, list)), "a list of job ids")},
+           "limit": (_int(), "a whole number"), "ids": (_any(_none, _list(_ID, 500)), "a list of at most 500 job ids")},
     "show": {"id": (_ID, "a job id"), "series": (_bool, "true or false")},
     "logs": {"id": (_ID, "a job id"), "offset": (_int(0), "a byte offset (0 or more)"),
              "attempt": (_any(_none, _int(1)), "an attempt number (a whole number, 1 or more)"),
-             "stream": (_any(_none, _str(16)), "stdout or stderr"), "node": (_TEXT, "a node name")},
+             "stream": (_any(_none, _str(16)), "stdout or stderr"), "node": (_TEXT, "a node name"),
+             "notify": (_bool, "true or false (its --notify command's output)")},
     "cancel": {"id": (_ID, "a job id")},
     "hold": {"id": (_ID, "a job id")},
+    "purge": {"id": (_ID, "a job id"),
+              "before": (_num(0, MAX_EPOCH_S), "a time in seconds since the epoch (e.g. 1767225600)")},
     "release": {"id": (_ID, "a job id")},
     "priority": {"id": (_ID, "a job id"), "priority": (_int(text=False), "a whole number")},
     "set_limits": {"user": (_TEXT, "a user name"),
@@ -103,7 +116,7 @@ FIELDS: Mapping[str, Mapping[str, tuple[Check, str]]] = {
                "mem": (_any(_none, _str(64), _num(0, 1 << 50)), "a size such as 6GiB"),
                "retries": (_any(_none, _int()), "a whole number"),
                "env": (_any(_none, _list(_str())), "a list of NAME=VALUE strings"),
-               "base_env": (_any(_none, lambda v: isinstance(v, dict)), "an object of names to values"),
+               "base_env": (_any(_none, _names_to_text()), "an object of names to text values"),
                "name": (_any(_none, _str(1 << 16)), "text"),
                "priority": (_int(), "a whole number of at most 18 digits"),
                "mem_source": (_any(_none, _str(64)), "declared or static-<method>"),
@@ -129,12 +142,24 @@ FIELDS: Mapping[str, Mapping[str, tuple[Check, str]]] = {
 
 
 def check(op: str, args: Mapping[str, Any]) -> None:
-    """Raise ``InputError`` for the first field of ``args`` that ``FIELDS[op]`` refuses."""
-    for name, (ok, what) in FIELDS.get(op, {}).items():
+    """Raise ``InputError`` for a field ``FIELDS[op]`` does not name, or the first it refuses."""
+    fields = FIELDS.get(op, {})
+    unknown = sorted(name for name in args if name not in fields)
+    if unknown:
+        known = ", ".join(sorted(fields)) or "none"
+        raise InputError(f"unknown field {quoted(unknown[0])} in {op}; known: {known}",
+                         hint="check its spelling; a field only a newer collocate sends needs a "
+                              "daemon as new (ask the daemon's owner to upgrade it)")
+    for name, (ok, what) in fields.items():
         if name in args and not ok(args[name]):
-            raise InputError(f"{op} {name} must be {what}, got {_short(args[name])}")
+            raise InputError(f"{op} {name} must be {what}, got {short(args[name])}")
 
 
-def _short(value: Any) -> str:
+def quoted(name: str) -> str:
+    """A field's name as an error quotes it: in double quotes, cut at 64 characters."""
+    return json.dumps(name if len(name) <= 64 else name[:61] + "...", ensure_ascii=False)
+
+
+def short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."

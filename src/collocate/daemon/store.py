@@ -287,6 +287,12 @@ class Store:
                                " ORDER BY seq LIMIT ?", (*params, limit))
         return [(job_from_json(j), JobSpec.from_json(s), e) for j, s, e in rows]
 
+    def ended_before(self, uid: int, before: float) -> list[str]:
+        """The ids of ``uid``'s jobs that ended before ``before`` (``collocate purge --before``)."""
+        rows = self.db.execute("SELECT id FROM jobs WHERE ended IS NOT NULL AND ended < ?"
+                               " AND json_extract(spec, '$.uid') = ? ORDER BY seq", (before, uid))
+        return [job_id for (job_id,) in rows]
+
     def job(self, job_id: str) -> tuple[Job, JobSpec, float | None] | None:
         row = self.db.execute("SELECT job, spec, ended FROM jobs WHERE id = ?", (job_id,)).fetchone()
         return None if row is None else (job_from_json(row[0]), JobSpec.from_json(row[1]), row[2])

@@ -174,6 +174,10 @@ class Node(Protocol):
         """Up to ``limit`` bytes of the part's ``stdout`` or ``stderr`` from ``offset``."""
         ...
 
+    def drop_logs(self, part: PartRef) -> int:
+        """Remove the ended part's stdout and stderr (``collocate purge``); the bytes freed."""
+        ...
+
     def read_trees(self, roots: Mapping[str, int], now: float,
                    gpu_pids: AbstractSet[int]) -> dict[str, TreeUsage]:
         """One reading of each job's process tree here (``job id → runner pid``)."""

@@ -124,6 +124,10 @@ class FakeNode:
         self._check()
         return b""
 
+    def drop_logs(self, part: PartRef) -> int:
+        self._check()
+        return 0
+
     def read_trees(self, roots: Mapping[str, int], now: float,
                    gpu_pids: AbstractSet[int]) -> dict[str, TreeUsage]:
         self._check()

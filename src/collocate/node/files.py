@@ -19,6 +19,22 @@ def attempt_files(directory: Path) -> dict[str, Path]:
     }
 
 
+def drop_logs(directory: Path) -> int:
+    """Remove the stdout and stderr logs in ``directory`` (``collocate purge``: an ended job's,
+    never one still written); the bytes freed. The records (start, exit) stay: they are small,
+    and what ``show`` says of the attempt comes from them and the store."""
+    freed = 0
+    for stream in ("stdout", "stderr"):
+        path = attempt_files(directory)[stream]
+        try:
+            size = os.lstat(path).st_size
+            path.unlink()
+        except OSError:  # never written, or already removed
+            continue
+        freed += size
+    return freed
+
+
 def read_json(path: Path) -> dict[str, Any] | None:
     try:
         return json.loads(path.read_text())

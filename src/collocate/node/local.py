@@ -35,7 +35,7 @@ from collocate.monitor.process_tree import TreeReader, TreeUsage
 from collocate.node.api import ExitRecord, NodeTick, PartEnd, PartRef, PartStatus, Producers
 from collocate.node.confine import Confinement, NodeBounds, local_confinement, signal_group
 from collocate.node.datasets import Datasets, ProducerRequest, ProducerStartError
-from collocate.node.files import attempt_files, disk_size, read_chunk, read_exit, read_json
+from collocate.node.files import attempt_files, disk_size, drop_logs, read_chunk, read_exit, read_json
 from collocate.node.launcher import LaunchPlan, localize, process_matches, start, start_detached, with_runner_args
 from collocate.node.reaping import OrphanedJob, adopt_orphan, job_started, reap_strays
 from collocate.node.runner import read_tail
@@ -158,6 +158,9 @@ class LocalNode:
         if stream not in ("stdout", "stderr"):
             raise ValueError(f"no log stream {stream!r}")
         return read_chunk(attempt_files(self._dir(part))[stream], offset, limit)
+
+    def drop_logs(self, part: PartRef) -> int:
+        return drop_logs(self._dir(part))
 
     def read_trees(self, roots: Mapping[str, int], now: float,
                    gpu_pids: AbstractSet[int]) -> dict[str, TreeUsage]:

@@ -36,7 +36,8 @@ _CHUNK = 1 << 16
 
 LEDGER_WIDTH = 24  # the ledger is one number, space-padded to this width (rewritten in place)
 QUOTA_CUT = ("its owner's jobs and notifies passed their storage quota (collocate serve "
-             "--user-max-stored); their jobs get no new attempts until space is freed")
+             "--user-max-stored); their jobs get no new attempts until space is freed "
+             "(collocate purge removes ended jobs' logs)")
 
 
 class Ledger:
