@@ -217,7 +217,7 @@ def print_detail(d: dict[str, Any], c: Console | None = None) -> None:
     if attempts.columns[-1].header != "REASON" and reasons:  # no room beside: whole, under it
         c.print(fields(reasons, indent=2))
     measured = measured_lines(d.get("summary"))
-    if measured:
+    if measured:  # "  label" + value, summary_lines' labels padded to 17 characters
         c.print(measured[0])
         c.print(fields([(line[2:19].strip(), line[19:]) for line in measured[1:]], indent=2))
 
