@@ -183,3 +183,103 @@ def test_gpus_in_80_columns_keeps_every_unit():
     for whole in ("node-a:0", "H100-80GB", "12.06 GiB", "40.00 GiB", "79.65 GiB", "COMMITTED", "SM WINDOW", "12,"):
         assert whole in text, (whole, text)
     assert "…" not in text
+
+
+def _detail(n_attempts: int = 3) -> dict:
+    """A pending job's ``show`` answer with long values everywhere (reasons, paths, GPU ids)."""
+    oom = "CUDA out of memory: tried to allocate 2.00 GiB; GPU 0 has a total capacity of 40 GiB"
+    attempts = [{"n": i, "start": 1.8e9 + 100 * i, "end": None if i == n_attempts else 1.8e9 + 100 * i + 50,
+                 "gpus": ["node-a:0", "node-a:1", "node-b:12"], "mem_mib": 10240.0, "peak_mib": 11000.0,
+                 "peak_so_far": i == n_attempts, "returncode": None if i == n_attempts else -9,
+                 "outcome": None if i == n_attempts else "oom", "reason": "" if i == n_attempts else oom}
+                for i in range(1, n_attempts + 1)]
+    return {"id": "123456", "name": "a-rather-long-training-name[lr=0.1,seed=3]", "state": "pending",
+            "reason": "memory: needs 12.00 GiB on each of 2 GPUs, the most room is 9.50 GiB on node-a:3",
+            "argv": ["python", "train.py"], "cwd": "/home/someone/" + "very-long-directory/" * 5,
+            "user": "someone-long", "gpus": 2, "mem_mib": 12288.0, "priority": -5,
+            "mem_source": "measured peak of attempt 2 x 1.25 + 512 MiB", "attempts_used": n_attempts,
+            "max_retries": 3, "oom_crashes": n_attempts - 1, "submit_time": 1.8e9, "end_time": None,
+            "time_limit_s": 7200.0, "fence": "fenced at 12.00 GiB per GPU (a PyTorch job's caching "
+            "allocator is capped there; under MPS its memory limit)", "attempts": attempts,
+            "summary": {"job_id": "123456", "user": "u", "name": "n", "first": 0.0, "last": 1.0,
+                        "peak_mib": 11000.0, "mean_sm": 0.36, "gpu_hours": 0.5, "occupancy_hours": 0.7,
+                        "energy_wh": 0.0, "cpu_hours": 0.1, "peak_rss_mib": 2000.0, "gpus": ["node-a:0"]}}
+
+
+def test_show_in_80_columns_wraps_and_cuts_nothing():
+    """Every value whole: long ones wrap beside their names, attempt reasons go under the
+    table when it leaves them no column; wide, REASON is a column again."""
+    d = _detail()
+    c = Console(width=80, record=True, markup=False, emoji=False, highlight=False)
+    render.print_detail(d, c)
+    text = c.export_text()
+    assert all(len(line.rstrip()) <= 80 for line in text.splitlines()), text
+    assert "…" not in text
+    flat = " ".join(text.split())
+    for whole in ("123456", "pending", "12.00 GiB", "10.00 GiB", "10.74 GiB so far", "node-b:12", "oom",
+                  "running", "-9", "11,000 MiB", "2:00:00", "someone-long", d["reason"],
+                  "reason #1 " + d["attempts"][0]["reason"], "reason #2 " + d["attempts"][1]["reason"],
+                  "not measured: its GPU gave no power reading"):
+        assert whole in flat, (whole, text)
+    assert d["cwd"] in text.replace(" ", "").replace("\n", "")  # folded, not cut
+    wide = Console(width=200, record=True, markup=False, emoji=False, highlight=False)
+    render.print_detail(d, wide)
+    lines = wide.export_text().splitlines()
+    assert any("REASON" in line and "OUTCOME" in line for line in lines)
+    assert not any(line.lstrip().startswith("reason #") for line in lines)
+    assert any(line.startswith("1 ") and "2027-01-15" in line and d["attempts"][0]["reason"] in line for line in lines)
+
+
+def test_demo_tables_fit_80_columns():
+    from collocate.daemon.demo import progress_table, result_table
+
+    class Run:
+        def __init__(self, policy: str, makespan: float) -> None:
+            self.policy, self.makespan = policy, makespan
+
+        def metrics(self) -> dict:
+            return {"makespan": self.makespan, "mean_jct": 12345.6, "oom": 123, "recovered": 123,
+                    "failed": 16, "done": 160}
+
+        def counts(self) -> dict:
+            return {"pending": 160, "running": 160, "done": 160, "failed": 160, "oom": 123}
+
+    from collocate.policies import POLICY_NAMES
+
+    runs = [Run(p, 12345.5) for p in POLICY_NAMES]
+    c = Console(width=80, record=True, markup=False)
+    c.print(result_table(runs))
+    c.print(progress_table(runs, 300.0))
+    text = c.export_text()
+    assert all(len(line.rstrip()) <= 80 for line in text.splitlines()), text
+    assert "…" not in text
+    for whole in ("OOM crashes", "recovered", "vs first", "12345.5 s", "1.00x", *POLICY_NAMES):
+        assert whole in text, (whole, text)
+
+
+def test_limits_fit_80_columns(capsys):
+    from collocate.client.control import _print_limits
+
+    lim = {"max_jobs": 1000, "max_gpus": 1000, "max_cpu_jobs": 1000}
+    _print_limits({"fair_share": False, "half_life_s": 7 * 86400.0, "default": lim,
+                   "cpu_jobs_default": 1000, "users": {"someone-long": lim},
+                   "usage": {"someone-long": {"running_jobs": 1000, "running_gpus": 1000, "gpu_hours": 12345.67}}})
+    out = capsys.readouterr().out
+    assert all(len(line) <= 80 for line in out.splitlines()), out
+    assert "12345.67 GPU-hours" in out and "at most 1000 running jobs and 1000 GPUs and 1000 CPU jobs" in out
+
+
+def test_every_commands_help_fits_80_columns_uncut():
+    """Typer's help at COLUMNS=80: option names, types and words whole (``serve`` had
+    ``$COLLOCATE_STATE_DI…`` and ``--no-dashboard-to…``)."""
+    import typer
+    from click.testing import CliRunner
+
+    from collocate.cli import COMMANDS, app
+
+    root = typer.main.get_command(app)
+    for name in COMMANDS:
+        out = CliRunner().invoke(root, [name, "--help"], env={"COLUMNS": "80"})
+        assert out.exit_code == 0, (name, out.output)
+        assert all(len(line) <= 80 for line in out.output.splitlines()), (name, out.output)
+        assert "…" not in out.output, (name, out.output)

@@ -167,3 +167,57 @@ def test_gpus_watch_into_a_file_appends_a_table_every_second(daemons, tmp_path):
             watch.wait(timeout=30)
     text = out.read_text()
     assert text.count("COMMITTED") >= 2 and text.count("A100-40GB") >= 4, text  # not nothing
+
+
+def test_every_command_that_prints_speaks_json(daemons):
+    """``--format json`` where a command prints something a script would read: ``submit``
+    (an object; a sweep, a list), ``logs`` (one object with the whole output, the job's own
+    bytes escaped by JSON; not with ``-f``), ``drain``/``resume``, ``suspend``/``resume ID``
+    and ``dashboard-url``. (ls, show, cancel, wait, gpus, hold, release, priority, update and
+    limits have their own tests.)"""
+    d = daemons("--dashboard", "0")
+    code = "import sys; print('hi \\x1b[2J'); sys.stderr.write('oops')"
+    one = cli(d, "submit", "--mem", "1GiB", "--name", "hello", "--format", "json", "--", sys.executable, "-c", code)
+    assert one.returncode == 0, one.stderr
+    queued = json.loads(one.stdout)
+    assert (queued["id"], queued["name"], queued["mem_mib"], queued["mem_source"]) == ("1", "hello", 1024.0, "declared")
+    d.wait_state("1", "done")
+    out = json.loads(cli(d, "logs", "1", "--format", "json").stdout)
+    assert out == {"id": "1", "state": "done", "reason": out["reason"], "attempt": 1, "stream": "stdout",
+                   "node": None, "notify": False, "text": "hi \x1b[2J\n"}
+    assert json.loads(cli(d, "logs", "1", "--stderr", "--format", "json").stdout)["text"] == "oops"
+    followed = cli(d, "logs", "1", "-f", "--format", "json")
+    assert followed.returncode == 2 and "not with -f" in followed.stderr and "collocate wait 1" in followed.stderr
+
+    assert json.loads(cli(d, "drain", "--format", "json").stdout) == {"draining": True, "running": 0, "pending": 0}
+    sweep = json.loads(cli(d, "submit", "--mem", "1GiB", "--sweep", "i=1..2", "--format", "json", "--",
+                           "/bin/echo", "{i}").stdout)
+    assert [(r["id"], r["name"], r["state"]) for r in sweep] == [("2", "echo[i=1]", "pending"),
+                                                                 ("3", "echo[i=2]", "pending")]
+    waiting = json.loads(cli(d, "logs", "2", "--format", "json").stdout)
+    assert waiting["attempt"] is None and waiting["state"] == "pending" and waiting["text"] == ""
+    assert "drain" in waiting["reason"]
+    assert json.loads(cli(d, "resume", "--format", "json").stdout) == {"draining": False}
+
+    long = d.submit(job_argv(500, 60), mem="1GiB")
+    d.wait_state(long, "running")
+    frozen = json.loads(cli(d, "suspend", long, "--format", "json").stdout)
+    assert frozen == [{"id": long, "state": "suspended"}]
+    thawed = cli(d, "resume", long, "--format", "json")
+    assert thawed.returncode == 0 and json.loads(thawed.stdout)[0]["id"] == long
+    d.client.request("cancel", id=long)
+    url = json.loads(cli(d, "dashboard-url", "--format", "json").stdout)
+    assert url["url"].startswith("http://127.0.0.1:") and "?token=" in url["url"] and url["token"] is True
+
+
+def test_a_job_runs_where_you_submit_it_or_in_its_cwd(daemons, tmp_path):
+    """sbatch's --chdir: ``--cwd DIR``; without it, the directory ``submit`` ran in."""
+    d = daemons()
+    there = tmp_path / "elsewhere"
+    there.mkdir()
+    where = [sys.executable, "-c", "import os; print(os.getcwd())"]
+    moved = cli(d, "submit", "--mem", "1GiB", "--cwd", str(there), "--", *where).stdout.strip()
+    here = cli(d, "submit", "--mem", "1GiB", "--", *where).stdout.strip()  # cli runs in the state dir's parent
+    for job, expected in ((moved, there), (here, d.state_dir.parent)):
+        d.wait_state(job, "done")
+        assert cli(d, "logs", job).stdout.strip() == str(expected.resolve())

@@ -71,13 +71,14 @@ def test_logs_follow_until_the_job_ends(daemons, tmp_path):
 
 
 def test_demo_runs_and_prints_the_comparison():
-    out = subprocess.run([sys.executable, "-m", "collocate.cli", "demo", "--scale", "0.15", "--timeout", "120"],
-                         capture_output=True, text=True, timeout=180, check=False)
+    """As ``--format json``: the numbers themselves (the table's layout is test_cli_text's)."""
+    out = subprocess.run([sys.executable, "-m", "collocate.cli", "demo", "--scale", "0.15", "--timeout", "120",
+                          "--format", "json"], capture_output=True, text=True, timeout=180, check=False)
     assert out.returncode == 0, out.stderr[-2000:]
-    table = out.stdout[out.stdout.index("result"):]
-    assert "exclusive" in table and "auto" in table and "makespan" in table
-    rows = [line for line in table.splitlines() if "exclusive" in line or "auto" in line]
-    assert all(" 16 " in row for row in rows)  # every job done under both policies
+    result = json.loads(out.stdout)
+    assert [r["policy"] for r in result] == ["exclusive", "auto"]
+    for r in result:  # every job done under both policies
+        assert r["finished"] and r["done"] == 16 and r["failed"] == 0 and r["makespan"] > 0, r
 
 
 def test_submit_estimate_uses_the_static_estimator_then_history_wins(daemons, tmp_path):

@@ -185,3 +185,14 @@ def test_a_member_runs_as_themselves_on_a_terminal_of_their_own(tmp_path: Path):
         assert term.status() == 4
     finally:
         stop_lab(d)
+
+
+def test_a_notebook_server_is_told_the_tunnel_to_its_port(daemons, tmp_path: Path):
+    """``collocate run -- jupyter lab --port 8888``: once placed, the member reads the ssh
+    tunnel that reaches the port (a stand-in server: Python ignores the arguments after -c)."""
+    d = daemons(gpus="emulated:1xA100-40GB")
+    term = Terminal(["run", "--mem", "1GiB", "--", sys.executable, "-c", "print('notebook up')", "--port", "8888"],
+                    _env(d.state_dir))
+    shown = term.expect("notebook up")
+    assert "to reach port 8888 from your machine: ssh -N -L 8888:127.0.0.1:8888 " in shown, shown
+    assert term.status() == 0

@@ -6,7 +6,9 @@
 * once it ended, its activity is the solo activity its attempt measured, not the prior it
   started with, and no assumption is printed beside the measured mean;
 * a job whose processes held no GPU memory says why its GPU figures are missing instead of
-  printing 0 MiB, 0 GPU-hours and 0 Wh.
+  printing 0 MiB, 0 GPU-hours and 0 Wh;
+* a job submitted without --mem says its memory was not given, never "unknown" beside the
+  peak measured for it.
 """
 
 from __future__ import annotations
@@ -53,3 +55,10 @@ def test_show_says_what_is_measured_and_what_is_not(daemons):
     nothing = show(d, idle)
     assert "not measured: no process of the job held GPU memory" in nothing
     assert "0.00 Wh" not in nothing and "GPU-hours" not in nothing and "0 MiB (any" not in nothing
+
+    undeclared = d.submit(job_argv(800, 1.0), name="no-mem")  # charged what it holds
+    d.wait_state(undeclared, "done", timeout=60)
+    measured = show(d, undeclared)
+    assert "peak GPU memory" in measured and "unknown" not in measured, measured
+    assert "memory not given (it is charged what it holds)" in measured
+    assert "fenced at the room its GPU had when it started (no memory was given)" in measured

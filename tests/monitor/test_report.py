@@ -58,6 +58,12 @@ def test_cli_report(tmp_path):
     assert result.exit_code == 0, result.output
     assert "2 job(s), 2 user(s), 1 GPU(s)" in result.output
     assert (tmp_path / "r" / "gpu_timeline.png").exists()
+    as_json = runner.invoke(app, ["report", "--state-dir", str(tmp_path), "--out", str(tmp_path / "j"),
+                                  "--format", "json"])
+    assert as_json.exit_code == 0, as_json.output
+    summary = json.loads(as_json.output)
+    assert summary == {**json.loads((tmp_path / "j" / "summary.json").read_text()), "files": summary["files"]}
+    assert len(summary["jobs"]) == 2 and str(tmp_path / "j" / "gpu_timeline.png") in summary["files"]
     missing = runner.invoke(app, ["report", "--state-dir", str(tmp_path / "none")])
     assert missing.exit_code != 0
 

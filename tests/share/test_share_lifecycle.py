@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -33,6 +34,12 @@ def test_start_ready_consume_stop(state_dir, tmp_path) -> None:
     try:
         status = handle.wait_ready(timeout=60)
         assert status.ready and status.pid == handle.pid and status.name == "life"
+        shown = subprocess.run([sys.executable, "-m", "collocate.cli", "share", "status", "life", "--state-dir",
+                                state_dir, "--format", "json"], check=True, capture_output=True, text=True, timeout=60)
+        seen = json.loads(shown.stdout)
+        assert (seen["name"], seen["pid"], seen["ready"], seen["consumers"], seen["error"]) == (
+            "life", handle.pid, True, 0, None)
+        assert seen["batches"] >= 1 and isinstance(seen["samples"], int)  # the first batch is in the ring
         with pytest.raises(ProducerExistsError):
             start_producer(spec, cwd=HERE)
         with SharedLoader("life", 10, state_dir=state_dir) as loader:
@@ -63,3 +70,6 @@ def test_cli_status_without_a_producer(state_dir) -> None:
     out = subprocess.run([sys.executable, "-m", "collocate.cli", "share", "status", "nobody", "--state-dir",
                           state_dir], check=False, capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and "no producer serves 'nobody'" in out.stdout
+    out = subprocess.run([sys.executable, "-m", "collocate.cli", "share", "status", "nobody", "--state-dir",
+                          state_dir, "--format", "json"], check=False, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and json.loads(out.stdout) is None

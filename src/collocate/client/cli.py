@@ -131,6 +131,8 @@ def submit(
                             "overrun, its requirement raised from what it held.")] = False,
     sweep: Annotated[list[str], typer.Option("--sweep", help="NAME=V1,V2,... or NAME=FIRST..LAST: "
                      "one job per combination, {NAME} in the command replaced (repeatable).")] = [],
+    fmt: Annotated[str, typer.Option("--format", help="table: the id (a sweep: one per line); json: "
+                   "an object with id, name, state and memory (a sweep: a list of them).")] = "table",
     state_dir: StateDirOpt = None, host: HostOpt = None,
     token_file: TokenFileOpt = None, fingerprint: FingerprintOpt = None,
 ) -> None:
@@ -149,6 +151,7 @@ def submit(
     from collocate.estimate.providers import EstimateRequest
     from collocate.units import parse_mib, require_unit
 
+    _format(fmt)
     if not command:
         raise InputError("empty command", hint="put the command after --, e.g. "
                          "collocate submit --mem 6GiB -- python train.py")
@@ -190,18 +193,34 @@ def submit(
     if no_mem_fence:
         fields["no_mem_fence"] = True
     if points is None:
-        typer.echo(client.request("submit", argv=list(command), name=name, **fields)["id"])
+        queued = client.request("submit", argv=list(command), name=name, **fields)
+        typer.echo(json.dumps(_queued(queued, name or default_name(command)), indent=1) if fmt == "json"
+                   else queued["id"])
         return
     base = name or default_name(command)
+    listed: list[dict[str, Any]] = []
     for done, point in enumerate(points):
         try:
             result = client.request("submit", argv=list(point.command), name=f"{base}[{point.label()}]", **fields)
         except CollocateError as exc:
             if not done:
                 raise
+            if fmt == "json":
+                typer.echo(json.dumps(listed, indent=1))
             raise CollocateError(f"{exc.args[0]} ({done} of {len(points)} sweep jobs were queued "
                                  "before it; their ids are printed above)", hint=exc.hint) from exc
-        typer.echo(result["id"])
+        if fmt == "json":
+            listed.append(_queued(result, f"{base}[{point.label()}]"))
+        else:
+            typer.echo(result["id"])
+    if fmt == "json":
+        typer.echo(json.dumps(listed, indent=1))
+
+
+def _queued(answer: dict[str, Any], name: str) -> dict[str, Any]:
+    """``submit --format json``'s object for one queued job: the daemon's answer (id, name,
+    state, memory and where that figure comes from); ``name`` for a daemon that gave none."""
+    return {"name": name, **answer}
 
 
 def _script_params(ctx: typer.Context, command: list[str] | None) -> Any:
@@ -355,6 +374,8 @@ def logs(
                     "this node (default: rank 0's; `collocate show` lists the nodes).")] = None,
     notify: Annotated[bool, typer.Option("--notify", help="The output of the job's --notify "
                       "command instead (with --stderr, its stderr).")] = False,
+    fmt: Annotated[str, typer.Option("--format", help="table: the output as written; json: one "
+                   "object, the attempt's whole output so far in \"text\" (not with -f).")] = "table",
     state_dir: StateDirOpt = None, host: HostOpt = None,
     token_file: TokenFileOpt = None, fingerprint: FingerprintOpt = None,
 ) -> None:
@@ -366,7 +387,16 @@ def logs(
     from collocate.client.follow import print_logs
     from collocate.client.select import me
 
+    _format(fmt)
+    if fmt == "json" and follow:
+        raise InputError("--format json prints one object, so not with -f",
+                         hint=f"wait for the end, then read it: collocate wait {job_id}; "
+                         f"collocate logs {job_id} --format json")
     client = _client(state_dir, host, token_file, fingerprint)
+    if fmt == "json":
+        typer.echo(json.dumps(_logs_object(client, job_id, "stderr" if stderr else "stdout",
+                                           attempt, node, notify), indent=1))
+        return
     if notify:
         _print_notify_logs(client, job_id, "stderr" if stderr else "stdout")
         return
@@ -380,6 +410,27 @@ def logs(
     except BrokenPipeError:  # `collocate logs 3 | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise typer.Exit(0) from None
+
+
+def _logs_object(client: Any, job_id: str, stream: str, attempt: int | None, node: str | None,
+                 notify: bool) -> dict[str, Any]:
+    """``logs --format json``: one attempt's whole output so far (the latest unless ``attempt``),
+    as the job wrote it (JSON escapes its control characters), with the job's state and why.
+    ``attempt`` is null for a job that has not started (``reason`` says why it waits) and for
+    the output of its ``--notify`` command (``notify`` true)."""
+    args: dict[str, Any] = {"stream": stream, **({"notify": True} if notify else {}),
+                            **({"node": node} if node is not None else {})}
+    text, offset, n = [], 0, attempt
+    while True:
+        chunk = client.request("logs", id=job_id, offset=offset, **args, **({} if notify else {"attempt": n}))
+        n = None if notify else chunk.get("attempt")  # pinned: a new attempt does not mix in
+        text.append(chunk.get("text", ""))
+        offset = chunk.get("offset", offset)
+        if not chunk.get("text"):
+            break
+    job = client.request("show", id=job_id)
+    return {"id": job_id, "state": job["state"], "reason": job["reason"], "attempt": n, "stream": stream,
+            "node": node, "notify": notify, "text": "".join(text)}
 
 
 def _print_notify_logs(client: Any, job_id: str, stream: str) -> None:
@@ -565,34 +616,41 @@ def gpus(
             pass
 
 
-def drain(state_dir: StateDirOpt = None, host: HostOpt = None,
+def drain(fmt: FormatOpt = "table", state_dir: StateDirOpt = None, host: HostOpt = None,
     token_file: TokenFileOpt = None, fingerprint: FingerprintOpt = None) -> None:
     """Stop placing jobs; running ones finish. `collocate resume` undoes it."""
+    _format(fmt)
     r = _client(state_dir, host, token_file, fingerprint).request("drain")
+    if fmt == "json":
+        typer.echo(json.dumps(r, indent=1))
+        return
     typer.echo(f"draining: {r['running']} running job(s) will finish, {r['pending']} stay queued")
 
 
 def resume(job_ids: Annotated[list[str] | None, typer.Argument(
         metavar="[IDS]", help="Suspended jobs to thaw (ids, ranges, lists); none: undo `collocate drain`.",
         show_default=False)] = None,
+    fmt: FormatOpt = "table",
     state_dir: StateDirOpt = None, host: HostOpt = None,
     token_file: TokenFileOpt = None, fingerprint: FingerprintOpt = None) -> None:
     """Place jobs again after `collocate drain`; with job ids, thaw jobs `collocate suspend`
     froze (your own; a job the scheduler froze thaws by itself when room returns)."""
+    _format(fmt)
     if job_ids:
         from collocate.client.control import resume_jobs
 
-        resume_jobs(job_ids, (state_dir, host, token_file, fingerprint))
+        resume_jobs(job_ids, (state_dir, host, token_file, fingerprint), fmt)
         return
-    _client(state_dir, host, token_file, fingerprint).request("resume")
-    typer.echo("placing jobs again")
+    r = _client(state_dir, host, token_file, fingerprint).request("resume")
+    typer.echo(json.dumps(r, indent=1) if fmt == "json" else "placing jobs again")
 
 
-def dashboard_url(state_dir: StateDirOpt = None, host: HostOpt = None,
+def dashboard_url(fmt: FormatOpt = "table", state_dir: StateDirOpt = None, host: HostOpt = None,
     token_file: TokenFileOpt = None, fingerprint: FingerprintOpt = None) -> None:
     """Print the daemon's dashboard URL with its token (readable by the daemon's owner only)."""
     from collocate.daemon.paths import StateLayout
 
+    _format(fmt)
     client = _client(state_dir, host, token_file, fingerprint)
     url = client.request("ping").get("dashboard")
     if url is None:
@@ -608,4 +666,5 @@ def dashboard_url(state_dir: StateDirOpt = None, host: HostOpt = None,
                              f"is theirs: {exc.strerror})",
                              hint="open your own, with your rights: `collocate dashboard --port 8390` "
                              "(your jobs in full, others' as `collocate ls` shows them)") from None
-    typer.echo(f"{url}?token={token}" if token else url)
+    full = f"{url}?token={token}" if token else url
+    typer.echo(json.dumps({"url": full, "token": bool(token)}) if fmt == "json" else full)

@@ -67,18 +67,18 @@ def _each(op: str, job_ids: list[str], target: tuple[Any, ...], fmt: str = "tabl
         raise typer.Exit(1)
 
 
-def suspend(job_ids: IdsArg, state_dir: StateDirOpt = None, host: HostOpt = None,
+def suspend(job_ids: IdsArg, fmt: FormatOpt = "table", state_dir: StateDirOpt = None, host: HostOpt = None,
             token_file: TokenFileOpt = None, fingerprint: FingerprintOpt = None) -> None:
     """Freeze running jobs until `collocate resume ID` (your own; the daemon's owner may suspend
     anyone's), as Slurm's `scontrol suspend`: their processes stop (no CPU, no new GPU kernels),
     their GPU memory and GPUs stay theirs, and their --time does not run meanwhile. A job across
     nodes or an interactive job is never suspended."""
-    _each("suspend", job_ids, (state_dir, host, token_file, fingerprint))
+    _each("suspend", job_ids, (state_dir, host, token_file, fingerprint), fmt)
 
 
-def resume_jobs(job_ids: list[str], target: tuple[Any, ...]) -> None:
+def resume_jobs(job_ids: list[str], target: tuple[Any, ...], fmt: str = "table") -> None:
     """Thaw suspended jobs (``collocate resume ID...``)."""
-    _each("resume_job", job_ids, target)
+    _each("resume_job", job_ids, target, fmt)
 
 
 def hold(job_ids: IdsArg, fmt: FormatOpt = "table", state_dir: StateDirOpt = None, host: HostOpt = None,

@@ -166,59 +166,114 @@ def print_jobs(rows: list[dict[str, Any]], *, dated: bool = False) -> None:
     c.print(jobs_table(rows, c.width, dated=dated))
 
 
-def print_detail(d: dict[str, Any]) -> None:
-    c = console()
+def print_detail(d: dict[str, Any], c: Console | None = None) -> None:
+    """``collocate show``: one field a line, its value wrapped beside its name in a narrow
+    terminal, then the attempts (``attempts_table``) and what was measured. Nothing is cut:
+    this is where ``ls``'s shortened reasons are whole."""
+    c = c or console()
     why = d["reason"] or d.get("wait") or ""
     reason = f" ({printable(why)})" if why else ""
     c.print(Text.assemble((f"job {printable(d['id'])}", "bold"),
                           f" {printable(d['name'])}: {d['state']}{reason}"))
+    rows: list[tuple[str, str]] = []
     if "argv" in d:  # quoted as a shell would need it: copy, paste, run
-        c.print(f"  command   {printable(shlex.join(d['argv']))}")
-        c.print(f"  cwd       {printable(d['cwd'])}")
+        rows += [("command", printable(shlex.join(d["argv"]))), ("cwd", printable(d["cwd"]))]
     else:
-        c.print("  command   (only its owner sees it; `collocate submit --public` shares it)")
-    c.print(f"  user      {printable(d['user'])}")
-    c.print(f"  gpus      {_gpus(d)}   memory {_mib(d['mem_mib'])} ({printable(d['mem_source'])})"
-            f"   priority {d.get('priority', 0)}")
+        rows.append(("command", "(only its owner sees it; `collocate submit --public` shares it)"))
+    rows.append(("user", printable(d["user"])))
+    rows.append(("gpus", f"{_gpus(d)}   memory {requirement(d)}   priority {d.get('priority', 0)}"))
     if d.get("profile"):
         p = d["profile"]
-        c.print(f"  activity  {activity_text(p, d.get('summary'))}")
+        rows.append(("activity", activity_text(p, d.get("summary"))))
         if isinstance(p.get("measured_slowdown"), (int, float)):
-            c.print(f"  slowdown  {p['measured_slowdown']:.2f}x now, from the steps it reports")
-    c.print(f"  retries   {retries_line(d)}")
+            rows.append(("slowdown", f"{p['measured_slowdown']:.2f}x now, from the steps it reports"))
+    rows.append(("retries", retries_line(d)))
     if d.get("fence"):
-        c.print(f"  memory    {printable(d['fence'])}")
+        rows.append(("memory", printable(d["fence"])))
     if d.get("victim_crashes"):
-        c.print(f"  crashed   {d['victim_crashes']} time(s) out of memory because a neighbour "
-                "overran; not counted, requirement unchanged")
+        rows.append(("crashed", f"{d['victim_crashes']} time(s) out of memory because a neighbour "
+                     "overran; not counted, requirement unchanged"))
     for key, what in (("after", "must end done first"), ("after_any", "must end first"),
                       ("after_notok", "must end other than done first")):
         if d.get(key):
-            c.print(f"  {key.replace('_', '-'):<9} job(s) {printable(', '.join(d[key]))} ({what})")
+            rows.append((key.replace("_", "-"), f"job(s) {printable(', '.join(d[key]))} ({what})"))
     if d.get("time_limit_s") is not None:
-        c.print(f"  time      limit {format_duration(d['time_limit_s'])}")
+        rows.append(("time", f"limit {format_duration(d['time_limit_s'])}"))
     if d.get("suspended"):
         by = "its owner" if d["suspended"] == "user" else "the scheduler"
-        c.print(f"  suspended by {by} since {when(d.get('suspended_at'))}: {printable(d.get('suspended_why') or '')}"
-                + (f"; `collocate resume {printable(d['id'])}`" if d["suspended"] == "user" else ""))
+        rows.append(("suspended", f"by {by} since {when(d.get('suspended_at'))}: "
+                     f"{printable(d.get('suspended_why') or '')}"
+                     + (f"; `collocate resume {printable(d['id'])}`" if d["suspended"] == "user" else "")))
     if d.get("held"):
         by = "the daemon's owner" if d["held"] == "admin" else "its owner"
-        c.print(f"  held      by {by}: `collocate release {printable(d['id'])}`")
+        rows.append(("held", f"by {by}: `collocate release {printable(d['id'])}`"))
     if d.get("notify"):
-        c.print(f"  notify    {printable(shlex.join(d['notify']))}")
-    c.print(f"  submitted {when(d['submit_time'])}   ended {when(d['end_time'])}")
-    table = Table(box=None, header_style="bold", title="attempts", title_justify="left")
-    for col in ("#", "START", "END", "GPU", "MEM", "PEAK", "EXIT", "OUTCOME", "REASON"):
-        table.add_column(col)
-    for a in d["attempts"]:
-        on = ",".join(a["gpus"]) or (f"cpu on {a['host']}" if a.get("host") else "cpu")  # a CPU job
-        table.add_row(str(a["n"]), when(a["start"]), when(a["end"]), plain(on),
-                      _mib(a["mem_mib"]), _mib(a["peak_mib"]) + (" so far" if a.get("peak_so_far") else ""),
-                      "-" if a["returncode"] is None else str(a["returncode"]),
-                      plain(a["outcome"] or "running"), plain(a["reason"] or ""))
-    c.print(table)
-    for line in measured_lines(d.get("summary")):
-        c.print(line)
+        rows.append(("notify", printable(shlex.join(d["notify"]))))
+    rows.append(("submitted", f"{when(d['submit_time'])}   ended {when(d['end_time'])}"))
+    c.print(fields(rows, indent=2))
+    attempts = attempts_table(d["attempts"], c.width)
+    c.print(attempts)
+    reasons = [(f"reason #{a['n']}", printable(a["reason"])) for a in d["attempts"] if a["reason"]]
+    if attempts.columns[-1].header != "REASON" and reasons:  # no room beside: whole, under it
+        c.print(fields(reasons, indent=2))
+    measured = measured_lines(d.get("summary"))
+    if measured:  # "  label" + value, summary_lines' labels padded to 17 characters
+        c.print(measured[0])
+        c.print(fields([(line[2:19].strip(), line[19:]) for line in measured[1:]], indent=2))
+
+
+def requirement(d: dict[str, Any]) -> str:
+    """The memory a job is charged per GPU and where that figure comes from; a job that gave
+    none says so rather than ``- (unknown)`` beside the peak measured below."""
+    if d["mem_mib"] is None:
+        return "not given (it is charged what it holds)"
+    return f"{_mib(d['mem_mib'])} ({printable(d['mem_source'])})"
+
+
+def fields(rows: list[tuple[str, str]], *, indent: int) -> Table:
+    """``name  value`` lines whose values wrap beside their names (never under them), words
+    whole; a word longer than the line (a path) is folded rather than cut."""
+    keys = [" " * indent + k for k, _ in rows]
+    grid = Table.grid(padding=(0, 1), pad_edge=False)
+    grid.add_column(no_wrap=True, min_width=max([indent + 9, *map(len, keys)]))
+    grid.add_column(overflow="fold")
+    for key, (_, value) in zip(keys, rows, strict=True):
+        grid.add_row(Text(key), Text(value))
+    return grid
+
+
+#: Below this many columns left for it, ``show``'s attempt reasons go under the table, whole.
+REASON_MIN = 24
+
+
+def attempts_table(attempts: list[dict[str, Any]], width: int) -> Table:
+    """``show``'s attempts for a terminal ``width`` columns wide: no cell is ever cut. Dates
+    keep their day below 120 columns (``11-24 14:03``); the GPUs fold between ids; REASON is a
+    column while it has room (``REASON_MIN``), else ``print_detail`` puts them under it."""
+    short = width < 120
+    on = [", ".join(a["gpus"]) or (f"cpu on {a['host']}" if a.get("host") else "cpu") for a in attempts]
+    cells = [[str(a["n"]), (when_short if short else when)(a["start"]), (when_short if short else when)(a["end"]),
+              _mib(a["mem_mib"]), _mib(a["peak_mib"]) + (" so far" if a.get("peak_so_far") else ""),
+              "-" if a["returncode"] is None else str(a["returncode"]), printable(a["outcome"] or "running")]
+             for a in attempts]
+    heads = ("#", "START", "END", "MEM", "PEAK", "EXIT", "OUTCOME")
+    widths = [max([len(h), *(len(row[i]) for row in cells)]) for i, h in enumerate(heads)]
+    gpu_width = max([3, *(len(g) for a in attempts for g in a["gpus"]), *(len(o) for o in on if "," not in o)])
+    gpu_width = max(gpu_width, min(max([3, *map(len, on)]), width - sum(widths) - len(widths) - 1 - REASON_MIN))
+    left = width - sum(widths) - gpu_width - len(widths) - 1
+    table = Table(box=None, header_style="bold", title="attempts", title_justify="left", pad_edge=False,
+                  padding=(0, 1, 0, 0))
+    for h, w in zip(heads[:3], widths[:3], strict=True):
+        table.add_column(h, no_wrap=True, min_width=w)
+    table.add_column("GPU", min_width=gpu_width, max_width=gpu_width)  # wraps between ", "
+    for h, w in zip(heads[3:], widths[3:], strict=True):
+        table.add_column(h, no_wrap=True, min_width=w)
+    with_reasons = left >= REASON_MIN
+    if with_reasons:
+        table.add_column("REASON", overflow="fold", max_width=left)
+    for row, gpus, a in zip(cells, on, attempts, strict=True):
+        table.add_row(*row[:3], plain(gpus), *row[3:], *([plain(a["reason"] or "")] if with_reasons else []))
+    return table
 
 
 def activity_text(profile: dict[str, Any], summary: dict[str, Any] | None) -> str:

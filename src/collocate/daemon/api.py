@@ -63,7 +63,7 @@ class Api:
                 raise InputError("this submit key belongs to another user's job",
                                  hint="send a fresh random key (collocate clients do)")
             job = self.scheduler.jobs.get(stored[0].id, stored[0])
-            return {"id": job.id, "state": job.state.value, "mem_mib": job.mem_mib,
+            return {"id": job.id, "name": job.name, "state": job.state.value, "mem_mib": job.mem_mib,
                     "mem_source": job.mem_source}
         self.accounts.check_submit(peer.uid, request_size(args),
                                    queued_of(peer.uid, self.scheduler.jobs.values(), self.specs))
@@ -102,7 +102,8 @@ class Api:
         self.store.add_job(job, req.spec)
         self.specs[job.id] = req.spec
         job = self.scheduler.submit(job)
-        return {"id": job.id, "state": job.state.value, "mem_mib": job.mem_mib, "mem_source": source}
+        return {"id": job.id, "name": job.name, "state": job.state.value, "mem_mib": job.mem_mib,
+                "mem_source": source}
 
     def op_ls(self, args: dict, peer: Peer) -> list[dict]:
         """One page (``after``: the last id of the previous one; ``ids``: only these), each row as

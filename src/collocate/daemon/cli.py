@@ -60,10 +60,9 @@ def serve(
                          "Prometheus /metrics on [HOST:]PORT (127.0.0.1 unless HOST; 0 = any free "
                          "port), behind a token of its own, made once and kept (see "
                          "`collocate dashboard-url`).")] = None,
-    dashboard_token: Annotated[bool, typer.Option("--dashboard-token/--no-dashboard-token",
-                               help="--no-dashboard-token: serve the dashboard with no token "
-                               "(loopback only; every local user can then read every job's "
-                               "command line and logs).")] = True,
+    no_dashboard_token: Annotated[bool, typer.Option("--no-dashboard-token", help="Serve the "
+                                  "dashboard with no token (loopback only; every local user can "
+                                  "then read every job's command line and logs).")] = False,
     mlflow: Annotated[bool, typer.Option("--mlflow", help="One MLflow run per job, in a local "
                       "SQLite store under the state dir (needs the mlflow extra: pip install 'collocate\\[mlflow]').")] = False,
     mlflow_uri: Annotated[str | None, typer.Option("--mlflow-uri", help="MLflow tracking URI "
@@ -141,7 +140,7 @@ def serve(
         if token is None and not members:
             raise InputError("--tcp needs --token-file", hint="put a long random token in a file only you can read")
         tcp_addr = (host, int(port))
-    tracking = _tracking_config(dashboard, None, mlflow, mlflow_uri, dashboard_auth=dashboard_token)
+    tracking = _tracking_config(dashboard, None, mlflow, mlflow_uri, dashboard_auth=not no_dashboard_token)
     if job_max_pids < 0 or user_max_queued < 1:
         raise InputError("--job-max-pids must be 0 or more and --user-max-queued 1 or more")
     quotas = Quotas(max_queued=user_max_queued, max_request=option_bytes(user_max_request, "--user-max-request") or Quotas().max_request,

@@ -10,6 +10,7 @@ live, and a table compares makespan, mean job completion time (JCT), OOM crashes
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -138,8 +139,6 @@ class DemoRun:
         self.daemon.stop(timeout_s=10)
         for record in self.state_dir.glob("jobs/*/attempt-*/runner.json"):
             try:
-                import json
-
                 os.killpg(int(json.loads(record.read_text())["pid"]), signal.SIGKILL)
             except (OSError, ValueError, KeyError):
                 pass
@@ -149,6 +148,8 @@ def demo(
     policies: Annotated[str, typer.Option("--policies", help="Comma-separated policies to compare.")] = "exclusive,auto",
     scale: Annotated[float, typer.Option("--scale", help="Multiply every job's duration by this.")] = 1.0,
     timeout: Annotated[float, typer.Option("--timeout", help="Give up after this many seconds.")] = 300.0,
+    fmt: Annotated[str, typer.Option("--format", help="table (for people: live progress, then "
+                   "the result) or json (the result, one object per policy, nothing live).")] = "table",
 ) -> None:
     """Run the daemon on 4 emulated A100s and compare placement policies on a small trace."""
     from rich.console import Console
@@ -162,7 +163,11 @@ def demo(
             raise InputError(f"unknown policy {name!r}", hint=f"valid policies: {', '.join(POLICY_NAMES)}")
     if not names or scale <= 0:
         raise InputError("give at least one policy and a --scale above 0")
+    if fmt not in ("table", "json"):
+        raise InputError(f"unknown --format {fmt!r}", hint="use table or json")
     console = Console() if sys.stdout.isatty() else Console(width=120)
+    if fmt == "json":  # the live table and the words go to stderr, the result alone to stdout
+        console = Console(stderr=True, quiet=not sys.stderr.isatty())
     under = sum(j.under_estimated for j in TRACE)
     console.print(f"[bold]collocate demo[/bold]: {len(TRACE)} emulated training jobs ({under} under-estimated, "
                   f"{sum(j.declared_mib is None for j in TRACE)} without --mem) on {GPUS}, "
@@ -187,7 +192,11 @@ def demo(
         console.print()
         if not all(r.finished for r in runs):
             console.print(f"[red]stopped after {timeout:.0f} s with jobs still running[/red]")
-        console.print(result_table(runs))
+        if fmt == "json":
+            typer.echo(json.dumps([{"policy": r.policy, "finished": r.finished, **r.metrics()} for r in runs],
+                                  indent=1))
+        else:
+            console.print(result_table(runs))
     finally:
         for r in runs:
             r.stop()
@@ -195,11 +204,7 @@ def demo(
 
 
 def progress_table(runs: list[DemoRun], elapsed: float):
-    from rich.table import Table
-
-    table = Table(title=f"live progress ({elapsed:.0f} s)", title_justify="left")
-    for col in ("policy", "pending", "running", "done", "failed", "OOM crashes"):
-        table.add_column(col, justify="right" if col != "policy" else "left")
+    table = _table(f"live progress ({elapsed:.0f} s)", ("policy", "pending", "running", "done", "failed", "OOM crashes"))
     for r in runs:
         c = r.counts()
         table.add_row(r.policy, str(c["pending"]), str(c["running"]), str(c["done"]), str(c["failed"]), str(c["oom"]))
@@ -207,15 +212,23 @@ def progress_table(runs: list[DemoRun], elapsed: float):
 
 
 def result_table(runs: list[DemoRun]):
-    from rich.table import Table
-
-    table = Table(title="result (same trace, same emulated GPUs)", title_justify="left")
-    for col in ("policy", "makespan", "mean JCT", "done", "failed", "OOM crashes", "recovered", "vs first"):
-        table.add_column(col, justify="right" if col != "policy" else "left")
+    """The comparison, 80 columns wide at most: no box, one space between columns, no cell cut."""
+    table = _table("result (same trace, same emulated GPUs)",
+                   ("policy", "makespan", "mean JCT", "done", "failed", "OOM crashes", "recovered", "vs first"))
     base = runs[0].metrics() if runs else {}
     for r in runs:
         m = r.metrics()
         speed = base["makespan"] / m["makespan"] if m["makespan"] else float("nan")
         table.add_row(r.policy, f"{m['makespan']:.1f} s", f"{m['mean_jct']:.1f} s", str(m["done"]),
                       str(m["failed"]), str(m["oom"]), str(m["recovered"]), f"{speed:.2f}x")
+    return table
+
+
+def _table(title: str, columns: tuple[str, ...]):
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left", box=None, header_style="bold", pad_edge=False,
+                  padding=(0, 0, 0, 1))
+    for col in columns:
+        table.add_column(col, justify="right" if col != "policy" else "left", no_wrap=True)
     return table

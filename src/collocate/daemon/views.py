@@ -138,7 +138,9 @@ def fence_line(job: Job, r: Any) -> str:
         return f"not fenced: {why}"
     fence = job_fence_mib(placed, r.room_mib if live else None)
     if fence is None:
-        return "fenced at the room its GPU has when it starts (its memory is unknown)"
+        # "no memory was given", never "unknown": `show` prints its measured peak beside this
+        had = "had when it started" if job.state.is_terminal else "has when it starts"
+        return f"fenced at the room its GPU {had} (no memory was given)"
     return (f"fenced at {format_mib(fence)} per GPU (a PyTorch job's caching allocator is capped "
             "there; under MPS its memory limit)")
 

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from collocate.errors import CollocateError
+from collocate.errors import CollocateError, InputError
 
 StateDirOpt = Annotated[Path | None, typer.Option(
     "--state-dir", readable=False, help="Daemon state dir (default: $COLLOCATE_STATE_DIR, then "
@@ -27,12 +27,16 @@ def report(
         "$XDG_STATE_HOME/collocate, then ~/.local/state/collocate).")] = None,
     out: Annotated[Path, typer.Option("--out", help="Directory for summary.md/json and PNGs.")]
     = Path("collocate-report"),
+    fmt: Annotated[str, typer.Option("--format", help="table: a line, then the files written; "
+                   "json: summary.json's object, with the files written in \"files\".")] = "table",
 ) -> None:
     """Summarise GPU usage per user, job and GPU (energy, GPU-hours, SM activity) with plots."""
     from collocate.daemon.paths import resolve_state_dir
     from collocate.monitor.report import build_report, parse_since
     from collocate.monitor.store import MonitorStore, monitor_db_path
 
+    if fmt not in ("table", "json"):
+        raise InputError(f"unknown --format {fmt!r}", hint="use table or json")
     start = parse_since(since) if since else None
     path = monitor_db_path(resolve_state_dir(state_dir))
     if not path.exists():
@@ -45,6 +49,12 @@ def report(
         result = build_report(store, out, since=start, accounting=_accounting(path.parent))
     finally:
         store.close()
+    if fmt == "json":
+        import json
+
+        summary = json.loads((out / "summary.json").read_text())
+        typer.echo(json.dumps({**summary, "files": [str(f) for f in result.files]}, indent=1))
+        return
     typer.echo(f"{len(result.jobs)} job(s), {len(result.users)} user(s), "
                f"{len(result.gpus)} GPU(s); energy {sum(j.energy_wh for j in result.jobs):.2f} Wh "
                f"attributed to jobs")

@@ -41,14 +41,27 @@ def serve_command(
 def status_command(
     name: str = typer.Argument(..., help="dataset name"),
     state_dir: str | None = typer.Option(None, help="namespace of producer names (default: per user)"),
+    fmt: str = typer.Option("table", "--format", help="table (for people) or json (for tools: null "
+                            "when none serves it)."),
 ) -> None:
-    """Show whether a producer serves NAME, and its progress."""
+    """Show whether a producer serves NAME, and its progress (exit 1 if none does)."""
+    from collocate.errors import InputError
     from collocate.share.lifecycle import probe
 
+    if fmt not in ("table", "json"):
+        raise InputError(f"unknown --format {fmt!r}", hint="use table or json")
     status = probe(name, state_dir)
+    if fmt == "json":
+        import dataclasses
+        import json
+
+        typer.echo(json.dumps(None if status is None else dataclasses.asdict(status), indent=1))
     if status is None:
-        typer.echo(f"no producer serves {name!r}")
+        if fmt != "json":
+            typer.echo(f"no producer serves {name!r}")
         raise typer.Exit(1)
+    if fmt == "json":
+        return
     typer.echo(f"{status.name}: pid {status.pid}, {'ready' if status.ready else 'starting'}, "
                f"{status.consumers} consumers, {status.batches} batches / {status.samples} samples served"
                + (f", error: {status.error}" if status.error else ""))

@@ -369,8 +369,9 @@ async function refreshDetail() {
       el("div", {"class": "sub", id: "detail-command"}, d.argv ? d.argv.map(a => /^[\w@%+=:,./-]+$/.test(a) ? a
          : "'" + a.replace(/'/g, "'\"'\"'") + "'").join(" ") : "command: only its owner sees it (collocate submit --public shares it)"),
       el("div", {"class": "reason"}, d.reason || ""),
-      el("div", {}, "user " + (d.user || "-") + " | needs " + mib(d.mem_mib) + " (" + (d.mem_source || "-") +
-         ") | submitted " + when(d.submit_time) + " | ended " + when(d.end_time)),
+      el("div", {}, "user " + (d.user || "-") + " | needs " + (none(d.mem_mib) ? "no memory given (charged what it holds)"
+         : mib(d.mem_mib) + " (" + (d.mem_source || "-") + ")") +
+         " | submitted " + when(d.submit_time) + " | ended " + when(d.end_time)),
       el("div", {id: "detail-measured"}, measuredText(s)),
       ...(d.profile ? [el("div", {"class": "sub", id: "detail-profile"}, profileText(d.profile, s))] : []),
       el("h3", {}, "attempts"), attemptsTable(d.attempts || []),
