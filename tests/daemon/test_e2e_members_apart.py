@@ -201,5 +201,7 @@ def test_a_member_at_their_quota_purges_their_own_logs_and_their_job_starts(lab,
     assert d.wait_state(queued, ("done", "failed"), timeout=60)["state"] == "done"
     assert cli_as(a, d.state_dir, "logs", queued).stdout.strip() == "after-purge"
     assert d.job(flood)["state"] == "done"  # the record stays
+    said = cli_as(a, d.state_dir, "logs", flood)  # and `logs` says where the output went
+    assert said.returncode == 0 and said.stdout == "" and "were purged" in said.stderr, said
     ledger = int((d.state_dir / "quota" / str(a.uid)).read_text())
     assert ledger > 7 * 2**20, ledger  # the freed bytes are A's again

@@ -430,7 +430,7 @@ def _logs_object(client: Any, job_id: str, stream: str, attempt: int | None, nod
             break
     job = client.request("show", id=job_id)
     return {"id": job_id, "state": job["state"], "reason": job["reason"], "attempt": n, "stream": stream,
-            "node": node, "notify": notify, "text": "".join(text)}
+            "node": node, "notify": notify, "text": "".join(text), "purged": bool(chunk.get("purged"))}
 
 
 def _print_notify_logs(client: Any, job_id: str, stream: str) -> None:

@@ -90,6 +90,11 @@ def print_logs(request: Request, job_id: str, *, stream: str, attempt: int | Non
         chunk = request("logs", id=job_id, offset=offset, attempt=n, stream=stream,
                         **({} if node is None else {"node": node}))
         cur = chunk["attempt"]
+        if chunk.get("purged"):
+            err.write(f"job {job_id}'s logs were purged (collocate purge); its record stays: "
+                      f"collocate show {job_id}\n")
+            err.flush()
+            return
         if cur is None and (line := not_started(job_id, chunk)) != said:
             err.write(line + "\n")  # again only when the state or reason changes
             err.flush()

@@ -191,6 +191,7 @@ class Api:
             freed += sum(self.fleet.drop_logs(a) for a in attempts)
             freed += drop_notify_logs(self.layout.root, job_id)
             self.accounts.forget(a.dir for a in attempts)
+            self.store.set_flag(views.purged_key(job_id), True)  # `logs` says so rather than print nothing
             owners.add(self.specs[job_id].uid)
         for uid in owners:
             self.accounts.refresh(uid)

@@ -190,6 +190,11 @@ def _profile(job: Job, resident: Any) -> dict[str, Any]:
             "measured_slowdown": (resident.slowdown or None) if resident is not None else None}
 
 
+def purged_key(job_id: str) -> str:
+    """The store flag ``collocate purge`` sets on a job whose logs it removed."""
+    return f"purged:{job_id}"
+
+
 def logs(store: Store, job_id: str, args: Mapping[str, Any], read: LogReader,
          waiting: Waiting = lambda job_id: None) -> dict[str, Any]:
     """A chunk of one attempt's stdout or stderr from ``offset``; the client follows with it.
@@ -201,6 +206,9 @@ def logs(store: Store, job_id: str, args: Mapping[str, Any], read: LogReader,
     attempts = store.attempts(job_id)
     found = store.job(job_id)
     state = found[0].state.value if found else "unknown"
+    if attempts and store.get_flag(purged_key(job_id)):  # `collocate purge` removed the files
+        return {"text": "", "offset": 0, "attempt": attempts[-1].n, "state": state, "reason": "",
+                "path": None, "ended": True, "attempts": [], "purged": True}
     wait = waiting(job_id) if found and found[0].state is JobState.PENDING else None
     reason = str(wait) if wait is not None else (found[0].reason if found else "")
     summary = [{"n": a.n, "outcome": a.outcome, "reason": a.reason, "mem_mib": a.mem_mib,
