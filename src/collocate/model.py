@@ -76,6 +76,11 @@ class JobProfile:
 UNKNOWN_PROFILE = JobProfile()
 
 
+#: Priorities are whole numbers within +/- this (raising one above 0 is the daemon owner's right,
+#: ``daemon/rights.py``); a bound keeps a pasted 10**22 from meaning anything.
+PRIORITY_MAX = 1_000_000
+
+
 @dataclass(frozen=True, slots=True)
 class Job:
     """A training job as the scheduler sees it; the daemon keeps command, cwd and env beside it.
@@ -479,6 +484,18 @@ class Wait:
 
 
 @dataclass(frozen=True, slots=True)
+class Freeze:
+    """A running job to freeze (``collocate.suspension``), why in words, and the jobs it is
+    frozen beside (a job on trial: it thaws once one of them is gone) or for (preempted by a
+    job of higher priority: it thaws once that one ends or is frozen itself)."""
+
+    job_id: str
+    why: str
+    beside: tuple[str, ...]
+    by: str = "trial"  # ``Job.suspended`` it gets: "trial" or "preempt"
+
+
+@dataclass(frozen=True, slots=True)
 class Plan:
     """What one scheduling round decided. An executor (simulator or daemon) applies it.
 
@@ -491,6 +508,9 @@ class Plan:
     rejections: tuple[Rejection, ...] = ()
     waits: Mapping[str, Wait] = field(default_factory=dict)
     recheck_at: float = math.inf
+    #: Running jobs to freeze before the placements launch (priority preemption by suspension,
+    #: ``collocate.preemption``): the executor stops them, they keep their memory.
+    freeze: tuple[Freeze, ...] = ()
 
     def __bool__(self) -> bool:
-        return bool(self.placements or self.rejections)
+        return bool(self.placements or self.rejections or self.freeze)
