@@ -129,5 +129,5 @@ def preempt(job: Job, running: Iterable[Job], policy: Policy, cluster: ClusterSn
             placed, needed = got
     by_id = {c.id: c for c in candidates}
     return Preemption(placed, tuple(
-        Freeze(j, f"frozen for job {job.id}, of higher priority ({job.priority} > {by_id[j].priority}); "
-                  "thaws when it ends", (job.id,), "preempt") for j in needed))
+        Freeze(j, f"for job {job.id} of higher priority ({job.priority} > {by_id[j].priority}); thaws when it ends",
+               (job.id,), "preempt") for j in needed))

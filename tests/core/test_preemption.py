@@ -62,7 +62,7 @@ def test_a_job_of_higher_priority_freezes_a_lower_one_starts_beside_it_and_thaws
     assert [(f.job_id, f.by) for f in plan.freeze] == [("low", "preempt")]
     low = lab.s.jobs["low"]
     assert low.state is JobState.RUNNING and low.suspended == "preempt" and low.suspended_at == 10.0
-    assert low.suspended_why == "frozen for job high, of higher priority (5 > 0); thaws when it ends"
+    assert low.suspended_why == "for job high of higher priority (5 > 0); thaws when it ends"
     assert lab.s.reviewing
     # while the preemptor runs, the frozen job stays frozen
     assert not lab.s.review(lab.world.neighbourhood, 50.0)

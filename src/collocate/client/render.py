@@ -198,7 +198,7 @@ def print_detail(d: dict[str, Any]) -> None:
     if d.get("time_limit_s") is not None:
         c.print(f"  time      limit {format_duration(d['time_limit_s'])}")
     if d.get("suspended"):
-        by = "its owner" if d["suspended"] == "user" else "the scheduler"
+        by = {"user": "its owner", "preempt": "the scheduler (preemption)"}.get(d["suspended"], "the scheduler")
         c.print(f"  suspended by {by} since {when(d.get('suspended_at'))}: {printable(d.get('suspended_why') or '')}"
                 + (f"; `collocate resume {printable(d['id'])}`" if d["suspended"] == "user" else ""))
     if d.get("held"):

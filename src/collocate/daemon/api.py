@@ -224,7 +224,7 @@ class Api:
             raise InputError(f"job {job.id} was frozen by the scheduler: it {job.suspended_why}",
                              hint="it thaws by itself when room returns; the daemon's owner may thaw it now")
         if job.suspended == "preempt" and not rights.is_admin(peer.uid):
-            raise InputError(f"job {job.id} was {job.suspended_why}",
+            raise InputError(f"job {job.id} was frozen {job.suspended_why}",
                              hint="the daemon's owner may thaw it now")
         if job.suspended:
             now = time.time()
