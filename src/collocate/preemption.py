@@ -53,6 +53,8 @@ from collocate.suspension import may_freeze
 #: Pending jobs a round tries to preempt for, in queue order: each try runs the policy once per
 #: candidate victim, and a job that cannot preempt now is tried again next round.
 SCAN = 4
+#: How deep into the queue a round looks for them (a recovered job of low priority may lead it).
+DEPTH = 64
 #: Candidate victims tried per preemptor, the lowest priority first.
 MAX_CANDIDATES = 16
 #: Why a job may not preempt, whatever its priority: waiting for memory (freezing frees none),

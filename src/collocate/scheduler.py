@@ -16,6 +16,7 @@ the caller passes the cluster snapshot and the time, and persists every changed 
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -34,7 +35,7 @@ from collocate.model import (
     WaitKind,
 )
 from collocate.policies.base import Policy
-from collocate.preemption import SCAN, Idle, may_preempt, preempt
+from collocate.preemption import DEPTH, SCAN, Idle, may_preempt, preempt
 from collocate.recovery import ExitReport, Outcome, RecoveryRules, after_exit, overrun_requirement
 from collocate.suspension import DEFAULT_RULES, Neighbour, SuspendRules, Suspensions, may_freeze, review
 
@@ -344,13 +345,15 @@ class Scheduler:
         freezing lower ones (``preemption.preempt``); one per round, and only in a round that
         started no GPU job: the snapshot does not show this round's placements, so the next
         round (at once: ``recheck_at``) looks again."""
-        if not self._priorities or not queue or queue[0].priority <= min(self._priorities):
+        if not self._priorities or (top := self._top_waiting_priority()) is None or top <= min(self._priorities):
             return plan
         if any(p.gpus for p in plan.placements):
             return Plan(plan.placements, plan.rejections, plan.waits, min(plan.recheck_at, cluster.now))
         lowest, tried = min(self._priorities), 0
-        for job in queue:
-            if job.priority <= lowest or tried >= SCAN:
+        for job in itertools.islice(queue, DEPTH):
+            if job.priority <= lowest:
+                continue
+            if tried >= SCAN:
                 break
             job = self.jobs[job.id]  # not the queue's view of it (``AloneAsWhole``)
             if not may_preempt(job, self.waits.get(job.id)) or (self.fairness.capped and self._cap(job)):
@@ -367,9 +370,26 @@ class Scheduler:
                                    on_trial=found.placement.trial and may_freeze(job)))
             self.placements_made += 1
             self.waits.pop(job.id, None)
+            # the next round at once: another job may preempt, on a snapshot that shows this one
             return Plan(plan.placements + (found.placement,), plan.rejections,
-                        {k: w for k, w in plan.waits.items() if k != job.id}, plan.recheck_at, found.freeze)
+                        {k: w for k, w in plan.waits.items() if k != job.id}, min(plan.recheck_at, cluster.now),
+                        found.freeze)
         return plan
+
+    def _top_waiting_priority(self) -> int | None:
+        """The highest priority among the GPU jobs in the queues, None when none waits: per user
+        the first job, or the first not recovered (recovered ones go first whatever their
+        priority, ``queue_key``). O(users x log jobs): preemption's fast path, every round."""
+        top = None
+        for queue in self._queues.values():
+            if not queue:
+                continue
+            best = queue[0].priority
+            first_fresh = queue.bisect_key_left((True,))
+            if 0 < first_fresh < len(queue):
+                best = max(best, queue[first_fresh].priority)
+            top = best if top is None else max(top, best)
+        return top
 
     def _placed(self, plan: Plan, cluster: ClusterSnapshot) -> Plan:
         """Mark a checked plan's jobs running (or rejected)."""

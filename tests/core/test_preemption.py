@@ -199,3 +199,23 @@ def test_the_simulator_freezes_a_lower_job_for_a_higher_one_and_every_job_ends_d
     plain = Simulation(parse_cluster("1xH100-80GB"), [trace[0], TraceJob("high", 30.0, short)],
                        make_policy("exclusive"), SimConfig(estimator="declared", ramp_s=2.0, startup_s=5.0)).run()
     assert plain.frozen_seconds == 0.0 and {r.id: r for r in plain.records}["high"].start >= 300.0
+
+
+def test_a_recovered_job_of_low_priority_at_the_head_does_not_hide_a_higher_one_behind_it():
+    lab = Lab()
+    lab.run(job("low"), 0.0)
+    lab.s.submit(job("again", priority=-5, oom_crashes=1))  # recovered: first in its user's queue
+    plan = lab.run(job("high", priority=5), 10.0)
+    assert [j.id for j in lab.s.queue] == ["again"] and [p.job_id for p in plan.placements] == ["high"]
+    assert [f.job_id for f in plan.freeze] == ["low"]
+
+
+def test_under_auto_a_higher_job_the_slowdown_gate_turns_away_freezes_the_lower_one():
+    lab = Lab(policy="auto")
+    heavy = {"profile": JobProfile(0.9, 0.8), "profile_source": "history"}
+    lab.run(job("low", **heavy), 0.0)
+    plan = lab.run(job("peer", **heavy), 10.0)  # of the same priority: it waits, the gate says why
+    assert not plan.placements and lab.s.waits["peer"].kind.value == "slowdown"
+    lab.s.cancel("peer")
+    plan = lab.run(job("high", priority=5, **heavy), 20.0)
+    assert [p.job_id for p in plan.placements] == ["high"] and [f.job_id for f in plan.freeze] == ["low"]
