@@ -146,12 +146,15 @@ class Job:
     #: Non-empty while it is suspended (frozen: its processes stopped, its memory and GPUs
     #: kept; ``collocate.suspension``): "trial" (the scheduler froze a job started on
     #: observation, ``on_trial``, that slowed a neighbour past the limit: it thaws it when room
-    #: returns) or "user" (its owner or the daemon's owner: only ``collocate resume`` thaws it).
+    #: returns), "preempt" (frozen for a waiting job of higher priority, ``collocate.preemption``:
+    #: it thaws when that job ends) or "user" (its owner or the daemon's owner: only
+    #: ``collocate resume`` thaws it).
     #: The state stays RUNNING, so every rule about jobs that hold GPUs holds for it too.
     suspended: str = ""
     suspended_at: float | None = None  # since when (the round's ``now``)
     suspended_why: str = ""  # why, in words (``ls`` and ``show`` print it)
-    #: The neighbours it was frozen beside (by the scheduler): it thaws once one of them is gone.
+    #: The neighbours it was frozen beside (on trial: it thaws once one of them is gone), or the
+    #: job it was frozen for (preempted: it thaws once that one no longer runs unfrozen).
     suspended_beside: tuple[str, ...] = ()
     thawed_at: float | None = None  # when it was last thawed (the scheduler waits before refreezing)
     frozen_s: float = 0.0  # seconds its current attempt spent frozen: its --time does not count them

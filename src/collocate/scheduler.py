@@ -491,7 +491,7 @@ class Scheduler:
 
     def review(self, neighbourhood: Callable[[str], Sequence[Neighbour]], now: float) -> Suspensions:
         """Freeze the jobs on trial that slow a neighbour past the limit, thaw the frozen ones
-        whose room returned (``suspension.review``), and record it; the caller carries it out
+        whose room returned or whose preemptor ended (``suspension.review``), and record it; the caller carries it out
         (the simulator stops their progress, the daemon freezes their cgroups)."""
         if not self._watched or self.suspend_rules is None:
             return Suspensions()
@@ -504,8 +504,8 @@ class Scheduler:
 
     def suspend(self, job_id: str, by: str, now: float, *, why: str = "",
                 beside: tuple[str, ...] = ()) -> Job:
-        """Record a running job as frozen (``by``: "trial", the scheduler; "user", its owner or
-        the daemon's owner): its time limit stops running until ``resume``. A job already
+        """Record a running job as frozen (``by``: "trial" or "preempt", the scheduler; "user",
+        its owner or the daemon's owner): its time limit stops running until ``resume``. A job already
         frozen by the scheduler that its owner suspends becomes theirs to resume."""
         job = self.jobs[job_id]
         if job.state is not JobState.RUNNING:
