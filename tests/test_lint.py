@@ -21,6 +21,8 @@ CORE = [
     "src/collocate/identity.py",
     "src/collocate/commitment.py",
     "src/collocate/knowledge.py",
+    "src/collocate/suspension.py",
+    "src/collocate/preemption.py",
     "src/collocate/policies",
     "src/collocate/sim/engine.py",
     "src/collocate/sim/devices.py",

@@ -76,6 +76,11 @@ class JobProfile:
 UNKNOWN_PROFILE = JobProfile()
 
 
+#: Priorities are whole numbers within +/- this (raising one above 0 is the daemon owner's right,
+#: ``daemon/rights.py``); a bound keeps a pasted 10**22 from meaning anything.
+PRIORITY_MAX = 1_000_000
+
+
 @dataclass(frozen=True, slots=True)
 class Job:
     """A training job as the scheduler sees it; the daemon keeps command, cwd and env beside it.
@@ -141,12 +146,15 @@ class Job:
     #: Non-empty while it is suspended (frozen: its processes stopped, its memory and GPUs
     #: kept; ``collocate.suspension``): "trial" (the scheduler froze a job started on
     #: observation, ``on_trial``, that slowed a neighbour past the limit: it thaws it when room
-    #: returns) or "user" (its owner or the daemon's owner: only ``collocate resume`` thaws it).
+    #: returns), "preempt" (frozen for a waiting job of higher priority, ``collocate.preemption``:
+    #: it thaws when that job ends) or "user" (its owner or the daemon's owner: only
+    #: ``collocate resume`` thaws it).
     #: The state stays RUNNING, so every rule about jobs that hold GPUs holds for it too.
     suspended: str = ""
     suspended_at: float | None = None  # since when (the round's ``now``)
     suspended_why: str = ""  # why, in words (``ls`` and ``show`` print it)
-    #: The neighbours it was frozen beside (by the scheduler): it thaws once one of them is gone.
+    #: The neighbours it was frozen beside (on trial: it thaws once one of them is gone), or the
+    #: job it was frozen for (preempted: it thaws once that one no longer runs unfrozen).
     suspended_beside: tuple[str, ...] = ()
     thawed_at: float | None = None  # when it was last thawed (the scheduler waits before refreezing)
     frozen_s: float = 0.0  # seconds its current attempt spent frozen: its --time does not count them
@@ -479,6 +487,18 @@ class Wait:
 
 
 @dataclass(frozen=True, slots=True)
+class Freeze:
+    """A running job to freeze (``collocate.suspension``), why in words, and the jobs it is
+    frozen beside (a job on trial: it thaws once one of them is gone) or for (preempted by a
+    job of higher priority: it thaws once that one ends or is frozen itself)."""
+
+    job_id: str
+    why: str
+    beside: tuple[str, ...]
+    by: str = "trial"  # ``Job.suspended`` it gets: "trial" or "preempt"
+
+
+@dataclass(frozen=True, slots=True)
 class Plan:
     """What one scheduling round decided. An executor (simulator or daemon) applies it.
 
@@ -491,6 +511,9 @@ class Plan:
     rejections: tuple[Rejection, ...] = ()
     waits: Mapping[str, Wait] = field(default_factory=dict)
     recheck_at: float = math.inf
+    #: Running jobs to freeze before the placements launch (priority preemption by suspension,
+    #: ``collocate.preemption``): the executor stops them, they keep their memory.
+    freeze: tuple[Freeze, ...] = ()
 
     def __bool__(self) -> bool:
-        return bool(self.placements or self.rejections)
+        return bool(self.placements or self.rejections or self.freeze)

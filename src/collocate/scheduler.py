@@ -16,6 +16,7 @@ the caller passes the cluster snapshot and the time, and persists every changed 
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -34,6 +35,7 @@ from collocate.model import (
     WaitKind,
 )
 from collocate.policies.base import Policy
+from collocate.preemption import DEPTH, SCAN, Idle, may_preempt, preempt
 from collocate.recovery import ExitReport, Outcome, RecoveryRules, after_exit, overrun_requirement
 from collocate.suspension import DEFAULT_RULES, Neighbour, SuspendRules, Suspensions, may_freeze, review
 
@@ -199,6 +201,8 @@ class Scheduler:
         #: ``quotas.Accounts.over_quota`` sets it every round, the simulator never)
         self.stopped_users: Mapping[str, str] = {}
         self._watched: dict[str, None] = {}  # running jobs on trial or frozen by the scheduler
+        self._running_gpu: dict[str, None] = {}  # running GPU jobs: who a preemptor may freeze
+        self._priorities: dict[int, int] = {}  # priority -> running GPU jobs of it (preemption's fast path)
 
     # -- queue ------------------------------------------------------------------------------
     @property
@@ -293,7 +297,7 @@ class Scheduler:
         for job in self.jobs.values():
             if job.state is JobState.RUNNING:
                 self._running(job)
-                if job.on_trial or job.suspended == "trial":
+                if _watch(job):
                     self._watched[job.id] = None
             if job.state is not JobState.PENDING:
                 continue
@@ -310,8 +314,11 @@ class Scheduler:
             self._store(job)
 
     # -- rounds -----------------------------------------------------------------------------
-    def schedule(self, cluster: ClusterSnapshot) -> Plan:
-        """Run one policy round and mark the placed jobs running."""
+    def schedule(self, cluster: ClusterSnapshot, idle: Idle | None = None) -> Plan:
+        """Run one policy round and mark the placed jobs running. With ``idle`` (the cluster as
+        if given jobs were frozen: ``World.snapshot(now, idle)``), a round that placed nothing
+        lets a waiting job of higher priority freeze lower ones and start beside them
+        (``collocate.preemption``): the plan's ``freeze`` names them."""
         self._now = cluster.now
         cpu = self._cpu_plan() if any(self._cpu_queues.values()) else Plan()
         if not any(self._queues.values()):
@@ -328,7 +335,61 @@ class Scheduler:
         if cpu.placements or cpu.waits:
             plan = Plan(cpu.placements + plan.placements, plan.rejections, {**plan.waits, **cpu.waits},
                         plan.recheck_at)
-        return self._placed(plan, cluster)
+        plan = self._placed(plan, cluster)
+        if idle is not None and self.suspend_rules is not None and self.suspend_rules.preempt:
+            plan = self._preempt(plan, queue, cluster, idle)
+        return plan
+
+    def _preempt(self, plan: Plan, queue: Sequence[Job], cluster: ClusterSnapshot, idle: Idle) -> Plan:
+        """Let the first waiting jobs of higher priority than some running job try to start by
+        freezing lower ones (``preemption.preempt``); one per round, and only in a round that
+        started no GPU job: the snapshot does not show this round's placements, so the next
+        round (at once: ``recheck_at``) looks again."""
+        if not self._priorities or (top := self._top_waiting_priority()) is None or top <= min(self._priorities):
+            return plan
+        if any(p.gpus for p in plan.placements):
+            return Plan(plan.placements, plan.rejections, plan.waits, min(plan.recheck_at, cluster.now))
+        lowest, tried = min(self._priorities), 0
+        for job in itertools.islice(queue, DEPTH):
+            if job.priority <= lowest:
+                continue
+            if tried >= SCAN:
+                break
+            job = self.jobs[job.id]  # not the queue's view of it (``AloneAsWhole``)
+            if not may_preempt(job, self.waits.get(job.id)) or (self.fairness.capped and self._cap(job)):
+                continue
+            tried += 1
+            found = preempt(job, (self.jobs[j] for j in self._running_gpu), self.policy, cluster, idle)
+            if found is None:
+                continue
+            self._check(Plan((found.placement,)), cluster)
+            for f in found.freeze:
+                self.suspend(f.job_id, f.by, cluster.now, why=f.why, beside=f.beside)
+            self._store(job.evolve(state=JobState.RUNNING, attempts=job.attempts + 1, started_at=cluster.now,
+                                   frozen_s=0.0, thawed_at=None,
+                                   on_trial=found.placement.trial and may_freeze(job)))
+            self.placements_made += 1
+            self.waits.pop(job.id, None)
+            # the next round at once: another job may preempt, on a snapshot that shows this one
+            return Plan(plan.placements + (found.placement,), plan.rejections,
+                        {k: w for k, w in plan.waits.items() if k != job.id}, min(plan.recheck_at, cluster.now),
+                        found.freeze)
+        return plan
+
+    def _top_waiting_priority(self) -> int | None:
+        """The highest priority among the GPU jobs in the queues, None when none waits: per user
+        the first job, or the first not recovered (recovered ones go first whatever their
+        priority, ``queue_key``). O(users x log jobs): preemption's fast path, every round."""
+        top = None
+        for queue in self._queues.values():
+            if not queue:
+                continue
+            best = queue[0].priority
+            first_fresh = queue.bisect_key_left((True,))
+            if 0 < first_fresh < len(queue):
+                best = max(best, queue[first_fresh].priority)
+            top = best if top is None else max(top, best)
+        return top
 
     def _placed(self, plan: Plan, cluster: ClusterSnapshot) -> Plan:
         """Mark a checked plan's jobs running (or rejected)."""
@@ -430,7 +491,7 @@ class Scheduler:
 
     def review(self, neighbourhood: Callable[[str], Sequence[Neighbour]], now: float) -> Suspensions:
         """Freeze the jobs on trial that slow a neighbour past the limit, thaw the frozen ones
-        whose room returned (``suspension.review``), and record it; the caller carries it out
+        whose room returned or whose preemptor ended (``suspension.review``), and record it; the caller carries it out
         (the simulator stops their progress, the daemon freezes their cgroups)."""
         if not self._watched or self.suspend_rules is None:
             return Suspensions()
@@ -443,8 +504,8 @@ class Scheduler:
 
     def suspend(self, job_id: str, by: str, now: float, *, why: str = "",
                 beside: tuple[str, ...] = ()) -> Job:
-        """Record a running job as frozen (``by``: "trial", the scheduler; "user", its owner or
-        the daemon's owner): its time limit stops running until ``resume``. A job already
+        """Record a running job as frozen (``by``: "trial" or "preempt", the scheduler; "user",
+        its owner or the daemon's owner): its time limit stops running until ``resume``. A job already
         frozen by the scheduler that its owner suspends becomes theirs to resume."""
         job = self.jobs[job_id]
         if job.state is not JobState.RUNNING:
@@ -536,7 +597,7 @@ class Scheduler:
         if job.state is not JobState.RUNNING and (job.suspended or job.on_trial):
             job = job.evolve(suspended="", suspended_at=None, suspended_why="", suspended_beside=(),
                              on_trial=False)
-        if job.state is JobState.RUNNING and (job.on_trial or job.suspended == "trial"):
+        if job.state is JobState.RUNNING and _watch(job):
             self._watched[job.id] = None
         else:
             self._watched.pop(job.id, None)
@@ -547,6 +608,11 @@ class Scheduler:
             started = old.started_at if old.started_at is not None else (now or 0.0)
             if old.gpus:
                 self.usage.stopped(old.user, old.width, started, now)
+                self._running_gpu.pop(job.id, None)
+                if (left := self._priorities.get(old.priority, 0) - 1) > 0:
+                    self._priorities[old.priority] = left
+                else:
+                    self._priorities.pop(old.priority, None)
             elif (left := self._cpu_running.get(old.user, 0) - 1) > 0:
                 self._cpu_running[old.user] = left
             else:
@@ -571,6 +637,8 @@ class Scheduler:
         if not deadline_only:
             if job.gpus:
                 self.usage.started(job.user, job.width, started)
+                self._running_gpu[job.id] = None
+                self._priorities[job.priority] = self._priorities.get(job.priority, 0) + 1
             else:  # a CPU job counts against its own cap only (``UserLimits.max_cpu_jobs``)
                 self._cpu_running[job.user] = self._cpu_running.get(job.user, 0) + 1
         if job.time_limit_s is not None and not job.suspended:  # frozen time does not count
@@ -661,6 +729,11 @@ class Scheduler:
             job = self.jobs.get(r.job_id) if isinstance(r, Rejection) else None
             if job is None or job.state is not JobState.PENDING or r.job_id in seen:
                 raise PolicyError(f"policy {self.policy.name} rejected {r}, which is not a pending job")
+
+
+def _watch(job: Job) -> bool:
+    """Whether ``review`` follows a running job: on trial, or frozen by the scheduler."""
+    return job.on_trial or job.suspended in ("trial", "preempt")
 
 
 def _waits_for(job_ids: Sequence[str]) -> str:

@@ -11,6 +11,11 @@ readings taught of every job there (never from a prior). If one of them is slowe
 When room returns (a neighbour it was frozen beside ends, or is frozen itself) it is thawed.
 It is never killed for it: collocation may slow a job, never fail it.
 
+A job of higher priority freezes lower ones instead of waiting for them (``collocate.preemption``,
+Slurm's ``PreemptMode=SUSPEND``): such a job is frozen *for* its preemptor (``suspended``
+"preempt"), and thawed here once the preemptor is no longer running unfrozen (it ended, was
+requeued, or was frozen itself).
+
 A job its owner (or the daemon's owner) suspends (``collocate suspend``) stays frozen until
 ``collocate resume``: the scheduler never thaws it. A job across nodes and an interactive job are
 never frozen by the scheduler (a frozen rank stalls its peers' collectives into their timeouts;
@@ -27,7 +32,9 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from collocate.model import Job, JobState
+from collocate.model import Freeze, Job, JobState
+
+__all__ = ["DEFAULT_RULES", "Freeze", "Neighbour", "SuspendRules", "Suspensions", "may_freeze", "review"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +53,8 @@ class SuspendRules:
 
     max_slowdown: float = 2.0
     settle_s: float = 30.0
+    #: Whether a waiting job of higher priority freezes lower ones (``collocate.preemption``).
+    preempt: bool = True
 
 
 DEFAULT_RULES = SuspendRules()
@@ -63,13 +72,6 @@ class Neighbour:
     #: the readings taught of it and its neighbours; 0 when nothing observed says.
     slowdown: float
     measured: bool = False  # ``slowdown`` from reported steps
-
-
-@dataclass(frozen=True, slots=True)
-class Freeze:
-    job_id: str
-    why: str
-    beside: tuple[str, ...]  # the neighbours it is frozen beside: it thaws once one is gone
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,10 +98,16 @@ def review(jobs: Mapping[str, Job], watched: Iterable[str],
     """Which of the ``watched`` jobs (running on trial, or frozen by the scheduler) to freeze
     and which to thaw at ``now`` (see the module docstring). ``neighbourhood(job_id)``: every
     job on that job's GPUs, itself included."""
+    watched = list(watched)
+    # frozen for a preemptor that no longer runs unfrozen: thawed, whatever else holds
+    thaw = [j for j in watched if (job := jobs[j]).suspended == "preempt" and job.state is JobState.RUNNING
+            and not all(_runs(jobs.get(b)) for b in job.suspended_beside)]
+    watched = [j for j in watched if jobs[j].suspended != "preempt"]
     freeze: list[Freeze] = []
-    thaw: list[str] = []
     recheck = math.inf
     settling: set[int] = set()  # devices where something was frozen or thawed recently
+    for job_id in thaw if watched else ():  # what their GPUs measured was measured without them
+        settling.update(d for n in neighbourhood(job_id) if n.job_id == job_id for d in n.devices)
     order = sorted(watched, key=lambda j: jobs[j].started_at or 0.0, reverse=True)  # newest first
     views = {j: neighbourhood(j) for j in order}
     for job_id in order:
@@ -141,3 +149,8 @@ def review(jobs: Mapping[str, Job], watched: Iterable[str],
                                      f"{rules.max_slowdown:g}x): frozen until room returns", beside))
         settling.update(me.devices)
     return Suspensions(tuple(freeze), tuple(thaw), recheck if math.isfinite(recheck) and recheck > now else math.inf)
+
+
+def _runs(job: Job | None) -> bool:
+    """Whether a preemptor still holds its place: running, not frozen itself."""
+    return job is not None and job.state is JobState.RUNNING and not job.suspended

@@ -44,7 +44,7 @@ import heapq
 import itertools
 import math
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 
@@ -525,7 +525,11 @@ class World:
         return math.inf
 
     # -- what policies see -------------------------------------------------------------------
-    def snapshot(self, now: float) -> ClusterSnapshot:
+    def snapshot(self, now: float, idle: Collection[str] = ()) -> ClusterSnapshot:
+        """What policies see at ``now``; with ``idle``, as if those residents drew nothing
+        (``idle_view``: how priority preemption asks whether freezing them makes room)."""
+        if idle:
+            return self.idle_view(self.snapshot(now), idle)
         return ClusterSnapshot(
             now=now, ids=self.ids, node=self.node, total_mib=self.total,
             free_mib=_frozen(self.free), committed_mib=_frozen(self.committed),
@@ -538,6 +542,41 @@ class World:
             gangs=self._gang_view(), owner=tuple(self.owner), residents=self._ids_view,
             slowed=_frozen(self.slowed) if self.slowed.any() else None,
         )
+
+    def idle_view(self, snapshot: ClusterSnapshot, idle: Collection[str]) -> ClusterSnapshot:
+        """``snapshot`` as if the residents ``idle`` were frozen: they stop competing for their
+        GPUs' compute but keep their memory (a frozen process keeps its CUDA memory). So they
+        leave their GPUs' job counts (and start-up counts), activity sums and multi-GPU table,
+        each GPU's readings shrink in proportion to the priced activity that stays (a reading
+        mixes its jobs), and the slowdowns measured there are dropped (measured beside them);
+        memory, committed memory and the MPS owner stay as they are."""
+        gone = [r for j in idle if (r := self.residents.get(j)) is not None and not r.frozen]
+        if not gone:
+            return snapshot
+        cols = {name: getattr(snapshot, name).copy() for name in (
+            "n_jobs", "n_starting", "sm_sum", "dram_sum", "util_sm", "util_occ", "util_dram")}
+        slowed = None if snapshot.slowed is None else snapshot.slowed.copy()
+        touched: set[int] = set()
+        for r in gone:
+            for i in r.devices:
+                cols["n_jobs"][i] -= 1
+                cols["n_starting"][i] -= int(r.phase is not Phase.ACTIVE)
+                cols["sm_sum"][i] -= r.profile.sm_activity
+                cols["dram_sum"][i] -= r.profile.dram_activity
+                touched.add(i)
+        for i in touched:
+            for reading, before, after in (("util_sm", self.sm_sum[i], cols["sm_sum"][i]),
+                                           ("util_occ", self.sm_sum[i], cols["sm_sum"][i]),
+                                           ("util_dram", self.dram_sum[i], cols["dram_sum"][i])):
+                share = max(0.0, after) / before if before > 0 else 1.0
+                cols[reading][i] *= min(1.0, share)
+            cols["sm_sum"][i], cols["dram_sum"][i] = max(0.0, cols["sm_sum"][i]), max(0.0, cols["dram_sum"][i])
+            if slowed is not None:
+                slowed[i] = 0.0
+        left = [j for j in self._gangs if j not in idle]
+        gangs = (snapshot.gangs if len(left) == len(self._gangs) else Gangs.of(
+            [(self.residents[j].devices, self.residents[j].profile) for j in left], len(self.ids)) if left else None)
+        return snapshot.evolve(**cols, gangs=gangs, slowed=slowed if slowed is not None and slowed.any() else None)
 
     def on(self, i: int) -> list[Resident]:
         """Device ``i``'s residents, oldest first."""

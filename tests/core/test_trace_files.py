@@ -29,6 +29,9 @@ def test_self_contained_csv_and_jsonl(tmp_path):
     assert load_trace(warm)[0].workload.warmup_s == 4.5
     jsonl = write(tmp_path, "t.jsonl", '{"id": "a", "arrival_s": 0, "gpus": 1, "duration_s": 60, "peak_mib": 1000}\n\n')
     assert load_trace(jsonl)[0].workload.peak_mib == 1000
+    ranked = write(tmp_path, "p.csv", "id,arrival_s,gpus,duration_s,peak_mib,priority\na,0,1,60,1000,5\nb,1,1,60,1000,\n"
+                                      "c,2,1,60,1000,-3\n")
+    assert [j.priority for j in load_trace(ranked)] == [5, 0, -3]  # optional; a --nice is negative
 
 
 @pytest.mark.parametrize(
@@ -42,6 +45,9 @@ def test_self_contained_csv_and_jsonl(tmp_path):
         ("id,arrival_s,gpus,duration_s\n1,0,1,60\n", "t.csv:2: missing column(s) peak_mib"),
         ("id,arrival_s,gpus,duration_s,peak_mib\n1,0,1,60,100\n1,1,1,60,100\n", "t.csv:3: job id '1' appears twice"),
         ("id,arrival_s,gpus,duration_s,peak_mib,sm_activity\n1,0,1,60,100,1.5\n", "fraction in [0, 1]"),
+        ("id,arrival_s,gpus,duration_s,peak_mib,priority\n1,0,1,60,100,high\n",
+         "t.csv:2: 'priority' must be a whole number within +/-1,000,000, got 'high'"),
+        ("id,arrival_s,gpus,duration_s,peak_mib,priority\n1,0,1,60,100,1.5\n", "'priority' must be a whole number"),
         ("id,arrival_s,gpus,duration_s,peak_mib,warmup_s\n1,0,1,60,100,61\n",
          "t.csv:2: startup_s and warmup_s (61 s) are longer than duration_s 60"),
     ],

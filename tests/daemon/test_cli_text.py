@@ -283,3 +283,23 @@ def test_every_commands_help_fits_80_columns_uncut():
         assert out.exit_code == 0, (name, out.output)
         assert all(len(line) <= 80 for line in out.output.splitlines()), (name, out.output)
         assert "…" not in out.output, (name, out.output)
+
+
+def test_a_job_frozen_for_a_higher_one_says_for_which_first_in_80_columns_and_in_show(capsys):
+    from collocate.daemon.views import _suspension
+    from collocate.model import Job, JobState
+
+    frozen = Job("7", state=JobState.RUNNING, suspended="preempt", suspended_at=time.time(),
+                 suspended_why="for job 12 of higher priority (5 > 0); thaws when it ends")
+    row = _row(id="7", name="train-resnet50[lr=0.1]", state="running", on=["node:0"], priority=0,
+               **_suspension(frozen))
+    c = Console(width=80, record=True, markup=False)
+    c.print(render.jobs_table([row, _row(id="12", state="running", priority=5, on=["node:0"])], 80))
+    lines = c.export_text().splitlines()
+    assert all(len(line.rstrip()) <= 80 for line in lines), lines
+    assert "suspended" in lines[1] and "for job 12" in lines[1], lines
+    render.print_detail({**row, "argv": ["train.py"], "cwd": "/w", "mem_source": "declared", "attempts_used": 1,
+                         "max_retries": 3, "end_time": None, "attempts": []})
+    shown = capsys.readouterr().out
+    assert "suspended by the scheduler (preemption) since" in shown
+    assert "for job 12 of higher priority (5 > 0); thaws when it ends" in shown

@@ -8,6 +8,9 @@ import sys
 import time
 
 from daemon_harness import job_argv, wait_for
+from test_e2e_suspend import _pids, _steps
+
+from collocate.gpus.emulated_state import is_frozen
 
 
 def test_running_jobs_are_readopted_after_sigkill_and_run_once(daemons):
@@ -101,3 +104,28 @@ def test_a_cancel_survives_a_daemon_crash_right_after_it(daemons):
     d.start()
     cancelled = d.wait_state(job, "cancelled", timeout=30)
     assert cancelled["attempts"][0]["outcome"] == "cancelled"
+
+
+def test_a_job_frozen_for_a_higher_one_stays_frozen_across_a_restart_and_thaws_by_the_same_rule(daemons):
+    d = daemons("--policy", "exclusive", gpus="emulated:1xA100-40GB")
+    # its --time (10 s) is shorter than it spends frozen: it may end done only if frozen time
+    # stays off its clock across the restart
+    low = d.submit(job_argv(1000, 3, None, 0.5, "--steps-per-s", "20", "--job", "low"), mem="2GiB", time=10)
+    wait_for(lambda: _steps(d.job(low)) > 5, 30, "the low job to report steps")
+    high = d.submit(job_argv(1000, 8, None, 0.5, "--job", "high"), mem="2GiB", priority=5)
+    frozen = wait_for(lambda: (j := d.job(low)).get("suspended") and j, 10, "the low job to be frozen")
+    pids = _pids(frozen)
+    d.kill(signal.SIGKILL)
+    d.start()
+    again = d.job(low)
+    assert again["state"] == "running" and again["suspended"] == "preempt", again
+    assert (again["suspended_at"], again["suspended_why"]) == (frozen["suspended_at"], frozen["suspended_why"])
+    if "jobs confined: cgroup" in d.read_log():
+        assert pids and all(is_frozen(p) for p in pids), pids
+    before = _steps(again)
+    time.sleep(1.0)
+    assert _steps(d.job(low)) == before  # still stopped
+    assert d.wait_state(high, ("done", "failed"), timeout=30.0)["state"] == "done"
+    done = d.wait_state(low, ("done", "failed", "timeout"), timeout=30.0)
+    assert done["state"] == "done" and len(done["attempts"]) == 1, done
+    assert done["attempts"][0]["end"] - done["attempts"][0]["start"] > 10.0  # it spent longer frozen

@@ -87,7 +87,7 @@ def test_a_job_that_slows_its_neighbour_past_the_limit_is_frozen_then_thawed_and
     time.sleep(2.0)
     assert _steps(d.job(new)) == before  # its step counter stands still
     rows = {r["id"]: r for r in d.client.request("ls")}
-    assert rows[new]["suspended"] == "trial" and rows[new]["reason"].startswith("suspended since")
+    assert rows[new]["suspended"] == "trial" and rows[new]["reason"].startswith("slowed job")
     # room returns: the neighbour ends; the newcomer is thawed and finishes, never killed
     d.client.request("cancel", id=old)
     wait_for(lambda: not d.job(new).get("suspended"), 30, "the newcomer to be thawed")
@@ -111,3 +111,27 @@ def test_the_owner_suspends_and_resumes_a_job_and_its_time_limit_waits(daemons):
     wait_for(lambda: _steps(d.job(job)) > before, 10, "the job to step again")
     ended = d.wait_state(job, ("timeout", "done"), timeout=30.0)
     assert ended["state"] == "timeout"
+
+
+def test_a_job_of_higher_priority_freezes_a_lower_one_which_thaws_and_finishes_done(daemons):
+    # exclusive: the only GPU is the low job's; the daemon's owner's job of priority 5 freezes
+    # it (memory kept: 2 + 2 GiB fit the 40 GB) instead of waiting, runs, ends; the low one thaws
+    d = daemons("--policy", "exclusive", gpus="emulated:1xA100-40GB")
+    low = d.submit(job_argv(2000, 6, None, 0.5, "--steps-per-s", "20", "--job", "low"), mem="2GiB")
+    wait_for(lambda: _steps(d.job(low)) > 5, 30, "the low job to report steps")
+    high = d.submit(job_argv(2000, 2, None, 0.5, "--job", "high"), mem="2GiB", priority=5)
+    d.wait_state(high, ("running", "done"), timeout=10.0)
+    frozen = d.job(low)
+    assert frozen["suspended"] == "preempt" and frozen["state"] == "running", frozen
+    assert frozen["suspended_why"] == f"for job {high} of higher priority (5 > 0); thaws when it ends"
+    if "jobs confined: cgroup" in d.read_log():
+        pids = _pids(frozen)
+        assert pids and all(is_frozen(p) for p in pids), (pids, _where(pids))
+    rows = {r["id"]: r for r in d.client.request("ls")}
+    assert rows[low]["suspended"] == "preempt" and rows[low]["reason"].startswith(f"for job {high} ")
+    assert d.wait_state(high, ("done", "failed"), timeout=20.0)["state"] == "done"
+    before = _steps(d.job(low))
+    wait_for(lambda: not d.job(low).get("suspended"), 10, "the low job to be thawed")
+    done = d.wait_state(low, ("done", "failed"), timeout=20.0)
+    assert done["state"] == "done" and len(done["attempts"]) == 1, done  # never killed or requeued
+    assert _steps(done) > before

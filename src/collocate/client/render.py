@@ -200,7 +200,7 @@ def print_detail(d: dict[str, Any], c: Console | None = None) -> None:
     if d.get("time_limit_s") is not None:
         rows.append(("time", f"limit {format_duration(d['time_limit_s'])}"))
     if d.get("suspended"):
-        by = "its owner" if d["suspended"] == "user" else "the scheduler"
+        by = {"user": "its owner", "preempt": "the scheduler (preemption)"}.get(d["suspended"], "the scheduler")
         rows.append(("suspended", f"by {by} since {when(d.get('suspended_at'))}: "
                      f"{printable(d.get('suspended_why') or '')}"
                      + (f"; `collocate resume {printable(d['id'])}`" if d["suspended"] == "user" else "")))

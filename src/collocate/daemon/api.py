@@ -257,6 +257,9 @@ class Api:
         if job.suspended == "trial" and not rights.is_admin(peer.uid):
             raise InputError(f"job {job.id} was frozen by the scheduler: it {job.suspended_why}",
                              hint="it thaws by itself when room returns; the daemon's owner may thaw it now")
+        if job.suspended == "preempt" and not rights.is_admin(peer.uid):
+            raise InputError(f"job {job.id} was frozen {job.suspended_why}",
+                             hint="the daemon's owner may thaw it now")
         if job.suspended:
             now = time.time()
             self.scheduler.resume(job.id, now)
@@ -275,7 +278,7 @@ class Api:
         return job, run
 
     def op_priority(self, args: dict, peer: Peer) -> dict:
-        from collocate.daemon.spec import PRIORITY_MAX
+        from collocate.model import PRIORITY_MAX
 
         job = self._pending_job(args, peer, "change the priority of")
         value = args.get("priority")

@@ -12,7 +12,7 @@ snapshot) is the world's, the same code the simulator runs.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 from collocate.gpus.base import DeviceInfo, DeviceSample, GpuBackend
 from collocate.gpus.mps import is_mps_server
@@ -119,10 +119,12 @@ class GpuWatch:
         self.world.tick(now)
 
     # -- what policies and people see ------------------------------------------------------------
-    def snapshot(self, now: float) -> ClusterSnapshot:
-        """The world's snapshot, without the GPUs of a node that does not answer."""
-        self.world.tick(now)
-        snapshot = self.world.snapshot(now)
+    def snapshot(self, now: float, idle: Collection[str] = ()) -> ClusterSnapshot:
+        """The world's snapshot, without the GPUs of a node that does not answer; with
+        ``idle``, as if those jobs were frozen (``World.idle_view``)."""
+        if not idle:
+            self.world.tick(now)
+        snapshot = self.world.snapshot(now, idle)
         away = {u for u, s in self.last.items() if not s.reachable}
         if not away:
             return snapshot

@@ -4,7 +4,10 @@ At start the daemon reloads every job, then looks at each attempt that has no en
 with the recorded pid *and* process start time is re-adopted; a runner that ended while the
 daemon was down left ``exit.json``, which is read as if the exit happened now; a runner that
 vanished without a record is LOST (its process group is killed, the job requeued, the attempt
-marked). A job that is RUNNING with no open attempt (the daemon died between two of its writes)
+marked). A job re-adopted while suspended (frozen: its runner and cgroup outlive the daemon)
+stays suspended, as it was recorded (who froze it, why, since when; its frozen time still off
+its ``--time``), frozen again to be sure, and thaws by the same rule as before. A job that is
+RUNNING with no open attempt (the daemon died between two of its writes)
 is settled from its last attempt. A job is therefore never run twice and never dropped.
 """
 
@@ -51,6 +54,8 @@ def restore(store: Store, scheduler: Scheduler, attempts: Attempts, fleet: Fleet
             attempts.running[job_id] = run
             attempts.track_start(job_id)
             log.info("re-adopted job %s (runner pid %s)", job_id, a.pid)
+            if job.suspended:  # frozen before: kept so (its cgroup, and the world's view of it)
+                attempts.set_frozen(job_id, True, time.time(), f"re-adopted suspended: {job.suspended_why}")
         else:
             attempts.ended(run, runner_status=None, adopted=True)
     adopted = {j: r.attempt for j, r in attempts.running.items()}

@@ -66,7 +66,9 @@ class SchedulingRound:
             return
         self._price_pending()
         self._stop_over_quota()
-        plan = self.scheduler.schedule(self.watch.snapshot(now))
+        plan = self.scheduler.schedule(self.watch.snapshot(now), lambda idle: self.watch.snapshot(now, idle))
+        for f in plan.freeze:  # jobs of lower priority, frozen for a placement (``collocate.preemption``)
+            self.attempts.set_frozen(f.job_id, True, now, f.why)
         for placement in plan.placements:
             try:
                 self.attempts.launch(placement, now)

@@ -19,6 +19,7 @@ from collocate.daemon.protocol import whole_number
 from collocate.daemon.schema import MAX_TIME_LIMIT_S, MIN_TIME_LIMIT_S
 from collocate.errors import InputError
 from collocate.identity import LAUNCHERS, JobKeys, program_token
+from collocate.model import PRIORITY_MAX
 from collocate.units import parse_duration, parse_mib
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -27,9 +28,6 @@ RESERVED_ENV = ("CUDA_VISIBLE_DEVICES", "COLLOCATE_JOB_ID", "COLLOCATE_ATTEMPT",
                 "COLLOCATE_SHARE_DIR")
 _FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 MAX_RETRIES = 100
-#: Priorities are whole numbers within +/- this (raising one above 0 is the daemon owner's right,
-#: ``daemon/rights.py``); a bound keeps a pasted 10**22 from meaning anything.
-PRIORITY_MAX = 1_000_000
 
 MAX_AFTER = 1000  # dependencies of one job
 _KEY = re.compile(r"^[A-Za-z0-9_-]{8,128}$")

@@ -82,12 +82,14 @@ def job_rows(store: Store, *, include_done: bool, running: Mapping[str, Any],
 
 
 def _suspension(job: Job) -> dict[str, Any]:
-    """A frozen job's who, since when and why (``collocate.suspension``); its reason says it."""
+    """A frozen job's who, since when and why (``collocate.suspension``); its reason says it,
+    why first (``ls`` at 80 columns shows the first words: "for job 12 …", "slowed job 3 …")."""
     if not job.suspended:
         return {"suspended": ""}
     since = time.strftime("%H:%M:%S", time.localtime(job.suspended_at or 0.0))
     return {"suspended": job.suspended, "suspended_at": job.suspended_at, "suspended_why": job.suspended_why,
-            "reason": f"suspended since {since}: {job.suspended_why}"}
+            "reason": f"{job.suspended_why}{' ' if job.suspended_why.startswith('suspended ') else '; suspended '}"
+                      f"since {since}"}
 
 
 def _reason(job: Job, running: Mapping[str, Any], waiting: Waiting) -> dict[str, Any]:

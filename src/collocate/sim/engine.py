@@ -339,6 +339,7 @@ class Simulation:
             submit_time=now,
             name=w.name,
             user=self._by_id[job_id].user,  # multi-user traces: fair share and caps count by it
+            priority=self._by_id[job_id].priority,
             profile=told.profile,
             profile_source=told.source,
             profile_var=(told.sm_var, told.dram_var),
@@ -355,8 +356,10 @@ class Simulation:
         """One policy round; when the policy wants to look again."""
         if self.cfg.profiles == "unknown":
             self._price_pending()
-        plan = self.scheduler.schedule(self.world.snapshot(now))
+        plan = self.scheduler.schedule(self.world.snapshot(now), lambda idle: self.world.snapshot(now, idle))
         self.decisions += 1
+        for f in plan.freeze:  # jobs of lower priority, frozen for a placement (``collocate.preemption``)
+            self._set_frozen(f.job_id, True, now)
         for wait in plan.waits.values():
             self.wait_counts[wait.kind.value] = self.wait_counts.get(wait.kind.value, 0) + 1
         for placement in plan.placements:

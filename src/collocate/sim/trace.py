@@ -24,7 +24,7 @@ from importlib import resources
 from pathlib import Path
 
 from collocate.errors import InputError
-from collocate.model import JobProfile
+from collocate.model import PRIORITY_MAX, JobProfile
 
 ESTIMATORS = ("peak", "horus", "faketensor", "gpumemnet")
 
@@ -65,6 +65,22 @@ class TraceJob:
     arrival_s: float
     workload: Workload
     user: str = ""  # who submitted it (a trace's optional ``user`` column): fair share counts by it
+    #: Its priority (the optional ``priority`` column, a whole number, higher first; 0 when
+    #: empty): the queue's first key, and a higher one freezes lower ones (``collocate.preemption``).
+    priority: int = 0
+
+
+def _priority(value: str | float | int | None, where: str) -> int:
+    """A trace's ``priority``: a whole number (negative allowed, as ``--nice`` gives), 0 when empty."""
+    if value is None or str(value).strip() == "":
+        return 0
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if not math.isfinite(number) or number != int(number) or abs(number) > PRIORITY_MAX:
+        raise InputError(f"{where}: 'priority' must be a whole number within +/-{PRIORITY_MAX:,}, got {value!r}")
+    return int(number)
 
 
 def _number(value: str | float | int | None, where: str, column: str, *, integer: bool = False) -> float:
@@ -155,7 +171,7 @@ def load_trace(path: Path, catalogue: dict[str, Workload] | None = None) -> list
             )
         last_arrival = arrival
         jobs.append(TraceJob(job_id, arrival, _workload(row, where, catalogue),
-                             str(row.get("user") or "").strip()))
+                             str(row.get("user") or "").strip(), _priority(row.get("priority"), where)))
     if not jobs:
         raise InputError(f"{path}: the trace has no jobs")
     return jobs
