@@ -5,7 +5,10 @@ at most 150 ms each.
 
 The same commands run from a second source tree (``--baseline DIR``, e.g. ``git archive main
 src | tar -x -C /tmp/main``) in the same run, interleaved with this tree's, so both see the
-same load; the load average is recorded because other work on the machine inflates the times.
+same load; the load average is recorded because other work on the machine inflates the times,
+and each median is also given as a ratio to ``python -c pass`` timed in the same run. Each tree
+is byte-compiled first, as ``pip install`` does: a session with ``PYTHONDONTWRITEBYTECODE`` set
+would otherwise compile every module on every run (about 40 ms of ``ls``), which no member pays.
 
     python benchmarks/client_speed.py [--repeats 15] [--baseline /tmp/main/src]
 
@@ -68,6 +71,8 @@ def main() -> None:
     ap.add_argument("--label", default="main", help="the baseline's name in the table")
     ns = ap.parse_args()
     trees = {"this branch": SRC, **({ns.label: ns.baseline.resolve()} if ns.baseline else {})}
+    for src in trees.values():
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(src)], check=True, stdout=subprocess.DEVNULL)
     with tempfile.TemporaryDirectory(prefix="client-speed-") as tmp:
         state = Path(tmp) / "state"
         daemon = subprocess.Popen([sys.executable, "-m", "collocate.daemon", "serve", "--state-dir", str(state),
@@ -109,11 +114,13 @@ def main() -> None:
              f"{load_before[0]:.1f} before and {load_after[0]:.1f} after (1 min). Median of "
              f"{ns.repeats} fresh processes each, interleaved, against a daemon on 2 emulated "
              "A100s (`benchmarks/client_speed.py`). Target: 150 ms.", "",
-             "| command | " + " | ".join(f"{n}: wall (ms) | {n}: CPU (ms)" for n in names) + " |",
-             "| --- |" + " ---: | ---: |" * len(names)]
+             "| command | " + " | ".join(f"{n}: wall (ms) | {n}: CPU (ms) | {n}: wall / `python -c pass`"
+                                         for n in names) + " |",
+             "| --- |" + " ---: | ---: | ---: |" * len(names)]
     for command in COMMANDS:
-        lines.append(f"| `{command}` | " + " | ".join(f"{medians[n][command]:.0f} | {cpu[n][command]:.0f}"
-                                                      for n in names) + " |")
+        lines.append(f"| `{command}` | " + " | ".join(
+            f"{medians[n][command]:.0f} | {cpu[n][command]:.0f} | "
+            f"{medians[n][command] / medians[n]['python -c pass']:.1f}x" for n in names) + " |")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
+from collocate.jobstate import JobState  # re-exported: the client imports it from there alone
+
 if TYPE_CHECKING:  # imported where used: the client (``collocate ls``) needs JobState, not numpy
     import numpy as np
 
@@ -22,20 +24,6 @@ class SharingMode(StrEnum):
     TIME_SLICING = "time-slicing"  # the driver's default: contexts take turns
     MPS = "mps"  # NVIDIA Multi-Process Service: kernels of several processes run concurrently
     MIG = "mig"  # hardware partitions; each instance is scheduled as a GPU of its own
-
-
-class JobState(StrEnum):
-    PENDING = "pending"
-    RUNNING = "running"
-    DONE = "done"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-    REJECTED = "rejected"
-    TIMEOUT = "timeout"  # stopped at its time limit (``Job.time_limit_s``, Slurm's --time)
-
-    @property
-    def is_terminal(self) -> bool:
-        return self not in (JobState.PENDING, JobState.RUNNING)
 
 
 @dataclass(frozen=True, slots=True, order=True)

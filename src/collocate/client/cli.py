@@ -148,7 +148,6 @@ def submit(
         return script()
     from collocate.client.sweep import expand, parse_axis
     from collocate.daemon.spec import default_name, parse_env
-    from collocate.estimate.providers import EstimateRequest
     from collocate.units import parse_mib, require_unit
 
     _format(fmt)
@@ -177,6 +176,7 @@ def submit(
     client = _client(state_dir, host, token_file, fingerprint)
     if estimate is not None:  # once for a whole sweep: its jobs share the entry point
         from collocate.estimate.entrypoint import OPTIMIZERS, PRECISIONS, check_choice
+        from collocate.estimate.providers import EstimateRequest
 
         request = EstimateRequest(entry_point=estimate, batch_size=batch_size,
                                   optimizer=check_choice("optimizer", optimizer, OPTIMIZERS),
@@ -607,11 +607,12 @@ def gpus(
             return
     from rich.live import Live
 
-    with Live(render.gpu_table(client.request("gpus")), console=render.console(), refresh_per_second=2) as live:
+    with Live(render.gpu_table(client.request("gpus")).__rich__(), console=render.console().rich(),
+              refresh_per_second=2) as live:
         try:
             while True:
                 time.sleep(1.0)
-                live.update(render.gpu_table(client.request("gpus")))
+                live.update(render.gpu_table(client.request("gpus")).__rich__())
         except KeyboardInterrupt:
             pass
 

@@ -1,8 +1,9 @@
-"""Tables for the client commands (rich), kept apart from parsing so both stay short.
+"""Tables for the client commands, kept apart from parsing so both stay short.
 
 Everything a user or a job wrote (names, commands, paths, user names, reasons, which carry the
 last line of a job's stderr) goes through ``safetext.printable`` and is printed as plain text,
-never as Rich markup: see ``collocate.safetext`` for why.
+never as Rich markup: see ``collocate.safetext`` for why. They are written by ``textout``, which
+leaves to Rich only what has to wrap (importing Rich costs more than the rest of ``ls``).
 """
 
 from __future__ import annotations
@@ -12,10 +13,7 @@ import sys
 import time
 from typing import Any
 
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
-
+from collocate.client.textout import Console, Table, Text
 from collocate.safetext import printable
 from collocate.units import format_duration, format_mib
 

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from collocate.errors import InputError
-from collocate.model import JobState
+from collocate.jobstate import JobState
 
 STATES = tuple(s.value for s in JobState)
 ACTIVE = tuple(s.value for s in JobState if not s.is_terminal)  # what cancel can still stop
