@@ -285,7 +285,7 @@ def test_every_commands_help_fits_80_columns_uncut():
         assert "…" not in out.output, (name, out.output)
 
 
-def test_a_job_frozen_for_a_higher_one_says_for_which_first_in_80_columns_and_in_show(capsys):
+def test_a_job_frozen_for_a_higher_one_says_for_which_first_in_80_columns_and_in_show():
     from collocate.daemon.views import _suspension
     from collocate.model import Job, JobState
 
@@ -298,8 +298,10 @@ def test_a_job_frozen_for_a_higher_one_says_for_which_first_in_80_columns_and_in
     lines = c.export_text().splitlines()
     assert all(len(line.rstrip()) <= 80 for line in lines), lines
     assert "suspended" in lines[1] and "for job 12" in lines[1], lines
+    out = io.StringIO()
     render.print_detail({**row, "argv": ["train.py"], "cwd": "/w", "mem_source": "declared", "attempts_used": 1,
-                         "max_retries": 3, "end_time": None, "attempts": []})
-    shown = capsys.readouterr().out
+                         "max_retries": 3, "end_time": None, "attempts": []},
+                        Console(file=out, width=200, markup=False, emoji=False, highlight=False))
+    shown = " ".join(out.getvalue().split())  # show's fields: name, then its value beside it
     assert "suspended by the scheduler (preemption) since" in shown
     assert "for job 12 of higher priority (5 > 0); thaws when it ends" in shown

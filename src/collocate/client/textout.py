@@ -79,10 +79,16 @@ class Table:
     title_justify: str = "center"
     caption: str | None = None
     caption_justify: str = "center"
+    show_header: bool = True
     columns: list[Column] = field(default_factory=list)
     rows: list[tuple[str | Text, ...]] = field(default_factory=list)
 
-    def add_column(self, header: str, **options: Any) -> None:
+    @classmethod
+    def grid(cls, padding: tuple[int, ...] = (0, 0), pad_edge: bool = False) -> Table:
+        """Columns without a header (Rich's ``Table.grid``)."""
+        return cls(padding=padding, pad_edge=pad_edge, show_header=False)
+
+    def add_column(self, header: str = "", **options: Any) -> None:
         self.columns.append(Column(header, **options))
 
     def add_row(self, *cells: str | Text) -> None:
@@ -93,7 +99,8 @@ class Table:
 
         options: dict[str, Any] = dict(header_style=self.header_style, pad_edge=self.pad_edge,
                                        padding=self.padding, title=self.title, title_justify=self.title_justify,
-                                       caption=self.caption, caption_justify=self.caption_justify)
+                                       caption=self.caption, caption_justify=self.caption_justify,
+                                       show_header=self.show_header)
         table = RichTable(box=None, **options)
         for c in self.columns:
             column: dict[str, Any] = dict(no_wrap=c.no_wrap, overflow=c.overflow, width=c.width,
@@ -120,10 +127,10 @@ class Table:
         header = tuple(c.header for c in self.columns)
         widths = []
         for i, col in enumerate(self.columns):
-            texts = [header[i], *(row[i] for row in rows)]
+            texts = [*([header[i]] if self.show_header else []), *(row[i] for row in rows)]
             if not all(_narrow(t) for t in texts):
                 return None
-            most = col.width if col.width is not None else max(len(t) for t in texts)
+            most = col.width if col.width is not None else max([0, *(len(t) for t in texts)])
             if col.width is None and col.min_width is not None:  # Rich: a set width wins
                 most = max(most, col.min_width)
             if col.width is None and col.max_width is not None:
@@ -140,8 +147,8 @@ class Table:
             if title is None:
                 return None
             out.append(title)
-        for n, row in enumerate((header, *rows)):
-            style = self.header_style if n == 0 and styled else ""
+        for n, row in enumerate((header, *rows) if self.show_header else rows):
+            style = self.header_style if n == 0 and styled and self.show_header else ""
             if style and style not in ANSI:
                 return None
             pieces: list[str] = []
