@@ -108,5 +108,9 @@ class _RichOnly:
         self.rich = RichConsole(width=width, markup=False, emoji=False, highlight=False,
                                 force_terminal=tty, color_system="standard" if tty else None)
 
+    @property
+    def width(self) -> int:
+        return self.rich.width
+
     def print(self, thing: object = "", style: str = "") -> None:
         self.rich.print(thing, style=style)
