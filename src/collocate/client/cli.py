@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from collocate.cli_options import FingerprintOpt, HostOpt, StateDirOpt, TokenFileOpt
+from collocate.cli_options import ErrorOpt, FingerprintOpt, HostOpt, OutputOpt, StateDirOpt, TokenFileOpt
 from collocate.errors import CollocateError, InputError
 
 if TYPE_CHECKING:
@@ -130,7 +130,11 @@ def submit(
                             "crash its neighbours instead of itself; it is still charged for the "
                             "overrun, its requirement raised from what it held.")] = False,
     sweep: Annotated[list[str], typer.Option("--sweep", help="NAME=V1,V2,... or NAME=FIRST..LAST: "
-                     "one job per combination, {NAME} in the command replaced (repeatable).")] = [],
+                     "one job per combination, {NAME} in the command, --name, --output and "
+                     "--error replaced (repeatable).")] = [],
+    sweep_max: Annotated[int | None, typer.Option("--sweep-max", help="Run at most N of the "
+                         "sweep's jobs at once (Slurm's --array=0-9%N); the others wait.")] = None,
+    output: OutputOpt = None, error: ErrorOpt = None,
     state_dir: StateDirOpt = None, host: HostOpt = None,
     token_file: TokenFileOpt = None, fingerprint: FingerprintOpt = None,
 ) -> None:
@@ -166,7 +170,11 @@ def submit(
     if mem is not None:
         require_unit(mem, "--mem")
         parse_mib(mem)  # a clear error before contacting the daemon
-    points = expand(command, [parse_axis(a) for a in sweep]) if sweep else None
+    if sweep_max is not None and not sweep:
+        raise InputError("--sweep-max bounds a sweep", hint="give --sweep NAME=VALUES too, or drop --sweep-max")
+    if sweep_max is not None and not 1 <= sweep_max <= 10_000:
+        raise InputError(f"--sweep-max takes 1 to 10,000, got {sweep_max}")
+    points = expand(command, [parse_axis(a) for a in sweep], (name, output, error)) if sweep else None
     directory = (cwd or Path.cwd()).expanduser().absolute()
     if not directory.is_dir():
         raise InputError(f"working directory {directory} does not exist", hint="pass an existing --cwd")
@@ -190,12 +198,16 @@ def submit(
     if no_mem_fence:
         fields["no_mem_fence"] = True
     if points is None:
-        typer.echo(client.request("submit", argv=list(command), name=name, **fields)["id"])
+        typer.echo(client.request("submit", argv=list(command), name=name, output=output, error=error,
+                                  **fields)["id"])
         return
     base = name or default_name(command)
+    sweep_of: dict[str, Any] = {"sweep": "new", "sweep_max": sweep_max}  # then the first job's id
     for done, point in enumerate(points):
         try:
-            result = client.request("submit", argv=list(point.command), name=f"{base}[{point.label()}]", **fields)
+            result = client.request("submit", argv=list(point.command), name=point.name(base),
+                                    output=point.path(output), error=point.path(error), **sweep_of, **fields)
+            sweep_of = {"sweep": sweep_of["sweep"] if done else result["id"]}
         except CollocateError as exc:
             if not done:
                 raise
