@@ -6,6 +6,7 @@ of a sweep pending, saying why, and runs them as room in the sweep frees."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -24,7 +25,7 @@ def cli(d, command, *args, timeout=60):
 
 
 def test_output_files_are_the_members_own_with_patterns_filled_and_retries_appended(lab, lab_daemon):
-    d, work = lab_daemon()
+    d, work = lab_daemon("--log-max", "1MiB")
     a = lab["A"]
     root_file = work / "not-yours.txt"
     root_file.write_text("root's\n")  # 0644, root's: A may read it, not write it
@@ -35,14 +36,15 @@ def test_output_files_are_the_members_own_with_patterns_filled_and_retries_appen
         assert out.returncode == 0, out.stderr
         return out.stdout.strip()
 
+    (work / "out").mkdir()
+    os.chmod(work / "out", 0o777)
     both = submit("--output", "both-%j-%u.txt", "--", "/bin/sh", "-c", "echo out; echo err >&2")
     apart = submit("-o", "out/%x-%j.out", "-e", "out/%x-%j.err", "--name", "apart", "--",
                    "/bin/sh", "-c", "echo to-out; echo to-err >&2")
-    (work / "out").mkdir(mode=0o777)
-    os.chmod(work / "out", 0o777)
     retried = submit("--retries", "1", "-o", "retry-%j.txt", "--", "/bin/sh", "-c",
                      'echo "attempt $COLLOCATE_ATTEMPT"; exit 3')
     refused = submit("-o", str(root_file), "--", "/bin/sh", "-c", "echo never")
+    big = submit("-o", "big.txt", "--", "/bin/sh", "-c", "head -c 3000000 /dev/zero")
 
     d.wait_state(both, "done")
     text = (work / f"both-{both}-{a.name}.txt").read_text()
@@ -55,10 +57,19 @@ def test_output_files_are_the_members_own_with_patterns_filled_and_retries_appen
     assert {(work / "out" / f"apart-{apart}.{s}").stat().st_uid for s in ("out", "err")} == {a.uid}
     logs = cli_as(a, d.state_dir, "logs", apart)
     assert logs.stdout == "to-out\n"  # the daemon's logs are kept as before
+    shown = cli_as(a, d.state_dir, "show", apart).stdout
+    assert f"output    {work}/out/apart-{apart}.out\n" in shown and f"error     {work}/out/apart-{apart}.err" in shown
+    theirs = json.loads(cli_as(lab["B"], d.state_dir, "show", apart, "--format", "json").stdout)
+    assert theirs["redacted"] and "output" not in theirs and "error" not in theirs  # paths are A's
 
     d.wait_state(retried, "failed")
     assert (work / f"retry-{retried}.txt").read_text() == (
         f"attempt 1\n[collocate: attempt 2 of job {retried} starts here]\nattempt 2\n")
+
+    d.wait_state(big, "done")
+    assert (work / "big.txt").stat().st_size == 3_000_000  # the member's file: all of it, on their disk
+    kept = cli_as(a, d.state_dir, "logs", big).stdout  # the daemon's copy: cut at --log-max
+    assert len(kept) < 1_200_000 and "stdout is cut from here" in kept
 
     failed = d.wait_state(refused, "failed")
     assert f"cannot write --output {root_file}: Permission denied" in failed["reason"]

@@ -143,8 +143,12 @@ def submit(
     A job script runs as a job, its options read from its #COLLOCATE lines (as sbatch reads
     #SBATCH; an option given here wins): collocate submit train.sh
 
-    A sweep queues one job per combination and prints their ids, one per line:
+    A sweep queues one job per combination and prints their ids, one per line (--sweep-max 2:
+    at most two of them run at once; {lr} is filled in --name and --output too):
     collocate submit --mem 6GiB --sweep lr=1e-3,3e-4 --sweep seed=0..2 -- python train.py --lr {lr} --seed {seed}
+
+    Its output in a file of yours too, as sbatch -o (%j: the job id, %x: its name):
+    collocate submit --mem 6GiB -o 'runs/%x-%j.out' -- python train.py
     """
     if (script := _script_params(ctx, command)) is not None:  # `submit train.sh`: its #COLLOCATE lines
         return script()

@@ -206,6 +206,13 @@ def print_detail(d: dict[str, Any]) -> None:
         c.print(f"  held      by {by}: `collocate release {printable(d['id'])}`")
     if d.get("notify"):
         c.print(f"  notify    {printable(shlex.join(d['notify']))}")
+    if d.get("output"):
+        c.print(f"  output    {printable(d['output'])}" + ("" if d.get("error") else " (stdout and stderr)"))
+    if d.get("error"):
+        c.print(f"  error     {printable(d['error'])}")
+    if d.get("sweep"):
+        most = f" (at most {d['sweep_max']} of it at once)" if d.get("sweep_max") else ""
+        c.print(f"  sweep     {printable(d['sweep'])}{most}")
     c.print(f"  submitted {when(d['submit_time'])}   ended {when(d['end_time'])}")
     table = Table(box=None, header_style="bold", title="attempts", title_justify="left")
     for col in ("#", "START", "END", "GPU", "MEM", "PEAK", "EXIT", "OUTCOME", "REASON"):

@@ -105,8 +105,7 @@ class _Stream:
         self.tail = bytearray()
 
     def take(self, data: bytes, free: int | None, reserve: int, ledger: Ledger | None = None) -> None:
-        if self.copy is not None:  # all of it: the member's own file, on their own disk quota
-            self._copy(data)
+        self._copy(data)  # all of it, cut or not: the member's own file, on their own disk quota
         if self.why is None:
             room = self.max_bytes - self.written
             if free is not None and free - len(data) < reserve:
@@ -135,11 +134,14 @@ class _Stream:
             os.close(self.copy)
 
     def _copy(self, data: bytes) -> None:
+        copy = self.copy
+        if copy is None:
+            return
         try:
             while data:
-                data = data[os.write(self.copy, data):]
+                data = data[os.write(copy, data):]
         except OSError:  # the writer is gone (its user killed it): the logs go on
-            os.close(self.copy)
+            os.close(copy)
             self.copy = None
 
     def _start_cut(self, why: str) -> None:
