@@ -327,9 +327,9 @@ class Scheduler:
             queue = AloneAsWhole(queue, self.capacity)
         plan = self.policy(queue, cluster) if queue else Plan()
         self._check(plan, cluster)
+        plan = self._within_sweeps(plan)  # first: a job it holds back takes no one's cap
         if self.fairness.capped:
             plan = self._within_caps(plan)
-        plan = self._within_sweeps(plan)
         if cpu.placements or cpu.waits:
             plan = Plan(cpu.placements + plan.placements, plan.rejections, {**plan.waits, **cpu.waits},
                         plan.recheck_at)
