@@ -95,3 +95,14 @@ def test_sweep_placeholders_fill_name_and_output_and_sweep_max_bounds_what_runs(
     spans = sorted((a["start"], a["end"]) for i in ids for a in d.job(i)["attempts"])
     most = max(sum(1 for s, e in spans if s <= t < e) for t, _ in spans)
     assert most == 2, spans  # two at once (4 free GPUs), never more
+
+
+def test_an_interactive_run_writes_its_terminals_output_to_its_file_too(daemons, tmp_path):
+    from test_e2e_run import Terminal, _env
+
+    d = daemons(gpus="emulated:1xA100-40GB")
+    term = Terminal(["run", "-o", str(tmp_path / "run-%j.txt"), "--", "sh", "-c", "echo on-the-terminal"],
+                    _env(d.state_dir))
+    assert term.status() == 0, term.seen
+    written = wait_for(lambda: [p.read_text() for p in tmp_path.glob("run-*.txt")], 10, "the run's file")
+    assert "on-the-terminal" in written[0] and "on-the-terminal" in term.seen.decode(errors="replace")
