@@ -91,7 +91,8 @@ def expand(command: Sequence[str], axes: Sequence[Axis], elsewhere: Sequence[str
     if unused:
         raise InputError(
             f"--sweep {unused[0]} is not used in the command",
-            hint=f"write {{{unused[0]}}} where its value goes, e.g. -- python train.py --{unused[0]} {{{unused[0]}}}",
+            hint=f"write {{{unused[0]}}} where its value goes, e.g. -- python train.py --{unused[0]} {{{unused[0]}}} "
+                 "(or in --name, --output, --error)",
         )
     count = 1
     for axis in axes:
