@@ -1,4 +1,5 @@
-"""Options several areas' commands share (the daemon's ``serve`` and the client commands)."""
+"""Options several areas' commands share (the daemon's ``serve`` and the client commands,
+``submit`` and ``run``)."""
 
 from __future__ import annotations
 
@@ -32,3 +33,11 @@ FingerprintOpt = Annotated[
                  help="With --host: the SHA-256 fingerprint of the daemon's TLS certificate, as "
                       "`collocate serve --tls` printed it (default: $COLLOCATE_FINGERPRINT)."),
 ]
+
+OutputOpt = Annotated[str | None, typer.Option("--output", "-o", help="Also write the job's "
+                      "stdout (and stderr, without --error) to this file, as sbatch -o: %j is the "
+                      "job id, %x its name, %u your user name, %A the sweep's id, %a its index (a "
+                      "sweep of one axis), %% a %. Relative to --cwd; created and written as you. "
+                      "A retry appends under a header line.")]
+ErrorOpt = Annotated[str | None, typer.Option("--error", "-e", help="Also write the job's stderr "
+                     "to this file (the patterns of --output).")]

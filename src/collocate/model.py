@@ -149,6 +149,11 @@ class Job:
     #: Started on observation (``policies.auto``: measured room, past what the model predicts):
     #: the scheduler takes it back by freezing it if a neighbour is seen slowed past the limit.
     on_trial: bool = False
+    #: The sweep it belongs to (``submit --sweep``): the id of the sweep's first job; "" for a
+    #: job of its own. With ``sweep_max`` > 0, at most that many of the sweep's jobs run at
+    #: once (Slurm's ``--array=0-9%2``; ``Scheduler``'s rule, in both worlds).
+    sweep: str = ""
+    sweep_max: int = 0
 
     @property
     def width(self) -> int:

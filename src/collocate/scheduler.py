@@ -8,7 +8,8 @@ never can; so does a held job (``hold``/``release``). A CPU job (``Job.gpus == 0
 prepare or evaluate step) never reaches the policy: every round starts it at once, on no GPU,
 while its user runs fewer CPU jobs than ``UserLimits.max_cpu_jobs`` (one rule for every policy,
 here). Among users who wait, fair share orders
-the queue and per-user caps bound what one user runs (``collocate.fairness``); a job with a time
+the queue and per-user caps bound what one user runs (``collocate.fairness``); a sweep's
+``sweep_max`` bounds how many of its jobs run at once (Slurm's ``--array=0-9%2``); a job with a time
 limit is reported ``overdue`` once it has run that long. It does no I/O and reads no clock:
 the caller passes the cluster snapshot and the time, and persists every changed job through the
 ``on_change`` hook (the daemon writes it to SQLite; the simulator keeps it in memory).
@@ -203,6 +204,7 @@ class Scheduler:
         self._watched: dict[str, None] = {}  # running jobs on trial or frozen by the scheduler
         self._running_gpu: dict[str, None] = {}  # running GPU jobs: who a preemptor may freeze
         self._priorities: dict[int, int] = {}  # priority -> running GPU jobs of it (preemption's fast path)
+        self._sweep_running: dict[str, int] = {}  # sweep (with a sweep_max) -> its jobs running
 
     # -- queue ------------------------------------------------------------------------------
     @property
@@ -224,15 +226,17 @@ class Scheduler:
 
     def eligible(self, now: float) -> Sequence[Job]:
         """What the policy sees at ``now``: the queue without the jobs of users at a cap or
-        stopped (``stopped_users``)."""
+        stopped (``stopped_users``), and of sweeps that run their ``sweep_max``."""
         queues = self._queues if not self.stopped_users else {
             user: q for user, q in self._queues.items() if user not in self.stopped_users}
         if not self.fairness.capped:
-            return FairQueue(queues, self._usage_at(now))
+            return FairQueue(queues, self._usage_at(now), self._sweep_full if self._sweep_running else None)
         # users at a cap whatever the job: left out whole, so a flood costs nothing per round
         open_users = {user: q for user, q in queues.items()
                       if q and self._cap(q[0].evolve(gpus=1, nodes=1)) is None}
-        return FairQueue(open_users, self._usage_at(now), self._over_cap)
+        skip = self._over_cap if not self._sweep_running else (
+            lambda job: self._sweep_full(job) or self._over_cap(job))
+        return FairQueue(open_users, self._usage_at(now), skip)
 
     def set_fairness(self, fairness: Fairness) -> None:
         """New caps or fair-share settings (the daemon's owner changed them); usage is kept."""
@@ -330,6 +334,7 @@ class Scheduler:
             queue = AloneAsWhole(queue, self.capacity)
         plan = self.policy(queue, cluster) if queue else Plan()
         self._check(plan, cluster)
+        plan = self._within_sweeps(plan)  # first: a job it holds back takes no one's cap
         if self.fairness.capped:
             plan = self._within_caps(plan)
         if cpu.placements or cpu.waits:
@@ -419,6 +424,8 @@ class Scheduler:
             return Wait(WaitKind.DEPENDENCY, _waits_for(waiting))
         if job.user in self.stopped_users:
             return Wait(WaitKind.QUOTA, self.stopped_users[job.user])
+        if why := self.why_not_sweep(job):
+            return Wait(WaitKind.LIMIT, why)
         if job.gpus == 0:
             why = self.fairness.limits(job.user).why_not_cpu(job.user, self._cpu_running.get(job.user, 0),
                                                              self.cpu_jobs_default)
@@ -567,18 +574,24 @@ class Scheduler:
         user's queue order; the others wait with the cap as their reason. O(users + placed)."""
         placed: list[Placement] = []
         waits: dict[str, Wait] = {}
+        swept: dict[str, int] = {}  # sweep -> its jobs placed here (``Job.sweep_max``)
         for user, queue in self._cpu_queues.items():
             if user in self.stopped_users:  # at their storage quota: no new attempt, CPU or not
                 continue
             limits = self.fairness.limits(user)
             running = self._cpu_running.get(user, 0)
             for job in queue:
+                if job.sweep_max and (why := self.why_not_sweep(job, swept.get(job.sweep, 0))):
+                    waits[job.id] = Wait(WaitKind.LIMIT, why)
+                    continue
                 why = limits.why_not_cpu(user, running, self.cpu_jobs_default)
                 if why is not None:
                     waits[job.id] = Wait(WaitKind.LIMIT, why)
                     break  # the rest of this user's CPU jobs wait for the same reason
                 placed.append(Placement(job.id, ()))
                 running += 1
+                if job.sweep_max:
+                    swept[job.sweep] = swept.get(job.sweep, 0) + 1
         return Plan(tuple(placed), (), waits)
 
     def _queue_of(self, user: str) -> SortedKeyList:
@@ -606,6 +619,8 @@ class Scheduler:
         if old is not None and old.state is JobState.RUNNING and job.state is not JobState.RUNNING:
             self._deadlines.pop(job.id, None)
             started = old.started_at if old.started_at is not None else (now or 0.0)
+            if old.sweep_max:
+                self._sweep_ran(old.sweep, -1)
             if old.gpus:
                 self.usage.stopped(old.user, old.width, started, now)
                 self._running_gpu.pop(job.id, None)
@@ -635,6 +650,8 @@ class Scheduler:
     def _running(self, job: Job, *, deadline_only: bool = False) -> None:
         started = job.started_at if job.started_at is not None else self._now
         if not deadline_only:
+            if job.sweep_max:
+                self._sweep_ran(job.sweep, +1)
             if job.gpus:
                 self.usage.started(job.user, job.width, started)
                 self._running_gpu[job.id] = None
@@ -669,6 +686,43 @@ class Scheduler:
                 self._store(waiter.evolve(reason=""))
             else:
                 self._store(waiter.evolve(reason=_waits_for(waiting)))
+
+    def why_not_sweep(self, job: Job, extra: int = 0) -> str | None:
+        """Why one more job of ``job``'s sweep may not start beside those running (and
+        ``extra`` placed in this round), or None."""
+        if not job.sweep_max:
+            return None
+        running = self._sweep_running.get(job.sweep, 0) + extra
+        if running < job.sweep_max:
+            return None
+        return f"sweep {job.sweep}: {running} of its jobs running (--sweep-max {job.sweep_max})"
+
+    def _sweep_full(self, job: Job) -> bool:
+        return bool(job.sweep_max) and self._sweep_running.get(job.sweep, 0) >= job.sweep_max
+
+    def _sweep_ran(self, sweep: str, change: int) -> None:
+        if (running := self._sweep_running.get(sweep, 0) + change) > 0:
+            self._sweep_running[sweep] = running
+        else:
+            self._sweep_running.pop(sweep, None)
+
+    def _within_sweeps(self, plan: Plan) -> Plan:
+        """The plan without placements that would run more of a sweep at once than its
+        ``sweep_max`` (in the plan's order); those jobs wait with the sweep's reason."""
+        taken: dict[str, int] = {}
+        kept: list[Placement] = []
+        waits: dict[str, Wait] = {}
+        for p in plan.placements:
+            job = self.jobs[p.job_id]
+            if job.sweep_max and (why := self.why_not_sweep(job, taken.get(job.sweep, 0))):
+                waits[job.id] = Wait(WaitKind.LIMIT, why)
+                continue
+            kept.append(p)
+            if job.sweep_max:
+                taken[job.sweep] = taken.get(job.sweep, 0) + 1
+        if not waits:
+            return plan
+        return Plan(tuple(kept), plan.rejections, {**plan.waits, **waits}, plan.recheck_at)
 
     def _cap(self, job: Job, extra_jobs: int = 0, extra_gpus: int = 0) -> str | None:
         jobs, gpus = self.usage.running(job.user)

@@ -58,7 +58,7 @@ def test_a_jobs_command_shows_in_no_root_process_name_or_others_show(lab, lab_da
         assert private not in shown
     assert all("pid" not in a and "runners" not in a for a in shown["attempts"])
     assert set(shown) - {"attempts", "redacted", "max_retries", "attempts_used", "after",
-                         "after_any", "after_notok", "retry_failures"} <= set(row)
+                         "after_any", "after_notok", "retry_failures", "sweep", "sweep_max"} <= set(row)
     table = cli_as(lab["B"], d.state_dir, "show", job)
     assert table.returncode == 0, table.stderr
     assert "only its owner sees it" in table.stdout and SECRET not in table.stdout

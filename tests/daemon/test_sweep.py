@@ -65,3 +65,27 @@ def test_the_grid_has_one_job_per_combination(sizes):
     assert len(points) == expected
     assert len({p.command for p in points}) == expected  # all distinct
     assert all("{" not in arg for p in points for arg in p.command)
+
+
+def test_names_and_output_paths_take_the_placeholders_too():
+    one, two = expand(["sleep", "1"], [parse_axis("i=1..2")], ("a{i}", "out-%a-{i}-%j-%%a.txt"))
+    assert (one.name("a{i}"), two.name("a{i}")) == ("a1", "a2")
+    assert one.name("base") == "base[i=1]"  # a name without placeholders is told apart as before
+    assert two.path("out-%a-{i}-%j-%%a.txt") == "out-2-2-%j-%%a.txt"  # %j, %% are the daemon's
+    pct, = expand(["x"], [parse_axis("p=50%")], ("o-{p}-%a.txt",))
+    assert pct.path("o-{p}-%a.txt") == "o-50%%-50%%.txt"  # a value's % stays a % once the daemon fills
+    grid = expand(["x"], [parse_axis("a=1"), parse_axis("b=2")], ("o-{a}-{b}-%a",))
+    assert grid[0].path("o-{a}-{b}-%a") == "o-1-2-%a"  # two axes: no single index; the daemon refuses %a
+
+
+def test_output_patterns_are_checked_and_filled_as_sbatch_fills_them():
+    from collocate.daemon.outputs import check_template, fill
+
+    template = check_template("logs/%x-%j-%u-%A-%%.txt", "--output", "/work")
+    assert fill(template, job_id="7", name="a1", user="ann", sweep="") == "/work/logs/a1-7-ann-7-%.txt"
+    assert fill(template, job_id="9", name="a3", user="ann", sweep="7").endswith("a3-9-ann-7-%.txt")
+    assert check_template("/abs/o", "--output", "/work") == "/abs/o" and check_template(None, "-o", "/") is None
+    for bad, words in (("o-%a", "%a is a sweep's index"), ("o-%q", "%j (the job id)"), ("dir/", "names a directory")):
+        with pytest.raises(InputError) as err:
+            check_template(bad, "--output", "/work")
+        assert words in str(err.value) + str(err.value.hint)

@@ -589,3 +589,14 @@ def test_one_member_can_never_bring_the_disk_to_its_reserve():
 def test_a_default_name_never_holds_an_inline_assignment(assignments, rest):
     name = default_name(["bash", "-c", " ".join([*assignments, rest])])
     assert "=" not in name and not any(a in name for a in assignments)
+
+
+def test_output_files_go_to_rank_0s_runner_truncated_first_then_appended():
+    from collocate.daemon.plan import Rendezvous, output_args
+
+    job = Job("7", name="a1", user="ann", sweep="5")
+    spec = JobSpec(("x",), "/w", user="ann", output="/w/%x-%j-%A.out", error="/w/%u-%%.err")
+    assert output_args(job, spec, 1, None) == ("--output", "/w/a1-7-5.out", "--error", "/w/ann-%.err")
+    assert output_args(job, spec, 2, Rendezvous(2, 0, "h", 1))[-1] == "--append"
+    assert output_args(job, spec, 1, Rendezvous(2, 1, "h", 1)) == ()  # rank 1 writes no file
+    assert output_args(job, JobSpec(("x",), "/w"), 3, None) == ()

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from collocate.cli_options import FingerprintOpt, HostOpt, StateDirOpt, TokenFileOpt
+from collocate.cli_options import ErrorOpt, FingerprintOpt, HostOpt, OutputOpt, StateDirOpt, TokenFileOpt
 from collocate.errors import CollocateError, InputError
 
 if TYPE_CHECKING:
@@ -130,7 +130,11 @@ def submit(
                             "crash its neighbours instead of itself; it is still charged for the "
                             "overrun, its requirement raised from what it held.")] = False,
     sweep: Annotated[list[str], typer.Option("--sweep", help="NAME=V1,V2,... or NAME=FIRST..LAST: "
-                     "one job per combination, {NAME} in the command replaced (repeatable).")] = [],
+                     "one job per combination, {NAME} in the command, --name, --output and "
+                     "--error replaced (repeatable).")] = [],
+    sweep_max: Annotated[int | None, typer.Option("--sweep-max", help="Run at most N of the "
+                         "sweep's jobs at once (Slurm's --array=0-9%N); the others wait.")] = None,
+    output: OutputOpt = None, error: ErrorOpt = None,
     fmt: Annotated[str, typer.Option("--format", help="table: the id (a sweep: one per line); json: "
                    "an object with id, name, state and memory (a sweep: a list of them).")] = "table",
     state_dir: StateDirOpt = None, host: HostOpt = None,
@@ -141,8 +145,12 @@ def submit(
     A job script runs as a job, its options read from its #COLLOCATE lines (as sbatch reads
     #SBATCH; an option given here wins): collocate submit train.sh
 
-    A sweep queues one job per combination and prints their ids, one per line:
+    A sweep queues one job per combination and prints their ids, one per line (--sweep-max 2:
+    at most two of them run at once; {lr} is filled in --name and --output too):
     collocate submit --mem 6GiB --sweep lr=1e-3,3e-4 --sweep seed=0..2 -- python train.py --lr {lr} --seed {seed}
+
+    Its output in a file of yours too, as sbatch -o (%j: the job id, %x: its name):
+    collocate submit --mem 6GiB -o 'runs/%x-%j.out' -- python train.py
     """
     if (script := _script_params(ctx, command)) is not None:  # `submit train.sh`: its #COLLOCATE lines
         return script()
@@ -168,7 +176,11 @@ def submit(
     if mem is not None:
         require_unit(mem, "--mem")
         parse_mib(mem)  # a clear error before contacting the daemon
-    points = expand(command, [parse_axis(a) for a in sweep]) if sweep else None
+    if sweep_max is not None and not sweep:
+        raise InputError("--sweep-max bounds a sweep", hint="give --sweep NAME=VALUES too, or drop --sweep-max")
+    if sweep_max is not None and not 1 <= sweep_max <= 10_000:
+        raise InputError(f"--sweep-max takes 1 to 10,000, got {sweep_max}")
+    points = expand(command, [parse_axis(a) for a in sweep], (name, output, error)) if sweep else None
     directory = (cwd or Path.cwd()).expanduser().absolute()
     if not directory.is_dir():
         raise InputError(f"working directory {directory} does not exist", hint="pass an existing --cwd")
@@ -193,15 +205,18 @@ def submit(
     if no_mem_fence:
         fields["no_mem_fence"] = True
     if points is None:
-        queued = client.request("submit", argv=list(command), name=name, **fields)
+        queued = client.request("submit", argv=list(command), name=name, output=output, error=error, **fields)
         typer.echo(json.dumps(_queued(queued, name or default_name(command)), indent=1) if fmt == "json"
                    else queued["id"])
         return
     base = name or default_name(command)
     listed: list[dict[str, Any]] = []
+    sweep_of: dict[str, Any] = {"sweep": "new", "sweep_max": sweep_max}  # then the first job's id
     for done, point in enumerate(points):
         try:
-            result = client.request("submit", argv=list(point.command), name=f"{base}[{point.label()}]", **fields)
+            result = client.request("submit", argv=list(point.command), name=point.name(base),
+                                    output=point.path(output), error=point.path(error), **sweep_of, **fields)
+            sweep_of = {"sweep": sweep_of["sweep"] if done else result["id"]}
         except CollocateError as exc:
             if not done:
                 raise
@@ -210,7 +225,7 @@ def submit(
             raise CollocateError(f"{exc.args[0]} ({done} of {len(points)} sweep jobs were queued "
                                  "before it; their ids are printed above)", hint=exc.hint) from exc
         if fmt == "json":
-            listed.append(_queued(result, f"{base}[{point.label()}]"))
+            listed.append(_queued(result, point.name(base)))
         else:
             typer.echo(result["id"])
     if fmt == "json":

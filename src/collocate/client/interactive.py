@@ -25,7 +25,7 @@ from typing import Annotated, Any
 
 import typer
 
-from collocate.cli_options import FingerprintOpt, HostOpt, StateDirOpt, TokenFileOpt
+from collocate.cli_options import ErrorOpt, FingerprintOpt, HostOpt, OutputOpt, StateDirOpt, TokenFileOpt
 from collocate.errors import CollocateError, InputError
 
 POLL_S = 0.5  # how often a queued job's state is asked
@@ -44,6 +44,7 @@ def run(
     nice: Annotated[int | None, typer.Option("--nice", help="Lower this job's priority by N.")] = None,
     cwd: Annotated[Path | None, typer.Option("--cwd", help="Working directory (default: here).")] = None,
     env: Annotated[list[str], typer.Option("--env", help="NAME=VALUE for the job (repeatable).")] = [],  # noqa: B006 - Typer passes a new list
+    output: OutputOpt = None, error: ErrorOpt = None,
     state_dir: StateDirOpt = None, host: HostOpt = None,
     token_file: TokenFileOpt = None, fingerprint: FingerprintOpt = None,
 ) -> None:
@@ -78,7 +79,8 @@ def run(
     client = client_for(state_dir, host=host, token_file=token_file, fingerprint=fingerprint)
     job_id = str(client.request("submit", argv=list(command), name=name, gpus=gpus, mem=mem,
                                 priority=priority, cwd=str(directory), env=list(env),
-                                base_env=dict(os.environ), time=time_limit, interactive=True)["id"])
+                                base_env=dict(os.environ), time=time_limit, interactive=True,
+                                output=output, error=error)["id"])
     raise typer.Exit(Session(client, job_id, list(command)).run())
 
 

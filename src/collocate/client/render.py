@@ -207,6 +207,13 @@ def print_detail(d: dict[str, Any], c: Console | None = None) -> None:
         rows.append(("held", f"by {by}: `collocate release {printable(d['id'])}`"))
     if d.get("notify"):
         rows.append(("notify", printable(shlex.join(d["notify"]))))
+    if d.get("output"):
+        rows.append(("output", printable(d["output"]) + ("" if d.get("error") else " (stdout and stderr)")))
+    if d.get("error"):
+        rows.append(("error", printable(d["error"])))
+    if d.get("sweep"):
+        most = f" (at most {d['sweep_max']} of it at once)" if d.get("sweep_max") else ""
+        rows.append(("sweep", f"{printable(d['sweep'])}{most}"))
     rows.append(("submitted", f"{when(d['submit_time'])}   ended {when(d['end_time'])}"))
     c.print(fields(rows, indent=2))
     attempts = attempts_table(d["attempts"], c.width)

@@ -2,7 +2,9 @@
 
 A sweep is the commonest reason to queue many jobs at once, and the shell loop users write for
 it today is what collocate replaces. Only the placeholders of declared axes are replaced, so any
-other braces in a command (JSON arguments, shell ``${VAR}``) pass through untouched.
+other braces in a command (JSON arguments, shell ``${VAR}``) pass through untouched. The same
+placeholders are filled in ``--name`` and in ``--output``/``--error`` (where ``%a``, Slurm's
+array index, is the value of a sweep's only axis: ``daemon/outputs.py`` fills the rest).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from collocate.daemon.outputs import PERCENT as _PERCENT
+from collocate.daemon.outputs import escape
 from collocate.errors import InputError
 
 MAX_JOBS = 10_000  # a typo like seed=0..1000000 should not flood the queue
@@ -33,6 +37,22 @@ class Point:
 
     def label(self) -> str:
         return ",".join(f"{name}={value}" for name, value in self.values)
+
+    def name(self, base: str) -> str:
+        """The job's name: ``base`` with the placeholders filled, or ``base[lr=0.1,seed=0]``
+        when it has none (so the jobs of a sweep tell apart in ``ls``)."""
+        filled = _fill(base, self.values)
+        return filled if filled != base else f"{base}[{self.label()}]"
+
+    def path(self, template: str | None) -> str | None:
+        """An ``--output``/``--error`` pattern for this job: placeholders filled, ``%a`` the
+        value of the sweep's only axis; a value's ``%`` stays a ``%`` (``%%`` to the daemon)."""
+        if template is None:
+            return None
+        text = _fill(template, tuple((n, escape(v)) for n, v in self.values))
+        if len(self.values) != 1:
+            return text  # ``%a`` is refused by the daemon, saying why
+        return _PERCENT.sub(lambda m: escape(self.values[0][1]) if m[1] == "a" else m[0], text)
 
 
 def parse_axis(text: str) -> Axis:
@@ -60,16 +80,19 @@ def parse_axis(text: str) -> Axis:
     return Axis(name, values)
 
 
-def expand(command: Sequence[str], axes: Sequence[Axis]) -> list[Point]:
-    """Every combination of the axes' values (the first axis varies slowest)."""
+def expand(command: Sequence[str], axes: Sequence[Axis], elsewhere: Sequence[str | None] = ()) -> list[Point]:
+    """Every combination of the axes' values (the first axis varies slowest). Each axis must be
+    used in the command or ``elsewhere`` (the ``--name``, ``--output``, ``--error`` given)."""
     names = [a.name for a in axes]
     if len(set(names)) != len(names):
         raise InputError("--sweep names an axis twice", hint="give each NAME once, with all its values")
-    unused = [n for n in names if not any("{" + n + "}" in arg for arg in command)]
+    texts = [*command, *(t for t in elsewhere if t)]
+    unused = [n for n in names if not any("{" + n + "}" in text for text in texts)]
     if unused:
         raise InputError(
             f"--sweep {unused[0]} is not used in the command",
-            hint=f"write {{{unused[0]}}} where its value goes, e.g. -- python train.py --{unused[0]} {{{unused[0]}}}",
+            hint=f"write {{{unused[0]}}} where its value goes, e.g. -- python train.py --{unused[0]} {{{unused[0]}}} "
+                 "(or in --name, --output, --error)",
         )
     count = 1
     for axis in axes:

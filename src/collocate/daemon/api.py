@@ -25,7 +25,7 @@ from collocate.daemon.producers import resolve_factory
 from collocate.daemon.protocol import PAGE_ROWS, check_logs_args, whole_number
 from collocate.daemon.quotas import Accounts, queued_of, request_size
 from collocate.daemon.server import Peer
-from collocate.daemon.spec import submit_key, validate_submit
+from collocate.daemon.spec import SubmitRequest, submit_key, validate_submit
 from collocate.errors import InputError
 from collocate.fairness import Fairness, UserLimits
 from collocate.knowledge import ProfileKnowledge, with_belief
@@ -88,7 +88,7 @@ class Api:
                   after_any=req.after_any, after_notok=req.after_notok, user=peer.user,
                   time_limit_s=req.time_limit_s, held="user" if req.hold else "",
                   mem_fence=not req.spec.no_mem_fence,
-                  interactive=_interactive(args, req.nodes))
+                  interactive=_interactive(args, req.nodes), **self._sweep(req, peer))
         why = self.scheduler.capacity.why_not(job)
         if why is not None:
             raise InputError(f"this job can never run here: {why}",
@@ -97,8 +97,10 @@ class Api:
         if why is not None:
             raise InputError(f"this job could never start: it {why}",
                              hint="check the ids with `collocate ls --all`")
-        job = with_belief(replace(job, id=self.store.next_id()),
-                          self.knowledge.known(keys.identity, keys.family))
+        job = replace(job, id=self.store.next_id())
+        if job.sweep == "new":  # a sweep is named by its first job
+            job = replace(job, sweep=job.id)
+        job = with_belief(job, self.knowledge.known(keys.identity, keys.family))
         self.store.add_job(job, req.spec)
         self.specs[job.id] = req.spec
         job = self.scheduler.submit(job)
@@ -407,6 +409,17 @@ class Api:
                     "cancel it and submit it again to change them now")
             raise InputError(f"job {job_id} is {job.state.value}: only a pending job can {what}", hint=hint)
         return job
+
+    def _sweep(self, req: SubmitRequest, peer: Peer) -> dict[str, Any]:
+        """The ``Job`` fields of a sweep's job: a later job joins its first job's sweep (the
+        same user's), and its bound."""
+        if req.sweep in ("", "new"):
+            return {"sweep": req.sweep, "sweep_max": req.sweep_max}
+        stored = self.store.job(req.sweep)
+        if stored is None or stored[0].sweep != req.sweep or stored[1].uid != peer.uid:
+            raise InputError(f"job {req.sweep} is not the first job of a sweep of yours",
+                             hint="collocate submit --sweep sends this; submit the sweep again")
+        return {"sweep": req.sweep, "sweep_max": stored[0].sweep_max}
 
     def _job_id(self, args: dict) -> str:
         job_id = str(args.get("id", "")).strip()

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from collocate.daemon.outputs import fill
 from collocate.daemon.spec import JobSpec
 from collocate.gpus.mps import MpsDirs, mps_client_env
 from collocate.model import Job, Placement, SharingMode
@@ -111,7 +112,22 @@ def plan_launch(
     as_user = ("--uid", str(spec.uid), "--gid", str(spec.gid)) if as_other else ()
     interactive = ("--pty",) if job.interactive else ()  # `collocate run`: node/ptyjob.py
     argv = (*bootstrap_argv(RUNNER_MODULE), "--dir", str(attempt_dir), *as_user, *interactive,
-            "--cwd", spec.cwd, "--env-file", str(attempt_dir / ENV_FILE),
+            *output_args(job, spec, attempt, rendezvous), "--cwd", spec.cwd, "--env-file", str(attempt_dir / ENV_FILE),
             "--command-file", str(attempt_dir / COMMAND_FILE))
     return LaunchPlan(argv, env, spec.cwd, attempt_dir,
                       spec.uid if as_other else None, spec.gid if as_other else None, tuple(spec.argv))
+
+
+def output_args(job: Job, spec: JobSpec, attempt: int, rendezvous: Rendezvous | None) -> tuple[str, ...]:
+    """The runner's ``--output``/``--error`` files (``submit -o/-e``, ``daemon/outputs.py``):
+    written by rank 0's part only (one file, as sbatch's batch step), truncated by the first
+    attempt and appended to by later ones, so a retry never loses what the first one wrote."""
+    if spec.output is None and spec.error is None or rendezvous is not None and rendezvous.rank:
+        return ()
+    names = {"job_id": job.id, "name": job.name, "user": spec.user or job.user, "sweep": job.sweep}
+    args: tuple[str, ...] = ()
+    if spec.output is not None:
+        args += ("--output", fill(spec.output, **names))
+    if spec.error is not None:
+        args += ("--error", fill(spec.error, **names))
+    return (*args, "--append") if attempt > 1 else args

@@ -108,7 +108,8 @@ SQUEUE_FIELDS = frozenset({
     "attempts", "oom_crashes", "submit_time", "start_time", "end_time", "on", "position",
     "elapsed_s", "wait_s", "exit_code", "time_limit_s", "held", "public", "nodes",
     # show's, beside them: how many attempts of how many, and what it waits for
-    "max_retries", "attempts_used", "after", "after_any", "after_notok", "retry_failures"})
+    "max_retries", "attempts_used", "after", "after_any", "after_notok", "retry_failures",
+    "sweep", "sweep_max"})
 #: Of each of ``show``'s attempt rows: when, where, how it ended (``sacct``'s view).
 ATTEMPT_FIELDS = ("n", "start", "end", "gpus", "mem_mib", "peak_mib", "returncode", "outcome")
 

@@ -61,6 +61,11 @@ class JobSpec:
     notify: tuple[str, ...] = ()
     # ``submit --no-mem-fence``: its GPU memory is not capped at what it committed (``Job.mem_fence``).
     no_mem_fence: bool = False
+    # ``submit --output/--error``: absolute path patterns (``daemon/outputs.py``: ``%j``, ...)
+    # of the files the job's stdout and stderr go to as well, written as its user; without
+    # ``error``, stderr goes to ``output`` too (sbatch's way); ``collocate logs`` keeps both.
+    output: str | None = None
+    error: str | None = None
 
     @property
     def keys(self) -> JobKeys:
@@ -99,6 +104,10 @@ class SubmitRequest:
     time_limit_s: float | None = None
     hold: bool = False  # submitted held (``submit --hold``)
     nodes: int = 1  # ``gpus`` on each of this many nodes (``submit --nodes``)
+    #: ``submit --sweep``: "new" for a sweep's first job, the first job's id for the others;
+    #: "" outside a sweep. ``sweep_max``: how many of it may run at once (0: no bound).
+    sweep: str = ""
+    sweep_max: int = 0
 
 
 _SHELLS = re.compile(r"^(bash|sh|zsh|dash)$")
@@ -223,14 +232,36 @@ def validate_submit(args: dict[str, Any], *, uid: int, gid: int, user: str) -> S
     if not isinstance(uncertainty, int | float) or not 0 <= uncertainty <= 10:
         raise InputError(f"memory uncertainty must be a number in [0, 10], got {uncertainty!r}")
     dataset, factory = _dataset(args.get("dataset"), args.get("dataset_factory"))
+    from collocate.daemon.outputs import check_template
+
+    output = check_template(args.get("output"), "--output", cwd)
+    error = check_template(args.get("error"), "--error", cwd)
     spec = JobSpec(tuple(argv), cwd, env, uid, gid, user, retry_failures=retries is not None,
                    dataset=dataset, dataset_factory=factory, submit_key=submit_key(args.get("key")),
                    public=bool(args.get("public")), notify=_notify(args.get("notify")),
-                   no_mem_fence=bool(args.get("no_mem_fence")))
+                   no_mem_fence=bool(args.get("no_mem_fence")), output=output, error=error)
+    sweep, sweep_max = _sweep(args.get("sweep"), args.get("sweep_max"))
     return SubmitRequest(spec, gpus, mem_mib, name, priority, max_retries, source, float(uncertainty),
                          _after(args.get("after")), _after(args.get("after_any"), "--after-any"),
                          _after(args.get("after_notok"), "--after-notok"),
-                         _time_limit(args.get("time")), bool(args.get("hold")), nodes)
+                         _time_limit(args.get("time")), bool(args.get("hold")), nodes, sweep, sweep_max)
+
+
+MAX_SWEEP_MAX = 10_000  # a sweep has at most this many jobs (``client/sweep.py``)
+
+
+def _sweep(sweep: Any, most: Any) -> tuple[str, int]:
+    """The sweep fields in form; whether a first job's id names a sweep of the same user is
+    the daemon's call (``api.op_submit``)."""
+    sweep = "" if sweep in (None, "") else sweep
+    most = 0 if most in (None, 0) else _int(most, "--sweep-max", low=1, high=MAX_SWEEP_MAX)
+    if sweep == "":
+        if most:
+            raise InputError("--sweep-max bounds a sweep", hint="give --sweep NAME=VALUES too, or drop --sweep-max")
+        return "", 0
+    if sweep != "new":
+        sweep = str(_int(sweep, "sweep", low=1))
+    return sweep, most
 
 
 def _check_cpu_job(args: dict[str, Any], nodes: int) -> None:

@@ -21,6 +21,7 @@ from collocate.node.files import attempt_files
 
 if TYPE_CHECKING:
     from collocate.daemon.gpu_watch import GpuWatch
+    from collocate.daemon.spec import JobSpec
 
 LOG_CHUNK_BYTES = 256 * 1024
 
@@ -123,8 +124,18 @@ def job_detail(store: Store, job_id: str, *, running: Mapping[str, Any] | None =
         "retry_failures": job.retry_failures, "nodes": job.nodes, **_suspension(job),
         **_measured(job, store.attempts(job_id), resident(job_id) if resident else None),
         "fence": fence_line(job, resident(job_id) if resident else None),
-        "victim_crashes": job.victim_crashes,
+        "victim_crashes": job.victim_crashes, "sweep": job.sweep, "sweep_max": job.sweep_max,
+        **_output_files(job, spec),
     }
+
+
+def _output_files(job: Job, spec: JobSpec) -> dict[str, str]:
+    """The ``--output``/``--error`` files as the job's attempts write them (its owner's to see)."""
+    from collocate.daemon.outputs import fill
+
+    names = {"job_id": job.id, "name": job.name, "user": spec.user or job.user, "sweep": job.sweep}
+    return {key: fill(template, **names) for key, template in (("output", spec.output), ("error", spec.error))
+            if template is not None}
 
 
 def fence_line(job: Job, r: Any) -> str:

@@ -94,8 +94,9 @@ def write_ledger(fd: int, left: int) -> None:
 
 
 class _Stream:
-    def __init__(self, name: str, out: int, max_bytes: int) -> None:
+    def __init__(self, name: str, out: int, max_bytes: int, copy: int | None = None) -> None:
         self.name, self.out, self.max_bytes = name, out, max_bytes
+        self.copy = copy  # the pipe to the member's --output writer (``node/outfiles.py``)
         try:
             self.written = os.fstat(out).st_size
         except OSError:
@@ -105,6 +106,7 @@ class _Stream:
         self.tail = bytearray()
 
     def take(self, data: bytes, free: int | None, reserve: int, ledger: Ledger | None = None) -> None:
+        self._copy(data)  # all of it, cut or not: the member's own file, on their own disk quota
         if self.why is None:
             room = self.max_bytes - self.written
             if free is not None and free - len(data) < reserve:
@@ -129,6 +131,19 @@ class _Stream:
             self._write(f"\n[collocate: {self.cut} bytes of {self.name} were cut here ({self.why}); "
                         f"its last {len(self.tail)} bytes follow]\n".encode() + bytes(self.tail), force=True)
         os.close(self.out)
+        if self.copy is not None:
+            os.close(self.copy)
+
+    def _copy(self, data: bytes) -> None:
+        copy = self.copy
+        if copy is None:
+            return
+        try:
+            while data:
+                data = data[os.write(copy, data):]
+        except OSError:  # the writer is gone (its user killed it): the logs go on
+            os.close(copy)
+            self.copy = None
 
     def _start_cut(self, why: str) -> None:
         self.why = why
@@ -150,13 +165,15 @@ class _Stream:
 
 
 def keep(streams: dict[str, tuple[int, int]], *, max_bytes: int, reserve_bytes: int,
-         disk: str, quota_file: str | None = None) -> None:
+         disk: str, quota_file: str | None = None, copies: dict[str, int] | None = None) -> None:
     """Copy each stream (``name -> (pipe read end, log file fd)``) until every pipe is closed;
-    ``quota_file``: the owner's ``Ledger``."""
+    ``quota_file``: the owner's ``Ledger``; ``copies``: per stream, a pipe that gets all of it
+    (to the member's ``--output`` file, ``node/outfiles.py``), cut or not."""
     ledger = Ledger(quota_file)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
-    by_fd = {r: _Stream(name, out, max_bytes) for name, (r, out) in streams.items()}
+    copies = copies or {}
+    by_fd = {r: _Stream(name, out, max_bytes, copies.get(name)) for name, (r, out) in streams.items()}
     poller = select.poll()
     for fd in by_fd:
         poller.register(fd, select.POLLIN)

@@ -121,6 +121,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="the job's stdin (a --notify command's summary; else /dev/null)")
     parser.add_argument("--time-limit", type=float, default=None,
                         help="stop the job's whole tree after this many seconds (a --notify command)")
+    parser.add_argument("--output", default=None, help="the member's file for stdout (and stderr "
+                        "without --error), written as them (collocate.node.outfiles)")
+    parser.add_argument("--error", default=None, help="the member's file for stderr")
+    parser.add_argument("--append", action="store_true", help="append to them (a later attempt)")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     ns = parser.parse_args(argv)
     command = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
@@ -140,8 +144,15 @@ def main(argv: list[str] | None = None) -> int:
         write_json_atomic(ns.dir / "exit.json", {"returncode": -stop_requested[0], "end": time.time(),
                                                   "stderr_tail": ""})
         return 0
+    try:
+        writer, copies = _start_writer(ns, env)
+    except OSError as exc:  # the member cannot write their --output: the job does not start
+        print(f"collocate: {exc}", file=sys.stderr, flush=True)
+        write_json_atomic(ns.dir / "exit.json", {"returncode": 1, "end": time.time(),
+                                                  "stderr_tail": read_tail(stderr_path)})
+        return 0
     tree = JobTree.confined(ns.confine)
-    keeper, (out_w, err_w) = _start_keeper(ns.log_max, ns.disk_reserve, str(ns.dir), ns.quota_file)
+    keeper, (out_w, err_w) = _start_keeper(ns.log_max, ns.disk_reserve, str(ns.dir), ns.quota_file, copies)
     # The job inherits the runner's session and process group; signals reach both. Forked by
     # hand (the runner has no threads) so that privileges are dropped *before* the job's cwd is
     # entered, and nothing of the job's environment touches this root-side process.
@@ -199,8 +210,10 @@ def main(argv: list[str] | None = None) -> int:
         if fenced and ns.fence is None:  # a time limit, not a fence
             fenced = f"stopped at its time limit of {ns.time_limit:g} s, with all it started"
             _note(stderr_path, fenced)
-    tree.kill_rest(exclude={me, keeper})  # nothing the job started outlives it
+    tree.kill_rest(exclude={me, keeper, *writer})  # nothing the job started outlives it
     _wait_keeper(keeper)
+    for w in writer:  # the member's --output file is whole when the job is seen ended
+        _wait_keeper(w)
     record: dict[str, object] = {"returncode": returncode, "end": time.time(), **tree.usage()}
     note = tree.memory_note()
     if note:
@@ -214,10 +227,28 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _start_keeper(max_bytes: int, reserve: int, disk: str,
-                  quota_file: str | None = None) -> tuple[int, tuple[int, int]]:
+def _start_writer(ns: argparse.Namespace, env: dict[str, str]) -> tuple[tuple[int, ...], dict[str, int]]:
+    """The member's ``--output``/``--error`` writer (``collocate.node.outfiles``), if asked
+    for: its pid and the pipes the keeper copies the streams to. OSError if it cannot open them."""
+    paths = {name: path for name, path in (("stdout", ns.output), ("stderr", ns.error or ns.output)) if path}
+    if not paths:
+        return (), {}
+    from collocate.node.outfiles import OutputError, start_writer
+
+    header = (f"[collocate: attempt {env.get('COLLOCATE_ATTEMPT', '?')} of job "
+              f"{env.get('COLLOCATE_JOB_ID', '?')} starts here]\n")
+    try:
+        pid, copies = start_writer(paths, uid=ns.uid, gid=ns.gid, append=ns.append, header=header)
+    except OutputError as exc:
+        raise OSError(str(exc)) from None
+    return (pid,), copies
+
+
+def _start_keeper(max_bytes: int, reserve: int, disk: str, quota_file: str | None = None,
+                  copies: dict[str, int] | None = None) -> tuple[int, tuple[int, int]]:
     """Fork the log keeper (``collocate.node.logkeeper``) on two pipes whose write ends the job
-    gets as stdout and stderr; the keeper writes the runner's own stdout and stderr (the logs)."""
+    gets as stdout and stderr; the keeper writes the runner's own stdout and stderr (the logs),
+    and ``copies`` (the member's ``--output`` writer's pipes, closed here once it has them)."""
     from collocate.node.logkeeper import keep
 
     out_r, out_w = os.pipe()
@@ -228,11 +259,14 @@ def _start_keeper(max_bytes: int, reserve: int, disk: str,
             os.close(out_w)
             os.close(err_w)
             keep({"stdout": (out_r, os.dup(1)), "stderr": (err_r, os.dup(2))},
-                 max_bytes=max_bytes, reserve_bytes=reserve, disk=disk, quota_file=quota_file)
+                 max_bytes=max_bytes, reserve_bytes=reserve, disk=disk, quota_file=quota_file,
+                 copies=copies)
         finally:
             os._exit(0)
     os.close(out_r)
     os.close(err_r)
+    for fd in (copies or {}).values():
+        os.close(fd)
     return keeper, (out_w, err_w)
 
 
