@@ -82,6 +82,16 @@ def user_groups(uid: int, gid: int | None) -> list[int]:
     return os.getgrouplist(name, primary)
 
 
+def become(uid: int | None, gid: int | None) -> None:
+    """This process takes ``uid``'s groups, then ``gid``, then ``uid`` (nothing when ``uid`` is
+    None: the daemon's own user runs its own jobs)."""
+    if uid is not None:
+        os.setgroups(user_groups(uid, gid))
+        if gid is not None and gid >= 0:
+            os.setgid(gid)
+        os.setuid(uid)
+
+
 def exec_as(argv: Sequence[str], env: Mapping[str, str], cwd: str, uid: int | None,
             gid: int | None) -> None:
     """In a fresh child: drop to ``uid``/``gid`` (no supplementary groups), enter ``cwd`` as
@@ -91,11 +101,7 @@ def exec_as(argv: Sequence[str], env: Mapping[str, str], cwd: str, uid: int | No
         for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)  # Python ignores SIGPIPE; the job must not
         os.umask(JOB_UMASK)
-        if uid is not None:
-            os.setgroups(user_groups(uid, gid))
-            if gid is not None and gid >= 0:
-                os.setgid(gid)
-            os.setuid(uid)
+        become(uid, gid)
         try:
             os.chdir(cwd)
         except OSError as exc:

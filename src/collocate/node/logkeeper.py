@@ -27,6 +27,7 @@ import fcntl
 import os
 import select
 import signal
+from collections.abc import Iterable, Iterator
 
 from collocate.node.files import free_bytes
 
@@ -174,13 +175,24 @@ def keep(streams: dict[str, tuple[int, int]], *, max_bytes: int, reserve_bytes: 
         signal.signal(sig, signal.SIG_IGN)
     copies = copies or {}
     by_fd = {r: _Stream(name, out, max_bytes, copies.get(name)) for name, (r, out) in streams.items()}
+    for fd, data in pump(by_fd):
+        if data:
+            by_fd[fd].take(data, free_bytes(disk), reserve_bytes, ledger)
+        else:
+            by_fd[fd].close()
+    ledger.close()
+
+
+def pump(fds: Iterable[int]) -> Iterator[tuple[int, bytes]]:
+    """What arrives on each pipe, as it arrives, until every one is closed: ``(fd, chunk)``,
+    then ``(fd, b"")`` once its writers are gone (the read end closed here)."""
+    open_fds = set(fds)
     poller = select.poll()
-    for fd in by_fd:
+    for fd in open_fds:
         poller.register(fd, select.POLLIN)
-    while by_fd:
+    while open_fds:
         for fd, _ in poller.poll():
-            stream = by_fd.get(fd)
-            if stream is None:
+            if fd not in open_fds:
                 continue
             try:
                 data = os.read(fd, _CHUNK)
@@ -191,10 +203,8 @@ def keep(streams: dict[str, tuple[int, int]], *, max_bytes: int, reserve_bytes: 
             if not data:
                 poller.unregister(fd)
                 os.close(fd)
-                by_fd.pop(fd).close()
-                continue
-            stream.take(data, free_bytes(disk), reserve_bytes, ledger)
-    ledger.close()
+                open_fds.discard(fd)
+            yield fd, data
 
 
 def _size(n: int) -> str:

@@ -21,13 +21,12 @@ would block the job's output on a reader that may never come.
 from __future__ import annotations
 
 import os
-import select
 import signal
 import stat
 
-from collocate.node.isolate import JOB_UMASK, user_groups
+from collocate.node.isolate import JOB_UMASK, become
+from collocate.node.logkeeper import pump
 
-_CHUNK = 1 << 16
 OPTIONS = {"stdout": "--output", "stderr": "--error"}  # in errors: the option that named the file
 
 
@@ -77,11 +76,7 @@ def _writer(reads: dict[str, int], paths: dict[str, str], status: int, uid: int 
     opened: dict[str, int] = {}
     try:
         os.umask(JOB_UMASK)
-        if uid is not None:
-            os.setgroups(user_groups(uid, gid))
-            if gid is not None and gid >= 0:
-                os.setgid(gid)
-            os.setuid(uid)
+        become(uid, gid)
         for name, path in paths.items():
             if path not in opened:
                 opened[path] = _open(path, append)
@@ -112,33 +107,16 @@ def _copy(reads: dict[str, int], files: dict[str, int]) -> None:
     """Each pipe to its file; a file that fails (its disk full, quota reached) is written no
     more, and its pipe is still read to the end (the job never blocks on it)."""
     out = {reads[name]: files[name] for name in reads}
-    poller = select.poll()
-    for fd in out:
-        poller.register(fd, select.POLLIN)
     broken: set[int] = set()
-    while out:
-        for fd, _ in poller.poll():
-            if fd not in out:
-                continue
-            try:
-                data = os.read(fd, _CHUNK)
-            except InterruptedError:
-                continue
-            except OSError:
-                data = b""
-            if not data:
-                poller.unregister(fd)
-                os.close(fd)
-                out.pop(fd)
-                continue
-            target = out[fd]
-            if target in broken:
-                continue
-            try:
-                while data:
-                    data = data[os.write(target, data):]
-            except OSError:
-                broken.add(target)
+    for fd, data in pump(out):
+        target = out[fd]
+        if target in broken:
+            continue
+        try:
+            while data:
+                data = data[os.write(target, data):]
+        except OSError:
+            broken.add(target)
 
 
 def _close_all_but(keep: set[int]) -> None:
