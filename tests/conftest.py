@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sys
 
+import pytest
+
 
 def pytest_unconfigure(config) -> None:  # noqa: ARG001 - pytest's hook signature
     """Remove the lab's mirrors of paths members could not reach (``lab_harness.member_paths``),
@@ -13,12 +15,13 @@ def pytest_unconfigure(config) -> None:  # noqa: ARG001 - pytest's hook signatur
         harness.remove_mirrors()
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups to place tests
 def pytest_collection_modifyitems(config, items) -> None:  # noqa: ARG001 - pytest's hook signature
     """Tests that start a local Ray cluster run on one xdist worker (``--dist loadgroup``): two
-    clusters starting at once on one machine compete for Ray's ports and its start-up time."""
-    import pytest
-
+    clusters starting at once on one machine compete for Ray's ports and its start-up time, and
+    the session's cluster (``tests/cluster/conftest.py``) then starts once, on that worker only,
+    instead of idling on every worker for the rest of the run. Tests that need no Ray stay free."""
     for item in items:
-        path = str(item.path)
-        if "/tests/cluster/" in path or item.path.name == "test_slurm_recipe.py":
+        if "ray_cluster" in getattr(item, "fixturenames", ()) or item.name.startswith(
+                "test_a_real_three_node_ray_cluster"):
             item.add_marker(pytest.mark.xdist_group("ray"))

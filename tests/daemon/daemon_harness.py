@@ -34,6 +34,16 @@ def job_argv(mem_mib: float, seconds: float, peak_mib: float | None = None, sm: 
             "-" if peak_mib is None else str(peak_mib), str(sm), *extra]
 
 
+def gated_argv(gate: Path, exit_with: str = "") -> list[str]:
+    """A job that runs until ``gate`` exists, then exits (with ``sys.exit(exit_with)`` when
+    given): certainly still running until the test says otherwise, however loaded the machine,
+    where a job of a fixed length may end before a slow restart saw it run."""
+    code = ("import pathlib, sys, time\n"
+            "while not pathlib.Path(sys.argv[1]).exists(): time.sleep(0.05)\n"
+            "sys.exit(sys.argv[2] or None)")
+    return [sys.executable, "-c", code, str(gate), exit_with]
+
+
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
     deadline = time.monotonic() + timeout
     last: Any = None

@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import time
 
-from daemon_harness import job_argv, wait_for
+from daemon_harness import gated_argv, job_argv, wait_for
 from test_e2e_suspend import _pids, _steps
 
 from collocate.gpus.emulated_state import is_frozen
 
 
-def test_running_jobs_are_readopted_after_sigkill_and_run_once(daemons):
+def test_running_jobs_are_readopted_after_sigkill_and_run_once(daemons, tmp_path):
     d = daemons()
-    a = d.submit(job_argv(1000, 6.0), mem="2GiB")
-    b = d.submit(job_argv(1000, 6.0), mem="2GiB")
+    gate = tmp_path / "gate"  # the jobs run until the restarted daemon was seen to re-adopt them
+    a = d.submit(gated_argv(gate), mem="2GiB")
+    b = d.submit(gated_argv(gate), mem="2GiB")
     d.wait_state(a, "running")
     d.wait_state(b, "running")
     runner_a = d.job(a)["attempts"][0]["pid"]
@@ -24,22 +24,25 @@ def test_running_jobs_are_readopted_after_sigkill_and_run_once(daemons):
     os.kill(runner_a, 0)  # the job outlived the daemon
     d.start()
     assert d.job(a)["state"] == "running"  # re-adopted, not requeued
+    gate.touch()
     for job in (a, b):
         done = d.wait_state(job, "done", timeout=30)
         assert len(done["attempts"]) == 1 and done["attempts"][0]["outcome"] == "succeeded"
     assert d.job(a)["attempts"][0]["pid"] == runner_a
 
 
-def test_job_that_ended_while_the_daemon_was_down_is_recorded(daemons):
+def test_job_that_ended_while_the_daemon_was_down_is_recorded(daemons, tmp_path):
     d = daemons()
-    ok = d.submit(job_argv(500, 2.0), mem="1GiB")
-    oom = d.submit([sys.executable, "-c", ("import sys, time; time.sleep(2);"
-                    " sys.exit('torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB')")],
+    gate = tmp_path / "gate"  # opened once the daemon is down: both jobs end while nobody watches
+    ok = d.submit(gated_argv(gate), mem="1GiB")
+    oom = d.submit(gated_argv(gate, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"),
                    mem="1GiB", retries=0)
     d.wait_state(ok, "running")
     d.wait_state(oom, "running")
     d.kill(signal.SIGKILL)
-    time.sleep(3.5)  # both end while nobody watches
+    gate.touch()
+    for job in (ok, oom):  # each runner records its job's end in exit.json, daemon or not
+        wait_for((d.state_dir / "jobs" / job / "attempt-1" / "exit.json").exists, 30, f"job {job} to end")
     restarted = time.time()
     d.start()
     done = d.wait_state(ok, "done", timeout=20)["attempts"][0]
@@ -49,9 +52,10 @@ def test_job_that_ended_while_the_daemon_was_down_is_recorded(daemons):
     assert failed["reason"] == "out of GPU memory on all 1 attempts"
 
 
-def test_vanished_job_is_marked_lost_and_requeued_and_queue_order_kept(daemons):
+def test_vanished_job_is_marked_lost_and_requeued_and_queue_order_kept(daemons, tmp_path):
     d = daemons(gpus="emulated:1xA100-40GB")
-    victim = d.submit(job_argv(39000, 3.0), mem="39GiB")
+    gate = tmp_path / "gate"  # the victim may not end on its own before it is killed
+    victim = d.submit(gated_argv(gate), mem="39GiB")
     d.wait_state(victim, "running")
     queued = [d.submit(job_argv(39000, 0.3), mem="39GiB") for _ in range(3)]
     runner = d.job(victim)["attempts"][0]["pid"]
@@ -61,6 +65,7 @@ def test_vanished_job_is_marked_lost_and_requeued_and_queue_order_kept(daemons):
     d.start()
     detail = d.job(victim)
     assert detail["attempts"][0]["outcome"] == "lost"
+    gate.touch()  # its second attempt ends at once
     rows = d.client.request("ls", all=True)
     assert [r["id"] for r in rows] == [victim, *queued]
     ends = []
@@ -81,7 +86,7 @@ def test_pending_jobs_survive_restart_in_order(daemons):
     assert [r["id"] for r in rows] == ids and all(r["state"] == "pending" for r in rows)
     assert d.client.request("ping")["draining"] is True  # the drain flag is state too
     d.client.request("resume")
-    starts = {j: d.wait_state(j, "done")["attempts"][0]["start"] for j in ids}
+    starts = {j: d.wait_state(j, "done", timeout=60)["attempts"][0]["start"] for j in ids}
     assert starts[ids[1]] <= min(starts[ids[0]], starts[ids[2]])  # priority 5 first
 
 
