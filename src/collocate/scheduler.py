@@ -385,7 +385,7 @@ class Scheduler:
         """The highest priority among the GPU jobs in the queues, None when none waits: per user
         the first job, or the first not recovered (recovered ones go first whatever their
         priority, ``queue_key``). O(users x log jobs): preemption's fast path, every round."""
-        top = None
+        top: int | None = None
         for queue in self._queues.values():
             if not queue:
                 continue
