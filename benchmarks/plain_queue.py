@@ -315,7 +315,10 @@ def report(doc: dict) -> str:
              f"load average (1 min) {doc['load_average']['start'][0]} at the start, "
              f"{doc['load_average']['end'][0]} at the end; {doc['wall_s']:.0f} s in all. "
              f"Mix: {', '.join(f'{v} {k}' for k, v in kinds.items())}; "
-             f"{sum(j['overruns'] for j in mix)} overrun their declaration.", "",
+             f"{sum(j['overruns'] for j in mix)} overrun their declaration. A job *fits* a GPU's room when "
+             "its need fits memory both measured free and not committed to the GPU's jobs, on a GPU reading "
+             f"less than {ROOM_SM:.0%} SM lately (since 2026-11-29; before, any GPU's measured free memory "
+             "counted); jobs whose memory alone fitted are shown beside.", "",
              "| | exclusive | auto |", "|---|---:|---:|"]
 
     def row(label: str, f) -> None:
