@@ -468,7 +468,7 @@ class World:
         self._integrate(i, now)
         st = self.state[i]
         st.sm, st.dram, st.occupancy, st.level_at = sm, dram, occupancy, now
-        self.load_sm[i] = self.recent_sm(i, now)
+        self.load_sm[i] = self._average_sm(i, now)
         self.level_sm[i], self.load_at[i] = min(1.0, sm / self.speed[i]), now
         if free_mib is not None:
             self.free[i] = free_mib
@@ -544,7 +544,8 @@ class World:
             datasets={name: tuple(sorted(c)) for name, c in self._datasets.items() if c},
             gangs=self._gang_view(), owner=tuple(self.owner), residents=self._ids_view,
             slowed=_frozen(self.slowed) if self.slowed.any() else None,
-            sm_recent=self.level_sm + (self.load_sm - self.level_sm) * np.exp(-(now - self.load_at) / self.average_s),
+            sm_recent=np.maximum(self.level_sm, self.level_sm + (self.load_sm - self.level_sm)
+                                 * np.exp(-(now - self.load_at) / self.average_s)),
         )
 
     def on(self, i: int) -> list[Resident]:
@@ -552,9 +553,13 @@ class World:
         return [self.residents[j] for j in self.state[i].residents]
 
     def recent_sm(self, i: int, now: float) -> float:
-        """Device ``i``'s SM reading averaged over the last ``average_s`` (about
-        ``AVERAGE_SAMPLES`` samples: relative to a MIG instance's SMs) at ``now``: what it reads
-        lately, without the risk window's lean to the peaks of the last half minute."""
+        """Device ``i``'s SM reading lately at ``now`` (relative to a MIG instance's SMs): its
+        average over the last ``average_s`` (about ``AVERAGE_SAMPLES`` samples), without the
+        risk window's lean to the peaks of the last half minute, or what it reads now if more
+        (the average alone still counts the idle seconds before a heavy job began)."""
+        return max(float(self.level_sm[i]), self._average_sm(i, now))
+
+    def _average_sm(self, i: int, now: float) -> float:
         keep = math.exp(-(now - self.load_at[i]) / self.average_s) if math.isfinite(self.load_at[i]) else 0.0
         return float(self.level_sm[i] + (self.load_sm[i] - self.level_sm[i]) * keep)
 

@@ -220,8 +220,8 @@ def test_recent_load_follows_the_readings_of_the_last_few_samples_not_the_risk_w
     # 10 s at 0.2, averaged over about 5 samples: what it reads lately, below the threshold
     assert snap.sm_recent[0] == pytest.approx(0.2 + 0.7 * math.exp(-10 / 5), abs=0.01)
     assert snap.sm_recent[0] < 0.6
-    # between readings it moves towards the level read last, over about 5 samples
+    # a rise counts at once (the average would still count the quiet seconds before it)
     w.set_reading(0, 40.0, 0.8, 0.3)
-    before = float(snap.sm_recent[0])
-    assert w.snapshot(41.0).sm_recent[0] == pytest.approx(0.8 - (0.8 - before) * math.exp(-1 / 5))
-    assert 0.2 < w.snapshot(41.0).sm_recent[0] < w.snapshot(45.0).sm_recent[0] < 0.8
+    assert w.snapshot(41.0).sm_recent[0] == 0.8  # but never less than it reads now
+    w.set_reading(0, 42.0, 0.3, 0.1)
+    assert 0.3 < w.snapshot(43.0).sm_recent[0] < w.snapshot(42.5).sm_recent[0] < 0.8  # it falls over ~5 s
