@@ -284,7 +284,10 @@ class ClusterSnapshot:
     see ``gang_nodes``). ``owner``: per GPU, the user whose jobs it serves under MPS ("" when
     none; empty when nobody's). ``residents``: per GPU, the ids of its jobs (for wait reasons
     that name them). ``slowed``: per GPU, the largest slowdown measured for its jobs from the
-    progress they report (0 where none is measured; None: nothing measured anywhere). ``datasets`` maps a
+    progress they report (0 where none is measured; None: nothing measured anywhere). ``sm_recent``:
+    per GPU, its SM reading averaged over the last few samples (``collocate.world``; None: not
+    known, and policies read ``util_sm``), what a start on trial asks of the GPU's load: the risk
+    window's ``util_sm`` leans to the peaks of the last half minute. ``datasets`` maps a
     shared dataset's name to the GPU positions whose jobs read it (for placing jobs of one
     ``collocate share`` producer together). ``gangs``: the running multi-GPU jobs, whose pace
     on one GPU is set by their slowest.
@@ -317,6 +320,7 @@ class ClusterSnapshot:
     owner: Sequence[str] = ()
     residents: Sequence[Collection[str]] = ()
     slowed: np.ndarray | None = None
+    sm_recent: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -354,7 +358,8 @@ class ClusterSnapshot:
             datasets={name: gpus for name, gpus in datasets.items() if gpus},
             owner=tuple(self.owner[i] for i in keep) if self.owner else (),
             residents=tuple(self.residents[i] for i in keep) if self.residents else (),
-            slowed=None if self.slowed is None else self.slowed[idx])
+            slowed=None if self.slowed is None else self.slowed[idx],
+            sm_recent=None if self.sm_recent is None else self.sm_recent[idx])
 
     @classmethod
     def from_views(

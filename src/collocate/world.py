@@ -224,6 +224,9 @@ class World:
         self.util_occ = np.zeros(n)
         self.util_dram = np.zeros(n)
         self.slowed = np.zeros(n)  # the largest measured slowdown of each device's residents
+        self.level_sm = np.zeros(n)  # the SM level each device reads now
+        self.load_sm = np.zeros(n)  # its moving average over ``average_s``, as of ``load_at``
+        self.load_at = np.full(n, -math.inf)
         self.state = [_DeviceState() for _ in range(n)]
         self.window = window
         if window:
@@ -255,11 +258,13 @@ class World:
         self.speed = np.concatenate([self.speed, [d.speed for d in new]])
         self.has_mig = any(g.mig is not None for g in self.ids)
         self.free = np.concatenate([self.free, self.total[-k:]])
-        for name in ("committed", "other", "sm_sum", "dram_sum", "util_sm", "util_occ", "util_dram", "slowed"):
+        for name in ("committed", "other", "sm_sum", "dram_sum", "util_sm", "util_occ", "util_dram", "slowed",
+                     "level_sm", "load_sm"):
             setattr(self, name, np.concatenate([getattr(self, name), np.zeros(k)]))
         for name in ("n_jobs", "n_starting"):
             setattr(self, name, np.concatenate([getattr(self, name), np.zeros(k, dtype=np.int64)]))
         self.seen_at = np.concatenate([self.seen_at, np.full(k, -math.inf)])
+        self.load_at = np.concatenate([self.load_at, np.full(k, -math.inf)])
         for _ in new:
             st = _DeviceState()
             if self.window:
@@ -463,6 +468,8 @@ class World:
         self._integrate(i, now)
         st = self.state[i]
         st.sm, st.dram, st.occupancy, st.level_at = sm, dram, occupancy, now
+        self.load_sm[i] = self._average_sm(i, now)
+        self.level_sm[i], self.load_at[i] = min(1.0, sm / self.speed[i]), now
         if free_mib is not None:
             self.free[i] = free_mib
         if other_mib != self.other[i]:
@@ -541,6 +548,8 @@ class World:
             datasets={name: tuple(sorted(c)) for name, c in self._datasets.items() if c},
             gangs=self._gang_view(), owner=tuple(self.owner), residents=self._ids_view,
             slowed=_frozen(self.slowed) if self.slowed.any() else None,
+            sm_recent=np.maximum(self.level_sm, self.level_sm + (self.load_sm - self.level_sm)
+                                 * np.exp(-(now - self.load_at) / self.average_s)),
         )
 
     def idle_view(self, snapshot: ClusterSnapshot, idle: Collection[str]) -> ClusterSnapshot:
@@ -581,6 +590,17 @@ class World:
     def on(self, i: int) -> list[Resident]:
         """Device ``i``'s residents, oldest first."""
         return [self.residents[j] for j in self.state[i].residents]
+
+    def recent_sm(self, i: int, now: float) -> float:
+        """Device ``i``'s SM reading lately at ``now`` (relative to a MIG instance's SMs): its
+        average over the last ``average_s`` (about ``AVERAGE_SAMPLES`` samples), without the
+        risk window's lean to the peaks of the last half minute, or what it reads now if more
+        (the average alone still counts the idle seconds before a heavy job began)."""
+        return max(float(self.level_sm[i]), self._average_sm(i, now))
+
+    def _average_sm(self, i: int, now: float) -> float:
+        keep = math.exp(-(now - self.load_at[i]) / self.average_s) if math.isfinite(self.load_at[i]) else 0.0
+        return float(self.level_sm[i] + (self.load_sm[i] - self.level_sm[i]) * keep)
 
     def _refresh_slowed(self, i: int) -> None:
         self.slowed[i] = max((self.residents[j].slowdown for j in self.state[i].residents), default=0.0)

@@ -12,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from plain_queue import GIB, make_mix, most_at_once  # noqa: E402
+from plain_queue import GIB, fits, make_mix, most_at_once  # noqa: E402
 
 
 def test_the_mix_is_the_issues():
@@ -31,6 +31,19 @@ def test_the_mix_is_the_issues():
     assert sum(j.kind == "cpu" and j.gpus == 0 for j in mix) == 4
     probe = next(j for j in mix if j.kind == "probe")
     assert probe.argv() == ["sleep", "1"] and probe.declared_mib == GIB
+
+
+def test_a_job_fits_a_gpus_room_only_where_memory_both_measured_and_committed_and_load_leave_it():
+    # (room: min(measured free, total - committed - other), SM read lately) per GPU
+    need = 8 * GIB
+    assert fits(need, [(10 * GIB, 0.3)], load=True)
+    # a GPU whose jobs have committed memory they have not allocated yet: measured free is not room
+    assert not fits(need, [(6 * GIB, 0.3)], load=False)
+    # memory but no room for load (reads 60 % SM or more): it fits memory only
+    busy = [(30 * GIB, 0.8), (4 * GIB, 0.2)]
+    assert fits(need, busy, load=False) and not fits(need, busy, load=True)
+    # both on one GPU, not memory on one and load on another
+    assert not fits(need, [(30 * GIB, 0.9), (2 * GIB, 0.1)], load=True)
 
 
 def test_most_at_once_counts_overlapping_attempts():

@@ -159,6 +159,13 @@ def test_an_unpriced_job_starts_on_trial_where_the_gpu_reads_room_whatever_the_p
     interactive = newcomer.evolve(interactive=True)
     assert not auto([interactive], prior_says_no.evolve(util_sm=np.array([0.48]))).placements
     assert not make_policy("auto", observe_below_sm=0.0)([newcomer], prior_says_no).placements
+    # the load it asks about is what the GPU reads lately (``sm_recent``, a few samples), not
+    # the risk window, which leans to the peaks of the last half minute: a job that left 20 s
+    # ago still kept newcomers waiting beside room (issue 35)
+    lately = prior_says_no.evolve(util_sm=np.array([0.85]), sm_recent=np.array([0.4]))
+    assert [(p.job_id, p.trial) for p in auto([newcomer], lately).placements] == [("new", True)]
+    busy_lately = prior_says_no.evolve(util_sm=np.array([0.4]), sm_recent=np.array([0.7]))
+    assert not auto([newcomer], busy_lately).placements
     # a placement the gates accept is not on trial
     idle_cluster = ClusterSnapshot.from_views([_gpu()], now=100.0)
     assert [p.trial for p in auto([newcomer], idle_cluster).placements] == [False]

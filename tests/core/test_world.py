@@ -204,3 +204,24 @@ def test_devices_that_join_start_unmeasured_beside_a_measured_one():
     w.add_devices([Device(GpuId("m", 0), 80 * GIB)])  # a node joined
     assert len(w.slowed) == len(w.ids) and w.slowed[-1] == 0.0
     assert w.snapshot(21.0).slowed is not None and len(w.snapshot(21.0).slowed) == len(w.ids)
+
+
+def test_recent_load_follows_the_readings_of_the_last_few_samples_not_the_risk_windows_peaks():
+    # issue 35: a start on trial asks whether the GPU's load leaves room now; the risk window
+    # (30 samples leaning to their 95th percentile) still reads a job that left half a minute ago
+    w = world(window=30)
+    w.place(job("a"), [0], now=0.0)
+    for t in range(30):
+        w.set_reading(0, float(t), 0.9, 0.3)
+    for t in range(30, 40):
+        w.set_reading(0, float(t), 0.2, 0.1)
+    snap = w.snapshot(40.0)
+    assert snap.util_sm[0] > 0.6  # the window: still busy
+    # 10 s at 0.2, averaged over about 5 samples: what it reads lately, below the threshold
+    assert snap.sm_recent[0] == pytest.approx(0.2 + 0.7 * math.exp(-10 / 5), abs=0.01)
+    assert snap.sm_recent[0] < 0.6
+    # a rise counts at once (the average would still count the quiet seconds before it)
+    w.set_reading(0, 40.0, 0.8, 0.3)
+    assert w.snapshot(41.0).sm_recent[0] == 0.8  # but never less than it reads now
+    w.set_reading(0, 42.0, 0.3, 0.1)
+    assert 0.3 < w.snapshot(43.0).sm_recent[0] < w.snapshot(42.5).sm_recent[0] < 0.8  # it falls over ~5 s

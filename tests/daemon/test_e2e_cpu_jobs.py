@@ -75,3 +75,16 @@ def test_the_cpu_cap_holds_a_users_next_cpu_job_and_limits_shows_it(daemons):
     assert [u["running_cpu_jobs"] for u in d.client.request("limits")["usage"].values()] == [1]
     d.client.request("cancel", id=first)  # its slot frees: the next one starts
     d.wait_state(second, "done", timeout=20)
+
+
+def test_a_submission_is_placed_at_once_not_at_the_next_period(daemons, tmp_path):
+    # a submission makes a round due at once (``service.WAKE_OPS``): with a 30 s period a job
+    # used to wait for the next tick, up to the whole period (issue 35: a short job's
+    # completion time carried up to a period of waiting)
+    d = daemons("--period", "30", gpus="emulated:1xA100-40GB")
+    time.sleep(1.0)  # the start-up round is over: the next tick is ~29 s away
+    for gpus, mem in ((1, "1GiB"), (0, None)):
+        submitted = time.time()
+        job = d.submit(env_probe(tmp_path / f"now-{gpus}.json", 0.2), gpus=gpus, mem=mem, name=f"now-{gpus}")
+        shown = d.wait_state(job, ("running", "done"), timeout=15)
+        assert shown["attempts"][0]["start"] - submitted < 5.0, shown

@@ -12,7 +12,8 @@ there are no locks around the core and every write comes from one place. The par
   several (``collocate.cluster``, imported only then);
 - ``restart.restore``: at start, re-adopt, end or settle what the previous daemon left.
 
-A request wakes the loop at once; a round runs whenever one is due (requests never starve it).
+A request wakes the loop at once; a round runs whenever one is due (requests never starve it), and
+a request that may let a job start (``WAKE_OPS``: a submission, a cancel) makes one due at once.
 """
 
 from __future__ import annotations
@@ -60,6 +61,13 @@ REQUEST_TIMEOUT_S = 60.0
 #: Requests answered on the caller's thread: they read only the monitoring store (its own
 #: connection and lock), and a day of history may take a while to bucket.
 OFF_LOOP = frozenset({"history"})
+#: Requests that may let a job start (a new or released job, room freed, the queue resumed): a
+#: round is due at once after one, not at the next period, so a job that fits starts within
+#: a round's time of its submission instead of up to a period later (issue 35: a short job's
+#: completion time carried up to a period of waiting for the round). At most one such early
+#: round per ``EARLY_ROUND_GAP_S``: a burst of submissions is placed together, not one round each.
+WAKE_OPS = frozenset({"submit", "release", "cancel", "resume", "resume_job", "priority"})
+EARLY_ROUND_GAP_S = 0.2
 
 
 def _quota_args(accounts: Accounts, uid: int) -> list[str]:
@@ -232,10 +240,11 @@ class Service:
 
     def serve_forever(self) -> None:
         """Answer requests as they come; run a round whenever one is due (requests never starve it)."""
-        next_tick = time.monotonic()
+        next_tick = last_round = time.monotonic()
         while not self._stop.is_set():
             now = time.monotonic()
             if now >= next_tick:
+                last_round = now
                 try:
                     self.round.run()
                 except Exception as exc:
@@ -243,13 +252,15 @@ class Service:
                         log.error("scheduling round stopped: %s", disk_full(str(self.layout.root)))
                     else:
                         log.exception("scheduling round failed")
-                next_tick = max(next_tick + self.config.period_s, time.monotonic())
+                next_tick = max(min(next_tick, now) + self.config.period_s, time.monotonic())
                 continue
             try:
                 item = self._requests.get(timeout=min(next_tick - now, 0.5))
             except queue.Empty:
                 continue
             self._answer(*item)
+            if item[0] in WAKE_OPS:  # a job may start: a round now (WAKE_OPS)
+                next_tick = min(next_tick, last_round + EARLY_ROUND_GAP_S)
 
     # -- requests --------------------------------------------------------------------------
     def call(self, op: str, args: dict[str, Any], peer: Peer) -> Any:

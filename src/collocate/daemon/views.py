@@ -291,9 +291,11 @@ def committed_by_gpu(monitor: GpuWatch) -> dict[str, float]:
 
 def gpu_rows(monitor: GpuWatch, running: Mapping[str, Any], now: float,
              events: Sequence[tuple[float, str, str]] = ()) -> list[dict[str, Any]]:
-    """Each GPU: its reading, its jobs, the memory they commit (``collocate.commitment``), the
-    memory of processes that are no job's (``other_mib``) and, on a cluster, the latest change
-    of its node's membership within ``EVENT_S`` (joined, stopped answering, answers again)."""
+    """Each GPU: its reading (now, the risk window's summary, and ``sm_recent``: its SM
+    averaged over the last few samples, what a start on trial asks), its jobs, the memory they
+    commit (``collocate.commitment``), the memory of processes that are no job's
+    (``other_mib``) and, on a cluster, the latest change of its node's membership within
+    ``EVENT_S`` (joined, stopped answering, answers again)."""
     latest = {node: (at, what) for at, node, what in events if now - at < EVENT_S}
     jobs_on: dict[str, list[str]] = {}
     for job_id, run in running.items():
@@ -313,6 +315,7 @@ def gpu_rows(monitor: GpuWatch, running: Mapping[str, Any], now: float,
             "free_mib": None if s is None else s.free_mib,
             "sm_now": None if s is None else s.sm_activity,
             "sm_window": u.sm_activity, "dram_window": u.dram_activity,
+            "sm_recent": monitor.world.recent_sm(monitor.position[d.uuid], now),
             "committed_mib": monitor.committed_mib(d.uuid),
             "other_mib": monitor.other_mib.get(d.uuid, 0.0),
             "slowed": float(monitor.world.slowed[monitor.position[d.uuid]]) or None,

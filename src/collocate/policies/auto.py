@@ -218,8 +218,8 @@ class Auto:
             placed = _PLACED
             if not passes.any():  # past the gate only where it may start unpriced, on trial
                 # a job that can be taken back (never one across nodes or an interactive one)
-                roomy = (cluster.util_sm[candidates] < self.observe_below_sm) & (
-                    job.nodes == 1 and not job.interactive)
+                load = cluster.util_sm if cluster.sm_recent is None else cluster.sm_recent
+                roomy = (load[candidates] < self.observe_below_sm) & (job.nodes == 1 and not job.interactive)
                 passes = startable & ((worst <= self.startup_max_slowdown) | roomy)
                 placed = _TRIAL
             if passes.any():
