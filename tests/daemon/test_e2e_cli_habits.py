@@ -184,7 +184,7 @@ def test_every_command_that_prints_speaks_json(daemons):
     d.wait_state("1", "done")
     out = json.loads(cli(d, "logs", "1", "--format", "json").stdout)
     assert out == {"id": "1", "state": "done", "reason": out["reason"], "attempt": 1, "stream": "stdout",
-                   "node": None, "notify": False, "text": "hi \x1b[2J\n"}
+                   "node": None, "notify": False, "text": "hi \x1b[2J\n", "purged": False}
     assert json.loads(cli(d, "logs", "1", "--stderr", "--format", "json").stdout)["text"] == "oops"
     followed = cli(d, "logs", "1", "-f", "--format", "json")
     assert followed.returncode == 2 and "not with -f" in followed.stderr and "collocate wait 1" in followed.stderr

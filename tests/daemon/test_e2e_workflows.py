@@ -50,7 +50,7 @@ def test_a_job_after_another_starts_only_once_it_is_done_and_is_cancelled_if_it_
     then = submit(d, "--mem", "1GiB", "--after", first, "--", *job_argv(500, 0.2)).stdout.strip()
     assert d.job(then)["reason"] == f"dependency: waits for job {first}"
     shown = cli(d, "show", then)
-    assert f"after     job(s) {first}" in shown.stdout
+    assert f"after job(s) {first}" in " ".join(shown.stdout.split())  # show's fields: name, value beside
     done = d.wait_state(then, "done", timeout=60)
     assert done["attempts"][0]["start"] >= d.job(first)["attempts"][0]["end"] - 0.3
     # A failing dependency cancels its dependents, transitively; `wait` says so and exits 1.

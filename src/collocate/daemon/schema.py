@@ -53,10 +53,12 @@ def _list(item: Check, max_len: int = 1 << 16) -> Check:
     return lambda v: isinstance(v, list) and len(v) <= max_len and all(item(x) for x in v)
 
 
-def _names_to_text(max_items: int = 1 << 14) -> Check:
-    """An object of text to text (a submit's ``base_env``: the client's environment)."""
+def _names_to_text(max_items: int = 1 << 14, max_value: int = 1 << 26) -> Check:
+    """An object of text to text (a submit's ``base_env``: the client's environment). Values
+    are bounded loosely: how much a member may send at all is ``--user-max-request``'s to say,
+    with its own message (``quotas``)."""
     return lambda v: (isinstance(v, dict) and len(v) <= max_items
-                      and all(isinstance(k, str) and len(k) <= 4096 and _str()(x) for k, x in v.items()))
+                      and all(isinstance(k, str) and len(k) <= 4096 and _str(max_value)(x) for k, x in v.items()))
 
 
 def _any(*checks: Check) -> Check:
