@@ -64,12 +64,18 @@ def lab_daemon(daemons):
     def make(*args: str) -> tuple[Daemon, int, str, LabDir]:
         where = LabDir()
         users = lab_users()
-        port = _port()
         _secret(where.base / "owner.token", OWNER_TOKEN + "\n")
         _secret(where.base / "users", f"{users['A'].name} {MEMBER_TOKEN}\n")
-        d = daemons("--group", "nogroup", "--tcp", f"127.0.0.1:{port}", "--token-file",
-                    str(where.base / "owner.token"), "--user-tokens", str(where.base / "users"),
-                    *args, name=str(where.state))
+        for tries in range(3):  # a free port found here may be another worker's by the time it binds
+            port = _port()
+            try:
+                d = daemons("--group", "nogroup", "--tcp", f"127.0.0.1:{port}", "--token-file",
+                            str(where.base / "owner.token"), "--user-tokens", str(where.base / "users"),
+                            *args, name=str(where.state))
+                break
+            except AssertionError as exc:
+                if "is in use" not in str(exc) or tries == 2:
+                    raise
         made.append((d, where))
         return d, port, cert_fingerprint(d.state_dir / "tls" / "cert.pem"), where
 
