@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from collocate.cli_help import help_text
 from collocate.cli_options import ErrorOpt, FingerprintOpt, HostOpt, OutputOpt, StateDirOpt, TokenFileOpt
 from collocate.errors import CollocateError, InputError
 
@@ -34,10 +35,10 @@ def _format(fmt: str) -> str:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("submit", context_settings={"allow_interspersed_args": False})(submit)
+    app.command("submit", help=help_text(submit), context_settings={"allow_interspersed_args": False})(submit)
     app.command("ls")(ls)
     app.command("show")(show)
-    app.command("logs")(logs)
+    app.command("logs", help=help_text(logs))(logs)
     app.command("cancel")(cancel)
     app.command("wait")(wait)
     app.command("gpus")(gpus)
@@ -47,7 +48,7 @@ def register(app: typer.Typer) -> None:
     app.command("suspend")(suspend)
     app.command("release")(release)
     app.command("priority")(priority_)
-    app.command("limits")(limits)
+    app.command("limits", help=help_text(limits))(limits)
     from collocate.client.update import update
 
     app.command("update")(update)
@@ -56,7 +57,7 @@ def register(app: typer.Typer) -> None:
     app.command("dashboard-url")(dashboard_url)
     from collocate.client.interactive import run
 
-    app.command("run", context_settings={"allow_interspersed_args": False})(run)
+    app.command("run", help=help_text(run), context_settings={"allow_interspersed_args": False})(run)
 
 
 def _client(state_dir: Path | None, host: str | None = None, token_file: Path | None = None,

@@ -129,10 +129,10 @@ def limits(
 ) -> None:
     """Show the per-user caps and fair share, or (the daemon's owner) set them.
 
-    collocate limits --max-gpus 4                  every user: at most 4 GPUs at once
-    collocate limits --user alice --max-jobs 8     alice: her own caps
-    collocate limits --user alice --clear          alice: the default again
-    collocate limits --max-cpu-jobs 4              every user: at most 4 CPU jobs at once
+    collocate limits --max-gpus 4               each user: 4 GPUs at most
+    collocate limits --user alice --max-jobs 8  alice: her own caps
+    collocate limits --user alice --clear       alice: the default again
+    collocate limits --max-cpu-jobs 4           each user: 4 CPU jobs at most
     """
     from collocate.client.cli import _format
 

@@ -15,12 +15,13 @@ from typing import Annotated, Any
 
 import typer
 
+from collocate.cli_help import help_text
 from collocate.cli_options import FingerprintOpt, HostOpt, StateDirOpt, TokenFileOpt
 from collocate.errors import CollocateError, InputError
 
 
 def register(app: typer.Typer) -> None:
-    app.command("purge")(purge)
+    app.command("purge", help=help_text(purge))(purge)
 
 
 def purge(

@@ -9,9 +9,11 @@ from typing import Annotated, Optional
 
 import typer
 
+from collocate.cli_help import help_text
+
 
 def register(app: typer.Typer) -> None:
-    app.command("emulate-job")(emulate_job)
+    app.command("emulate-job", help=help_text(emulate_job))(emulate_job)
 
 
 def emulate_job(

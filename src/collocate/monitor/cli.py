@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from collocate.cli_help import help_text
 from collocate.errors import CollocateError, InputError
 
 StateDirOpt = Annotated[Path | None, typer.Option(
@@ -16,7 +17,7 @@ StateDirOpt = Annotated[Path | None, typer.Option(
 
 def register(app: typer.Typer) -> None:
     app.command("report")(report)
-    app.command("dashboard")(dashboard)
+    app.command("dashboard", help=help_text(dashboard))(dashboard)
 
 
 def report(

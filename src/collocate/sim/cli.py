@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from collocate.cli_help import help_text
 from collocate.errors import InputError
 
 
@@ -18,7 +19,7 @@ class OutputFormat(StrEnum):
 
 
 def register(app: typer.Typer) -> None:
-    app.command("simulate")(simulate)
+    app.command("simulate", help=help_text(simulate))(simulate)
 
 
 def simulate(
@@ -126,7 +127,7 @@ def simulate(
     from collocate.sim.engine import PROFILE_KNOWLEDGE, SimConfig, Simulation
     from collocate.sim.metrics import completion_times, summarize, versus_exclusive
     from collocate.sim.mig import layout_text, resolve_layout
-    from collocate.sim.report import table, versus_table, write_jobs_csv, write_plots, write_versus_csv
+    from collocate.sim.report import legend, tables, versus_table, write_jobs_csv, write_plots, write_versus_csv
     from collocate.sim.synth import synthetic_trace
     from collocate.sim.trace import ESTIMATORS, load_catalogue, load_trace
 
@@ -231,16 +232,22 @@ def simulate(
         }
         typer.echo(json.dumps(doc, indent=2))
     else:
-        terminal = Console()
         sharing_text = mode.value
         if layout:
             sharing_text += " " + ", ".join(layout.values() if len(layout) == 1 else (f"{t}={v}" for t, v in layout.items()))
         error_text = "" if model_error is None else f", model error seed {model_error}"
         title = printable(f"{source} on {cluster} ({sharing_text}, estimator: {estimator}{error_text})")
-        plain = Console(width=max(terminal.width, 120), markup=False, emoji=False)  # a file name is not markup
-        plain.print(table(summaries, title))
-        if versus:
-            plain.print(versus_table({name: v for name, (v, _) in versus.items()}))
+        plain = Console(markup=False, emoji=False, highlight=False)  # a file name is not markup
+        plain.print(title)
+        for part in tables(summaries):
+            plain.print()
+            plain.print(part)
+        versus_text = {name: v for name, (v, _) in versus.items()}
+        if versus_text:
+            plain.print()
+            plain.print(versus_table(versus_text))
+        plain.print()
+        plain.print(legend(versus_text))
         if floor_doc:
             typer.echo(_floor_text(floor_doc))
         for path in written:
@@ -250,7 +257,7 @@ def simulate(
 def _floor_doc(jobs, nodes, mode, summaries) -> dict:
     """Floors in minutes and, when `exclusive` was compared, each policy's share of the gap
     between exclusive's makespan and each floor."""
-    from collocate.sim.floor import floors, gap_closed
+    from collocate.sim.floor import floors
 
     f = floors(jobs, nodes, mode)
     minutes = {k.replace("_s", "_min"): (None if v is None else round(v / 60.0, 2))
@@ -262,21 +269,36 @@ def _floor_doc(jobs, nodes, mode, summaries) -> dict:
     if exclusive is not None:
         doc["gap_closed"] = {
             s.policy: {
-                "model": round(gap_closed(s.makespan_min, exclusive, minutes["model_floor_min"]), 3)
-                if minutes["model_floor_min"] else None,
-                "sm": round(gap_closed(s.makespan_min, exclusive, minutes["sm_floor_min"]), 3),
+                "model": _share(s.makespan_min, exclusive, minutes["model_floor_min"]),
+                "sm": _share(s.makespan_min, exclusive, minutes["sm_floor_min"]),
             }
             for s in summaries
         }
     return doc
 
 
+def _share(makespan: float, exclusive: float, floor: float | None) -> float | None:
+    """A policy's share of the gap from exclusive to ``floor``; None where there is none (no
+    floor, or exclusive already at it), as JSON has no NaN."""
+    from collocate.sim.floor import gap_closed
+
+    share = gap_closed(makespan, exclusive, floor) if floor else float("nan")
+    return None if share != share else round(share, 3)
+
+
 def _floor_text(doc: dict) -> str:
+    """The floors, then each policy's share of the gap to them, in lines under 80 columns."""
     lines = [
-        f"floors (min): arrival {doc['arrival_floor_min']}, SM {doc['sm_floor_min']}, model "
-        f"{doc['model_floor_min']} (certified; LP {doc['model_lp_min']}, {doc['mixes']} mixes)"
+        f"makespan floors (min): arrival {doc['arrival_floor_min']}, SM {doc['sm_floor_min']}, "
+        f"model {doc['model_floor_min']}",
+        f"  (the model floor certified; its LP {doc['model_lp_min']} over {doc['mixes']} mixes)",
     ]
+    if doc.get("gap_closed"):
+        lines.append("share of the gap from exclusive's makespan to each floor that a policy closes:")
     for name, gap in doc.get("gap_closed", {}).items():
-        model = "n/a" if gap["model"] is None else f"{gap['model']:.0%}"
-        lines.append(f"  {name}: closes {model} of the exclusive-to-model-floor gap, {gap['sm']:.0%} to the SM floor")
+        lines.append(f"  {name}: model floor {_percent(gap['model'])}, SM floor {_percent(gap['sm'])}")
     return "\n".join(lines)
+
+
+def _percent(share: float | None) -> str:
+    return "n/a" if share is None else f"{share + 0.0:.0%}".replace("-0%", "0%")

@@ -15,34 +15,42 @@ from collocate.sim.metrics import Summary, VersusExclusive
 
 MAX_GANTT_GPUS = 32  # rows in a Gantt chart; the title says when there are more GPUs
 
-COLUMNS = (
-    ("policy", "policy"),
+#: The comparison in two tables of (summary key, header), each fitting an 80-column terminal
+#: beside the longest policy name: one of times, one of use and failures.
+TIME_COLUMNS = (
     ("makespan_min", "makespan"),
     ("mean_jct_min", "JCT mean"),
     ("median_jct_min", "JCT p50"),
     ("p95_jct_min", "JCT p95"),
     ("mean_wait_min", "wait"),
+)
+USE_COLUMNS = (
     ("sm_util", "SM"),
     ("mem_util", "mem"),
     ("energy_kwh", "kWh"),
-    ("oom_crashes", "OOM"),
-    ("recovered_jobs", "recov."),
+    ("oom_crashes", "OOM crashes"),
+    ("recovered_jobs", "recovered"),
     ("failed", "failed"),
-    ("rejected", "rej."),
+    ("rejected", "rejected"),
 )
 
 
-def table(summaries: Sequence[Summary], title: str) -> Table:
-    out = Table(
-        title=title,
-        caption="times in minutes; SM and mem are time-averaged utilization of all GPUs",
-        pad_edge=False,
-    )
-    for _, header in COLUMNS:
-        out.add_column(header, justify="left" if header == "policy" else "right", no_wrap=True)
+def tables(summaries: Sequence[Summary]) -> list[Table]:
+    """The policies side by side: times in minutes, then how much of the GPUs they used and
+    what failed. Two narrow tables rather than one of 13 columns, which needs ~110."""
+    return [_table("times (minutes)", summaries, TIME_COLUMNS),
+            _table("use and failures", summaries, USE_COLUMNS)]
+
+
+def _table(title: str, summaries: Sequence[Summary], columns: Sequence[tuple[str, str]]) -> Table:
+    out = Table(title=title, title_justify="left", box=None, header_style="bold", pad_edge=False,
+                padding=(0, 2, 0, 0))
+    out.add_column("policy", no_wrap=True)
+    for _, header in columns:
+        out.add_column(header, justify="right", no_wrap=True)
     for s in summaries:
         row = s.as_dict()
-        out.add_row(*(_fmt(row[key]) for key, _ in COLUMNS))
+        out.add_row(s.policy, *(_fmt(row[key]) for key, _ in columns))
     return out
 
 
@@ -54,17 +62,25 @@ def _fmt(value) -> str:
 
 def versus_table(versus: dict[str, VersusExclusive]) -> Table:
     """Per policy, each job's completion time over its completion time under ``exclusive``."""
-    tolerance = next(iter(versus.values())).tolerance if versus else 0.0
-    out = Table(title="job by job against a plain queue (exclusive, same trace)",
-                caption=f"each job's completion time (submission to end) over its time under exclusive; "
-                        f"worse: ratio > {1 + tolerance:g}, or not done",
-                pad_edge=False)
+    out = Table(title="job by job against exclusive", title_justify="left", box=None, header_style="bold",
+                pad_edge=False, padding=(0, 2, 0, 0))
     for header in ("policy", "jobs", "p50", "p95", "max", "worse", "not done"):
         out.add_column(header, justify="left" if header == "policy" else "right", no_wrap=True)
     for name, v in versus.items():
         out.add_row(name, str(v.jobs), f"{v.p50:.2f}", f"{v.p95:.2f}", f"{v.max:.2f}", str(v.worse),
                     str(v.not_done))
     return out
+
+
+def legend(versus: dict[str, VersusExclusive]) -> str:
+    """What the tables' figures are, printed under them (wrapped to the terminal)."""
+    text = ("JCT: a job's completion time, submission to end; wait: submission to start; SM and "
+            "mem: time-averaged utilization of all GPUs.")
+    if versus:
+        tolerance = next(iter(versus.values())).tolerance
+        text += (" Job by job: each job's completion time over its time under exclusive (a plain "
+                 f"queue, same trace); worse: ratio > {1 + tolerance:g}, or not done.")
+    return text
 
 
 def write_versus_csv(versus: dict[str, tuple[VersusExclusive, dict[str, float]]], path: Path) -> None:
