@@ -168,6 +168,22 @@ def test_ls_in_80_columns_never_cuts_ids_states_or_units():
         assert "…" in text  # the reason was shortened, not wrapped
 
 
+def test_a_column_narrowed_for_80_columns_is_never_widened():
+    # USER "root" and NAME "long" were padded to their least widths (6, 10) when the terminal
+    # was narrow, taking room from REASON
+    from collocate.client.render import jobs_table
+
+    row = {"id": "9", "name": "long", "state": "pending", "user": "root", "gpus": 1, "nodes": 1,
+           "mem_mib": 4096.0, "priority": -5, "attempts": 0, "on": [], "submit_time": 1.8e9,
+           "start_time": None, "end_time": None, "elapsed_s": 0.0, "time_limit_s": 3600.0,
+           "position": None, "exit_code": None, "reason": "dependency: waits for job 8", "wait": ""}
+    c = Console(width=80, record=True, markup=False)
+    c.print(jobs_table([row], 80, dated=True))
+    header, line = c.export_text().splitlines()
+    assert header.split() == ["ID", "NAME", "STATE", "USER", "GPUS", "MEM", "PRIO", "TIME", "TRIES", "ON", "REASON"]
+    assert line.startswith("9  long pending root 1    4.00 GiB -5   0:00/1:00:00 0     -  dependency: wait")
+
+
 def test_gpus_in_80_columns_keeps_every_unit():
     from rich.console import Console
 
@@ -228,6 +244,15 @@ def test_show_in_80_columns_wraps_and_cuts_nothing():
     assert any("REASON" in line and "OUTCOME" in line for line in lines)
     assert not any(line.lstrip().startswith("reason #") for line in lines)
     assert any(line.startswith("1 ") and "2027-01-15" in line and d["attempts"][0]["reason"] in line for line in lines)
+
+
+def test_show_of_a_job_never_started_says_so_rather_than_an_empty_table():
+    d = {**_detail(), "attempts": [], "attempts_used": 0, "oom_crashes": 0}
+    c = Console(width=80, record=True, markup=False, emoji=False, highlight=False)
+    render.print_detail(d, c)
+    lines = c.export_text().splitlines()
+    assert any(line.split() == ["attempts", "none", "yet"] for line in lines), lines
+    assert not any(line.split()[:3] == ["#", "START", "END"] for line in lines), lines
 
 
 def test_demo_tables_fit_80_columns():

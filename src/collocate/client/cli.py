@@ -82,7 +82,8 @@ def submit(
                    "6GiB, 6144MiB, 1.5G. K, M, G and T are powers of 1024 with or without i or B "
                    "(6GB = 6G = 6GiB, as nvidia-smi and PyTorch count); a number without a unit "
                    "is refused.")] = None,
-    name: Annotated[str | None, typer.Option("--name")] = None,
+    name: Annotated[str | None, typer.Option("--name", "-J", help="The job's name in `ls` (as sbatch -J; "
+                    "default: from the command); a --sweep's {placeholders} are filled in.")] = None,
     priority: Annotated[int, typer.Option("--priority", help="Higher runs first (within "
                         "+/-1,000,000). Above 0 only the daemon's owner may set; others use --nice.")] = 0,
     nice: Annotated[int | None, typer.Option("--nice", help="Lower this job's priority by N "

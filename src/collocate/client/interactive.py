@@ -36,7 +36,8 @@ def run(
     gpus: Annotated[int, typer.Option("--gpus", help="GPUs the job needs.")] = 1,
     mem: Annotated[str | None, typer.Option("--mem", help="GPU memory per GPU, with a unit: "
                    "8GiB, 6144MiB (as `collocate submit --mem`).")] = None,
-    name: Annotated[str | None, typer.Option("--name")] = None,
+    name: Annotated[str | None, typer.Option("--name", "-J", help="The job's name in `ls` (as srun -J; "
+                    "default: from the command).")] = None,
     time_limit: Annotated[str | None, typer.Option("--time", "-t", help="Time limit, as Slurm "
                           "reads it: 30 (minutes), HH:MM:SS, 2h, 1d.")] = None,
     priority: Annotated[int, typer.Option("--priority", help="Higher runs first (above 0: the "
@@ -54,8 +55,9 @@ def run(
     It waits in the queue like any job (one live line: position and why it waits), then runs
     on a terminal attached to yours: keys, Ctrl-C, window size and exit status pass through.
     It ends when the command ends or your terminal goes; a job still queued is cancelled.
-    A notebook: collocate run --mem 8GiB -- jupyter lab --no-browser --port 8888 --ip 127.0.0.1
-    (it prints the ssh tunnel to open).
+
+    A notebook (it prints the ssh tunnel to open):
+    collocate run --mem 8GiB -- jupyter lab --no-browser --port 8888 --ip 127.0.0.1
     """
     from collocate.client.connect import client_for
     from collocate.daemon.spec import parse_env

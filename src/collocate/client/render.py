@@ -135,7 +135,7 @@ def jobs_table(rows: list[dict[str, Any]], width: int, *, dated: bool = False) -
             for row in cells:
                 del row[i]
         else:
-            widths[i] = max(least, widths[i] - over)
+            widths[i] = max(min(least, widths[i]), widths[i] - over)  # narrower, never wider
     reason_width = max(1, width - sum(widths) - len(widths) - 1)
     table = Table(box=None, header_style="bold", pad_edge=False, padding=(0, 1, 0, 0))
     for header, w in zip(headers, widths, strict=True):
@@ -215,12 +215,15 @@ def print_detail(d: dict[str, Any], c: Console | None = None) -> None:
         most = f" (at most {d['sweep_max']} of it at once)" if d.get("sweep_max") else ""
         rows.append(("sweep", f"{printable(d['sweep'])}{most}"))
     rows.append(("submitted", f"{when(d['submit_time'])}   ended {when(d['end_time'])}"))
+    if not d["attempts"]:
+        rows.append(("attempts", "none yet"))  # not a table's header over nothing
     c.print(fields(rows, indent=2))
-    attempts = attempts_table(d["attempts"], c.width)
-    c.print(attempts)
-    reasons = [(f"reason #{a['n']}", printable(a["reason"])) for a in d["attempts"] if a["reason"]]
-    if attempts.columns[-1].header != "REASON" and reasons:  # no room beside: whole, under it
-        c.print(fields(reasons, indent=2))
+    if d["attempts"]:
+        attempts = attempts_table(d["attempts"], c.width)
+        c.print(attempts)
+        reasons = [(f"reason #{a['n']}", printable(a["reason"])) for a in d["attempts"] if a["reason"]]
+        if attempts.columns[-1].header != "REASON" and reasons:  # no room beside: whole, under it
+            c.print(fields(reasons, indent=2))
     measured = measured_lines(d.get("summary"))
     if measured:  # "  label" + value, summary_lines' labels padded to 17 characters
         c.print(measured[0])
