@@ -175,3 +175,27 @@ def test_hold_release_and_priority_print_json(daemons):
     assert rows[0]["held"] == "user" and rows[1]["id"] == "99" and "no job '99'" in rows[1]["error"]
     assert json.loads(cli(d, "release", job, "--format", "json").stdout)[0]["held"] == ""
     assert json.loads(cli(d, "priority", job, "--set", "-4", "--format", "json").stdout)[0]["priority"] == -4
+
+
+def test_slurms_short_options_and_state_codes(daemons, tmp_path):
+    # what a Slurm user's fingers type: sbatch -J/-t, squeue -t PD -u, scancel -t PD -n,
+    # sacct -S/-E, and #COLLOCATE -J in a script
+    from collocate.client.select import me
+
+    d = daemons()
+    d.client.request("drain")
+    (tmp_path / "s.sh").write_text("#!/bin/sh\n#COLLOCATE -J scripted -t 5\ntrue\n")
+    scripted = d.job(cli(d, "submit", "--mem", "1GiB", "s.sh", cwd=tmp_path).stdout.strip())
+    assert (scripted["name"], scripted["time_limit_s"]) == ("scripted", 300.0)
+    ids = [cli(d, "submit", "-J", f"j{i}", "--mem", "1GiB", "--", "/bin/true").stdout.strip() for i in range(2)]
+    assert [d.job(i)["name"] for i in ids] == ["j0", "j1"]
+    pending = json.loads(cli(d, "ls", "-t", "PD", "-u", me(), "--format", "json").stdout)
+    assert sorted(r["id"] for r in pending) == sorted([scripted["id"], *ids])
+    assert json.loads(cli(d, "ls", "-t", "R", "--format", "json").stdout) == []
+    out = cli(d, "cancel", "-t", "PD", "-n", "j*", "--format", "json")
+    assert out.returncode == 0, out.stderr
+    assert sorted(r["id"] for r in json.loads(out.stdout)) == sorted(ids)
+    history = json.loads(cli(d, "ls", "-S", "1h", "-E", "2999-01-01", "-t", "CA", "--format", "json").stdout)
+    assert sorted(r["id"] for r in history) == sorted(ids)
+    bad = cli(d, "ls", "-t", "S")
+    assert bad.returncode == 2 and "Slurm's PD, R, CD" in bad.stderr

@@ -327,17 +327,17 @@ def estimate_fields(est: Estimate) -> dict[str, Any]:
 
 def ls(
     all_: Annotated[bool, typer.Option("--all", "-a", help="Include ended jobs.")] = False,
-    state: Annotated[list[str], typer.Option("--state", "-s", help="Only jobs in these states: "
-                     "pending, running, done, failed, timeout, cancelled, rejected (repeatable or a comma "
-                     "list; an ended state implies --all).")] = [],
+    state: Annotated[list[str], typer.Option("--state", "-s", "-t", help="Only jobs in these states: "
+                     "pending, running, done, failed, timeout, cancelled, rejected, or Slurm's PD, R, CD, ... "
+                     "(repeatable or a comma list; an ended state implies --all).")] = [],
     user: Annotated[list[str], typer.Option("--user", "-u", help="Only jobs of this user "
                     "(repeatable or a comma list).")] = [],
     name: Annotated[str | None, typer.Option("--name", "-n", help="Only jobs whose name matches "
                     "this shell glob, e.g. 'train.py*' (quote it).")] = None,
-    since: Annotated[str | None, typer.Option("--since", help="Only jobs in the queue or running "
+    since: Annotated[str | None, typer.Option("--since", "-S", help="Only jobs in the queue or running "
                      "at or after this time: 2026-11-28, 2026-11-28T14:00, or 2h, 1d ago (sacct's "
                      "--starttime; implies --all; adds START and END columns).")] = None,
-    until: Annotated[str | None, typer.Option("--until", help="Only jobs submitted at or before "
+    until: Annotated[str | None, typer.Option("--until", "-E", help="Only jobs submitted at or before "
                      "this time (sacct's --endtime; same forms; implies --all).")] = None,
     fmt: FormatOpt = "table",
     state_dir: StateDirOpt = None, host: HostOpt = None,
@@ -472,8 +472,8 @@ def cancel(
                     "jobs.")] = False,
     name: Annotated[str | None, typer.Option("--name", "-n", help="Cancel your own pending and "
                     "running jobs whose name matches this shell glob, e.g. 'sweep*' (quote it).")] = None,
-    state: Annotated[list[str], typer.Option("--state", "-s", help="Only jobs in these states: "
-                     "pending or running (as scancel --state; repeatable or a comma list).")] = [],
+    state: Annotated[list[str], typer.Option("--state", "-s", "-t", help="Only jobs in these states: "
+                     "pending or running, or PD, R (as scancel -t; repeatable or a comma list).")] = [],
     user: Annotated[list[str], typer.Option("--user", "-u", help="Only jobs of this user (default: "
                     "yours; another's only as the daemon's owner, who may cancel them).")] = [],
     fmt: FormatOpt = "table",

@@ -22,13 +22,21 @@ ACTIVE = tuple(s.value for s in JobState if not s.is_terminal)  # what cancel ca
 MAX_RANGE = 10_000  # ids one range may name: `cancel 1-100000000` is a typo, not a request
 
 
+#: Slurm's state names and codes (``squeue -t PD``, ``sacct -s CD``) for the states they mean.
+SLURM_STATES = {"pd": "pending", "r": "running", "cd": "done", "completed": "done", "f": "failed",
+                "ca": "cancelled", "to": "timeout"}
+
+
 def parse_states(values: Iterable[str]) -> set[str]:
-    """``--state`` values, each a name or a comma list, checked against the job states."""
+    """``--state`` values, each a name or a comma list, checked against the job states; Slurm's
+    names and codes (``PD``, ``R``, ``COMPLETED``, ...) read as the states they mean."""
     wanted = {v.strip().lower() for value in values for v in value.split(",") if v.strip()}
+    wanted = {SLURM_STATES.get(v, v) for v in wanted}
     bad = sorted(wanted - set(STATES))
     if bad:
         raise InputError(f"unknown job state {', '.join(map(repr, bad))}",
-                         hint="use " + ", ".join(STATES) + " (repeat --state or separate with commas)")
+                         hint="use " + ", ".join(STATES) + " or Slurm's PD, R, CD, F, CA, TO (repeat "
+                         "--state or separate with commas)")
     return wanted
 
 

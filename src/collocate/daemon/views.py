@@ -183,7 +183,7 @@ _SOURCES = {
     "inferred": "inferred from the readings of the GPU it shares, in this attempt",
     "history": "learned in earlier runs of the same job",
     "similar": "its family's runs (the same script and non-numeric arguments), shrunk toward the prior",
-    "assumed": "assumed: nothing observed yet",
+    "assumed": "assumed: nothing observed",
 }
 
 
