@@ -178,6 +178,8 @@ def test_dashboard_live_in_headless_chromium(tmp_path):
                     expect(other.locator("#detail-title")).to_contain_text(XSS)
                     assert other.url.endswith("/jobs/3")
                     assert other.locator("main img").count() == 0
+                    assert other.goto(server.url + "jobs/2").status == 200  # pending: never started
+                    expect(other.locator("#attempts")).to_have_text("none yet")
                 finally:
                     linked.close()
 

@@ -374,7 +374,8 @@ async function refreshDetail() {
          " | submitted " + when(d.submit_time) + " | ended " + when(d.end_time)),
       el("div", {id: "detail-measured"}, measuredText(s)),
       ...(d.profile ? [el("div", {"class": "sub", id: "detail-profile"}, profileText(d.profile, s))] : []),
-      el("h3", {}, "attempts"), attemptsTable(d.attempts || []),
+      el("h3", {}, "attempts"), (d.attempts || []).length ? attemptsTable(d.attempts)
+         : el("div", {id: "attempts", "class": "sub"}, "none yet"),  // as `show`: no header over nothing
       el("div", {"class": "charts"},
          chart(series("gpu_mib"), {title: "GPU memory", fmt: mib}),
          chart(series("sm"), {title: "SM activity (%)", max: 1, fmt: v => Math.round(100 * v) + "%"}),
