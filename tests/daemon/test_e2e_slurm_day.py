@@ -49,6 +49,9 @@ def test_directives_are_read_at_the_top_only(tmp_path, monkeypatch):
     assert script_of(["python3", "x.py"]) is None  # a program on the PATH, not a file here
     binary = script_of([sys.executable, "-c", "1"])  # a program: run as it is, no directives
     assert binary is not None and (binary.argv, binary.lines) == ((sys.executable, "-c", "1"), ())
+    assert script_of(["train.sh"]).sbatch_note() is None
+    Path("slurm.sh").write_text("#!/bin/sh\n#SBATCH --mem=16G\n#SBATCHED\n# SBATCH no\necho\n#SBATCH -t 5\n")
+    assert script_of(["slurm.sh"]).sbatch == (2,)  # sbatch's own rule: at the top, the word itself
     Path("quote.sh").write_text("#!/bin/sh\n#COLLOCATE --name 'open\n")
     with pytest.raises(InputError, match=r"quote.sh:2: cannot read"):
         script_of(["quote.sh"])
@@ -199,3 +202,11 @@ def test_slurms_short_options_and_state_codes(daemons, tmp_path):
     assert sorted(r["id"] for r in history) == sorted(ids)
     bad = cli(d, "ls", "-t", "S")
     assert bad.returncode == 2 and "Slurm's PD, R, CD" in bad.stderr
+
+    # a script brought from Slurm: its #SBATCH lines are not read, and the member is told so
+    (tmp_path / "old.sh").write_text("#!/bin/sh\n#SBATCH --mem=16G\n#SBATCH -t 60\n#COLLOCATE -J old\ntrue\n")
+    old = cli(d, "submit", "--mem", "1GiB", "old.sh", cwd=tmp_path)
+    assert old.returncode == 0 and d.job(old.stdout.strip())["name"] == "old"
+    assert "old.sh: #SBATCH lines (2, 3) are not read; write the options as #COLLOCATE lines" in old.stderr
+    quiet = cli(d, "submit", "--mem", "1GiB", "s.sh", cwd=tmp_path)
+    assert quiet.returncode == 0 and quiet.stderr == ""

@@ -249,6 +249,9 @@ def _script_params(ctx: typer.Context, command: list[str] | None) -> Any:
         return None
     ctx.meta["collocate.script"] = True
     params = merged_params(ctx, script)
+    note = script.sbatch_note()
+    if note:
+        typer.echo(note, err=True)
 
     def again() -> None:
         try:

@@ -33,6 +33,17 @@ class Script:
     path: str
     #: option (``--mem``) -> the line that set it, for errors found later (``blame``)
     where: dict[str, int] = field(default_factory=dict)
+    #: ``#SBATCH`` lines among the directives, which collocate does not read (``sbatch_note``)
+    sbatch: tuple[int, ...] = ()
+
+    def sbatch_note(self) -> str | None:
+        """What to tell a Slurm user whose script still speaks to sbatch: its ``#SBATCH``
+        lines are comments here, silently dropping ``--mem`` or ``--time`` otherwise."""
+        if not self.sbatch:
+            return None
+        where = ", ".join(map(str, self.sbatch[:5])) + (", ..." if len(self.sbatch) > 5 else "")
+        return (f"note: {self.path}: #SBATCH lines ({where}) are not read; write the options as "
+                f"{DIRECTIVE} lines (docs/slurm.md maps each) or on the command line")
 
     def blame(self, exc: InputError) -> InputError:
         """``exc`` with the script's file and line in front when it is about an option a
@@ -72,10 +83,13 @@ def script_of(command: list[str] | None) -> Script | None:
         argv = (*shebang.split(), *command)  # what the kernel would run
     else:
         argv = ("bash", *command)
-    return Script(argv, tuple(_directives(path, lines)), path)
+    sbatch: list[int] = []
+    return Script(argv, tuple(_directives(path, lines, sbatch)), path, sbatch=tuple(sbatch))
 
 
-def _directives(path: str, lines: list[str]) -> list[tuple[int, tuple[str, ...]]]:
+def _directives(path: str, lines: list[str], sbatch: list[int]) -> list[tuple[int, tuple[str, ...]]]:
+    """The ``#COLLOCATE`` lines at the top, as (line number, words); ``#SBATCH`` lines' numbers
+    added to ``sbatch``."""
     found = []
     for n, line in enumerate(lines, start=1):
         stripped = line.strip()
@@ -83,6 +97,8 @@ def _directives(path: str, lines: list[str]) -> list[tuple[int, tuple[str, ...]]
             continue
         if stripped and not stripped.startswith("#"):
             break  # the first command: sbatch stops reading directives here too
+        if stripped.startswith("#SBATCH") and stripped[7:8] in ("", " ", "\t"):
+            sbatch.append(n)
         if not stripped.startswith(DIRECTIVE):
             continue
         rest = stripped[len(DIRECTIVE):]
