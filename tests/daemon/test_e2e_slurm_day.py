@@ -194,6 +194,9 @@ def test_slurms_short_options_and_state_codes(daemons, tmp_path):
     assert [d.job(i)["name"] for i in ids] == ["j0", "j1"]
     pending = json.loads(cli(d, "ls", "-t", "PD", "-u", me(), "--format", "json").stdout)
     assert sorted(r["id"] for r in pending) == sorted([scripted["id"], *ids])
+    mine = json.loads(cli(d, "ls", "--me", "-t", "PD", "--format", "json").stdout)
+    assert [r["id"] for r in mine] == [r["id"] for r in pending]
+    assert json.loads(cli(d, "ls", "-u", "nobody-here", "--format", "json").stdout) == []
     assert json.loads(cli(d, "ls", "-t", "R", "--format", "json").stdout) == []
     out = cli(d, "cancel", "-t", "PD", "-n", "j*", "--format", "json")
     assert out.returncode == 0, out.stderr

@@ -335,6 +335,7 @@ def ls(
                      "(repeatable or a comma list; an ended state implies --all).")] = [],
     user: Annotated[list[str], typer.Option("--user", "-u", help="Only jobs of this user "
                     "(repeatable or a comma list).")] = [],
+    mine: Annotated[bool, typer.Option("--me", help="Only your own jobs (squeue --me).")] = False,
     name: Annotated[str | None, typer.Option("--name", "-n", help="Only jobs whose name matches "
                     "this shell glob, e.g. 'train.py*' (quote it).")] = None,
     since: Annotated[str | None, typer.Option("--since", "-S", help="Only jobs in the queue or running "
@@ -349,11 +350,11 @@ def ls(
     """List jobs (pending and running; --all for every job), with why each pending one waits."""
     from collocate.client import render
     from collocate.client.connect import list_jobs
-    from collocate.client.select import filter_rows, needs_ended, parse_states
+    from collocate.client.select import filter_rows, me, needs_ended, parse_states
 
     _format(fmt)
     states = parse_states(state)
-    users = {u.strip() for value in user for u in value.split(",") if u.strip()}
+    users = {u.strip() for value in user for u in value.split(",") if u.strip()} | ({me()} if mine else set())
     from collocate.client.select import in_window, parse_when
 
     now = time.time()
