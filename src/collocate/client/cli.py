@@ -340,7 +340,7 @@ def ls(
                     "this shell glob, e.g. 'train.py*' (quote it).")] = None,
     since: Annotated[str | None, typer.Option("--since", "-S", help="Only jobs in the queue or running "
                      "at or after this time: 2026-11-28, 2026-11-28T14:00, or 2h, 1d ago (sacct's "
-                     "--starttime; implies --all; adds START and END columns).")] = None,
+                     "--starttime; implies --all; adds START and END columns where the terminal has room).")] = None,
     until: Annotated[str | None, typer.Option("--until", "-E", help="Only jobs submitted at or before "
                      "this time (sacct's --endtime; same forms; implies --all).")] = None,
     fmt: FormatOpt = "table",
