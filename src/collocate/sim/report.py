@@ -1,4 +1,4 @@
-"""Writing a comparison: the terminal table, the JSON document, per-job CSV and PNG plots
+"""Writing a comparison: the terminal tables (fitting 80 columns), the JSON document, per-job CSV and PNG plots
 (a JCT CDF, and per policy a Gantt chart drawn by ``collocate.gantt``, as ``collocate report``)."""
 
 from __future__ import annotations
