@@ -7,14 +7,18 @@ job's owner."""
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
 import psutil
 import pytest
-from daemon_harness import job_argv, wait_for
+from daemon_harness import gated_argv, job_argv, wait_for
 
 from collocate.gpus.emulated_state import is_frozen
+from collocate.share.lifecycle import probe
+
+HERE = Path(__file__).parent
 
 
 def _steps(job: dict) -> float:
@@ -135,3 +139,48 @@ def test_a_job_of_higher_priority_freezes_a_lower_one_which_thaws_and_finishes_d
     done = d.wait_state(low, ("done", "failed"), timeout=20.0)
     assert done["state"] == "done" and len(done["attempts"]) == 1, done  # never killed or requeued
     assert _steps(done) > before
+
+
+def test_without_preemption_a_job_of_higher_priority_waits_and_freezes_nothing(daemons, tmp_path):
+    d = daemons("--policy", "exclusive", "--no-preemption", gpus="emulated:1xA100-40GB")
+    assert "policy exclusive (no preemption)" in d.read_log()
+    gate = tmp_path / "gate"
+    low = d.submit(gated_argv(gate), mem="2GiB")
+    d.wait_state(low, "running", timeout=20.0)
+    high = d.submit(job_argv(2000, 0.5, None, 0.5, "--job", "high"), mem="2GiB", priority=5)
+    # a round that placed nothing is the round that would have preempted: its wait is recorded
+    waiting = wait_for(lambda: (j := d.job(high))["reason"] and j, 20, "the high job's wait to be known")
+    assert waiting["state"] == "pending", waiting
+    assert not d.job(low)["suspended"]
+    gate.touch()
+    assert d.wait_state(low, ("done", "failed"), timeout=20.0)["state"] == "done"
+    assert d.wait_state(high, ("done", "failed"), timeout=20.0)["state"] == "done"
+
+
+def test_a_job_frozen_while_it_waits_for_its_dataset_producer_starts_only_once_thawed(daemons, tmp_path):
+    # The low job is placed but has no process yet: its producer is slow to build its loader.
+    # A job of higher priority freezes it then; the producer comes up while it is frozen: a job
+    # recorded frozen must not run, so its start waits for the thaw (issue 35).
+    d = daemons("--policy", "exclusive", gpus="emulated:1xA100-40GB")
+    low = d.submit([sys.executable, str(HERE / "dataset_job.py"), "20"], mem="1GiB", cwd=str(HERE),
+                   dataset="slow", dataset_factory="_dataset_factory:slow", env=["SLOW_FACTORY_S=4"])
+    wait_for(lambda: d.job(low)["reason"] == "waiting for dataset producer slow", 20, "the job to wait for its producer")
+    gate = tmp_path / "gate"
+    high = d.submit(gated_argv(gate), mem="1GiB", priority=5)
+    d.wait_state(high, "running", timeout=10.0)
+    frozen = d.job(low)
+    assert frozen["suspended"] == "preempt" and frozen["state"] == "running", frozen
+    wait_for(lambda: probe("slow", d.state_dir / "share") is not None, 40, "the producer to serve")
+    folder = Path(frozen["attempts"][0]["dir"])
+    wait_for(lambda: "its start waits until it is thawed" in (d.state_dir / "daemon.log").read_text()
+             or (folder / "runner.json").exists(), 10, "the daemon to see its producer serve")
+    assert not (folder / "runner.json").exists()  # no runner, so no process of the job ran
+    shown = d.job(low)
+    assert shown["suspended"] == "preempt" and shown["reason"].endswith("not started yet: it starts once thawed"), shown
+    row = next(r for r in d.client.request("ls") if r["id"] == low)
+    assert row["suspended"] == "preempt" and "not started yet" in row["reason"]
+    gate.touch()  # the preemptor ends: the low job is thawed, starts, and reads its epoch
+    assert d.wait_state(high, ("done", "failed"), timeout=20.0)["state"] == "done"
+    done = d.wait_state(low, ("done", "failed"), timeout=60.0)
+    assert done["state"] == "done" and len(done["attempts"]) == 1, done
+    assert "consumed 20 samples" in d.client.request("logs", id=low, offset=0)["text"]
