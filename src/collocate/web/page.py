@@ -254,7 +254,8 @@ function renderUsers() {
     chart([{points: u.points.map(p => [p.t, p.gpus]), color: "#7a1f5c"}], {w, title: "GPUs held", fmt: v => v.toFixed(1)}),
     chart([{points: u.points.map(p => [p.t, p.mem_mib]), color: "#3a7bd5"}], {w, title: "GPU memory held", fmt: mib}))));
 }
-const badge = j => el("span", {"class": "badge state-" + j.state}, j.state);
+const shownState = j => j.suspended ? "suspended" : j.state;  // a frozen job's state stays running
+const badge = j => el("span", {"class": "badge state-" + shownState(j)}, shownState(j));
 const idLink = j => el("a", {href: "/jobs/" + encodeURIComponent(j.id)}, j.id);
 const dur = s => { if (none(s)) return "-"; s = Math.max(0, Math.floor(s));
   const d = Math.floor(s / 86400), h = Math.floor(s % 86400 / 3600), m = Math.floor(s % 3600 / 60), x = s % 60;
