@@ -184,3 +184,22 @@ def test_a_job_frozen_while_it_waits_for_its_dataset_producer_starts_only_once_t
     done = d.wait_state(low, ("done", "failed"), timeout=60.0)
     assert done["state"] == "done" and len(done["attempts"]) == 1, done
     assert "consumed 20 samples" in d.client.request("logs", id=low, offset=0)["text"]
+
+
+def test_the_owner_suspends_a_job_still_waiting_for_its_producer_and_it_starts_only_on_resume(daemons):
+    d = daemons(gpus="emulated:1xA100-40GB")
+    job = d.submit([sys.executable, str(HERE / "dataset_job.py"), "20"], mem="1GiB", cwd=str(HERE),
+                   dataset="slow", dataset_factory="_dataset_factory:slow", env=["SLOW_FACTORY_S=3"])
+    wait_for(lambda: d.job(job)["reason"] == "waiting for dataset producer slow", 20, "the job to wait for its producer")
+    assert d.client.request("suspend", id=job)["state"] == "suspended"
+    folder = Path(d.job(job)["attempts"][0]["dir"])
+    wait_for(lambda: probe("slow", d.state_dir / "share") is not None, 40, "the producer to serve")
+    wait_for(lambda: "its start waits until it is thawed" in (d.state_dir / "daemon.log").read_text()
+             or (folder / "runner.json").exists(), 10, "the daemon to see its producer serve")
+    assert not (folder / "runner.json").exists()  # suspended: it never started
+    shown = d.job(job)
+    assert shown["suspended"] == "user" and shown["reason"].endswith("not started yet: it starts once thawed"), shown
+    assert d.client.request("resume_job", id=job)["state"] == "running"
+    done = d.wait_state(job, ("done", "failed"), timeout=60.0)
+    assert done["state"] == "done" and len(done["attempts"]) == 1, done
+    assert done["attempts"][0]["outcome"] == "succeeded"
