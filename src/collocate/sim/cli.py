@@ -101,6 +101,14 @@ def simulate(
             "docs/simulator.md.",
         ),
     ] = False,
+    preemption: Annotated[
+        bool,
+        typer.Option(
+            "--preemption/--no-preemption",
+            help="Whether a waiting job of higher priority (the trace's priority column) freezes "
+            "running ones of lower priority, as `collocate serve` does by default.",
+        ),
+    ] = True,
     out: Annotated[Path | None, typer.Option(help="Folder for per-job CSV and PNG plots.")] = None,
     format: Annotated[OutputFormat, typer.Option("--format", help="table or json.")] = OutputFormat.table,
 ) -> None:
@@ -186,7 +194,7 @@ def simulate(
 
     console = Console(stderr=True)
     config = SimConfig(sharing=mode, estimator=estimator, mig_layout=mig_layout, startup_s=startup,
-                       profiles=profiles, model_error_seed=model_error)
+                       profiles=profiles, model_error_seed=model_error, preemption=preemption)
     results = []
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
