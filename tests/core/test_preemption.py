@@ -235,8 +235,9 @@ def test_simulate_no_preemption_lets_the_higher_job_wait(tmp_path):
                      "low,0,1,300,8000,0.5,0\nhigh,30,1,100,8000,0.5,5\n")
     starts = {}
     for flag in ("--preemption", "--no-preemption"):
-        out = CliRunner().invoke(app, ["simulate", "--trace", str(trace), "--cluster", "1xH100-80GB",
-                                       "--policy", "exclusive", "--format", "json", flag, "--out", str(tmp_path / flag)])
+        args = ["simulate", "--trace", str(trace), "--cluster", "1xH100-80GB", "--policy", "exclusive",
+                "--format", "json", "--out", str(tmp_path / flag)]
+        out = CliRunner().invoke(app, args + ([flag] if flag == "--no-preemption" else []))
         assert out.exit_code == 0, out.output
         rows = [line.split(",") for line in (tmp_path / flag / "jobs.csv").read_text().splitlines()]
         starts[flag] = {r[1]: float(r[5]) for r in rows[1:]}

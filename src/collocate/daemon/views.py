@@ -153,6 +153,8 @@ def fence_line(job: Job, r: Any) -> str:
     if why:
         return f"not fenced: {why}"
     fence = job_fence_mib(placed, r.room_mib if live else None)
+    if fence is None and live:  # placed with no room at all (a policy that ignores memory)
+        return "not fenced: no memory was given and its GPU had no room left when it started"
     if fence is None:
         # "no memory was given", never "unknown": `show` prints its measured peak beside this
         had = "had when it started" if job.state.is_terminal else "has when it starts"

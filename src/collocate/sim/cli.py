@@ -45,7 +45,7 @@ def simulate(
         str | None,
         typer.Option(
             help="With --sharing mig: the instances every GPU is split into, MIG profile names "
-            "joined by +, e.g. 3g.20gb+4g.20gb (A100-40GB) or 1g.10gb+1g.10gb+2g.20gb+3g.40gb "
+            "joined by +, e.g. 3g.20gb+4g.20gb (A100-40GB) or 2g.20gb+2g.20gb+3g.40gb "
             "(H100-80GB); for mixed clusters one per type, A100-40GB=...,H100-80GB=.... "
             "Default: the 3g+4g half/half split of each type, which uses the whole GPU in the "
             "fewest instances and leaves each half the memory, so larger jobs still fit.",
@@ -101,14 +101,14 @@ def simulate(
             "docs/simulator.md.",
         ),
     ] = False,
-    preemption: Annotated[
+    no_preemption: Annotated[
         bool,
         typer.Option(
-            "--preemption/--no-preemption",
-            help="Whether a waiting job of higher priority (the trace's priority column) freezes "
-            "running ones of lower priority, as `collocate serve` does by default.",
+            "--no-preemption",
+            help="Jobs of higher priority wait instead of freezing lower ones (as `serve "
+            "--no-preemption`).",
         ),
-    ] = True,
+    ] = False,
     out: Annotated[Path | None, typer.Option(help="Folder for per-job CSV and PNG plots.")] = None,
     format: Annotated[OutputFormat, typer.Option("--format", help="table or json.")] = OutputFormat.table,
 ) -> None:
@@ -194,7 +194,7 @@ def simulate(
 
     console = Console(stderr=True)
     config = SimConfig(sharing=mode, estimator=estimator, mig_layout=mig_layout, startup_s=startup,
-                       profiles=profiles, model_error_seed=model_error, preemption=preemption)
+                       profiles=profiles, model_error_seed=model_error, preemption=not no_preemption)
     results = []
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

@@ -128,7 +128,7 @@ class SimConfig:
     # without a ``user`` column is one user, and then neither changes anything).
     fairness: Fairness = field(default_factory=Fairness)
     # Whether a waiting job of higher priority freezes lower ones (``collocate.preemption``), as
-    # ``serve --preemption/--no-preemption`` sets it for the daemon being modelled.
+    # ``serve --no-preemption`` sets it for the daemon being modelled.
     preemption: bool = True
 
     def __post_init__(self) -> None:
