@@ -51,6 +51,17 @@ def test_states_are_checked_and_ended_ones_need_all_rows():
         parse_states(["finished"])
 
 
+def test_state_suspended_picks_the_frozen_running_jobs_which_running_includes():
+    # issue 35: `ls` shows a frozen job as suspended, so `--state suspended` finds it (squeue -t S)
+    rows = [{"state": "running", "user": "ada", "name": "a", "suspended": "preempt"},
+            {"state": "running", "user": "ada", "name": "b", "suspended": ""},
+            {"state": "pending", "user": "ada", "name": "c"}]
+    assert parse_states(["suspended"]) == {"suspended"} and not needs_ended({"suspended"})
+    assert filter_rows(rows, states={"suspended"}) == rows[:1]
+    assert filter_rows(rows, states={"running"}) == rows[:2]
+    assert filter_rows(rows, states={"pending", "suspended"}) == [rows[0], rows[2]]
+
+
 def test_filter_rows_matches_every_filter_and_globs_the_whole_name():
     rows = [{"state": "pending", "user": "ada", "name": "train.py[lr=0.1]"},
             {"state": "running", "user": "bob", "name": "train.py[lr=0.3]"},
