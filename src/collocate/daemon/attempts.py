@@ -284,7 +284,7 @@ class Attempts:
         how = self.fleet.suspend(run.attempt, frozen)
         self.watch.world.freeze(job_id, now, frozen)
         log.info("job %s: %s (%s) by %s", job_id, "frozen" if frozen else "thawed", why,
-                 ", ".join(dict.fromkeys(how)) or "nothing: its node is silent")
+                 ", ".join(dict.fromkeys(how)) or "nothing yet: its node is silent, and is told when it answers")
 
     # -- ending ------------------------------------------------------------------------------
     def cancel(self, run: LiveAttempt) -> None:
