@@ -230,6 +230,7 @@ class Attempts:
             return
         for run in runs:
             if ready and self._frozen(run.attempt.job_id):
+                run.waiting = name  # still to start: ``start_waiting`` asks again each round
                 if not run.deferred:  # recorded frozen: it starts once thawed, never runs meanwhile
                     run.deferred = True
                     log.info("job %s: its producer serves; its start waits until it is thawed", run.attempt.job_id)
@@ -241,6 +242,7 @@ class Attempts:
                 log.info("job %s: %s", run.attempt.job_id, run.why_waiting)
 
     def _frozen(self, job_id: str) -> bool:
+        """Whether the scheduler records the job as frozen (``Job.suspended``)."""
         job = self.scheduler.jobs.get(job_id)
         return job is not None and bool(job.suspended)
 
