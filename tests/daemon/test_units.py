@@ -530,6 +530,12 @@ def test_what_another_member_sees_of_a_failed_job():
                                  "uuids": ["GPU-x"], "solo_sm": 0.3, "outcome": "done"}]})
     assert set(seen) == {"id", "name", "reason", "attempts", "redacted"}
     assert "4242" not in json.dumps(seen) and seen["attempts"][0]["outcome"] == "done"
+    # a frozen job shows suspended to every member, as squeue's ST S does (issue 35)
+    frozen = redact({"id": "2", "state": "running", "suspended": "preempt", "suspended_at": 1.0,
+                     "suspended_why": "for job 3 of higher priority (5 > 0); thaws when it ends",
+                     "reason": "for job 3 of higher priority (5 > 0); thaws when it ends; suspended since 10:00:00"})
+    assert frozen["suspended"] == "preempt" and frozen["suspended_at"] == 1.0
+    assert frozen["reason"].startswith("for job 3 of higher priority")
 
 
 def test_log_keepers_share_a_members_ledger_and_cut_at_zero(tmp_path):
