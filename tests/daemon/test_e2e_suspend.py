@@ -203,3 +203,23 @@ def test_the_owner_suspends_a_job_still_waiting_for_its_producer_and_it_starts_o
     done = d.wait_state(job, ("done", "failed"), timeout=60.0)
     assert done["state"] == "done" and len(done["attempts"]) == 1, done
     assert done["attempts"][0]["outcome"] == "succeeded"
+
+
+def test_another_member_sees_a_frozen_job_as_suspended(lab, lab_daemon):
+    # squeue shows ST S to everyone: B's ls of A's frozen job says suspended, who froze it and why
+    from lab import cli_as, raw_requests, submit_as
+
+    d, work = lab_daemon()
+    sock = d.state_dir / "collocate.sock"
+    reply = submit_as(lab["A"], sock, cwd=str(work), argv=["sleep", "300"])
+    assert reply["ok"], reply
+    job = reply["result"]["id"]
+    d.wait_state(job, "running", timeout=60)
+    frozen = raw_requests(lab["A"], sock, [json.dumps({"op": "suspend", "args": {"id": job}}).encode()])[0]
+    assert frozen["ok"] and frozen["result"]["state"] == "suspended", frozen
+    seen = raw_requests(lab["B"], sock, [json.dumps({"op": "ls", "args": {}}).encode()])[0]["result"]
+    row = next(r for r in seen if r["id"] == job)
+    assert row["redacted"] and row["suspended"] == "user" and row["reason"].startswith("suspended by collocate-a")
+    listed = cli_as(lab["B"], d.state_dir, "ls")
+    assert listed.returncode == 0 and "suspended" in listed.stdout, listed
+    d.client.request("cancel", id=job)
