@@ -155,6 +155,8 @@ def test_ls_shows_time_against_the_limit_and_the_queue_order():
     assert [line.split()[0] for line in lines[1:]] == ["7", "6", "5", "8"]
     assert "PRIO" in lines[0] and "EXIT" in lines[0] and "1:15/1:00:00" in lines[1]
     assert "2:00:00/2:00:00" in lines[4] and "-15" in lines[4] and "n:1" in lines[4]
+    # a job frozen for 10 of its 75 s has run 65 s of its --time (issue 35; squeue's time used)
+    assert render.job_time(_row(state="running", elapsed_s=75.0, frozen_s=10.0, time_limit_s=3600.0)) == "1:05/1:00:00"
 
 
 def test_ls_in_80_columns_never_cuts_ids_states_or_units():

@@ -110,6 +110,8 @@ def test_the_owner_suspends_and_resumes_a_job_and_its_time_limit_waits(daemons):
     time.sleep(10.0)  # past its --time of 8 s, frozen: its limit does not run
     shown = d.job(job)
     assert shown["state"] == "running" and _steps(shown) == before
+    row = next(r for r in d.client.request("ls") if r["id"] == job)  # TIME leaves the freeze out
+    assert row["frozen_s"] >= 9.0 and row["elapsed_s"] - row["frozen_s"] < 8.0 + 2.0, row
     # the scheduler never thaws what its owner suspended; resume does
     assert d.client.request("resume_job", id=job)["state"] == "running"
     wait_for(lambda: _steps(d.job(job)) > before, 10, "the job to step again")

@@ -77,9 +77,17 @@ def job_rows(store: Store, *, include_done: bool, running: Mapping[str, Any],
             "wait_s": (started if started is not None else (ended or now)) - job.submit_time,
             "exit_code": last[3] if last and job.state.is_terminal else None,
             "time_limit_s": job.time_limit_s, "held": job.held, "public": spec.public,
-            "nodes": job.nodes, **reason, **_suspension(job, running.get(job.id)),
+            "nodes": job.nodes, "frozen_s": None if elapsed is None else frozen_s(job, now),
+            **reason, **_suspension(job, running.get(job.id)),
         })
     return rows
+
+
+def frozen_s(job: Job, now: float) -> float:
+    """Seconds its current (or last) attempt spent frozen, a freeze still on included: its
+    ``--time`` does not count them, nor does ``ls``'s TIME (squeue's time used)."""
+    ongoing = now - job.suspended_at if job.suspended and job.suspended_at is not None else 0.0
+    return job.frozen_s + max(0.0, ongoing)
 
 
 def _suspension(job: Job, run: Any = None) -> dict[str, Any]:

@@ -280,7 +280,8 @@ const COLS = {
   state: ["state", j => el("span", {}, badge(j), j.held ? " held" : "")], on: ["on", j => (j.on || []).join(", ")],
   prio: ["priority", j => String(j.priority || 0)],
   need: ["needs", j => mib(j.mem_mib)], held: ["holds now", j => mib(j.used_mib)],
-  time: ["time", j => dur(j.elapsed_s) + (none(j.time_limit_s) ? "" : " / " + dur(j.time_limit_s))],
+  time: ["time", j => dur(none(j.elapsed_s) ? j.elapsed_s : Math.max(0, j.elapsed_s - (j.frozen_s || 0)))  // frozen: not run
+               + (none(j.time_limit_s) ? "" : " / " + dur(j.time_limit_s))],
   wait: ["waited", j => dur(j.wait_s)], exit: ["exit", j => none(j.exit_code) ? "-" : String(j.exit_code)],
   submitted: ["submitted", j => when(j.submit_time)], started: ["started", j => when(j.start_time)],
   ended: ["ended", j => when(j.end_time)],
