@@ -124,6 +124,32 @@ def test_a_silent_node_keeps_the_gang_unconfirmed_then_it_is_lost(monkeypatch):
     assert end.record is not None and end.record.lost and "node b stopped answering" in end.record.lost
 
 
+def test_a_freeze_or_thaw_a_silent_node_missed_is_carried_out_when_it_answers_again(monkeypatch):
+    # issue 35: the head's record of a job as frozen must be true on its node once it is back
+    fleet, nodes, _ = _fleet(monkeypatch)
+    attempt = fleet.start(_attempt("1", "a"), [_plan(0)])
+    nodes["a"].down = True
+    assert fleet.suspend(attempt, True) == []  # nothing done yet
+    fleet.sample()
+    assert nodes["a"].frozen == set()
+    nodes["a"].down = False
+    fleet.sample()
+    assert nodes["a"].frozen == {("1", 1)}
+    nodes["a"].down = True  # a thaw missed the same way
+    fleet.suspend(attempt, False)
+    nodes["a"].down = False
+    fleet.sample()
+    assert nodes["a"].frozen == set()
+    nodes["a"].down = True  # the latest order counts, and a released attempt is owed nothing
+    fleet.suspend(attempt, True)
+    fleet.suspend(attempt, False)
+    fleet.suspend(attempt, True)
+    fleet.release(attempt)
+    nodes["a"].down = False
+    fleet.sample()
+    assert nodes["a"].frozen == set()
+
+
 def test_collect_tells_each_node_which_parts_the_head_owns(monkeypatch):
     fleet, nodes, _ = _fleet(monkeypatch)
     owned = []

@@ -199,6 +199,10 @@ def test_the_simulator_freezes_a_lower_job_for_a_higher_one_and_every_job_ends_d
     plain = Simulation(parse_cluster("1xH100-80GB"), [trace[0], TraceJob("high", 30.0, short)],
                        make_policy("exclusive"), SimConfig(estimator="declared", ramp_s=2.0, startup_s=5.0)).run()
     assert plain.frozen_seconds == 0.0 and {r.id: r for r in plain.records}["high"].start >= 300.0
+    # nor with preemption off (``serve``/``simulate --no-preemption``): priority only orders the queue
+    off = Simulation(parse_cluster("1xH100-80GB"), trace, make_policy("exclusive"),
+                     SimConfig(estimator="declared", ramp_s=2.0, startup_s=5.0, preemption=False)).run()
+    assert off.frozen_seconds == 0.0 and {r.id: r for r in off.records}["high"].start >= 300.0
 
 
 def test_a_recovered_job_of_low_priority_at_the_head_does_not_hide_a_higher_one_behind_it():
@@ -219,3 +223,23 @@ def test_under_auto_a_higher_job_the_slowdown_gate_turns_away_freezes_the_lower_
     lab.s.cancel("peer")
     plan = lab.run(job("high", priority=5, **heavy), 20.0)
     assert [p.job_id for p in plan.placements] == ["high"] and [f.job_id for f in plan.freeze] == ["low"]
+
+
+def test_simulate_no_preemption_lets_the_higher_job_wait(tmp_path):
+    from typer.testing import CliRunner
+
+    from collocate.cli import app
+
+    trace = tmp_path / "t.csv"
+    trace.write_text("id,arrival_s,gpus,duration_s,peak_mib,sm_activity,priority\n"
+                     "low,0,1,300,8000,0.5,0\nhigh,30,1,100,8000,0.5,5\n")
+    starts = {}
+    for flag in ("--preemption", "--no-preemption"):
+        args = ["simulate", "--trace", str(trace), "--cluster", "1xH100-80GB", "--policy", "exclusive",
+                "--format", "json", "--out", str(tmp_path / flag)]
+        out = CliRunner().invoke(app, args + ([flag] if flag == "--no-preemption" else []))
+        assert out.exit_code == 0, out.output
+        rows = [line.split(",") for line in (tmp_path / flag / "jobs.csv").read_text().splitlines()]
+        starts[flag] = {r[1]: float(r[5]) for r in rows[1:]}
+    assert starts["--preemption"]["high"] == 30.0  # it froze `low` and started at once
+    assert starts["--no-preemption"]["high"] == 300.0  # it waited for `low` to end

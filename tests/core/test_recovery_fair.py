@@ -177,6 +177,8 @@ def test_the_simulator_finishes_fifty_mixed_jobs_of_which_a_third_overrun():
         assert all(r.state == "done" for r in records), [(r.id, r.reason) for r in records if r.state != "done"]
         within = [r for r in records if int(r.id[1:]) % 3]
         assert sum(r.oom_crashes for r in within) == 0
+        # nor crashed for a neighbour's overrun (a victim's crash is not counted in oom_crashes)
+        assert all(r.attempts == 1 for r in within), [(r.id, r.spans) for r in within if r.attempts > 1]
 
 
 # -- the fence of a PyTorch job ---------------------------------------------------------------------

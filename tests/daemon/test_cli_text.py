@@ -51,6 +51,17 @@ def test_states_are_checked_and_ended_ones_need_all_rows():
         parse_states(["finished"])
 
 
+def test_state_suspended_picks_the_frozen_running_jobs_which_running_includes():
+    # issue 35: `ls` shows a frozen job as suspended, so `--state suspended` finds it (squeue -t S)
+    rows = [{"state": "running", "user": "ada", "name": "a", "suspended": "preempt"},
+            {"state": "running", "user": "ada", "name": "b", "suspended": ""},
+            {"state": "pending", "user": "ada", "name": "c"}]
+    assert parse_states(["suspended"]) == {"suspended"} and not needs_ended({"suspended"})
+    assert filter_rows(rows, states={"suspended"}) == rows[:1]
+    assert filter_rows(rows, states={"running"}) == rows[:2]
+    assert filter_rows(rows, states={"pending", "suspended"}) == [rows[0], rows[2]]
+
+
 def test_filter_rows_matches_every_filter_and_globs_the_whole_name():
     rows = [{"state": "pending", "user": "ada", "name": "train.py[lr=0.1]"},
             {"state": "running", "user": "bob", "name": "train.py[lr=0.3]"},
@@ -144,6 +155,8 @@ def test_ls_shows_time_against_the_limit_and_the_queue_order():
     assert [line.split()[0] for line in lines[1:]] == ["7", "6", "5", "8"]
     assert "PRIO" in lines[0] and "EXIT" in lines[0] and "1:15/1:00:00" in lines[1]
     assert "2:00:00/2:00:00" in lines[4] and "-15" in lines[4] and "n:1" in lines[4]
+    # a job frozen for 10 of its 75 s has run 65 s of its --time (issue 35; squeue's time used)
+    assert render.job_time(_row(state="running", elapsed_s=75.0, frozen_s=10.0, time_limit_s=3600.0)) == "1:05/1:00:00"
 
 
 def test_ls_in_80_columns_never_cuts_ids_states_or_units():

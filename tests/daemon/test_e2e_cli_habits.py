@@ -203,6 +203,8 @@ def test_every_command_that_prints_speaks_json(daemons):
     d.wait_state(long, "running")
     frozen = json.loads(cli(d, "suspend", long, "--format", "json").stdout)
     assert frozen == [{"id": long, "state": "suspended"}]
+    listed = json.loads(cli(d, "ls", "--state", "suspended", "--format", "json").stdout)
+    assert [(r["id"], r["state"], r["suspended"]) for r in listed] == [(long, "running", "user")]
     thawed = cli(d, "resume", long, "--format", "json")
     assert thawed.returncode == 0 and json.loads(thawed.stdout)[0]["id"] == long
     d.client.request("cancel", id=long)

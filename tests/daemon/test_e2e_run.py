@@ -196,3 +196,21 @@ def test_a_notebook_server_is_told_the_tunnel_to_its_port(daemons, tmp_path: Pat
     shown = term.expect("notebook up")
     assert "to reach port 8888 from your machine: ssh -N -L 8888:127.0.0.1:8888 " in shown, shown
     assert term.status() == 0
+
+
+def test_an_interactive_job_is_never_frozen_by_its_owner_or_for_a_job_of_higher_priority(daemons, tmp_path: Path):
+    # issue 35: someone waits at its terminal. `suspend` is refused, and a job of higher
+    # priority that would run if it stopped competing waits instead of freezing it.
+    d = daemons("--policy", "exclusive", gpus="emulated:1xA100-40GB")
+    term = Terminal(["run", "--mem", "1GiB", "--cwd", str(tmp_path), "--", "sh", "-i"], _env(d.state_dir))
+    term.expect("$ ")
+    with pytest.raises(CollocateError, match="is interactive: someone waits at its terminal; it is never suspended"):
+        d.client.request("suspend", id="1")
+    high = d.submit([sys.executable, "-c", "pass"], mem="1GiB", priority=5)
+    waiting = wait_for(lambda: (j := d.job(high))["reason"] and j, 20, "the high job's wait to be known")
+    assert waiting["state"] == "pending" and not d.job("1")["suspended"], (waiting, d.job("1"))
+    term.type("echo still$((1+1))\n")
+    term.expect("still2")  # the terminal answers: nothing of it was frozen
+    term.type("exit 0\n")
+    assert term.status() == 0
+    assert d.wait_state(high, ("done", "failed"), timeout=30)["state"] == "done"

@@ -7,14 +7,18 @@ job's owner."""
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
 import psutil
 import pytest
-from daemon_harness import job_argv, wait_for
+from daemon_harness import gated_argv, job_argv, wait_for
 
 from collocate.gpus.emulated_state import is_frozen
+from collocate.share.lifecycle import probe
+
+HERE = Path(__file__).parent
 
 
 def _steps(job: dict) -> float:
@@ -106,6 +110,8 @@ def test_the_owner_suspends_and_resumes_a_job_and_its_time_limit_waits(daemons):
     time.sleep(10.0)  # past its --time of 8 s, frozen: its limit does not run
     shown = d.job(job)
     assert shown["state"] == "running" and _steps(shown) == before
+    row = next(r for r in d.client.request("ls") if r["id"] == job)  # TIME leaves the freeze out
+    assert row["frozen_s"] >= 9.0 and row["elapsed_s"] - row["frozen_s"] < 8.0 + 2.0, row
     # the scheduler never thaws what its owner suspended; resume does
     assert d.client.request("resume_job", id=job)["state"] == "running"
     wait_for(lambda: _steps(d.job(job)) > before, 10, "the job to step again")
@@ -135,3 +141,87 @@ def test_a_job_of_higher_priority_freezes_a_lower_one_which_thaws_and_finishes_d
     done = d.wait_state(low, ("done", "failed"), timeout=20.0)
     assert done["state"] == "done" and len(done["attempts"]) == 1, done  # never killed or requeued
     assert _steps(done) > before
+
+
+def test_without_preemption_a_job_of_higher_priority_waits_and_freezes_nothing(daemons, tmp_path):
+    d = daemons("--policy", "exclusive", "--no-preemption", gpus="emulated:1xA100-40GB")
+    assert "policy exclusive (no preemption)" in d.read_log()
+    gate = tmp_path / "gate"
+    low = d.submit(gated_argv(gate), mem="2GiB")
+    d.wait_state(low, "running", timeout=20.0)
+    high = d.submit(job_argv(2000, 0.5, None, 0.5, "--job", "high"), mem="2GiB", priority=5)
+    # a round that placed nothing is the round that would have preempted: its wait is recorded
+    waiting = wait_for(lambda: (j := d.job(high))["reason"] and j, 20, "the high job's wait to be known")
+    assert waiting["state"] == "pending", waiting
+    assert not d.job(low)["suspended"]
+    gate.touch()
+    assert d.wait_state(low, ("done", "failed"), timeout=20.0)["state"] == "done"
+    assert d.wait_state(high, ("done", "failed"), timeout=20.0)["state"] == "done"
+
+
+def test_a_job_frozen_while_it_waits_for_its_dataset_producer_starts_only_once_thawed(daemons, tmp_path):
+    # The low job is placed but has no process yet: its producer is slow to build its loader.
+    # A job of higher priority freezes it then; the producer comes up while it is frozen: a job
+    # recorded frozen must not run, so its start waits for the thaw (issue 35).
+    d = daemons("--policy", "exclusive", gpus="emulated:1xA100-40GB")
+    low = d.submit([sys.executable, str(HERE / "dataset_job.py"), "20"], mem="1GiB", cwd=str(HERE),
+                   dataset="slow", dataset_factory="_dataset_factory:slow", env=["SLOW_FACTORY_S=4"])
+    wait_for(lambda: d.job(low)["reason"] == "waiting for dataset producer slow", 20, "the job to wait for its producer")
+    gate = tmp_path / "gate"
+    high = d.submit(gated_argv(gate), mem="1GiB", priority=5)
+    d.wait_state(high, "running", timeout=10.0)
+    frozen = d.job(low)
+    assert frozen["suspended"] == "preempt" and frozen["state"] == "running", frozen
+    wait_for(lambda: probe("slow", d.state_dir / "share") is not None, 40, "the producer to serve")
+    folder = Path(frozen["attempts"][0]["dir"])
+    wait_for(lambda: "its start waits until it is thawed" in (d.state_dir / "daemon.log").read_text()
+             or (folder / "runner.json").exists(), 10, "the daemon to see its producer serve")
+    assert not (folder / "runner.json").exists()  # no runner, so no process of the job ran
+    shown = d.job(low)
+    assert shown["suspended"] == "preempt" and shown["reason"].endswith("not started yet: it starts once thawed"), shown
+    row = next(r for r in d.client.request("ls") if r["id"] == low)
+    assert row["suspended"] == "preempt" and "not started yet" in row["reason"]
+    gate.touch()  # the preemptor ends: the low job is thawed, starts, and reads its epoch
+    assert d.wait_state(high, ("done", "failed"), timeout=20.0)["state"] == "done"
+    done = d.wait_state(low, ("done", "failed"), timeout=60.0)
+    assert done["state"] == "done" and len(done["attempts"]) == 1, done
+    assert "consumed 20 samples" in d.client.request("logs", id=low, offset=0)["text"]
+
+
+def test_the_owner_suspends_a_job_still_waiting_for_its_producer_and_it_starts_only_on_resume(daemons):
+    d = daemons(gpus="emulated:1xA100-40GB")
+    job = d.submit([sys.executable, str(HERE / "dataset_job.py"), "20"], mem="1GiB", cwd=str(HERE),
+                   dataset="slow", dataset_factory="_dataset_factory:slow", env=["SLOW_FACTORY_S=3"])
+    wait_for(lambda: d.job(job)["reason"] == "waiting for dataset producer slow", 20, "the job to wait for its producer")
+    assert d.client.request("suspend", id=job)["state"] == "suspended"
+    folder = Path(d.job(job)["attempts"][0]["dir"])
+    wait_for(lambda: probe("slow", d.state_dir / "share") is not None, 40, "the producer to serve")
+    wait_for(lambda: "its start waits until it is thawed" in (d.state_dir / "daemon.log").read_text()
+             or (folder / "runner.json").exists(), 10, "the daemon to see its producer serve")
+    assert not (folder / "runner.json").exists()  # suspended: it never started
+    shown = d.job(job)
+    assert shown["suspended"] == "user" and shown["reason"].endswith("not started yet: it starts once thawed"), shown
+    assert d.client.request("resume_job", id=job)["state"] == "running"
+    done = d.wait_state(job, ("done", "failed"), timeout=60.0)
+    assert done["state"] == "done" and len(done["attempts"]) == 1, done
+    assert done["attempts"][0]["outcome"] == "succeeded"
+
+
+def test_another_member_sees_a_frozen_job_as_suspended(lab, lab_daemon):
+    # squeue shows ST S to everyone: B's ls of A's frozen job says suspended, who froze it and why
+    from lab import cli_as, raw_requests, submit_as
+
+    d, work = lab_daemon()
+    sock = d.state_dir / "collocate.sock"
+    reply = submit_as(lab["A"], sock, cwd=str(work), argv=["sleep", "300"])
+    assert reply["ok"], reply
+    job = reply["result"]["id"]
+    d.wait_state(job, "running", timeout=60)
+    frozen = raw_requests(lab["A"], sock, [json.dumps({"op": "suspend", "args": {"id": job}}).encode()])[0]
+    assert frozen["ok"] and frozen["result"]["state"] == "suspended", frozen
+    seen = raw_requests(lab["B"], sock, [json.dumps({"op": "ls", "args": {}}).encode()])[0]["result"]
+    row = next(r for r in seen if r["id"] == job)
+    assert row["redacted"] and row["suspended"] == "user" and row["reason"].startswith("suspended by collocate-a")
+    listed = cli_as(lab["B"], d.state_dir, "ls")
+    assert listed.returncode == 0 and "suspended" in listed.stdout, listed
+    d.client.request("cancel", id=job)

@@ -530,6 +530,12 @@ def test_what_another_member_sees_of_a_failed_job():
                                  "uuids": ["GPU-x"], "solo_sm": 0.3, "outcome": "done"}]})
     assert set(seen) == {"id", "name", "reason", "attempts", "redacted"}
     assert "4242" not in json.dumps(seen) and seen["attempts"][0]["outcome"] == "done"
+    # a frozen job shows suspended to every member, as squeue's ST S does (issue 35)
+    frozen = redact({"id": "2", "state": "running", "suspended": "preempt", "suspended_at": 1.0,
+                     "suspended_why": "for job 3 of higher priority (5 > 0); thaws when it ends",
+                     "reason": "for job 3 of higher priority (5 > 0); thaws when it ends; suspended since 10:00:00"})
+    assert frozen["suspended"] == "preempt" and frozen["suspended_at"] == 1.0
+    assert frozen["reason"].startswith("for job 3 of higher priority")
 
 
 def test_log_keepers_share_a_members_ledger_and_cut_at_zero(tmp_path):
@@ -600,3 +606,25 @@ def test_output_files_go_to_rank_0s_runner_truncated_first_then_appended():
     assert output_args(job, spec, 2, Rendezvous(2, 0, "h", 1))[-1] == "--append"
     assert output_args(job, spec, 1, Rendezvous(2, 1, "h", 1)) == ()  # rank 1 writes no file
     assert output_args(job, JobSpec(("x",), "/w"), 3, None) == ()
+
+
+@given(mem=st.one_of(st.none(), st.floats(100.0, 80_000.0)), room=st.floats(-1_000.0, 80_000.0),
+       opted_out=st.booleans(), lifted=st.booleans(), alone=st.booleans(),
+       source=st.sampled_from(["declared", "estimated", "measured", "oom-raised"]))
+def test_show_says_a_running_job_is_fenced_exactly_when_its_runner_is_given_a_fence(mem, room, opted_out, lifted,
+                                                                                    alone, source):
+    # issue 35: `show` says whether a job is fenced, and why not; it must be what the runner enforces
+    from types import SimpleNamespace
+
+    from collocate.daemon.plan import fence_env
+    from collocate.daemon.views import fence_line
+
+    job = Job("7", state=JobState.RUNNING, mem_mib=mem, mem_source=source if mem is not None else "unknown",
+              mem_fence=not opted_out, fence_lifted=lifted, alone=alone)
+    placement = Placement("7", (GpuId("n", 0),), room if mem is None else mem, room)  # as ``Ledger.place`` gives it
+    env = fence_env(job, placement)
+    line = fence_line(job, SimpleNamespace(job=job, room_mib=placement.room_mib))  # the world's resident
+    if "COLLOCATE_MEM_FENCE_MIB" in env:
+        assert line.startswith("fenced at ") and " per GPU" in line, (line, env)
+    else:
+        assert line.startswith("not fenced: "), (line, env)

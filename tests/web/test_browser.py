@@ -144,6 +144,11 @@ def test_dashboard_live_in_headless_chromium(tmp_path):
                     "added-during-test")  # appears by polling, no reload
                 expect(page.locator('.gpu[data-uuid="GPU-emu-web-1"]')).to_contain_text(
                     f"jobs: #{new_id}")
+                with source.lock:  # frozen (issue 35): its state stays running, its badge says so
+                    row = source.rows[int(new_id) - 1]
+                    row["suspended"], row["reason"] = "user", "suspended by ann since 04:50:00"
+                expect(page.locator(f'#running tr[data-job="{new_id}"] .badge')).to_have_text("suspended")
+                expect(page.locator(f'#running tr[data-job="{new_id}"]')).to_contain_text("suspended by ann since")
 
                 page.fill("#cmd", "python train_gpt.py --tag 'run one'")
                 page.fill("#jobname", "from-the-form")

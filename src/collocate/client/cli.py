@@ -331,8 +331,8 @@ def estimate_fields(est: Estimate) -> dict[str, Any]:
 def ls(
     all_: Annotated[bool, typer.Option("--all", "-a", help="Include ended jobs.")] = False,
     state: Annotated[list[str], typer.Option("--state", "-s", "-t", help="Only jobs in these states: "
-                     "pending, running, done, failed, timeout, cancelled, rejected, or Slurm's PD, R, CD, ... "
-                     "(repeatable or a comma list; an ended state implies --all).")] = [],
+                     "pending, running, suspended, done, failed, timeout, cancelled, rejected, or Slurm's "
+                     "PD, R, S, CD, ... (repeatable or a comma list; an ended state implies --all).")] = [],
     user: Annotated[list[str], typer.Option("--user", "-u", help="Only jobs of this user "
                     "(repeatable or a comma list).")] = [],
     mine: Annotated[bool, typer.Option("--me", help="Only your own jobs (squeue --me).")] = False,
@@ -477,7 +477,7 @@ def cancel(
     name: Annotated[str | None, typer.Option("--name", "-n", help="Cancel your own pending and "
                     "running jobs whose name matches this shell glob, e.g. 'sweep*' (quote it).")] = None,
     state: Annotated[list[str], typer.Option("--state", "-s", "-t", help="Only jobs in these states: "
-                     "pending or running, or PD, R (as scancel -t; repeatable or a comma list).")] = [],
+                     "pending, running or suspended, or PD, R, S (as scancel -t; repeatable or a comma list).")] = [],
     user: Annotated[list[str], typer.Option("--user", "-u", help="Only jobs of this user (default: "
                     "yours; another's only as the daemon's owner, who may cancel them).")] = [],
     fmt: FormatOpt = "table",

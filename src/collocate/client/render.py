@@ -75,9 +75,9 @@ def _id_key(job_id: str) -> tuple[int, str]:
 
 
 def job_time(r: dict[str, Any]) -> str:
-    """squeue's TIME (how long it has run; ``0:00`` while pending), with the limit after a
-    slash when it has one: ``12:03/30:00``."""
-    elapsed = format_duration(r.get("elapsed_s") or 0.0)
+    """squeue's TIME (how long it has run, time frozen left out as its ``--time`` leaves it
+    out; ``0:00`` while pending), with the limit after a slash when it has one: ``12:03/30:00``."""
+    elapsed = format_duration(max(0.0, (r.get("elapsed_s") or 0.0) - (r.get("frozen_s") or 0.0)))
     limit = r.get("time_limit_s")
     return elapsed if limit is None else f"{elapsed}/{format_duration(limit)}"
 

@@ -17,13 +17,16 @@ from typing import Any
 from collocate.errors import InputError
 from collocate.jobstate import JobState
 
-STATES = tuple(s.value for s in JobState)
-ACTIVE = tuple(s.value for s in JobState if not s.is_terminal)  # what cancel can still stop
+#: Not a state of its own (a frozen job's state stays running) but what ``ls`` shows a frozen
+#: job as, so ``--state suspended`` picks those, as ``squeue -t SUSPENDED`` does.
+SUSPENDED = "suspended"
+STATES = (*(s.value for s in JobState), SUSPENDED)
+ACTIVE = (*(s.value for s in JobState if not s.is_terminal), SUSPENDED)  # what cancel can still stop
 MAX_RANGE = 10_000  # ids one range may name: `cancel 1-100000000` is a typo, not a request
 
 
 #: Slurm's state names and codes (``squeue -t PD``, ``sacct -s CD``) for the states they mean.
-SLURM_STATES = {"pd": "pending", "r": "running", "cd": "done", "completed": "done", "f": "failed",
+SLURM_STATES = {"pd": "pending", "r": "running", "s": SUSPENDED, "cd": "done", "completed": "done", "f": "failed",
                 "ca": "cancelled", "to": "timeout"}
 
 
@@ -35,22 +38,23 @@ def parse_states(values: Iterable[str]) -> set[str]:
     bad = sorted(wanted - set(STATES))
     if bad:
         raise InputError(f"unknown job state {', '.join(map(repr, bad))}",
-                         hint="use " + ", ".join(STATES) + " or Slurm's PD, R, CD, F, CA, TO (repeat "
+                         hint="use " + ", ".join(STATES) + " or Slurm's PD, R, S, CD, F, CA, TO (repeat "
                          "--state or separate with commas)")
     return wanted
 
 
 def needs_ended(states: set[str]) -> bool:
     """Whether the filter asks for ended jobs, which the daemon lists only with ``all``."""
-    return any(JobState(s).is_terminal for s in states)
+    return any(s != SUSPENDED and JobState(s).is_terminal for s in states)
 
 
 def filter_rows(rows: list[dict[str, Any]], *, states: set[str] | None = None,
                 users: set[str] | None = None, name: str | None = None) -> list[dict[str, Any]]:
-    """The rows matching every filter given; ``name`` is a shell glob (``sweep*``, ``*[lr=0.1*``
+    """The rows matching every filter given (``running`` includes the frozen ones, whose state it
+    is; ``suspended`` only those); ``name`` is a shell glob (``sweep*``, ``*[lr=0.1*``
     needs the brackets escaped as ``[[]``), matched case-sensitively against the whole name."""
     return [r for r in rows
-            if (not states or r["state"] in states)
+            if (not states or r["state"] in states or (SUSPENDED in states and r.get("suspended")))
             and (not users or r["user"] in users)
             and (name is None or fnmatch.fnmatchcase(r["name"], name))]
 

@@ -269,11 +269,13 @@ class Api:
         return {"id": job.id, "state": "running"}
 
     def _running_job(self, args: dict, peer: Peer, action: str) -> tuple[Job, Any]:
+        """A job placed and running, or one still waiting for its dataset's producer (frozen,
+        it starts only once thawed: ``Attempts.set_frozen``); else an error that says what it is."""
         job_id = self._job_id(args)
         self._check_owner(job_id, peer, action)
         job = self.scheduler.jobs[job_id]
         run = self.attempts.running.get(job_id)
-        if job.state is not JobState.RUNNING or run is None or run.waiting is not None or not run.attempt.pid:
+        if job.state is not JobState.RUNNING or run is None or (run.waiting is None and not run.attempt.pid):
             state = job.state.value if job.state is not JobState.RUNNING else "starting"
             raise InputError(f"job {job_id} is {state}: only a running job can be {action}d",
                              hint="`collocate ls` shows which jobs run")

@@ -53,7 +53,9 @@ log = logging.getLogger("collocate.daemon")
 @dataclass(slots=True)
 class LiveAttempt:
     """A placed attempt the loop watches until it ends: launched, or still waiting for its
-    dataset's producer (``waiting``; it holds its GPUs meanwhile, and has no process yet)."""
+    dataset's producer (``waiting``; it holds its GPUs meanwhile, and has no process yet). One
+    frozen before it launched (a preemption or a trial freeze) starts only once thawed, so a job
+    recorded frozen never runs."""
 
     attempt: Attempt
     name: str  # the job's name (for the sinks)
@@ -63,10 +65,15 @@ class LiveAttempt:
     timeout_s: float | None = None  # set when its time limit (--time) stopped it: not a cancel
     plans: tuple[LaunchPlan, ...] = ()  # what to start, one per part, once its producer is ready
     waiting: str | None = None  # the dataset whose producer it waits for
+    deferred: bool = False  # its producer serves, but it was frozen before it started: it starts once thawed
 
     @property
     def why_waiting(self) -> str | None:
-        return None if self.waiting is None else f"waiting for dataset producer {self.waiting}"
+        if self.waiting is None:
+            return None
+        if self.deferred:
+            return f"not started: dataset producer {self.waiting} serves; it starts once thawed"
+        return f"waiting for dataset producer {self.waiting}"
 
 
 def classify_end(record: ExitRecord | None, *, cancelled: bool, adopted: bool, launched: bool,
@@ -222,12 +229,22 @@ class Attempts:
                 self.finish(run, outcome, str(exc), None, "", time.time())
             return
         for run in runs:
-            if ready:
+            if ready and self._frozen(run.attempt.job_id):
+                run.waiting = name  # still to start: ``start_waiting`` asks again each round
+                if not run.deferred:  # recorded frozen: it starts once thawed, never runs meanwhile
+                    run.deferred = True
+                    log.info("job %s: its producer serves; its start waits until it is thawed", run.attempt.job_id)
+            elif ready:
                 run.waiting = None
                 self._start(run, extra_env=datasets.job_env(name))
             elif run.waiting is None:
                 run.waiting = name
                 log.info("job %s: %s", run.attempt.job_id, run.why_waiting)
+
+    def _frozen(self, job_id: str) -> bool:
+        """Whether the scheduler records the job as frozen (``Job.suspended``)."""
+        job = self.scheduler.jobs.get(job_id)
+        return job is not None and bool(job.suspended)
 
     def _start(self, run: LiveAttempt, extra_env: dict[str, str] | None = None) -> None:
         """Start a placed attempt's runners, one per part; it joins ``running`` (or fails if a
@@ -259,12 +276,17 @@ class Attempts:
         """Carry out a freeze or thaw the scheduler recorded: the attempt's nodes freeze its
         cgroups (its memory stays), and the world stops learning from it while it is frozen."""
         run = self.running.get(job_id)
-        if run is None or run.waiting is not None or not run.attempt.pid:
+        if run is None:
+            return
+        if run.waiting is not None or not run.attempt.pid:  # nothing runs yet: nothing to freeze,
+            self.watch.world.freeze(job_id, now, frozen)  # and it starts only once thawed
+            log.info("job %s: %s (%s) before it started: %s", job_id, "frozen" if frozen else "thawed", why,
+                     "its start waits until it is thawed" if frozen else "it starts once its producer serves")
             return
         how = self.fleet.suspend(run.attempt, frozen)
         self.watch.world.freeze(job_id, now, frozen)
         log.info("job %s: %s (%s) by %s", job_id, "frozen" if frozen else "thawed", why,
-                 ", ".join(dict.fromkeys(how)) or "nothing: its node is silent")
+                 ", ".join(dict.fromkeys(how)) or "nothing yet: its node is silent, and is told when it answers")
 
     # -- ending ------------------------------------------------------------------------------
     def cancel(self, run: LiveAttempt) -> None:

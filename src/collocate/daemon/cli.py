@@ -67,6 +67,10 @@ def serve(
                       "SQLite store under the state dir (needs the mlflow extra: pip install 'collocate\\[mlflow]').")] = False,
     mlflow_uri: Annotated[str | None, typer.Option("--mlflow-uri", help="MLflow tracking URI "
                           "instead of the local store (implies --mlflow).")] = None,
+    no_preemption: Annotated[bool, typer.Option("--no-preemption", help="A waiting job of higher "
+                             "priority waits for running ones of lower priority instead of "
+                             "freezing them (by default it freezes them, their memory kept, and "
+                             "they thaw when it ends: docs/policies.md).")] = False,
     retry_growth: Annotated[float, typer.Option("--oom-growth", help="OOM: new requirement = peak x this + margin.")] = 1.25,
     ray: Annotated[str | None, typer.Option("--ray", help="Run as the head of the Ray cluster at "
                    "this address (`auto`: the one this machine joined); --gpus is then each "
@@ -157,12 +161,13 @@ def serve(
         tracking=tracking, ray=ray, node_grace_s=node_grace_s, quotas=quotas,
         job_max_pids=job_max_pids or None, job_max_memory=option_bytes(job_max_memory, "--job-max-memory"),
         tls_cert=tls_cert, tls_key=tls_key, tls_self_signed=tls_cert is None, user_tokens=members,
-        tcp_max_per_token=tcp_max_per_token,
+        tcp_max_per_token=tcp_max_per_token, preemption=not no_preemption,
     )
 
     def ready(service) -> None:
         typer.echo(f"collocate daemon: {len(service.watch.devices)} GPU(s) ({service.backend.name}), "
-                   f"policy {policy}, sharing {sharing} ({why_sharing}), state {service.layout.root}", err=True)
+                   f"policy {policy}{' (no preemption)' if no_preemption else ''}, sharing {sharing} ({why_sharing}), "
+                   f"state {service.layout.root}", err=True)
         typer.echo(f"  {service.fleet.confinement_words()}", err=True)
         if service.server.tcp_port is not None:
             secure = f"TLS, certificate SHA-256 fingerprint {service.tls_fingerprint}"

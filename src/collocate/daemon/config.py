@@ -45,6 +45,10 @@ class ServeConfig:
     token: str | None = None
     cancel_grace_s: float = 10.0
     rules: RecoveryRules = field(default_factory=RecoveryRules)
+    #: Whether a waiting job of higher priority freezes running ones of lower priority
+    #: (``collocate.preemption``); off, it waits as in a plain priority queue. Jobs started on
+    #: trial are taken back either way (``collocate.suspension``).
+    preemption: bool = True
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     ray: str | None = None  # a Ray cluster's address: run as its head (docs/multi-node.md)
     node_grace_s: float = 60.0  # with ``ray``: how long a silent node's jobs stay unconfirmed

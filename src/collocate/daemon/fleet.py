@@ -19,6 +19,10 @@ multi-part attempt (a gang across nodes) live here, one place for every kind of 
   without using up an attempt. A part that fails while a node of the attempt is silent is taken
   for a consequence of that node's loss (the peers of a collective lose their rank), so the
   attempt waits for the grace period and ends lost too.
+
+A freeze or thaw (``suspend``) that a silent node did not get is owed to it, and told once it
+answers again (the next ``sample``): the head's record of a job as frozen or not never stays
+untrue on a node that comes back within its grace period.
 """
 
 from __future__ import annotations
@@ -171,6 +175,8 @@ class Fleet:
         #: each attempt four times, and hashing a whole ``Attempt`` to find them cost more
         #: than making them. Kept for the attempts ``collect`` was last given.
         self._parts: dict[int, tuple[Attempt, tuple[Part, ...]]] = {}
+        #: The freezer state each part on a silent node is to be told (``suspend``), by node and part.
+        self._owed: dict[tuple[str, tuple[str, int]], tuple[Part, bool]] = {}
         self.learn_devices()
 
     def parts(self, attempt: Attempt) -> tuple[Part, ...]:
@@ -228,6 +234,8 @@ class Fleet:
         self._away = away
         self._status = {(name, key): status for name, tick in answers.items()
                         for key, status in tick.status.items()}
+        if self._owed:
+            self._tell_owed(answers)
         now = time.time()
         samples: list[DeviceSample] = []
         for name, devices in self.known.items():
@@ -357,17 +365,34 @@ class Fleet:
 
     def release(self, attempt: Attempt) -> None:
         for part in self.parts(attempt):
+            self._owed.pop((part.node, part.ref.key), None)
             self._quietly(part, "release")
 
     def suspend(self, attempt: Attempt, frozen: bool) -> list[str]:
-        """Freeze (or thaw) every part's job; how each node did it (a silent node: nothing)."""
+        """Freeze (or thaw) every part's job; how each node did it (a silent node: nothing
+        now; it is told when it answers again)."""
         done = []
         for part in self.parts(attempt):
+            key = (part.node, part.ref.key)
             try:
                 done.append(self.nodes.node(part.node).suspend(part.ref, frozen))
+                self._owed.pop(key, None)
             except NodeUnreachable:
-                pass
+                self._owed[key] = (part, frozen)
         return done
+
+    def _tell_owed(self, answered: Mapping[str, NodeTick]) -> None:
+        """Tell the nodes that answer this round the freezes and thaws they missed."""
+        for key, (part, frozen) in list(self._owed.items()):
+            if part.node not in answered:
+                continue
+            try:
+                how = self.nodes.node(part.node).suspend(part.ref, frozen)
+            except NodeUnreachable:
+                continue
+            del self._owed[key]
+            log.info("job %s: %s on node %s, which answers again, by %s", part.ref.job_id,
+                     "frozen" if frozen else "thawed", part.node, how)
 
     def _quietly(self, part: Part, method: str, *args: int) -> None:
         try:

@@ -107,6 +107,7 @@ SQUEUE_FIELDS = frozenset({
     "id", "name", "state", "reason", "wait", "user", "gpus", "mem_mib", "mem_source", "priority",
     "attempts", "oom_crashes", "submit_time", "start_time", "end_time", "on", "position",
     "elapsed_s", "wait_s", "exit_code", "time_limit_s", "held", "public", "nodes",
+    "suspended", "suspended_at", "suspended_why", "frozen_s",  # squeue's ST S: who froze it, why, how long
     # show's, beside them: how many attempts of how many, and what it waits for
     "max_retries", "attempts_used", "after", "after_any", "after_notok", "retry_failures",
     "sweep", "sweep_max"})

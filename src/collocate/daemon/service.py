@@ -53,6 +53,7 @@ from collocate.node.files import disk_size
 from collocate.node.local import LocalNode
 from collocate.policies import make_policy
 from collocate.scheduler import Capacity, Scheduler
+from collocate.suspension import SuspendRules
 
 __all__ = ["ServeConfig", "Service"]
 
@@ -122,7 +123,8 @@ class Service:
         policy = make_policy(self.config.policy, **self.config.policy_params)
         self.notifier = Notifier(self.layout, self.specs, self.store, self._local_confinement())
         self.scheduler = Scheduler(policy, Capacity.of(self.watch.snapshot(time.time())), rules=self.config.rules,
-                                   on_change=self._job_changed, fairness=self.store.fairness())
+                                   on_change=self._job_changed, fairness=self.store.fairness(),
+                                   suspend=SuspendRules(preempt=self.config.preemption))
         self.scheduler.cpu_jobs_default = os.cpu_count() or 1  # CPU jobs (--gpus 0): per user
         wiring = Wiring(self.config, self.layout, self.store, self.scheduler, self.specs,
                         self.tracking, self.watch, self.fleet)

@@ -77,20 +77,31 @@ def job_rows(store: Store, *, include_done: bool, running: Mapping[str, Any],
             "wait_s": (started if started is not None else (ended or now)) - job.submit_time,
             "exit_code": last[3] if last and job.state.is_terminal else None,
             "time_limit_s": job.time_limit_s, "held": job.held, "public": spec.public,
-            "nodes": job.nodes, **reason, **_suspension(job),
+            "nodes": job.nodes, "frozen_s": None if elapsed is None else frozen_s(job, now),
+            **reason, **_suspension(job, running.get(job.id)),
         })
     return rows
 
 
-def _suspension(job: Job) -> dict[str, Any]:
+def frozen_s(job: Job, now: float) -> float:
+    """Seconds its current (or last) attempt spent frozen, a freeze still on included: its
+    ``--time`` does not count them, nor does ``ls``'s TIME (squeue's time used)."""
+    ongoing = now - job.suspended_at if job.suspended and job.suspended_at is not None else 0.0
+    return job.frozen_s + max(0.0, ongoing)
+
+
+def _suspension(job: Job, run: Any = None) -> dict[str, Any]:
     """A frozen job's who, since when and why (``collocate.suspension``); its reason says it,
-    why first (``ls`` at 80 columns shows the first words: "for job 12 …", "slowed job 3 …")."""
+    why first (``ls`` at 80 columns shows the first words: "for job 12 …", "slowed job 3 …"),
+    and, for one frozen before it launched (``run``: its attempt, waiting for its dataset's
+    producer), that it has not started."""
     if not job.suspended:
         return {"suspended": ""}
     since = time.strftime("%H:%M:%S", time.localtime(job.suspended_at or 0.0))
+    unstarted = "; not started yet: it starts once thawed" if getattr(run, "waiting", None) else ""
     return {"suspended": job.suspended, "suspended_at": job.suspended_at, "suspended_why": job.suspended_why,
             "reason": f"{job.suspended_why}{' ' if job.suspended_why.startswith('suspended ') else '; suspended '}"
-                      f"since {since}"}
+                      f"since {since}{unstarted}"}
 
 
 def _reason(job: Job, running: Mapping[str, Any], waiting: Waiting) -> dict[str, Any]:
@@ -121,7 +132,7 @@ def job_detail(store: Store, job_id: str, *, running: Mapping[str, Any] | None =
         "identity": spec.keys.identity, "after": list(job.after), "after_any": list(job.after_any),
         "after_notok": list(job.after_notok), "time_limit_s": job.time_limit_s,
         "held": job.held, "public": spec.public, "notify": list(spec.notify),
-        "retry_failures": job.retry_failures, "nodes": job.nodes, **_suspension(job),
+        "retry_failures": job.retry_failures, "nodes": job.nodes, **_suspension(job, (running or {}).get(job.id)),
         **_measured(job, store.attempts(job_id), resident(job_id) if resident else None),
         "fence": fence_line(job, resident(job_id) if resident else None),
         "victim_crashes": job.victim_crashes, "sweep": job.sweep, "sweep_max": job.sweep_max,
@@ -150,6 +161,8 @@ def fence_line(job: Job, r: Any) -> str:
     if why:
         return f"not fenced: {why}"
     fence = job_fence_mib(placed, r.room_mib if live else None)
+    if fence is None and live:  # placed with no room at all (a policy that ignores memory)
+        return "not fenced: no memory was given and its GPU had no room left when it started"
     if fence is None:
         # "no memory was given", never "unknown": `show` prints its measured peak beside this
         had = "had when it started" if job.state.is_terminal else "has when it starts"

@@ -46,7 +46,7 @@ def simulate(
         str | None,
         typer.Option(
             help="With --sharing mig: the instances every GPU is split into, MIG profile names "
-            "joined by +, e.g. 3g.20gb+4g.20gb (A100-40GB) or 1g.10gb+1g.10gb+2g.20gb+3g.40gb "
+            "joined by +, e.g. 3g.20gb+4g.20gb (A100-40GB) or 2g.20gb+2g.20gb+3g.40gb "
             "(H100-80GB); for mixed clusters one per type, A100-40GB=...,H100-80GB=.... "
             "Default: the 3g+4g half/half split of each type, which uses the whole GPU in the "
             "fewest instances and leaves each half the memory, so larger jobs still fit.",
@@ -100,6 +100,14 @@ def simulate(
             help="Also compute lower bounds on the makespan (arrival, SM and the model's fluid LP "
             "floor; needs scipy) and each policy's share of the exclusive-to-floor gap; see "
             "docs/simulator.md.",
+        ),
+    ] = False,
+    no_preemption: Annotated[
+        bool,
+        typer.Option(
+            "--no-preemption",
+            help="Jobs of higher priority wait instead of freezing lower ones (as `serve "
+            "--no-preemption`).",
         ),
     ] = False,
     out: Annotated[Path | None, typer.Option(help="Folder for per-job CSV and PNG plots.")] = None,
@@ -187,7 +195,7 @@ def simulate(
 
     console = Console(stderr=True)
     config = SimConfig(sharing=mode, estimator=estimator, mig_layout=mig_layout, startup_s=startup,
-                       profiles=profiles, model_error_seed=model_error)
+                       profiles=profiles, model_error_seed=model_error, preemption=not no_preemption)
     results = []
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

@@ -64,6 +64,7 @@ from collocate.sim.devices import WholeGpus
 from collocate.sim.mig import MigInstances, resolve_layout
 from collocate.sim.model_error import ModelError
 from collocate.sim.trace import TraceJob, Workload
+from collocate.suspension import SuspendRules
 from collocate.world import CONTEXT_MIB, Device, World
 
 # Event kinds, in the order they are handled at equal times: work done frees GPUs before new
@@ -126,6 +127,9 @@ class SimConfig:
     # Fair share and per-user caps among the trace's users (``collocate.fairness``; a trace
     # without a ``user`` column is one user, and then neither changes anything).
     fairness: Fairness = field(default_factory=Fairness)
+    # Whether a waiting job of higher priority freezes lower ones (``collocate.preemption``), as
+    # ``serve --no-preemption`` sets it for the daemon being modelled.
+    preemption: bool = True
 
     def __post_init__(self) -> None:
         if self.profiles not in PROFILE_KNOWLEDGE:
@@ -243,7 +247,7 @@ class Simulation:
 
         self.running: dict[str, SimRun] = {}
         self.scheduler = Scheduler(policy, Capacity.of(self.world.snapshot(0.0)), rules=config.rules,
-                                   fairness=config.fairness)
+                                   fairness=config.fairness, suspend=SuspendRules(preempt=config.preemption))
         self.records: dict[str, SimJobRecord] = {}
         self.peaks: dict[str, float] = {}
         self.profiles = MemoryProfiles()  # what runs taught, as the daemon's history

@@ -254,7 +254,8 @@ function renderUsers() {
     chart([{points: u.points.map(p => [p.t, p.gpus]), color: "#7a1f5c"}], {w, title: "GPUs held", fmt: v => v.toFixed(1)}),
     chart([{points: u.points.map(p => [p.t, p.mem_mib]), color: "#3a7bd5"}], {w, title: "GPU memory held", fmt: mib}))));
 }
-const badge = j => el("span", {"class": "badge state-" + j.state}, j.state);
+const shownState = j => j.suspended ? "suspended" : j.state;  // a frozen job's state stays running
+const badge = j => el("span", {"class": "badge state-" + shownState(j)}, shownState(j));
 const idLink = j => el("a", {href: "/jobs/" + encodeURIComponent(j.id)}, j.id);
 const dur = s => { if (none(s)) return "-"; s = Math.max(0, Math.floor(s));
   const d = Math.floor(s / 86400), h = Math.floor(s % 86400 / 3600), m = Math.floor(s % 3600 / 60), x = s % 60;
@@ -279,7 +280,8 @@ const COLS = {
   state: ["state", j => el("span", {}, badge(j), j.held ? " held" : "")], on: ["on", j => (j.on || []).join(", ")],
   prio: ["priority", j => String(j.priority || 0)],
   need: ["needs", j => mib(j.mem_mib)], held: ["holds now", j => mib(j.used_mib)],
-  time: ["time", j => dur(j.elapsed_s) + (none(j.time_limit_s) ? "" : " / " + dur(j.time_limit_s))],
+  time: ["time", j => dur(none(j.elapsed_s) ? j.elapsed_s : Math.max(0, j.elapsed_s - (j.frozen_s || 0)))  // frozen: not run
+               + (none(j.time_limit_s) ? "" : " / " + dur(j.time_limit_s))],
   wait: ["waited", j => dur(j.wait_s)], exit: ["exit", j => none(j.exit_code) ? "-" : String(j.exit_code)],
   submitted: ["submitted", j => when(j.submit_time)], started: ["started", j => when(j.start_time)],
   ended: ["ended", j => when(j.end_time)],
