@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from collocate.errors import InputError
+
+if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
 
 
 class OutputFormat(StrEnum):
@@ -194,13 +198,13 @@ def simulate(
     ) as progress:
         for p in policies:
             task = progress.add_task(f"{p.name:>16}", total=len(jobs))
-            sim = Simulation(nodes, jobs, p, config, progress=lambda done, total, task=task: progress.update(task, completed=done))
+            sim = Simulation(nodes, jobs, p, config, progress=_advancing(progress, task))
             results.append(sim.run())
         baseline = next((r for r in results if r.policy == "exclusive"), None)
         if baseline is None:  # every policy is measured job by job against a plain queue
             task = progress.add_task(f"{'exclusive':>16}", total=len(jobs))
-            baseline = Simulation(nodes, jobs, make_policy("exclusive"), config, progress=lambda done, total,
-                                  task=task: progress.update(task, completed=done)).run()
+            baseline = Simulation(nodes, jobs, make_policy("exclusive"), config,
+                                  progress=_advancing(progress, task)).run()
     summaries = [summarize(r) for r in results]
     versus = {r.policy: versus_exclusive(completion_times(r), completion_times(baseline))
               for r in results if r is not baseline}
@@ -247,28 +251,37 @@ def simulate(
             typer.echo(f"wrote {path}")
 
 
+def _advancing(progress: Progress, task: TaskID) -> Callable[[int, int], None]:
+    """A simulation's progress callback (jobs done, jobs in all) that moves ``task`` along."""
+    return lambda done, _total: progress.update(task, completed=done)
+
+
 def _floor_doc(jobs, nodes, mode, summaries) -> dict:
     """Floors in minutes and, when `exclusive` was compared, each policy's share of the gap
     between exclusive's makespan and each floor."""
     from collocate.sim.floor import floors, gap_closed
 
     f = floors(jobs, nodes, mode)
-    minutes = {k.replace("_s", "_min"): (None if v is None else round(v / 60.0, 2))
+    minutes = {k.replace("_s", "_min"): (None if v is None else _minutes(v))
                for k, v in f.as_dict().items() if k.endswith("_s")}
     doc: dict = {**minutes, "mixes": f.mixes, "job_types": f.job_types}
     exclusive = next((s.makespan_min for s in summaries if s.policy == "exclusive"), None)
     best = max(v for v in (minutes["sm_floor_min"], minutes["model_floor_min"], minutes["arrival_floor_min"]) if v)
     doc["floor_min"] = best
+    model_floor, sm_floor = minutes["model_floor_min"], _minutes(f.sm_floor_s)
     if exclusive is not None:
         doc["gap_closed"] = {
             s.policy: {
-                "model": round(gap_closed(s.makespan_min, exclusive, minutes["model_floor_min"]), 3)
-                if minutes["model_floor_min"] else None,
-                "sm": round(gap_closed(s.makespan_min, exclusive, minutes["sm_floor_min"]), 3),
+                "model": round(gap_closed(s.makespan_min, exclusive, model_floor), 3) if model_floor else None,
+                "sm": round(gap_closed(s.makespan_min, exclusive, sm_floor), 3),
             }
             for s in summaries
         }
     return doc
+
+
+def _minutes(seconds: float) -> float:
+    return round(seconds / 60.0, 2)
 
 
 def _floor_text(doc: dict) -> str:
