@@ -88,7 +88,10 @@ def load(name: str) -> Any:
         command = typer.main.get_command(one)  # one command alone: that command itself
     else:
         one.registered_groups = groups
-        command = typer.main.get_group(one).get_command(None, name)  # type: ignore[arg-type]
+        group = typer.main.get_group(one).get_command(None, name)  # type: ignore[arg-type]  # Group reads no ctx
+        if group is None:  # cannot be: groups holds a group of that name
+            raise LookupError(f"{entry.module} registers no command {name!r}")
+        command = group
     if entry.hidden:
         command.hidden = True
     return command

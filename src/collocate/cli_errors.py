@@ -69,7 +69,7 @@ def usage_message(exc: Exception, argv: Sequence[str], commands: set[str]) -> st
     hint = f"`{PROGRAM} {command} --help` lists its options" if command else f"`{PROGRAM} --help` lists the commands"
     param = getattr(exc, "param", None)
     wanted = _wanted(ctx, param) if _is(exc, "BadParameter") and param is not None else None
-    if wanted is None:
+    if wanted is None or param is None:  # param is set whenever wanted is; said for mypy
         return f"{exc.format_message()}\n  hint: {hint}"  # type: ignore[attr-defined]
     opts = list(getattr(param, "opts", None) or [])
     label = opts[0] if opts and opts[0].startswith("-") else (param.name or "argument").upper()

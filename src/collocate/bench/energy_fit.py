@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -25,10 +25,19 @@ from collocate.policies import make_policy, policy_parameters
 from collocate.sim.engine import SimConfig, Simulation
 from collocate.sim.trace import load_trace
 
+
 #: How the mini-trace is replayed (docs/gpu-validation.md section 5, rows (c)-(f)): the daemon
 #: of that run learned profiles only alone, so the policies are replayed blind.
-REPLAY = {"trace": "trace-warmup.csv", "cluster": "1xH100-80GB", "startup_s": 10.0,
-          "settle_s": 5.0, "profiles": "blind"}
+@dataclass(frozen=True)
+class Replay:
+    trace: str = "trace-warmup.csv"
+    cluster: str = "1xH100-80GB"
+    startup_s: float = 10.0
+    settle_s: float = 5.0
+    profiles: str = "blind"
+
+
+REPLAY = Replay()
 #: Runs whose policy no longer places as it did then: `auto` waited settle_s after every
 #: placement of a job whose memory was not measured; since first-run admission (issue 16) it
 #: commits a known requirement at once, so the simulator cannot replay those runs' schedule.
@@ -47,12 +56,12 @@ def measured_runs(folder: Path) -> list[dict]:
 
 
 def simulated_energy_kwh(folder: Path, policy: str, sharing: str, exponent: float) -> float:
-    jobs = load_trace(folder / REPLAY["trace"])
+    jobs = load_trace(folder / REPLAY.trace)
     model = replace(default_interference(), power_exponent=exponent)
-    config = SimConfig(sharing=SharingMode(sharing), startup_s=REPLAY["startup_s"], profiles=REPLAY["profiles"],
+    config = SimConfig(sharing=SharingMode(sharing), startup_s=REPLAY.startup_s, profiles=REPLAY.profiles,
                        interference=model)
-    params = {"settle_s": REPLAY["settle_s"]} if "settle_s" in policy_parameters(policy) else {}
-    result = Simulation(parse_cluster(REPLAY["cluster"]), jobs, make_policy(policy, **params), config).run()
+    params = {"settle_s": REPLAY.settle_s} if "settle_s" in policy_parameters(policy) else {}
+    result = Simulation(parse_cluster(REPLAY.cluster), jobs, make_policy(policy, **params), config).run()
     return result.energy_j / 3.6e6
 
 

@@ -317,6 +317,7 @@ def run_plan(
     per = estimate_seconds([Scenario(("x",), ALONE)], warmup_s=opts.warmup, seconds=opts.seconds)
     mps: MpsLike | None = None
     mps_error = ""
+    raw: list[dict[str, Any]]
     try:
         for k, scenario in enumerate(todo):
             n = len(scenario.jobs)

@@ -73,15 +73,17 @@ def summarize(samples: Sequence[DeviceSample], pids: Sequence[int] = ()) -> dict
         out[field] = _mean([getattr(s, field) for s in samples])
     out["used_mib_max"] = max((s.used_mib for s in samples), default=None)
     out["window_s"] = samples[-1].time - samples[0].time if len(samples) > 1 else 0.0
-    energy, source = None, None
+    energy: float | None = None
+    source: str | None = None
     if len(samples) > 1:
         first, last = samples[0].energy_joules, samples[-1].energy_joules
+        watts = [s.power_watts for s in samples if s.power_watts is not None]
         if first is not None and last is not None:
             energy, source = last - first, "counter"
-        elif all(s.power_watts is not None for s in samples):
+        elif len(watts) == len(samples):  # every sample has its power
             energy = sum(
-                (b.time - a.time) * (a.power_watts + b.power_watts) / 2.0  # type: ignore[operator]
-                for a, b in zip(samples, samples[1:], strict=False)
+                (b.time - a.time) * (wa + wb) / 2.0
+                for a, b, wa, wb in zip(samples, samples[1:], watts, watts[1:], strict=False)
             )
             source = "power integral"
     out["energy_joules"], out["energy_source"] = energy, source

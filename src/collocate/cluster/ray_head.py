@@ -27,11 +27,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
 import ray
 from ray.exceptions import ActorDiedError, GetTimeoutError, RayError, RayTaskError
@@ -43,7 +43,7 @@ from collocate.errors import CollocateError
 from collocate.gpus.base import DeviceInfo
 from collocate.monitor.job_metrics import MetricPoint
 from collocate.monitor.process_tree import TreeUsage
-from collocate.node.api import NodeTick, NodeUnreachable, PartEnd, PartRef, PartStatus, Producers
+from collocate.node.api import Node, NodeTick, NodeUnreachable, PartEnd, PartRef, PartStatus, Producers
 from collocate.node.confine import NodeBounds
 from collocate.node.datasets import ProducerRequest
 from collocate.node.launcher import LaunchPlan
@@ -60,6 +60,28 @@ AGENT_START_S = 120.0  # how long a new agent may take to answer
 
 class NodeDown(NodeUnreachable):
     """The node's agent did not answer (dead, partitioned or not started)."""
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class Call(Generic[R]):
+    """One ``Node`` method call to send to an agent, whose answer is an ``R`` (build it with
+    ``call``)."""
+
+    method: str
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+def call(method: Callable[Concatenate[Node, P], R], *args: P.args, **kwargs: P.kwargs) -> Call[R]:
+    """``method`` of the ``Node`` protocol (``Node.tick``) with its arguments. Why not the
+    method's name: through the protocol, mypy checks the arguments against its signature and
+    gives the answer its type, where a name and ``getattr`` on the actor (untyped: a Ray actor
+    handle) would check nothing. The agent, a ``LocalNode``, runs its method of that name."""
+    return Call(method.__name__, args, kwargs)
 
 
 @dataclass
@@ -212,29 +234,26 @@ class Agents:
         self.seats[name] = Seat(name, node_id, actor, address)
         self.generation += 1
 
-    def call(self, name: str, method: str, *args: Any, timeout: float = CALL_TIMEOUT_S) -> Any:
+    def call(self, name: str, request: Call[R], timeout: float = CALL_TIMEOUT_S) -> R:
         seat = self.seats.get(name)
         if seat is None or seat.down_since is not None:
             raise NodeDown(name)
         try:
-            return ray.get(getattr(seat.actor, method).remote(*args), timeout=timeout)
+            answer: R = ray.get(_send(seat.actor, request), timeout=timeout)
+            return answer
         except RayTaskError as exc:  # the agent answered, with an error of its own (a full disk...)
             raise exc.as_instanceof_cause() from None
         except RayError as exc:
             self.mark_down(name, exc)
             raise NodeDown(name) from exc
 
-    def call_all(self, method: str, per_node: Mapping[str, tuple] | None = None,
-                 timeout: float = SAMPLE_TIMEOUT_S) -> dict[str, Any]:
-        """One call on every answering agent at once (``per_node``: its arguments, and only
-        those nodes); the answers of those that answered in time."""
-        refs = {}
-        for name, seat in self.seats.items():
-            if seat.down_since is None and (per_node is None or name in per_node):
-                args = () if per_node is None else per_node[name]
-                refs[name] = getattr(seat.actor, method).remote(*args)
+    def call_all(self, requests: Mapping[str, Call[R]], timeout: float = SAMPLE_TIMEOUT_S) -> dict[str, R]:
+        """One call on each answering agent named in ``requests``, all at once; the answers of
+        those that answered in time."""
+        refs = {name: _send(seat.actor, requests[name]) for name, seat in self.seats.items()
+                if seat.down_since is None and name in requests}
         ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout) if refs else ([], [])
-        answers = {}
+        answers: dict[str, R] = {}
         for name, ref in refs.items():
             if ref not in ready:
                 self.mark_down(name, "no answer in time")
@@ -278,16 +297,16 @@ class Agents:
         return RayNode(self, name, seat.address)
 
     def tick(self, parts: Mapping[str, Sequence[PartRef]]) -> dict[str, NodeTick]:
-        return self.call_all("tick", {name: (list(parts.get(name, ())),) for name in self.seats})
+        return self.call_all({name: call(Node.tick, list(parts.get(name, ()))) for name in self.seats})
 
     def read_trees(self, roots: Mapping[str, Mapping[str, int]], now: float,
                    gpu_pids: AbstractSet[int]) -> dict[str, dict[str, TreeUsage]]:
-        return self.call_all("read_trees", {n: (dict(r), now, frozenset(gpu_pids)) for n, r in roots.items()})
+        return self.call_all({n: call(Node.read_trees, dict(r), now, frozenset(gpu_pids)) for n, r in roots.items()})
 
     def read_metrics(self, parts: Mapping[str, Mapping[str, PartRef]]) -> dict[str, list[MetricPoint]]:
         """Each node reads its jobs' metrics files; a node whose jobs all ended is asked with
         none, so it closes their files."""
-        return self.call_all("read_metrics", {n: (dict(p),) for n, p in parts.items()})
+        return self.call_all({n: call(Node.read_metrics, dict(p)) for n, p in parts.items()})
 
     def confinement_words(self) -> str:
         return "; ".join(f"{name}: {words}" for name, words in sorted(self.confinement.items()))
@@ -300,8 +319,8 @@ class RayNode:
     def __init__(self, agents: Agents, name: str, address: str) -> None:
         self.agents, self.name, self._address = agents, name, address
 
-    def _call(self, method: str, *args: Any, timeout: float = CALL_TIMEOUT_S) -> Any:
-        return self.agents.call(self.name, method, *args, timeout=timeout)
+    def _call(self, request: Call[R], timeout: float = CALL_TIMEOUT_S) -> R:
+        return self.agents.call(self.name, request, timeout)
 
     def devices(self) -> list[DeviceInfo]:
         return list(self.agents.known.get(self.name, []))
@@ -310,62 +329,68 @@ class RayNode:
         return self._address
 
     def free_port(self) -> int:
-        return int(self._call("free_port"))
+        return self._call(call(Node.free_port))
 
     def tick(self, parts: Sequence[PartRef]) -> NodeTick:
-        return self._call("tick", list(parts), timeout=SAMPLE_TIMEOUT_S)
+        return self._call(call(Node.tick, list(parts)), SAMPLE_TIMEOUT_S)
 
     def status(self, parts: Sequence[PartRef]) -> dict[tuple[str, int], PartStatus]:
-        return self._call("status", list(parts))
+        return self._call(call(Node.status, list(parts)))
 
     def start(self, plan: LaunchPlan, part: PartRef, head_root: str) -> PartRef:
-        return self._call("start", plan, part, head_root, timeout=60)
+        return self._call(call(Node.start, plan, part, head_root), 60)
 
     def started(self, part: PartRef) -> PartRef | None:
-        return self._call("started", part)
+        return self._call(call(Node.started, part))
 
     def ended(self, part: PartRef) -> PartEnd:
-        return self._call("ended", part)
+        return self._call(call(Node.ended, part))
 
     def signal(self, part: PartRef, sig: int) -> None:
-        self._call("signal", part, sig)
+        self._call(call(Node.signal, part, sig))
 
     def suspend(self, part: PartRef, frozen: bool) -> str:
-        return str(self._call("suspend", part, frozen))
+        return self._call(call(Node.suspend, part, frozen))
 
     def release(self, part: PartRef) -> None:
-        self._call("release", part)
+        self._call(call(Node.release, part))
 
     def read_log(self, part: PartRef, stream: str, offset: int, limit: int) -> bytes:
-        return self._call("read_log", part, stream, offset, limit)
+        return self._call(call(Node.read_log, part, stream, offset, limit))
 
     def drop_logs(self, part: PartRef) -> int:
-        return int(self._call("drop_logs", part))
+        return self._call(call(Node.drop_logs, part))
 
     def read_trees(self, roots: Mapping[str, int], now: float,
                    gpu_pids: AbstractSet[int]) -> dict[str, TreeUsage]:
-        return self._call("read_trees", dict(roots), now, frozenset(gpu_pids))
+        return self._call(call(Node.read_trees, dict(roots), now, frozenset(gpu_pids)))
 
     def read_metrics(self, parts: Mapping[str, PartRef]) -> list[MetricPoint]:
-        return self._call("read_metrics", dict(parts))
+        return self._call(call(Node.read_metrics, dict(parts)))
 
     def collect(self, owned: Collection[PartRef]) -> list[str]:
-        return self._call("collect", list(owned))
+        return self._call(call(Node.collect, list(owned)))
 
     def ensure_producer(self, request: ProducerRequest) -> Producers:
-        return self._call("ensure_producer", request, timeout=60)
+        return self._call(call(Node.ensure_producer, request), 60)
 
     def reconcile_producers(self, wanted: AbstractSet[str], known: AbstractSet[str]) -> Producers:
-        return self._call("reconcile_producers", frozenset(wanted), frozenset(known))
+        return self._call(call(Node.reconcile_producers, frozenset(wanted), frozenset(known)))
 
     def adopt_producers(self, names: AbstractSet[str]) -> Producers:
-        return self._call("adopt_producers", frozenset(names))
+        return self._call(call(Node.adopt_producers, frozenset(names)))
 
     def confinement_words(self) -> str:
         return self.agents.confinement.get(self.name, "")
 
     def close(self) -> None:
         pass  # the agents close with ``Agents.close``
+
+
+def _send(actor: Any, request: Call[Any]) -> Any:
+    """Send ``request`` to an agent's actor handle (untyped: Ray's handles are dynamic); its
+    object ref."""
+    return getattr(actor, request.method).remote(*request.args, **request.kwargs)
 
 
 def open_ray_nodes(config: Any, bounds: NodeBounds) -> Agents:

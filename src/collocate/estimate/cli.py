@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from typing import Annotated
 
 import typer
@@ -68,11 +69,10 @@ def estimate(
     _print_table(est, base)
 
 
-def _print_table(est: object, base: dict[str, object]) -> None:
+def _print_table(est: Estimate, base: Mapping[str, Estimate | str]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    assert isinstance(est, Estimate)
     console = Console()
     allocator = est.details.get("allocator")
     console.print(f"estimated peak GPU memory: [bold]{est.mib:,.0f} MiB[/bold] "

@@ -17,7 +17,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, overload
 
 from collocate.errors import CollocateError
 from collocate.gpus.base import DeviceInfo, DeviceSample, ProcessUsage
@@ -37,8 +38,19 @@ class NoGpuError(CollocateError):
     """No usable NVIDIA driver/GPU: the message says so and how to use emulated GPUs instead."""
 
 
+def import_nvml() -> Any:
+    """The ``pynvml`` module: the one place collocate imports NVML (untyped, hence ``Any``)."""
+    import pynvml
+
+    return pynvml
+
+
 # -- pure helpers --------------------------------------------------------------------------
 
+@overload
+def bytes_to_mib(value: float) -> float: ...
+@overload
+def bytes_to_mib(value: None) -> None: ...
 def bytes_to_mib(value: float | None) -> float | None:
     return None if value is None else value / _MIB
 
@@ -113,12 +125,12 @@ class NvmlBackend:
     """
 
     name = "nvml"
-    emulated_state_dir = None
+    emulated_state_dir: Path | None = None  # real GPUs: no emulated state for jobs to share
     needs_mps_server = True
 
     def __init__(self, *, node: str, nvml: Any = None, visible: Visible | None = None) -> None:
         if nvml is None:
-            import pynvml as nvml  # the one place collocate imports NVML
+            nvml = import_nvml()
         self.nvml, self.node = nvml, node
         self._status: dict[str, dict[str, str]] = {}  # metric → device uuid → state
         try:
@@ -384,7 +396,7 @@ def driver_versions(index: int = 0, nvml: Any = None) -> dict[str, Any]:
     out: dict[str, Any] = {"device_name": None, "driver": None, "cuda_driver": None}
     try:
         if nvml is None:
-            import pynvml as nvml
+            nvml = import_nvml()
         nvml.nvmlInit()
     except Exception:
         return out
@@ -406,7 +418,7 @@ def driver_versions(index: int = 0, nvml: Any = None) -> dict[str, Any]:
 def nvml_available(nvml: Any = None) -> bool:
     """True when NVML loads and initialises (a driver is present); used by ``--gpus auto``."""
     if nvml is None:
-        import pynvml as nvml
+        nvml = import_nvml()
     try:
         nvml.nvmlInit()
     except (nvml.NVMLError, OSError):

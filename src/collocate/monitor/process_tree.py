@@ -214,6 +214,6 @@ class TreeReader:
                     else {} for j, root in roots.items()}
         out: dict[str, dict[int, ProcStat]] = {}
         for job_id, root in roots.items():
-            alive = {p: st for p in self._known[job_id] if (st := read_stat(p)) is not None}
+            alive = {p: stat for p in self._known[job_id] if (stat := read_stat(p)) is not None}
             out[job_id] = alive if root in alive else {}
         return out

@@ -107,7 +107,7 @@ class JobSummary:
     gpus: tuple[str, ...]
 
     def to_dict(self) -> dict[str, Any]:
-        d = {k: getattr(self, k) for k in self.__slots__}  # type: ignore[attr-defined]
+        d = {k: getattr(self, k) for k in self.__slots__}
         d["gpus"] = list(self.gpus)
         return d
 

@@ -33,8 +33,8 @@ def serve_command(
     typer.echo(f"serving {factory} as {name!r} (Ctrl-C to stop)", err=True)
     stats = serve(loader, name, slots=slots, stall_timeout_s=stall_timeout, consumer_timeout_s=consumer_timeout,
                   samples_per_epoch=samples_per_epoch, state_dir=state_dir, device=device)
-    typer.echo(f"stopped {name!r}: {stats['batches']} batches, {stats['samples']} samples, "  # type: ignore[index]
-               f"{stats['detached']} consumers detached", err=True)  # type: ignore[index]
+    typer.echo(f"stopped {name!r}: {stats['batches']} batches, {stats['samples']} samples, "
+               f"{stats['detached']} consumers detached", err=True)
 
 
 @share_app.command("status")

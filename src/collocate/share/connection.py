@@ -203,7 +203,7 @@ class Connection:
             if kind is Msg.WELCOME:
                 if body.get("v") != VERSION:
                     raise ProtocolError(f"producer speaks protocol {body.get('v')}, this consumer {VERSION}")
-                if body.get("backend") == "cpu" and len(fds) != 1:
+                if body.get("backend", "cpu") == "cpu" and len(fds) != 1:
                     raise ProtocolError("WELCOME without the ring descriptor")
                 return body, (fds[0] if fds else None)
             for fd in fds:

@@ -90,6 +90,7 @@ class SharedLoader:
         welcome = self._conn.welcome
         self.layout = Layout.from_json(welcome["layout"])
         if welcome.get("backend", "cpu") == "cpu":
+            assert self._conn.ring_fd is not None, "Connection refuses a cpu WELCOME without its ring"
             self._ring: Any = RingReader(self._conn.ring_fd, self.layout, int(welcome["slots"]),
                                          int(welcome["segment_bytes"]))
         else:
@@ -239,11 +240,11 @@ class SharedLoader:
                         pieces.append((cur, self._pos, self._pos + take))
                         self._pos += take
                         need -= take
-                    if self._pos >= cur.count:
+                    if self._pos >= cur.size:
                         used.append(cur)
                         self._resume_hint = cur.seq + 1
                         self._cur = None
-                        over = cur.epoch == end[0] and cur.offset + cur.count >= end[1]
+                        over = cur.epoch == end[0] and cur.offset + cur.size >= end[1]
                     elif self._pos >= limit:
                         over = True
                 if (pieces or filled) and (not self.drop_last or need == 0):
@@ -372,7 +373,7 @@ class SharedLoader:
 def _limit(batch: Batch, end: tuple[int, int]) -> int:
     """How many leading samples of ``batch`` lie before the consumer's epoch end ``end``."""
     if batch.epoch < end[0]:
-        return batch.count
+        return batch.size
     if batch.epoch == end[0]:
-        return max(0, min(batch.count, end[1] - batch.offset))
+        return max(0, min(batch.size, end[1] - batch.offset))
     return 0

@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, overload
 
 from collocate.share import naming
 from collocate.share.errors import ProducerExistsError, ProtocolError, ShareError
@@ -237,12 +237,12 @@ class Producer:
             return True
 
     def _publish(self, batch: Batch) -> None:
-        message = encode(Msg.BATCH, batch.slot, batch.seq, batch.epoch, batch.offset, batch.count)
+        message = encode(Msg.BATCH, batch.slot, batch.seq, batch.epoch, batch.offset, batch.size)
         with self._cond:
             self._meta[batch.slot] = batch
             self._head = batch.seq + 1
             self._stats["batches"] += 1
-            self._stats["samples"] += batch.count
+            self._stats["samples"] += batch.size
             for peer in list(self._peers.values()):
                 if peer.state is PeerState.ACTIVE:
                     peer.held.add(batch.seq)
@@ -402,7 +402,7 @@ class Producer:
             batch = self._meta[seq % self.config.slots]
             peer.held.add(seq)
             peer.delivered += 1
-            self._send(peer, encode(Msg.BATCH, batch.slot, batch.seq, batch.epoch, batch.offset, batch.count))
+            self._send(peer, encode(Msg.BATCH, batch.slot, batch.seq, batch.epoch, batch.offset, batch.size))
             following = self._meta.get((seq + 1) % self.config.slots) if seq + 1 < self._head else None
             done = following.epoch != batch.epoch if following else batch.epoch <= self._last_epoch_done
             if done:
@@ -495,11 +495,21 @@ def _samples_per_epoch(loader: Any) -> int | None:
     if not isinstance(loader, DataLoader) or loader.batch_size is None:
         return None
     try:
-        return len(loader) * loader.batch_size if loader.drop_last else len(loader.sampler)  # type: ignore[arg-type]
+        return len(loader) * loader.batch_size if loader.drop_last else len(loader.sampler)
     except TypeError:
         return None
 
 
+@overload
+def serve(loader: Iterable[Any], name: str, *, state_dir: str | os.PathLike[str] | None = ...,
+          slots: int = ..., stall_timeout_s: float = ..., consumer_timeout_s: float = ...,
+          heartbeat_s: float = ..., capacity: int | None = ..., samples_per_epoch: int | None = ...,
+          device: str = ..., block: Literal[True] = ...) -> dict[str, Any]: ...
+@overload
+def serve(loader: Iterable[Any], name: str, *, state_dir: str | os.PathLike[str] | None = ...,
+          slots: int = ..., stall_timeout_s: float = ..., consumer_timeout_s: float = ...,
+          heartbeat_s: float = ..., capacity: int | None = ..., samples_per_epoch: int | None = ...,
+          device: str = ..., block: Literal[False]) -> Producer: ...
 def serve(loader: Iterable[Any], name: str, *, state_dir: str | os.PathLike[str] | None = None,
           slots: int = 8, stall_timeout_s: float = 10.0, consumer_timeout_s: float = 5.0,
           heartbeat_s: float = 0.5, capacity: int | None = None, samples_per_epoch: int | None = None,

@@ -78,7 +78,7 @@ class Batch(NamedTuple):
     seq: int
     epoch: int
     offset: int
-    count: int
+    size: int  # samples in the slot (not `count`: that would hide tuple.count)
 
 
 def encode(kind: Msg, *fields: Any, payload: dict[str, Any] | None = None) -> bytes:

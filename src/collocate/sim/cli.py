@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from collocate.cli_help import help_text
 from collocate.errors import InputError
+
+if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
 
 
 class OutputFormat(StrEnum):
@@ -203,13 +207,13 @@ def simulate(
     ) as progress:
         for p in policies:
             task = progress.add_task(f"{p.name:>16}", total=len(jobs))
-            sim = Simulation(nodes, jobs, p, config, progress=lambda done, total, task=task: progress.update(task, completed=done))
+            sim = Simulation(nodes, jobs, p, config, progress=_advancing(progress, task))
             results.append(sim.run())
         baseline = next((r for r in results if r.policy == "exclusive"), None)
         if baseline is None:  # every policy is measured job by job against a plain queue
             task = progress.add_task(f"{'exclusive':>16}", total=len(jobs))
-            baseline = Simulation(nodes, jobs, make_policy("exclusive"), config, progress=lambda done, total,
-                                  task=task: progress.update(task, completed=done)).run()
+            baseline = Simulation(nodes, jobs, make_policy("exclusive"), config,
+                                  progress=_advancing(progress, task)).run()
     summaries = [summarize(r) for r in results]
     versus = {r.policy: versus_exclusive(completion_times(r), completion_times(baseline))
               for r in results if r is not baseline}
@@ -262,13 +266,18 @@ def simulate(
             typer.echo(f"wrote {path}")
 
 
+def _advancing(progress: Progress, task: TaskID) -> Callable[[int, int], None]:
+    """A simulation's progress callback (jobs done, jobs in all) that moves ``task`` along."""
+    return lambda done, _total: progress.update(task, completed=done)
+
+
 def _floor_doc(jobs, nodes, mode, summaries) -> dict:
     """Floors in minutes and, when `exclusive` was compared, each policy's share of the gap
     between exclusive's makespan and each floor."""
     from collocate.sim.floor import floors
 
     f = floors(jobs, nodes, mode)
-    minutes = {k.replace("_s", "_min"): (None if v is None else round(v / 60.0, 2))
+    minutes = {k.replace("_s", "_min"): (None if v is None else _minutes(v))
                for k, v in f.as_dict().items() if k.endswith("_s")}
     doc: dict = {**minutes, "mixes": f.mixes, "job_types": f.job_types}
     exclusive = next((s.makespan_min for s in summaries if s.policy == "exclusive"), None)
@@ -292,6 +301,10 @@ def _share(makespan: float, exclusive: float, floor: float | None) -> float | No
 
     share = gap_closed(makespan, exclusive, floor) if floor else float("nan")
     return None if share != share else round(share, 3)
+
+
+def _minutes(seconds: float) -> float:
+    return round(seconds / 60.0, 2)
 
 
 def _floor_text(doc: dict) -> str:

@@ -154,6 +154,11 @@ class SimJobRecord:
     reason: str = ""
     spans: list[list] = field(default_factory=list)  # [gpus, start, end, outcome] per attempt
 
+    @property
+    def completion_s(self) -> float | None:
+        """Submission to end of a job that ended done; None for any other (failed, rejected, running)."""
+        return self.end - self.submit if self.state == "done" and self.end is not None else None
+
 
 @dataclass
 class SimRun:

@@ -35,7 +35,7 @@ class Summary:
 def summarize(result: SimResult) -> Summary:
     records = result.records
     done = [r for r in records if r.state == "done"]
-    jct = np.array([r.end - r.submit for r in done]) / 60.0
+    jct = np.array([c for r in done if (c := r.completion_s) is not None]) / 60.0
     waits = np.array([r.start - r.submit for r in records if r.start is not None]) / 60.0
 
     def stat(values: np.ndarray, fn) -> float:
@@ -115,5 +115,4 @@ def versus_exclusive(completion: dict[str, float | None], exclusive: dict[str, f
 
 def completion_times(result: SimResult) -> dict[str, float | None]:
     """Per job, submission to end for a job that ended done; None otherwise."""
-    return {r.id: (r.end - r.submit if r.state == "done" and r.end is not None else None)
-            for r in result.records}
+    return {r.id: r.completion_s for r in result.records}

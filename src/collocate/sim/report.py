@@ -122,7 +122,7 @@ def write_plots(results: Sequence[SimResult], out: Path) -> list[Path]:
     written = []
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for result in results:
-        jct = np.sort([(r.end - r.submit) / 60 for r in result.records if r.state == "done"])
+        jct = np.sort([c / 60 for r in result.records if (c := r.completion_s) is not None])
         if jct.size:
             ax.step(jct, np.arange(1, jct.size + 1) / jct.size, where="post", label=result.policy)
     ax.set_xlabel("job completion time (min)")

@@ -56,7 +56,7 @@ def create_app(source: DashboardSource, *, token: str | None = None,
                              hint="use at least 16 random characters, e.g. `openssl rand -hex 16`")
     app = FastAPI(title="collocate", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.token = token
-    cookie = None if token is None else cookie_name(token)
+    cookie = "" if token is None else cookie_name(token)  # no token: no cookie is read or set
 
     @app.middleware("http")
     async def check_token(request: Request, call_next: Any) -> Response:

@@ -13,6 +13,7 @@ import ipaddress
 import socket
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from collocate.errors import CollocateError
@@ -62,7 +63,7 @@ def bind_listener(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve_in_thread(app: object, host: str = "127.0.0.1", port: int = 0, *,
+def serve_in_thread(app: Callable[..., Awaitable[None]], host: str = "127.0.0.1", port: int = 0, *,
                     start_timeout_s: float = 15.0, sock: socket.socket | None = None) -> DashboardServer:
     """Start serving ``app`` (on ``sock`` if already bound); returns once it accepts connections."""
     import uvicorn

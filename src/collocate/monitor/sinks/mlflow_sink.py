@@ -92,8 +92,8 @@ class MlflowSink:
             ms = int(tick.time * 1000)
             on_gpu: dict[str, set[str]] = {}
             for g in tick.gpus:
-                for j in g.jobs:
-                    on_gpu.setdefault(j, set()).update(g.jobs)
+                for job_id in g.jobs:
+                    on_gpu.setdefault(job_id, set()).update(g.jobs)
             for j in tick.jobs:
                 self._neighbours.setdefault(j.job_id, set()).update(
                     on_gpu.get(j.job_id, set()) - {j.job_id})
