@@ -12,7 +12,9 @@ meters read, and both get the same answers because every rule of observation liv
   ``ONSET_TOGETHER_S`` of it while the step holds ``ONSET_STEP`` for each), or, on a GPU too
   busy to show such a step, once its memory has held still ``WARM_QUIET_S``, and at the latest
   after ``WARMUP_MAX_S``; then ``ACTIVE``. Policies see how many jobs of each GPU have not started in earnest
-  (``n_starting``): start-ups overlap other jobs' training for free.
+  (``n_starting``): start-ups overlap other jobs' training for free. A job still ``STARTING``
+  after ``STARTUP_MAX_S`` (one that never holds GPU memory, such as ``sleep``, or a long CPU
+  prelude) stops counting there, until it does hold memory.
 * **Memory.** Each resident's ``collocate.commitment.MemoryRamp`` says what it commits against
   its GPUs; memory held by processes that are no resident's (``other_mib``) is charged too.
 * **Activity, observed.** Each resident carries a ``collocate.belief.Belief``; each device keeps
@@ -78,6 +80,12 @@ WARM_QUIET_S = 2.0
 #: The longest a job may hold memory without its activity showing before it counts as active:
 #: an H100's cold first steps ran at almost no SM activity for up to 20 s (docs/gpu-validation.md).
 WARMUP_MAX_S = 20.0
+#: The longest a job may hold no GPU memory and still count as starting (``n_starting``): real
+#: start-ups (interpreter, ``import torch``, model construction) took 4-10 s on an H100
+#: (gpu-facts.md), so a job past several times that is not starting but doing something else
+#: (a CPU step, ``sleep``) that uses no GPU. Counted for its whole life, it held a GPU's start-up
+#: slot (``auto``'s ``startup_slots``) and kept every unpriced job from starting there.
+STARTUP_MAX_S = 60.0
 #: Readings a segment needs before they revise beliefs: a few samples.
 MIN_SEGMENT_SAMPLES = 3
 #: Time constant of a segment's moving average, in samples: recent readings count most, so a job
@@ -127,6 +135,7 @@ class Resident:
     best_rate: float = 0.0  # its fastest reported step rate while active: what it can do
     slowdown: float = 0.0  # measured: ``best_rate`` over its rate now (0: not measured)
     frozen: bool = False  # suspended (``collocate.suspension``): holds its memory, draws nothing
+    starting: bool = True  # counts in its devices' ``n_starting`` (not active, start-up not lapsed)
 
     @property
     def profile(self) -> JobProfile:
@@ -305,6 +314,7 @@ class World:
         if len(r.devices) > 1:
             self._gangs[job.id] = None
             self._gang_table = None
+        self._due_at(now + STARTUP_MAX_S, _STARTUP, job.id, r.seq)
         return r
 
     def remove(self, job_id: str, now: float) -> Resident:
@@ -322,8 +332,7 @@ class World:
                 st.joint.drop(job_id)
             self.committed[i] -= r.commitment
             self.n_jobs[i] -= 1
-            if r.phase is not Phase.ACTIVE:
-                self.n_starting[i] -= 1
+            self.n_starting[i] -= r.starting
             self.sm_sum[i] -= r.pricing.profile.sm_activity
             self.dram_sum[i] -= r.pricing.profile.dram_activity
             if r.slowdown:
@@ -449,12 +458,14 @@ class World:
             r.phase = Phase.WARMING
             r.seen_at = now
             for i in r.devices:
+                self.n_starting[i] += not r.starting  # its start-up had lapsed: warming now
                 st = self.state[i]
                 if next(reversed(st.residents)) == job_id:
                     self.seen_at[i] = now
                 st.baseline = st.sm
                 self._close_segment(i)
                 self._open_segment(i, now)
+            r.starting = True
             self._due_at(now + WARMUP_MAX_S, _WARMUP, job_id, r.seq)
             self._due_at(now + WARM_QUIET_S, _WARMUP, job_id, r.seq)
         self._recommit(r, now)
@@ -501,6 +512,13 @@ class World:
                 r = self.residents.get(key)
                 if r is not None and r.seq == epoch:
                     changed |= self._recommit(r, now)
+            elif kind == _STARTUP:
+                r = self.residents.get(key)
+                if r is not None and r.seq == epoch and r.phase is Phase.STARTING and r.starting:
+                    r.starting = False  # not starting but using no GPU: its slot is free
+                    for i in r.devices:
+                        self.n_starting[i] -= 1
+                    changed = True
             elif kind == _WARMUP:
                 r = self.residents.get(key)
                 if r is not None and r.seq == epoch and r.phase is Phase.WARMING and (
@@ -525,7 +543,9 @@ class World:
             else:
                 r = self.residents.get(key)
                 live = r is not None and r.seq == epoch and (
-                    r.phase is Phase.WARMING if kind == _WARMUP else r.ramp.changes_at() <= when)
+                    r.phase is Phase.WARMING if kind == _WARMUP
+                    else r.phase is Phase.STARTING and r.starting if kind == _STARTUP
+                    else r.ramp.changes_at() <= when)
             if live:
                 return when
             heapq.heappop(self._due)
@@ -569,7 +589,7 @@ class World:
         for r in gone:
             for i in r.devices:
                 cols["n_jobs"][i] -= 1
-                cols["n_starting"][i] -= int(r.phase is not Phase.ACTIVE)
+                cols["n_starting"][i] -= r.starting
                 cols["sm_sum"][i] -= r.profile.sm_activity
                 cols["dram_sum"][i] -= r.profile.dram_activity
                 touched.add(i)
@@ -668,6 +688,7 @@ class World:
 
     def _activate(self, r: Resident, now: float) -> None:
         r.phase = Phase.ACTIVE
+        r.starting = False
         r.ramp.active_at = now
         self._recommit(r, now)
         for i in r.devices:
@@ -789,7 +810,7 @@ class World:
         return self._gang_table
 
 
-_MEMORY, _WARMUP, _SEGMENT = range(3)
+_MEMORY, _WARMUP, _SEGMENT, _STARTUP = range(4)
 _PRIORS = ("assumed", "similar")  # belief sources that are guesses, not observations
 
 #: SM occupancy when a reading does not say (an A100's NVML, the emulated GPUs, the simulator):

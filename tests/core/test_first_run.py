@@ -156,6 +156,14 @@ def test_an_unpriced_job_starts_on_trial_where_the_gpu_reads_room_whatever_the_p
     # nodes, interactive) is not started on trial
     starting = _loaded(_gpu(jobs=3, committed=8 * GIB, starting=1), sm=2.0, dram=1.0)
     assert not auto([newcomer], starting.evolve(util_sm=np.array([0.48]))).placements
+    # ... unless the GPU reading room offers more (``observe_slots``), on measured room only
+    more = make_policy("auto", observe_slots=2)
+    assert [(p.job_id, p.trial) for p in more([newcomer], starting.evolve(util_sm=np.array([0.48]))).placements] \
+        == [("new", True)]
+    assert not more([newcomer], starting.evolve(util_sm=np.array([0.7]))).placements
+    two_starting = _loaded(_gpu(jobs=3, committed=8 * GIB, starting=2), sm=2.0, dram=1.0)
+    assert not more([newcomer], two_starting.evolve(util_sm=np.array([0.48]))).placements
+    assert not make_policy("auto", observe_slots=0)([newcomer], prior_says_no.evolve(util_sm=np.array([0.48]))).placements
     interactive = newcomer.evolve(interactive=True)
     assert not auto([interactive], prior_says_no.evolve(util_sm=np.array([0.48]))).placements
     assert not make_policy("auto", observe_below_sm=0.0)([newcomer], prior_says_no).placements

@@ -361,3 +361,24 @@ def test_catalogue_rows_of_one_model_and_dataset_share_a_program(tmp_path):
     cat = load_catalogue(path)
     assert cat["r1"].program == cat["r2"].program != cat["r3"].program
     assert cat["x"].program is None
+
+
+def test_a_job_using_no_gpu_past_the_longest_start_up_stops_holding_its_gpus_start_up_slot():
+    # a runs a CPU prelude of 300 s before it touches its GPU; x trains beside it. b, unpriced,
+    # is turned away by the gain gate at its prior and may start past it on trial only where
+    # no job is still starting: a counts as starting for STARTUP_MAX_S only, so b starts then.
+    from collocate.model import JobProfile
+    from collocate.sim.trace import TraceJob, Workload
+    from collocate.world import STARTUP_MAX_S
+
+    def job(name: str, seconds: float, startup_s: float) -> Workload:
+        return Workload(name, 1, seconds, 8000.0, {"declared": 8000.0}, JobProfile(0.3, 0.15),
+                        startup_s=startup_s, command=name)
+
+    trace = [TraceJob("a", 0.0, job("a", 400.0, 300.0)), TraceJob("x", 0.0, job("x", 400.0, 0.0)),
+             TraceJob("b", 1.0, job("b", 30.0, 0.0))]
+    config = SimConfig(estimator="declared", profiles="unknown", ramp_s=2.0)
+    result = Simulation(parse_cluster("1xH100-80GB"), trace, make_policy("auto"), config).run()
+    start = {r.id: r.start for r in result.records}
+    assert start["a"] == start["x"] == 0.0
+    assert start["b"] == pytest.approx(STARTUP_MAX_S)  # not 300 s, when a first holds memory

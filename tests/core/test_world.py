@@ -9,7 +9,7 @@ import pytest
 from collocate.belief import realized
 from collocate.interference import default_interference
 from collocate.model import GpuId, Job, JobProfile, SharingMode
-from collocate.world import MIN_SEGMENT_SAMPLES, ONSET_STEP, WARMUP_MAX_S, Device, Phase, World
+from collocate.world import MIN_SEGMENT_SAMPLES, ONSET_STEP, STARTUP_MAX_S, WARMUP_MAX_S, Device, Phase, World
 
 LEARN_S = MIN_SEGMENT_SAMPLES + 1.0  # at a 1-s period: a sample's lag, then a few samples
 
@@ -47,6 +47,35 @@ def test_a_job_whose_activity_never_shows_counts_as_active_after_the_longest_war
     w.tick(10.0)  # an idle GPU would show its steps: its memory holding still proves nothing
     assert w.residents["a"].phase is Phase.WARMING
     assert w.tick(1.0 + WARMUP_MAX_S) and w.residents["a"].phase is Phase.ACTIVE
+
+
+def test_a_job_that_holds_no_gpu_memory_past_the_longest_start_up_stops_counting_as_starting():
+    w = world(2)
+    w.place(job("sleep"), [0], now=0.0)  # e.g. ``sleep``, or a long CPU step: never holds memory
+    w.place(job("gang"), [0, 1], now=0.0)
+    assert list(w.n_starting) == [2, 1]
+    assert w.next_change_at() == STARTUP_MAX_S  # the simulator wakes for it
+    assert not w.tick(STARTUP_MAX_S - 1.0) and list(w.n_starting) == [2, 1]
+    w.observe_memory("gang", 500.0, now=STARTUP_MAX_S - 1.0)  # the gang holds memory: warming
+    assert w.tick(STARTUP_MAX_S) and list(w.n_starting) == [1, 1]
+    assert w.residents["sleep"].phase is Phase.STARTING  # its phase is what was seen; only the count lapses
+    assert w.snapshot(STARTUP_MAX_S).n_starting[0] == 1
+    assert w.idle_view(w.snapshot(STARTUP_MAX_S), ["sleep"]).n_starting[0] == 1  # counted once only
+    w.observe_memory("sleep", 500.0, now=70.0)  # it reached the GPU at last: warming, counted again
+    assert list(w.n_starting) == [2, 1]
+    w.remove("sleep", now=71.0)
+    w.remove("gang", now=71.0)
+    assert list(w.n_starting) == [0, 0]
+
+
+def test_a_job_that_lapsed_as_starting_and_ended_leaves_the_count_as_it_was():
+    w = world()
+    w.place(job("sleep"), [0], now=0.0)
+    w.tick(STARTUP_MAX_S)
+    w.place(job("b"), [0], now=STARTUP_MAX_S + 1.0)
+    assert w.n_starting[0] == 1
+    w.remove("sleep", now=STARTUP_MAX_S + 2.0)
+    assert w.n_starting[0] == 1 and w.next_change_at() == STARTUP_MAX_S * 2 + 1.0
 
 
 def test_on_a_gpu_too_busy_to_show_its_steps_a_job_whose_memory_holds_still_is_active():

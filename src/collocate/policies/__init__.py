@@ -86,7 +86,7 @@ _MODELS = frozenset({"interference"})  # a fitted model, not a threshold: no --p
 # Parameters whose values are fractions (in [0, 1]); ``limits.*`` are utilization fractions too.
 _FRACTIONS = frozenset({"pack_tolerance", "observe_below_sm"})
 _AT_LEAST_ONE = frozenset({"max_slowdown", "startup_max_slowdown"})  # slowdown factors: 1 means none
-_COUNTS_FROM_ZERO = frozenset({"startup_slots"})  # 0 turns the rule off
+_COUNTS_FROM_ZERO = frozenset({"startup_slots", "observe_slots"})  # 0 turns the rule off
 
 
 def _range(key: str, kind: type) -> tuple[float, float]:

@@ -45,7 +45,10 @@ placement adds the most total training progress?" and answers with the interfere
   passes the gate or waits.
 * **Start, observe, take back.** Such a job also starts past the gate, whatever the model predicts
   at its prior, on a GPU that reads less than ``observe_below_sm`` SM activity with a start-up
-  slot open: the prior is a guess and the GPU's reading says there is room. It starts *on
+  slot open (fewer than ``observe_slots`` of its jobs starting): the prior is a guess and the
+  GPU's reading says there is room. One slot, because the reading does not show a starting job
+  yet: with none, a burst of jobs all landed on a GPU that still read idle (the first run's p95
+  over ``exclusive`` 0.93 to 2.47 in the simulator, ``benchmarks/startup_trade.py``). It starts *on
   trial* (``Placement.trial``), and so does every job placed beside others on a prior: once it is seen
   working, the scheduler freezes it if a neighbour is seen slowed past the limit, and thaws it
   when room returns (``collocate.suspension``). Waiting on the prior left ``sleep 1`` pending
@@ -118,6 +121,7 @@ class Auto:
     startup_slots: int = 1  # jobs per GPU that may be starting when an unpriced job joins past the gate
     startup_max_slowdown: float = 2.0  # ... if nobody there is predicted slower than this
     observe_below_sm: float = 0.6  # ... or, whatever the prediction, if the GPU reads less SM than this
+    observe_slots: int = 1  # ... with fewer than this many jobs still starting there
     limits: RiskLimits = field(default_factory=RiskLimits)  # measured saturation still vetoes
     interference: InterferenceModel = field(default_factory=default_interference)
 
@@ -192,9 +196,10 @@ class Auto:
                 return None, Wait(WaitKind.RESERVED, "the room it needs is kept for a job waiting longer")
             return None, memory_wait(job, ledger, float(np.max(np.atleast_1d(self._need(job, cluster.total_mib))))
                                      + self.reserve_mib + self.headroom_mib)
-        startable = self._may_start_unpriced(job, ledger, candidates, min_gain)
+        by_model, on_room = self._may_start_unpriced(job, ledger, candidates, min_gain)
+        startable = by_model | on_room
         kept = usable[candidates] | startable  # a start-up uses nothing of a saturated GPU yet
-        candidates, startable = candidates[kept], startable[kept]
+        candidates, startable, by_model, on_room = candidates[kept], startable[kept], by_model[kept], on_room[kept]
         if candidates.size == 0:
             return None, Wait(WaitKind.BUSY, "every GPU with room is saturated (SM and occupancy or DRAM)")
         # The newcomer alone gains at most 1 / (its slowdown below saturation): drop the GPUs
@@ -206,7 +211,8 @@ class Auto:
             if cluster.has_mig_instances:  # activity counts relative to each instance's SMs
                 pressure /= cluster.speed[candidates]
             kept = (pressure <= 1.0 / min_gain - 1.0 - params.base) | startable
-            missed, candidates, startable = candidates[~kept], candidates[kept], startable[kept]
+            missed, candidates = candidates[~kept], candidates[kept]
+            by_model, on_room = by_model[kept], on_room[kept]
         else:
             missed = candidates[:0]
         if candidates.size:
@@ -217,10 +223,7 @@ class Auto:
             passes = ok & (gain >= min_gain) & usable[candidates]
             placed = _PLACED
             if not passes.any():  # past the gate only where it may start unpriced, on trial
-                # a job that can be taken back (never one across nodes or an interactive one)
-                load = cluster.util_sm if cluster.sm_recent is None else cluster.sm_recent
-                roomy = (load[candidates] < self.observe_below_sm) & (job.nodes == 1 and not job.interactive)
-                passes = startable & ((worst <= self.startup_max_slowdown) | roomy)
+                passes = (by_model & (worst <= self.startup_max_slowdown)) | on_room
                 placed = _TRIAL
             if passes.any():
                 chosen, gain = candidates[passes], gain[passes]
@@ -232,16 +235,27 @@ class Auto:
         return None, self._slowdown_wait(job, ledger, missed, None, None, min_gain)
 
     def _may_start_unpriced(self, job: Job, ledger: Ledger, candidates: np.ndarray,
-                            min_gain: float) -> np.ndarray:
-        """Where ``job``, priced only by a prior, may start past the gain gate: GPUs with fewer
-        than ``startup_slots`` jobs still starting (only when no idle GPU is on offer)."""
+                            min_gain: float) -> tuple[np.ndarray, np.ndarray]:
+        """Where ``job``, priced only by a prior, may start past the gain gate (only when no
+        idle GPU is on offer): by the model, GPUs with fewer than ``startup_slots`` jobs still
+        starting (and, the caller checks, nobody predicted slower than ``startup_max_slowdown``);
+        on measured room, whatever the model predicts, GPUs reading less than
+        ``observe_below_sm`` SM lately with fewer than ``observe_slots`` jobs still starting,
+        for a job that can be taken back (never one across nodes or an interactive one)."""
+        cluster = ledger.cluster
         if (self.startup_slots <= 0 or job.profile_source not in ("assumed", "similar")
                 or min_gain != self.min_gain):
-            return np.zeros(candidates.size, dtype=bool)
-        open_slot = ledger.n_starting[candidates] < self.startup_slots
-        if not open_slot.all() and ledger.placed_on.intersection(candidates[~open_slot].tolist()):
-            ledger.recheck(ledger.cluster.now)  # a job placed now may be training at once
-        return open_slot
+            none = np.zeros(candidates.size, dtype=bool)
+            return none, none
+        starting = ledger.n_starting[candidates]
+        by_model = starting < self.startup_slots
+        load = cluster.util_sm if cluster.sm_recent is None else cluster.sm_recent
+        on_room = ((load[candidates] < self.observe_below_sm) & (starting < self.observe_slots)
+                   & (job.nodes == 1 and not job.interactive))
+        closed = ~(by_model | on_room)
+        if closed.any() and ledger.placed_on.intersection(candidates[closed].tolist()):
+            ledger.recheck(cluster.now)  # a job placed now may be training at once
+        return by_model, on_room
 
     def _slowdown_wait(self, job: Job, ledger: Ledger, candidates: np.ndarray,
                        gain: np.ndarray | None, worst: np.ndarray | None, min_gain: float) -> Wait:
