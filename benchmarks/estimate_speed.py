@@ -126,7 +126,7 @@ def compare_cli(args: argparse.Namespace) -> dict[str, object]:
     def med(runs: list[dict[str, float]]) -> dict[str, float]:
         return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
 
-    return {"command": argv, "warm_estimator_ready_s": ready_s, "warm_estimator_rss_mib": server_rss,
+    return {"command": ["collocate", *argv[1:]], "warm_estimator_ready_s": ready_s, "warm_estimator_rss_mib": server_rss,
             "identical_output": True, "answer": json.loads(out_cold), "cold_median": med(cold),
             "warm_median": med(warm), "cold": cold, "warm": warm}
 

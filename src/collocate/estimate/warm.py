@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import resource
 import signal
 import socket
 import sys
@@ -38,7 +39,8 @@ from collocate.errors import CollocateError, InputError
 
 #: Estimates answered at once; a further client is told "busy" and estimates cold.
 MAX_CHILDREN = 4
-#: One estimate's limit in a child (the cold path has none; cpu-run fallbacks can be slow).
+#: One estimate's limit in a child, in wall time and (a hard limit the user's code cannot raise)
+#: CPU time; the cold path has none, and cpu-run fallbacks can be slow.
 ESTIMATE_TIMEOUT_S = 600
 #: A request must arrive whole within this of connecting.
 REQUEST_TIMEOUT_S = 10.0
@@ -115,20 +117,22 @@ def threads() -> int:
 
 
 def listen(socket_path: Path, allow_gid: int | None) -> socket.socket:
-    """Bind the socket as the daemon's own (0600, or 0660 for ``--group``)."""
-    if socket_path.exists() or socket_path.is_symlink():
-        socket_path.unlink()
+    """Bind the socket as the daemon's own (0600, or 0660 for ``--group``). It is bound under
+    another name and renamed once it listens: a client that sees the socket is answered."""
+    building = socket_path.with_name(socket_path.name + ".new")
+    building.unlink(missing_ok=True)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old = os.umask(0o177)
     try:
-        sock.bind(str(socket_path))
+        sock.bind(str(building))
     finally:
         os.umask(old)
     if allow_gid is not None:
-        os.chown(socket_path, -1, allow_gid)
-        os.chmod(socket_path, 0o660)
+        os.chown(building, -1, allow_gid)
+        os.chmod(building, 0o660)
     sock.listen(64)
     sock.settimeout(POLL_S)
+    os.replace(building, socket_path)
     return sock
 
 
@@ -181,6 +185,7 @@ def _child(conn: socket.socket, allow_gid: int | None) -> None:
     try:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.alarm(ESTIMATE_TIMEOUT_S)
+        resource.setrlimit(resource.RLIMIT_CPU, (ESTIMATE_TIMEOUT_S, ESTIMATE_TIMEOUT_S))  # kept by the user
         conn.settimeout(REQUEST_TIMEOUT_S)
         try:
             become_peer(conn, allow_gid)
@@ -191,6 +196,9 @@ def _child(conn: socket.socket, allow_gid: int | None) -> None:
         conn.settimeout(None)
         _send(conn, answer(request))
     except BaseException:
+        import traceback
+
+        traceback.print_exc()  # to the daemon's log; the client estimates cold
         code = 1
     finally:
         conn.close()
