@@ -215,8 +215,7 @@ class Service:
             self.tracking.close()  # the dashboard first: it asks the loop, which is stopping
         if hasattr(self, "server"):
             self.server.stop()
-        if getattr(self, "estimator", None) is not None:
-            stop_process(self.estimator)
+        stop_process(getattr(self, "estimator", None))
         if hasattr(self, "store"):
             self.store.close()
         if self._nodes is not None:

@@ -23,8 +23,10 @@ def start_warm_estimator(layout: StateLayout, config: ServeConfig) -> subprocess
     return subprocess.Popen(command(layout.estimator_socket, config.allow_gid), stdin=subprocess.DEVNULL)
 
 
-def stop_process(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM, then SIGKILL after ``STOP_GRACE_S``; reaped either way."""
+def stop_process(proc: subprocess.Popen[bytes] | None) -> None:
+    """SIGTERM, then SIGKILL after ``STOP_GRACE_S``; reaped either way (None: nothing to stop)."""
+    if proc is None:
+        return
     proc.terminate()
     try:
         proc.wait(timeout=STOP_GRACE_S)
