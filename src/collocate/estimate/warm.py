@@ -54,9 +54,9 @@ REQUEST_KEYS = ("entry_point", "batch_size", "optimizer", "precision", "gpu", "f
 
 # -- client side --------------------------------------------------------------------------
 def ask(socket_path: Path, **request: Any) -> Any:
-    """The warm estimator's answer (an ``Estimate``), or ``None`` when it cannot give one
-    (no socket or none this user may reach, refused, busy, crashed): the caller then estimates cold. A ``CollocateError``
-    the estimate raised (a bad entry point) is raised here as it would be cold."""
+    """The warm estimator's answer (an ``Estimate``), or ``None`` when it cannot give one (no
+    socket, or none this user may reach; refused, busy, crashed): the caller then estimates
+    cold. A ``CollocateError`` the estimate raised (a bad entry point) is raised here as cold."""
     from collocate.estimate.base import Estimate
 
     message = {**{k: request[k] for k in REQUEST_KEYS}, "fallbacks": list(request["fallbacks"]),
@@ -73,9 +73,12 @@ def ask(socket_path: Path, **request: Any) -> Any:
     if not isinstance(reply, dict):
         return None
     if "estimate" in reply:
-        d = reply["estimate"]
-        d["mib"] = math.inf if d["mib"] is None else d["mib"]
-        return Estimate(**{f.name: d[f.name] for f in fields(Estimate)})
+        try:
+            d = reply["estimate"]
+            d["mib"] = math.inf if d["mib"] is None else d["mib"]
+            return Estimate(**{f.name: d[f.name] for f in fields(Estimate)})
+        except (KeyError, TypeError, ValueError):
+            return None
     error = reply.get("error")
     if isinstance(error, dict) and error.get("kind") in ("input", "collocate"):
         cls = InputError if error["kind"] == "input" else CollocateError
@@ -109,11 +112,6 @@ def warm_up() -> None:
     trace_fake(partial(build_resnet, arch="resnet18", image_size=64, classes=10), 2)
     trace_fake(partial(build_transformer, size="tiny", seq=16, vocab=64), 2)
     gc.freeze()
-
-
-def threads() -> int:
-    """Threads of this process (1 before a fork: no OpenMP pool exists yet)."""
-    return len(os.listdir("/proc/self/task"))
 
 
 def listen(socket_path: Path, allow_gid: int | None) -> socket.socket:
