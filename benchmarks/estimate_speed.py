@@ -10,6 +10,12 @@ other work on the machine inflates the times.
 
     python benchmarks/estimate_speed.py [--repeats 5] [--entry ...] [--batch-size 64]
 
+Then, side by side in the same run (``--cli-repeats``, 0 to skip), the `collocate estimate`
+command as a user types it, cold (``--cold``: everything in the command's process) and answered
+by a warm estimator (``estimate/warm.py``, started here as ``serve --warm-estimator`` starts it):
+wall time, CPU time of every process that worked on the answer (the command's, and for the warm
+path the forked child's), and the command's peak RSS; the two outputs must be identical.
+
 Writes benchmarks/results/estimate_speed-<UTC date>.json.
 """
 
@@ -23,6 +29,8 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 CHILD = r"""
@@ -54,12 +62,82 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def run_cli(argv: list[str], env: dict[str, str]) -> tuple[str, dict[str, float]]:
+    """Run one command; its output, wall time, CPU time (user + system) and peak RSS."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, env=env)
+    out = proc.stdout.read() if proc.stdout else b""
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"{argv} failed")
+    return out.decode(), {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime,
+                          "peak_rss_mib": usage.ru_maxrss / 1024}
+
+
+def children_cpu_s(pid: int) -> float:
+    """CPU time of the reaped children of ``pid`` (the warm estimator's forks)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
+
+
+def compare_cli(args: argparse.Namespace) -> dict[str, object]:
+    """Cold and warm `collocate estimate`, alternating, ``args.cli_repeats`` times each."""
+    from collocate.estimate.warm import command
+
+    collocate = str(Path(sys.executable).with_name("collocate"))
+    argv = [collocate, "estimate", args.entry, "--batch-size", str(args.batch_size), "--gpu", args.gpu,
+            "--format", "json"]
+    with tempfile.TemporaryDirectory() as state:
+        env = {**os.environ, "COLLOCATE_STATE_DIR": state}
+        sock = Path(state) / "estimator.sock"
+        t0 = time.perf_counter()
+        server = subprocess.Popen(command(sock, None))
+        try:
+            while not sock.exists():
+                if server.poll() is not None:
+                    raise SystemExit("the warm estimator did not start")
+                time.sleep(0.1)
+            ready_s = time.perf_counter() - t0
+            server_rss = int(Path(f"/proc/{server.pid}/status").read_text()
+                             .split("VmRSS:")[1].split()[0]) / 1024
+            cold, warm = [], []
+            for i in range(args.cli_repeats):
+                out_cold, c = run_cli([*argv, "--cold"], env)
+                before = children_cpu_s(server.pid)
+                out_warm, w = run_cli(argv, env)
+                deadline = time.monotonic() + 5  # the warm process reaps its child within 1 s
+                while children_cpu_s(server.pid) == before and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                w["client_cpu_s"] = w["cpu_s"]
+                w["cpu_s"] += children_cpu_s(server.pid) - before
+                if out_cold != out_warm:
+                    raise SystemExit(f"cold and warm answers differ:\n{out_cold}\n{out_warm}")
+                cold.append(c)
+                warm.append(w)
+                print(f"cli {i + 1}: cold {c['wall_s']:.2f} s wall, {c['cpu_s']:.2f} s CPU, "
+                      f"{c['peak_rss_mib']:.0f} MiB; warm {w['wall_s']:.2f} s wall, "
+                      f"{w['cpu_s']:.2f} s CPU ({w['client_cpu_s']:.2f} s in the command), "
+                      f"{w['peak_rss_mib']:.0f} MiB")
+        finally:
+            server.terminate()
+            server.wait()
+
+    def med(runs: list[dict[str, float]]) -> dict[str, float]:
+        return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+
+    return {"command": ["collocate", *argv[1:]], "warm_estimator_ready_s": ready_s, "warm_estimator_rss_mib": server_rss,
+            "identical_output": True, "answer": json.loads(out_cold), "cold_median": med(cold),
+            "warm_median": med(warm), "cold": cold, "warm": warm}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--entry", default="collocate.workloads.models:build_resnet50")
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--gpu", default="A100-80GB")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--cli-repeats", type=int, default=3)
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = ap.parse_args()
 
@@ -103,6 +181,9 @@ def main() -> None:
         "targets": {"estimate_s": 5.0, "peak_rss_mib": 2048},
         "runs": runs,
     }
+    if args.cli_repeats > 0:
+        result["cli"] = compare_cli(args)
+        result["load_average_1_5_15min_after"] = [round(x, 2) for x in os.getloadavg()]
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"estimate_speed-{now.date().isoformat()}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")

@@ -69,6 +69,11 @@ class StateLayout:
         return self.root / "collocate.sock"
 
     @property
+    def estimator_socket(self) -> Path:
+        """The warm estimator's socket (``serve --warm-estimator``, ``estimate/warm.py``)."""
+        return self.root / "estimator.sock"
+
+    @property
     def pid_file(self) -> Path:
         return self.root / "daemon.pid"
 

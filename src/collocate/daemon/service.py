@@ -46,6 +46,7 @@ from collocate.daemon.server import ApiServer, Peer
 from collocate.daemon.spec import JobSpec
 from collocate.daemon.store import Store
 from collocate.daemon.tracking import DaemonTracking
+from collocate.daemon.warm_estimator import start_warm_estimator, stop_process
 from collocate.errors import CollocateError
 from collocate.interference import default_interference
 from collocate.node.confine import UNLIMITED, Confinement
@@ -140,6 +141,7 @@ class Service:
             for producers in self.fleet.all_producers():
                 producers.adopt(names)
         self.server.start()
+        self.estimator = start_warm_estimator(self.layout, self.config)
         self.tracking.start_dashboard(self.call, avoid={t for t in (self.config.token, *self.config.user_tokens) if t})
         self.layout.pid_file.write_text(f"{os.getpid()}\n")
         log.info("serving %d GPU(s) with policy %s from %s", len(self.watch.devices),
@@ -215,6 +217,7 @@ class Service:
             self.tracking.close()  # the dashboard first: it asks the loop, which is stopping
         if hasattr(self, "server"):
             self.server.stop()
+        stop_process(getattr(self, "estimator", None))
         if hasattr(self, "store"):
             self.store.close()
         if self._nodes is not None:

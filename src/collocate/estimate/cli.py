@@ -41,6 +41,8 @@ def estimate(
     allocator: Annotated[str | None, typer.Option(
         help="PyTorch allocator mode of the job: default or expandable (expandable_segments:True). "
              "Default: read from PYTORCH_CUDA_ALLOC_CONF here")] = None,
+    cold: Annotated[bool, typer.Option("--cold", help="Estimate in this process even when the "
+                    "daemon keeps a warm estimator (serve --warm-estimator): same numbers, slower")] = False,
 ) -> None:
     """Estimate the peak GPU memory of one training iteration (no GPU needed)."""
     if fmt not in ("table", "json"):
@@ -54,10 +56,11 @@ def estimate(
     fallbacks = () if fallback.strip() in ("", "none") else tuple(
         f.strip() for f in fallback.split(",") if f.strip()
     )
-    est = estimate_memory(
-        entry_point, batch_size=batch_size, optimizer=optimizer, precision=precision, gpu=gpu,
-        fallbacks=fallbacks, allocator=allocator,
-    )
+    request = dict(entry_point=entry_point, batch_size=batch_size, optimizer=optimizer,
+                   precision=precision, gpu=gpu, fallbacks=fallbacks, allocator=allocator)
+    est = None if cold or baselines else _ask_warm(request)
+    if est is None:
+        est = estimate_memory(**request)
     base = estimate_baselines(entry_point, batch_size=batch_size, precision=precision) if baselines else {}
     if fmt == "json":
         out = est.to_dict()
@@ -67,6 +70,14 @@ def estimate(
         typer.echo(json.dumps(out, indent=2))
         return
     _print_table(est, base)
+
+
+def _ask_warm(request: dict) -> Estimate | None:
+    """The daemon's warm estimator's answer (``estimate/warm.py``), or None: estimate here."""
+    from collocate.daemon.paths import StateLayout, client_state_dir
+    from collocate.estimate.warm import ask
+
+    return ask(StateLayout(client_state_dir()).estimator_socket, **request)
 
 
 def _print_table(est: Estimate, base: Mapping[str, Estimate | str]) -> None:
