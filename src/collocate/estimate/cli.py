@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -56,7 +56,7 @@ def estimate(
     fallbacks = () if fallback.strip() in ("", "none") else tuple(
         f.strip() for f in fallback.split(",") if f.strip()
     )
-    request = dict(entry_point=entry_point, batch_size=batch_size, optimizer=optimizer,
+    request: dict[str, Any] = dict(entry_point=entry_point, batch_size=batch_size, optimizer=optimizer,
                    precision=precision, gpu=gpu, fallbacks=fallbacks, allocator=allocator)
     est = None if cold or baselines else _ask_warm(request)
     if est is None:
@@ -72,7 +72,7 @@ def estimate(
     _print_table(est, base)
 
 
-def _ask_warm(request: dict) -> Estimate | None:
+def _ask_warm(request: dict[str, Any]) -> Estimate | None:
     """The daemon's warm estimator's answer (``estimate/warm.py``), or None: estimate here."""
     from collocate.daemon.paths import StateLayout, client_state_dir
     from collocate.estimate.warm import ask
