@@ -148,3 +148,60 @@ def _member_and_outsider(users, sock: Path, work: Path, run_as) -> None:
     outsider = run_as(users["E"], _AS_USER, str(sock), cwd=str(work))
     assert outsider.stdout.split()[-1] == "null"  # no answer: the command estimates cold
     assert not ran_as.exists()
+
+
+_LINGERS = """
+import subprocess
+from collocate.workloads.models import build_mlp
+
+def build(batch_size):
+    with open("cgroup-of", "w") as f:
+        f.write(open("/proc/self/cgroup").read())
+    left = subprocess.Popen(["sleep", "300"], start_new_session=True)  # outlives the estimate
+    with open("left-pid", "w") as f:
+        f.write(str(left.pid))
+    return build_mlp(batch_size, in_features=8, width=8, depth=1, classes=2)
+"""
+
+
+def test_a_root_estimators_child_runs_in_a_cgroup_of_its_own_and_leaves_nothing(
+        warm, tmp_path, monkeypatch) -> None:
+    """As a job's attempt: the member's code runs in a cgroup made for the request (pids and
+    memory bounded, not the daemon's), and what it left running dies with it."""
+    from collocate.node.cgroups import Cgroups
+
+    if os.getuid() != 0:
+        pytest.skip("needs root: only a root warm estimator confines its children")
+    probe = Cgroups.detect("test-warm-estimator-probe")
+    probe.close()
+    if not probe.available:
+        pytest.skip(f"no writable cgroups here: {probe.why}")
+    sock, proc = warm
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "lingers_entry.py").write_text(_LINGERS)
+    assert ask(sock, entry_point="lingers_entry:build", batch_size=4, **REQUEST) is not None
+    own = [line.split(":", 2)[2] for line in (tmp_path / "cgroup-of").read_text().splitlines()
+           if line.split(":", 2)[1] == "pids"]
+    assert own and all("/job-estimate." in path for path in own), own
+    left = int((tmp_path / "left-pid").read_text())
+    deadline = time.monotonic() + 20
+    while (_alive(left) or _children(proc.pid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(left), "a process the estimate started outlived it"
+    mounts = [Path(p) for p in probe.parents.values()]
+    leaf = own[0].rsplit("/", 1)[1]
+    assert not any((m.parent / f"collocate-{_key_hash(sock)}" / leaf).exists() for m in mounts)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _key_hash(sock: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(f"warm-estimator:{sock}".encode()).hexdigest()[:12]

@@ -20,10 +20,17 @@ entry point resolves as it would in the client's process.
 The warm process runs no kernel (its warm-up traces small models on fake tensors), so no
 OpenMP thread pool exists when it forks (a pool does not survive ``fork``), and numpy's
 OpenBLAS, which torch loads, is told to start none: the process forks with one thread.
+
+A root warm estimator (a lab daemon's) puts each child in a cgroup of its own before it becomes
+the member, as the runner does with a job's attempt (``node/cgroups.py``): a pids limit and
+``ESTIMATE_MAX_MEMORY`` of host memory, and whatever the member's code left running is killed
+when the child is reaped. Without it a member's estimate would run in the daemon's cgroup,
+where a runaway import could take memory from the daemon and from every other member.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -33,9 +40,12 @@ import socket
 import sys
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from collocate.errors import CollocateError, InputError
+
+if TYPE_CHECKING:
+    from collocate.node.cgroups import AttemptCgroup, Cgroups
 
 #: Estimates answered at once; a further client is told "busy" and estimates cold.
 MAX_CHILDREN = 4
@@ -47,6 +57,11 @@ REQUEST_TIMEOUT_S = 10.0
 MAX_REQUEST_BYTES = 4 * 1024 * 1024  # the client's environment travels with it
 #: How often the warm process looks for ended children and a daemon that went away.
 POLL_S = 1.0
+
+#: Host memory one estimate may use in its cgroup (root only). A cold ResNet-50 estimate peaks at
+#: about 310 MiB and tracing allocates no real tensor; the cpu-run fallback runs small batches on
+#: the CPU. Past this the member's estimate is killed (the client then estimates cold, as itself).
+ESTIMATE_MAX_MEMORY = 8 * 1024**3
 
 REQUEST_KEYS = ("entry_point", "batch_size", "optimizer", "precision", "gpu", "fallbacks",
                 "allocator")
@@ -136,13 +151,19 @@ def listen(socket_path: Path, allow_gid: int | None) -> socket.socket:
 
 def serve(socket_path: Path, *, allow_gid: int | None = None) -> None:
     """Warm up, then fork a child per connection until the parent (the daemon) goes away."""
+    from collocate.node.cgroups import Cgroups
+
     parent = os.getppid()
     warm_up()
+    cgroups = (Cgroups.detect(f"warm-estimator:{socket_path}", max_memory=ESTIMATE_MAX_MEMORY)
+               if os.getuid() == 0 else None)
     sock = listen(socket_path, allow_gid)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    children: set[int] = set()
+    children: dict[int, AttemptCgroup | None] = {}
     try:
-        while os.getppid() == parent:
+        for n in itertools.count():
+            if os.getppid() != parent:
+                break
             _reap(children)
             try:
                 conn, _ = sock.accept()
@@ -152,22 +173,46 @@ def serve(socket_path: Path, *, allow_gid: int | None = None) -> None:
                 _send(conn, {"error": {"kind": "busy", "message": "the warm estimator is busy"}})
                 conn.close()
                 continue
+            cgroup = _confinement(cgroups, n)
             pid = os.fork()
             if pid == 0:
                 sock.close()
-                _child(conn, allow_gid)
-            children.add(pid)
+                _child(conn, allow_gid, cgroup)
+            children[pid] = cgroup
             conn.close()
     finally:
         sock.close()
         if socket_path.exists():
             socket_path.unlink()
+        for cgroup in children.values():
+            _release(cgroup)
+        if cgroups is not None:
+            cgroups.close()
 
 
-def _reap(children: set[int]) -> None:
+def _confinement(cgroups: Cgroups | None, n: int) -> AttemptCgroup | None:
+    """Request ``n``'s cgroup, made (None where this process cannot confine its children)."""
+    cgroup = cgroups.attempt("estimate", n) if cgroups is not None else None
+    if cgroup is None:
+        return None
+    try:
+        cgroup.create()
+    except OSError:
+        return None
+    return cgroup
+
+
+def _release(cgroup: AttemptCgroup | None) -> None:
+    """Kill what a member's estimate left running, and remove its cgroup."""
+    if cgroup is not None:
+        cgroup.kill()
+        cgroup.remove()
+
+
+def _reap(children: dict[int, AttemptCgroup | None]) -> None:
     for pid in list(children):
         if os.waitpid(pid, os.WNOHANG)[0] == pid:
-            children.discard(pid)
+            _release(children.pop(pid))
 
 
 def _send(conn: socket.socket, reply: dict[str, Any]) -> None:
@@ -177,10 +222,13 @@ def _send(conn: socket.socket, reply: dict[str, Any]) -> None:
         pass  # the client went away: it estimates cold
 
 
-def _child(conn: socket.socket, allow_gid: int | None) -> None:
-    """Answer one request as its peer, then exit (never returns)."""
+def _child(conn: socket.socket, allow_gid: int | None, cgroup: AttemptCgroup | None) -> None:
+    """Answer one request as its peer, in its own cgroup where there is one, then exit (never
+    returns)."""
     code = 0
     try:
+        if cgroup is not None:
+            cgroup.enter()  # still root: the member cannot leave it
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.alarm(ESTIMATE_TIMEOUT_S)
         resource.setrlimit(resource.RLIMIT_CPU, (ESTIMATE_TIMEOUT_S, ESTIMATE_TIMEOUT_S))  # kept by the user
