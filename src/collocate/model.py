@@ -258,6 +258,16 @@ class Gangs:
     def __len__(self) -> int:
         return len(self.width)
 
+    def without(self, k: int) -> Gangs:
+        """These gangs less the ``k``-th (a gang that ended), the others in the same order."""
+        import numpy as np
+        keep = self.member_gang != k
+        member_gang, member_gpu = self.member_gang[keep], self.member_gpu[keep]
+        hosts = np.zeros(len(self.hosts), dtype=bool)
+        hosts[member_gpu] = True
+        return Gangs(np.delete(self.sm, k), np.delete(self.dram, k), np.delete(self.width, k),
+                     member_gang - (member_gang > k), member_gpu, hosts)
+
     def plus(self, gpus: Sequence[int], profile: JobProfile) -> Gangs:
         """These gangs and one more (a gang placed in this round)."""
         import numpy as np
