@@ -7,9 +7,11 @@ daemon exchange these objects; none of them carries behaviour beyond small deriv
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import cache
 from typing import TYPE_CHECKING
 
 from collocate.jobstate import JobState  # re-exported: the client imports it from there alone
@@ -163,12 +165,7 @@ class Job:
     def evolve(self, **changes: object) -> Job:
         """``dataclasses.replace`` without its per-call introspection: the scheduler updates a
         job several times in its life, and a simulation of 100,000 jobs felt the difference."""
-        new = object.__new__(Job)
-        for name in Job.__slots__:
-            object.__setattr__(new, name, changes.pop(name) if name in changes else getattr(self, name))
-        if changes:
-            raise TypeError(f"Job has no field(s) {', '.join(changes)}")
-        return new
+        return Job(*_replaced(self, changes))
 
     @property
     def recovered(self) -> bool:
@@ -338,12 +335,7 @@ class ClusterSnapshot:
     def evolve(self, **changes: object) -> ClusterSnapshot:
         """``dataclasses.replace`` without its per-call introspection: the scheduler sets
         ``placements_made`` on every round, and simulations run a round per event."""
-        new = object.__new__(ClusterSnapshot)
-        for name in ClusterSnapshot.__slots__:
-            object.__setattr__(new, name, changes.pop(name) if name in changes else getattr(self, name))
-        if changes:
-            raise TypeError(f"ClusterSnapshot has no field(s) {', '.join(changes)}")
-        return new
+        return ClusterSnapshot(*_replaced(self, changes))
 
     def subset(self, keep: Sequence[int]) -> ClusterSnapshot:
         """The snapshot of these GPU positions only (a node that does not answer is left out);
@@ -525,3 +517,23 @@ class Plan:
 
     def __bool__(self) -> bool:
         return bool(self.placements or self.rejections or self.freeze)
+
+
+@cache
+def _fields_of(cls: type) -> tuple[operator.attrgetter, dict[str, int]]:
+    """A slotted dataclass's fields read in one call, and each one's position."""
+    return operator.attrgetter(*cls.__slots__), {name: i for i, name in enumerate(cls.__slots__)}
+
+
+def _replaced(obj: object, changes: dict[str, object]) -> list:
+    """``obj``'s field values in order, with ``changes``: one ``attrgetter`` call and the
+    dataclass's own ``__init__`` beat a loop over the fields (a simulation evolves jobs and
+    snapshots hundreds of thousands of times)."""
+    read, position = _fields_of(type(obj))
+    values = list(read(obj))
+    for name, value in changes.items():
+        i = position.get(name)
+        if i is None:
+            raise TypeError(f"{type(obj).__name__} has no field {name!r}")
+        values[i] = value
+    return values
