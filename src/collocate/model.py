@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
-from functools import cache
 from typing import TYPE_CHECKING
 
 from collocate.jobstate import JobState  # re-exported: the client imports it from there alone
@@ -165,7 +164,7 @@ class Job:
     def evolve(self, **changes: object) -> Job:
         """``dataclasses.replace`` without its per-call introspection: the scheduler updates a
         job several times in its life, and a simulation of 100,000 jobs felt the difference."""
-        return Job(*_replaced(self, changes))
+        return Job(*_replaced(self, changes, *_JOB_FIELDS))
 
     @property
     def recovered(self) -> bool:
@@ -335,7 +334,7 @@ class ClusterSnapshot:
     def evolve(self, **changes: object) -> ClusterSnapshot:
         """``dataclasses.replace`` without its per-call introspection: the scheduler sets
         ``placements_made`` on every round, and simulations run a round per event."""
-        return ClusterSnapshot(*_replaced(self, changes))
+        return ClusterSnapshot(*_replaced(self, changes, *_SNAPSHOT_FIELDS))
 
     def subset(self, keep: Sequence[int]) -> ClusterSnapshot:
         """The snapshot of these GPU positions only (a node that does not answer is left out);
@@ -519,17 +518,18 @@ class Plan:
         return bool(self.placements or self.rejections or self.freeze)
 
 
-@cache
-def _fields_of(cls: type) -> tuple[operator.attrgetter, dict[str, int]]:
-    """A slotted dataclass's fields read in one call, and each one's position."""
-    return operator.attrgetter(*cls.__slots__), {name: i for i, name in enumerate(cls.__slots__)}
+
+def _fields_of(cls: type) -> tuple[Callable[[object], tuple], dict[str, int]]:
+    """A dataclass's fields read in one call, and each one's position (its ``__init__``'s)."""
+    names = [f.name for f in fields(cls)]
+    return operator.attrgetter(*names), {name: i for i, name in enumerate(names)}
 
 
-def _replaced(obj: object, changes: dict[str, object]) -> list:
+def _replaced(obj: object, changes: dict[str, object], read: Callable[[object], tuple],
+              position: dict[str, int]) -> list:
     """``obj``'s field values in order, with ``changes``: one ``attrgetter`` call and the
     dataclass's own ``__init__`` beat a loop over the fields (a simulation evolves jobs and
     snapshots hundreds of thousands of times)."""
-    read, position = _fields_of(type(obj))
     values = list(read(obj))
     for name, value in changes.items():
         i = position.get(name)
@@ -537,3 +537,7 @@ def _replaced(obj: object, changes: dict[str, object]) -> list:
             raise TypeError(f"{type(obj).__name__} has no field {name!r}")
         values[i] = value
     return values
+
+
+_JOB_FIELDS = _fields_of(Job)
+_SNAPSHOT_FIELDS = _fields_of(ClusterSnapshot)
