@@ -313,7 +313,8 @@ class World:
                 counts[i] = counts.get(i, 0) + 1
         if len(r.devices) > 1:
             self._gangs[job.id] = None
-            self._gang_table = None
+            if self._gang_table is not None:  # kept up to date: rebuilt, it costs a pass over every gang
+                self._gang_table = self._gang_table.plus(r.devices, r.profile)
         self._due_at(now + STARTUP_MAX_S, _STARTUP, job.id, r.seq)
         return r
 
@@ -353,8 +354,10 @@ class World:
                 if not counts[i]:
                     del counts[i]
             self._open_segment(i, now)
-        if self._gangs.pop(job_id, 0) is None:
-            self._gang_table = None
+        if job_id in self._gangs:
+            if self._gang_table is not None:
+                self._gang_table = self._gang_table.without(list(self._gangs).index(job_id))
+            del self._gangs[job_id]
         return r
 
     def freeze(self, job_id: str, now: float, frozen: bool) -> None:
@@ -804,9 +807,11 @@ class World:
             heapq.heappush(self._due, (when, kind, key, epoch))
 
     def _gang_view(self) -> Gangs | None:
-        if self._gang_table is None and self._gangs:
-            self._gang_table = Gangs.of([(self.residents[j].devices, self.residents[j].profile)
-                                         for j in self._gangs], len(self.ids))
+        if not self._gangs:
+            return None
+        if self._gang_table is None:
+            self._gang_table = Gangs.of([(r.devices, r.pricing.profile)
+                                         for r in map(self.residents.__getitem__, self._gangs)], len(self.ids))
         return self._gang_table
 
 

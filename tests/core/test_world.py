@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from collocate.belief import realized
 from collocate.interference import default_interference
@@ -254,3 +256,30 @@ def test_recent_load_follows_the_readings_of_the_last_few_samples_not_the_risk_w
     assert w.snapshot(41.0).sm_recent[0] == 0.8  # but never less than it reads now
     w.set_reading(0, 42.0, 0.3, 0.1)
     assert 0.3 < w.snapshot(43.0).sm_recent[0] < w.snapshot(42.5).sm_recent[0] < 0.8  # it falls over ~5 s
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 5), st.integers(1, 4)), max_size=30))
+def test_the_multi_gpu_table_kept_as_gangs_come_and_go_is_the_one_built_afresh(steps):
+    """The world keeps its table of gangs up to date as they are placed and removed (rebuilding
+    it cost a pass over every gang in each round of a large simulation): in the same order, the
+    same arrays as one built from the residents."""
+    from collocate.model import Gangs
+
+    w = world(8)
+    for n, (add, first, width) in enumerate(steps):
+        gangs = [j for j, r in w.residents.items() if len(r.devices) > 1]
+        if add or not gangs:
+            w.place(job(f"j{n}", profile=JobProfile(0.1 * (n % 7), 0.05 * (n % 5))),
+                    list(range(first, min(8, first + width))), now=float(n))
+        else:
+            w.remove(gangs[first % len(gangs)], now=float(n))
+        kept = w.snapshot(float(n)).gangs
+        fresh = [(r.devices, r.profile) for r in w.residents.values() if len(r.devices) > 1]
+        if not fresh:
+            assert kept is None
+            continue
+        built = Gangs.of(fresh, 8)
+        for name in ("sm", "dram", "width", "member_gang", "member_gpu", "hosts"):
+            assert getattr(kept, name).tolist() == getattr(built, name).tolist(), name
+            assert getattr(kept, name).dtype == getattr(built, name).dtype, name

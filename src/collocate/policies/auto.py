@@ -169,8 +169,10 @@ class Auto:
         if alone is not None and job.mem_mib is None:
             return alone, _PLACED  # unknown memory: an idle GPU while there is one
         min_gain = 1.0 - self.pack_tolerance if alone else self.min_gain
-        shared, why = self._best_shared(job, ledger, usable, keep, min_gain)
-        return (shared if shared is not None else alone), why
+        shared, why = self._best_shared(job, ledger, usable, keep, min_gain, explain=alone is None)
+        if shared is None and alone is not None:
+            return alone, _PLACED
+        return shared, why
 
     def _need(self, job: Job, total_mib: np.ndarray) -> np.ndarray | float:
         """Memory a placement must find free for ``job`` beyond reserve and headroom: its
@@ -180,11 +182,14 @@ class Auto:
         return job.mem_mib * (1.0 + self.uncertainty_margin * job.mem_uncertainty)
 
     def _best_shared(
-        self, job: Job, ledger: Ledger, usable: np.ndarray, keep: np.ndarray, min_gain: float
+        self, job: Job, ledger: Ledger, usable: np.ndarray, keep: np.ndarray, min_gain: float,
+        *, explain: bool = True,
     ) -> tuple[list[int] | None, Wait]:
         """The busy GPUs where ``job`` adds the most progress, if that is at least ``min_gain``
         (or, for a job nobody has measured, where it may start past the gate: the class
-        docstring); else None and the first test that left no GPU (memory, risk, slowdown)."""
+        docstring); else None and the first test that left no GPU (memory, risk, slowdown).
+        ``explain=False`` (an idle GPU awaits the job anyway) leaves the reason unsaid: saying
+        it may score every GPU passed over, for a reason nobody reads."""
         cluster = ledger.cluster
         params = self._params(cluster.sharing)
         candidates = np.flatnonzero((ledger.n_jobs > 0) & ledger.shareable(job))
@@ -195,7 +200,7 @@ class Auto:
             if keep.any() and (ledger.room() - self.reserve_mib - self.headroom_mib >= self._need(job, cluster.total_mib)).any():
                 return None, Wait(WaitKind.RESERVED, "the room it needs is kept for a job waiting longer")
             return None, memory_wait(job, ledger, float(np.max(np.atleast_1d(self._need(job, cluster.total_mib))))
-                                     + self.reserve_mib + self.headroom_mib)
+                                     + self.reserve_mib + self.headroom_mib) if explain else _UNSAID
         by_model, on_room = self._may_start_unpriced(job, ledger, candidates, min_gain)
         startable = by_model | on_room
         kept = usable[candidates] | startable  # a start-up uses nothing of a saturated GPU yet
@@ -231,8 +236,8 @@ class Auto:
                     return [int(chosen[np.argmax(gain)])], placed
                 return pick_gang(chosen[np.argsort(-gain, kind="stable")], cluster.gang_node, job), \
                     gpus_wait(job, "with room") if placed is _PLACED else placed
-            return None, self._slowdown_wait(job, ledger, candidates, gain, worst, min_gain)
-        return None, self._slowdown_wait(job, ledger, missed, None, None, min_gain)
+            return None, self._slowdown_wait(job, ledger, candidates, gain, worst, min_gain) if explain else _UNSAID
+        return None, self._slowdown_wait(job, ledger, missed, None, None, min_gain) if explain else _UNSAID
 
     def _may_start_unpriced(self, job: Job, ledger: Ledger, candidates: np.ndarray,
                             min_gain: float) -> tuple[np.ndarray, np.ndarray]:
@@ -335,27 +340,26 @@ class Auto:
         params = self._params(ledger.cluster.sharing)
         gang, gpu = table.member_gang, table.member_gpu
         sm, dram = table.sm[gang], table.dram[gang]
-        slow = np.where(ledger.n_jobs[gpu] > 1,
-                        shared_slowdown(params, sm, dram, ledger.sm_sum[gpu] - sm, ledger.dram_sum[gpu] - dram), 1.0)
+        other_sm, other_dram = ledger.sm_sum[gpu] - sm, ledger.dram_sum[gpu] - dram
+        slow = np.where(ledger.n_jobs[gpu] > 1, shared_slowdown(params, sm, dram, other_sm, other_dram), 1.0)
         # per gang its slowest GPU and the next slowest: its pace if any one GPU were not there
-        starts = np.concatenate(([0], np.cumsum(table.width)[:-1]))
-        slowest = np.maximum.reduceat(slow, starts)[gang]
-        is_top = slow == slowest
-        ranks = np.cumsum(is_top)
-        first_top = is_top & (ranks - np.concatenate(([0], ranks[starts[1:] - 1]))[gang] == 1)
-        second = np.maximum.reduceat(np.where(first_top, 0.0, slow), starts)[gang]
-        elsewhere = np.where(first_top, second, slowest)
+        # (the next slowest is the slowest again where two GPUs share the top)
+        starts = np.cumsum(table.width) - table.width
+        slowest = np.maximum.reduceat(slow, starts)
+        is_top = slow == slowest[gang]
+        tops = np.add.reduceat(is_top, starts)
+        below = np.maximum.reduceat(np.where(is_top, 0.0, slow), starts)
         position = np.full(len(ledger.n_jobs), -1)
         position[gpus] = np.arange(len(gpus))
         on = np.flatnonzero(position[gpu] >= 0)
-        at = position[gpu[on]]
-        here, rest = slow[on], elsewhere[on]
-        here_after = shared_slowdown(params, sm[on], dram[on], ledger.sm_sum[gpu[on]] - sm[on] + job.profile.sm_activity,
-                                     ledger.dram_sum[gpu[on]] - dram[on] + job.profile.dram_activity)
-        paced = table.width[gang[on]] * (1.0 / np.maximum(here, rest) - 1.0 / np.maximum(here_after, rest))
-        extra = np.zeros(len(gpus))
-        np.add.at(extra, at, paced - (1.0 / before[at] - 1.0 / after[at]))
-        return extra
+        at, g = position[gpu[on]], gang[on]
+        here = slow[on]
+        rest = np.where(is_top[on] & (tops[g] == 1), below[g], slowest[g])
+        here_after = shared_slowdown(params, sm[on], dram[on], other_sm[on] + job.profile.sm_activity,
+                                     other_dram[on] + job.profile.dram_activity)
+        paced = table.width[g] * (1.0 / np.maximum(here, rest) - 1.0 / np.maximum(here_after, rest))
+        # per candidate GPU, summed in membership order (as ``np.add.at``, faster)
+        return np.bincount(at, weights=paced - (1.0 / before[at] - 1.0 / after[at]), minlength=len(gpus))
 
     def _params(self, mode: SharingMode) -> ModeParams:
         # Jobs sharing one MIG instance time-slice it (the simulator's MIG mode; the daemon says
@@ -408,6 +412,7 @@ class Auto:
 _PLACED = Wait(WaitKind.QUEUE)  # the reason slot of a successful choice: never recorded
 _PRIORS = ("assumed", "similar")  # profile sources that are guesses
 _TRIAL = Wait(WaitKind.QUEUE, "on trial")  # ... of a start past the gate (``Placement.trial``)
+_UNSAID = Wait(WaitKind.QUEUE, "not asked")  # the reason slot of a test nobody reads (``explain``)
 
 
 def _jobs_on(cluster: ClusterSnapshot, gpu: int) -> str:
