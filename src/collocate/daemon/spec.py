@@ -19,7 +19,6 @@ from collocate.daemon.protocol import whole_number
 from collocate.daemon.schema import MAX_TIME_LIMIT_S, MIN_TIME_LIMIT_S
 from collocate.errors import InputError
 from collocate.identity import LAUNCHERS, JobKeys, program_token
-from collocate.model import PRIORITY_MAX
 from collocate.units import parse_duration, parse_mib
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -225,6 +224,8 @@ def validate_submit(args: dict[str, Any], *, uid: int, gid: int, user: str) -> S
     env.update(user_env)
     check_env(env)
     name = str(args.get("name") or default_name(argv))[:200]
+    from collocate.model import PRIORITY_MAX  # here: the client imports this module, not model's
+
     priority = _int(args.get("priority", 0), "--priority", low=-PRIORITY_MAX, high=PRIORITY_MAX)
     source, uncertainty = str(args.get("mem_source") or "declared"), args.get("mem_uncertainty", 0.0)
     if source != "declared" and not source.startswith("static-"):
@@ -377,5 +378,7 @@ def validate_update(args: dict[str, Any]) -> dict[str, Any]:
         if key in given:
             changes[key] = _after(given[key], option)
     if "priority" in given:
+        from collocate.model import PRIORITY_MAX
+
         changes["priority"] = _int(given["priority"], "--priority", low=-PRIORITY_MAX, high=PRIORITY_MAX)
     return changes
