@@ -184,9 +184,11 @@ def test_unusual_lines_go_to_typer():
     assert found[1]["gpus"] == 1 and found[1]["hold"] is True
 
 
-def test_an_environment_variable_that_does_not_convert_goes_to_typer():
-    with mock.patch.dict(os.environ, {"COLLOCATE_HOST": "h:1"}):
-        assert cli_fast.parse("ls", [])[1]["host"] == "h:1"
+def test_an_option_reads_its_environment_variable_unless_empty_or_given():
+    with mock.patch.dict(os.environ, {"COLLOCATE_HOST": "h:1", "COLLOCATE_TOKEN_FILE": ""}):
+        call = cli_fast.parse("ls", [])[1]
+        assert call["host"] == "h:1" and call["token_file"] is None
+        assert cli_fast.parse("ls", ["--host", "g:2"])[1]["host"] == "g:2"
 
 
 def _typer_root_help() -> str:
@@ -214,3 +216,22 @@ def test_root_help_is_typers_for_any_table_of_commands(rows: dict[str, str], col
     table = {name: COMMANDS["ls"]._replace(help=text) for name, text in rows.items()}
     with mock.patch.dict(COMMANDS, table, clear=True), mock.patch.dict(os.environ, {"COLUMNS": str(columns)}):
         assert cli_fast.root_help(cli_fast.help_width()) == _typer_root_help()
+
+
+@pytest.mark.parametrize("args", [["--help"], ["-h"], ["--version"], ["-V"]])
+def test_root_help_and_version_answer_without_typer(args: list[str]):
+    """As members run it: a fresh process, which must not import Typer (nor Click)."""
+    import subprocess
+    import sys
+
+    probe = ("import sys, atexit\n"
+             "atexit.register(lambda: sys.stderr.write(repr(sorted(m for m in sys.modules if 'typer' in m "
+             "or 'click' in m))))\n"
+             "sys.argv[0] = 'collocate'\n"
+             "from collocate.cli import main\n"
+             "main()\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("_COLLOCATE", "_TYPER"))}
+    done = subprocess.run([sys.executable, "-c", probe, *args], capture_output=True, text=True, timeout=60,
+                          env=env, check=False)
+    assert done.returncode == 0 and done.stderr == "[]", done.stderr
+    assert ("Commands:" in done.stdout) == (args[0] in ("--help", "-h"))

@@ -15,6 +15,12 @@ no row, or a row names a command its module does not register.
 The root also answers ``--version``/``-V``, ``-h`` (as ``--help``, on every command), and
 ``--install-completion``/``--show-completion`` (Typer's shell completion for bash, zsh, fish and
 PowerShell; completing a command's options imports only that command's module).
+
+Importing Typer is most of a short command's time, so this module does not: ``main`` first
+asks ``cli_fast`` (the root's ``--help`` and ``--version``, and the usual command lines of
+``submit``, ``ls``, ``show`` and ``gpus``), and only what it leaves goes to the Typer app in
+``cli_app`` (``collocate.cli.app`` still names it). The client's options are declared with
+``cli_params.Option`` (not ``typer.Option``) so that both can read them.
 """
 
 from __future__ import annotations
@@ -65,11 +71,10 @@ COMMANDS: dict[str, Command] = {
 }
 
 
-#: The root's help text (``collocate --help``), and its --version option's line.
-ROOT_HELP = """Share GPUs between training jobs safely and fast.
-
-`collocate COMMAND -h` explains a command; docs/daemon.md the daemon and its client.
-"""
+#: The root's help text (``collocate --help``) as Click prints it (no indentation to clean),
+#: and its --version option's line.
+ROOT_HELP = ("Share GPUs between training jobs safely and fast.\n\n"
+             "`collocate COMMAND -h` explains a command; docs/daemon.md the daemon and its client.")
 VERSION_HELP = "Print collocate's version and exit."
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from types import UnionType
 from typing import Annotated, Any, NamedTuple, Union, get_args, get_origin
 
@@ -165,6 +164,8 @@ def _kind(base: Any) -> tuple[Callable[[str], Any] | None, bool] | None:
         return None
     if base is bool:
         return None, multiple
+    from pathlib import Path
+
     convert = {int: int, float: float, str: str, Path: Path}.get(base)
     return None if convert is None else (convert, multiple)
 
@@ -265,20 +266,27 @@ ROOT_OPTIONS = (
 
 
 def help_width() -> int:
-    """The width Click lays help out in: the terminal's, within 50 to 78 columns."""
-    import shutil
-
-    return max(min(shutil.get_terminal_size().columns, 80) - 2, 50)
+    """The width Click lays help out in: the terminal's, within 50 to 78 columns. The
+    terminal's as ``shutil.get_terminal_size`` finds it ($COLUMNS, else stdout's, else 80),
+    without importing shutil (and the compression modules it brings)."""
+    try:
+        columns = int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns or 80  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):
+            columns = 80
+    return max(min(columns, 80) - 2, 50)
 
 
 def root_help(width: int) -> str:
     """``collocate --help`` as Click writes it in ``width`` columns (the plain layout the root
     group uses: ``cli_app.LazyGroup``), from ``COMMANDS``, ``ROOT_HELP`` and ``ROOT_OPTIONS``."""
-    import inspect
-
     commands = [(name, c.help) for name, c in COMMANDS.items() if not c.hidden]
     parts = [f"Usage: {PROGRAM} [OPTIONS] COMMAND [ARGS]...\n",
-             "\n" + _wrap(inspect.cleandoc(ROOT_HELP), width, "  ") + "\n",
+             "\n" + _wrap(ROOT_HELP, width, "  ") + "\n",
              "\nOptions:\n" + _definitions(ROOT_OPTIONS, width, 2),
              "\nCommands:\n" + _definitions(commands, width, 2)]
     return "".join(parts).rstrip("\n") + "\n"
