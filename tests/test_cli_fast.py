@@ -96,6 +96,8 @@ def test_every_hot_command_is_a_command_and_its_declarations_read():
         assert fast == typer, name
 
 
+#: what a command line's word may hold: anything but NUL, which no argv can carry
+ARGV_TEXT = st.characters(blacklist_characters="\x00")
 WORDS = st.sampled_from(["x", "a b", "", "-", "--", "-x", "--mem", "=", "7", "-3", " 5", "+4", "1_0",
                          "2.5", "1e3", "nan", "inf", "abc", "é", "~/d", "a=b", "6GiB", "/tmp"])
 
@@ -117,14 +119,14 @@ def _lines(draw: Any, name: str) -> tuple[list[str], dict[str, str]]:
             value = draw(st.one_of(st.integers(-10**6, 10**6).map(str), st.floats(-1e3, 1e3, allow_nan=False).map(str)
                                    if param.convert is float else st.nothing(), WORDS))
         else:
-            value = draw(st.one_of(WORDS, st.text(max_size=6)))
+            value = draw(st.one_of(WORDS, st.text(ARGV_TEXT, max_size=6)))
         if spelling.startswith("--") and draw(st.booleans()):
             argv.append(f"{spelling}={value}")
         else:
             argv += [spelling, value]
     arguments = [p for p in params if isinstance(p.decl, cli_fast.Argument)]
     for param in arguments:
-        words = draw(st.lists(st.one_of(WORDS, st.text(min_size=1, max_size=5)), min_size=0 if param.multiple else 1,
+        words = draw(st.lists(st.one_of(WORDS, st.text(ARGV_TEXT, min_size=1, max_size=5)), min_size=0 if param.multiple else 1,
                               max_size=4 if param.multiple else 1))
         if param.multiple and draw(st.booleans()):
             words = ["--", *words]

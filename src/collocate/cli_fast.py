@@ -200,15 +200,18 @@ def _read(params: list[_Param], args: list[str], interspersed: bool) -> dict[str
             if not rest:
                 return None
             value = rest.pop(0)
-        try:
-            converted = param.convert(value)
-        except ValueError:
-            return None
         if param.multiple:
-            given.setdefault(param.name, []).append(converted)
+            given.setdefault(param.name, []).append(value)
         else:
-            given[param.name] = converted
+            given[param.name] = value  # the last one given wins, and only it is converted
     positional += rest
+    try:
+        for param in params:
+            if param.name in given and param.convert is not None:
+                words = given[param.name]
+                given[param.name] = [param.convert(w) for w in words] if param.multiple else param.convert(words)
+    except ValueError:
+        return None
     call: dict[str, Any] = {}
     for param in params:
         if param.decl is None:  # the click context
