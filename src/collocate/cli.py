@@ -18,7 +18,7 @@ PowerShell; completing a command's options imports only that command's module).
 
 Importing Typer is most of a short command's time, so this module does not: ``main`` first
 asks ``cli_fast`` (the root's ``--help`` and ``--version``, and the usual command lines of
-``submit``, ``ls``, ``show`` and ``gpus``), and only what it leaves goes to the Typer app in
+``submit``, ``ls``, ``show``, ``gpus``, ``logs``, ``cancel``, ``wait``), and only what it leaves goes to the Typer app in
 ``cli_app`` (``collocate.cli.app`` still names it). The client's options are declared with
 ``cli_params.Option`` (not ``typer.Option``) so that both can read them.
 """

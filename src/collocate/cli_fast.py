@@ -2,7 +2,7 @@
 
 Importing Typer and its Click is about 100 ms of CPU, two thirds of the 150 ms a command may
 take (issue 37). So ``collocate --help``/``-h``, ``--version``/``-V`` and the common command
-lines of ``submit``, ``ls``, ``show`` and ``gpus`` are read here, from the very declarations Typer
+lines of ``submit``, ``ls``, ``show`` and ``gpus`` (and ``logs``, ``cancel``, ``wait``) are read here, from the very declarations Typer
 reads (``cli_params.Option`` and ``Argument`` on the command's function), with Click's grammar:
 ``--opt VALUE``, ``--opt=VALUE``, ``-o VALUE``, flags, repeated options (the last wins, or each
 adds to a list), the options' environment variables, ``--`` and, where the command allows it,
@@ -57,6 +57,9 @@ HOT: dict[str, Hot] = {
     "ls": Hot("collocate.client.cli", "ls"),
     "show": Hot("collocate.client.cli", "show"),
     "gpus": Hot("collocate.client.cli", "gpus"),
+    "logs": Hot("collocate.client.cli", "logs"),
+    "cancel": Hot("collocate.client.cli", "cancel"),
+    "wait": Hot("collocate.client.cli", "wait"),
 }
 
 
@@ -223,6 +226,8 @@ def _read(params: list[_Param], args: list[str], interspersed: bool) -> dict[str
     for param in arguments:
         if param.multiple:
             words, positional = positional, []
+            if not words and param.required:
+                return None
             try:
                 call[param.name] = [param.convert(w) for w in words] if words else param.default  # type: ignore[misc]
             except ValueError:

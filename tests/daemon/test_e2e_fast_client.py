@@ -1,6 +1,6 @@
-"""The fast path against a real daemon: ``collocate ls``, ``show``, ``gpus`` and ``submit`` print
-the same, and exit the same, as Typer's path does for the same command line, without importing
-Typer (``collocate.cli_fast``; its parsing is held to Typer's in ``tests/test_cli_fast.py``)."""
+"""The fast path against a real daemon: ``collocate ls``, ``show``, ``gpus``, ``submit``, ``logs``,
+``wait`` and ``cancel`` print the same, and exit the same, as Typer's path does for the same
+command line, without importing Typer (``collocate.cli_fast``; its parsing is held to Typer's in ``tests/test_cli_fast.py``)."""
 
 from __future__ import annotations
 
@@ -59,12 +59,14 @@ def test_hot_commands_print_and_exit_as_through_typer(daemons, tmp_path: Path):
     for args in (["ls"], ["ls", "--format", "json"], ["ls", "-a", "--state", "pending", "-n", "he*"],
                  ["show", job], ["show", job, "--format=json"], ["gpus"],
                  ["gpus", "--format", "json"], ["show", "999"], ["ls", "--format", "xml"],
-                 ["submit", "--mem", "2", "--", "true"]):
+                 ["submit", "--mem", "2", "--", "true"], ["logs", job], ["logs", job, "--format", "json"],
+                 ["wait", "--timeout", "0", job], ["cancel", "999"]):
         fast, typer = _both(tmp_path, d.state_dir, *args)
         assert (fast.returncode, _still(fast.stdout), fast.stderr) == (typer.returncode, _still(typer.stdout),
                                                                        typer.stderr), args
-        assert fast.returncode == (2 if args in (["show", "999"], ["ls", "--format", "xml"],
-                                                 ["submit", "--mem", "2", "--", "true"]) else 0), fast.stderr
+        wanted = {"show 999": 2, "ls --format xml": 2, "submit --mem 2 -- true": 2, f"wait --timeout 0 {job}": 124,
+                  "cancel 999": 1}.get(" ".join(args), 0)
+        assert fast.returncode == wanted, (args, fast.stderr)
 
 
 def test_submit_queues_the_same_job_both_ways(daemons, tmp_path: Path):
