@@ -15,7 +15,7 @@ import io
 import os
 from contextlib import redirect_stdout
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 from unittest import mock
 
 import pytest
@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from collocate import cli_fast
 from collocate.cli import COMMANDS
-from collocate.cli_params import Option
+from collocate.cli_params import Argument, Option
 
 HOT = sorted(cli_fast.HOT)
 ENVVARS = ("COLLOCATE_HOST", "COLLOCATE_TOKEN_FILE", "COLLOCATE_FINGERPRINT")
@@ -184,6 +184,26 @@ def test_unusual_lines_go_to_typer():
     found = cli_fast.parse("submit", ["--hold", "python", "x.py", "--gpus", "3"])  # its command's own
     assert found is not None and found[1]["command"] == ["python", "x.py", "--gpus", "3"]
     assert found[1]["gpus"] == 1 and found[1]["hold"] is True
+
+
+def _needs_name(name: Annotated[str, Option("--name", "-n")], flag: Annotated[bool, Option("--flag")] = False) -> None:
+    """A command with a required option."""
+
+
+def _calls_back(n: Annotated[int, Option("--n", callback=print)] = 1) -> None:
+    """A command whose option has a callback: Click runs it, so Typer must read the line."""
+
+
+def _two_arguments(a: Annotated[str, Argument()], b: Annotated[str, Argument()]) -> None:
+    """Two arguments: how Click shares words out among them is Typer's business."""
+
+
+def test_a_declaration_the_fast_path_does_not_know_sends_every_line_to_typer():
+    assert cli_fast._params(_calls_back) is None
+    params = cli_fast._params(_needs_name)
+    assert cli_fast._read(params, ["-n", "x", "--flag"], True) == {"name": "x", "flag": True}
+    assert cli_fast._read(params, ["--flag"], True) is None  # missing: Typer says so
+    assert cli_fast._read(cli_fast._params(_two_arguments), ["x", "y"], True) is None
 
 
 def test_an_option_reads_its_environment_variable_unless_empty_or_given():

@@ -144,8 +144,8 @@ def _params(function: Callable[..., Any]) -> list[_Param] | None:
         if convert is None and (isinstance(decls[0], Argument) or multiple or defaults.get(name) is not False
                                 or any("/" in n for n in decls[0].names)):  # type: ignore[union-attr]
             return None  # a flag is read here only as Click reads --flag alone: True when given
-        if multiple and "envvar" in decls[0].settings:
-            return None
+        if (multiple or not isinstance(decls[0].settings.get("envvar", ""), str)) and "envvar" in decls[0].settings:
+            return None  # Click splits a list's variable, and reads several variables in turn: Typer's
         out.append(_Param(name, decls[0], convert, multiple, defaults.get(name), name not in defaults))
     return out
 
@@ -220,6 +220,8 @@ def _read(params: list[_Param], args: list[str], interspersed: bool) -> dict[str
         if param.decl is None:  # the click context
             call[param.name] = None
         elif isinstance(param.decl, Option):
+            if param.required and param.name not in given:
+                return None  # Typer says it is missing
             call[param.name] = given[param.name] if param.name in given else _unset(param)
     if len(arguments) > 1:
         return None
