@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -166,6 +165,8 @@ def check_cwd(cwd: str, uid: int, gid: int) -> None:
     will have them: ``isolate.user_groups``), so it neither admits a root-only directory nor
     tells whether one exists."""
     if os.geteuid() == 0 and uid not in (-1, 0):
+        import subprocess  # here: the client imports this module (default_name), not subprocess
+
         from collocate.node.isolate import user_groups
 
         try:
