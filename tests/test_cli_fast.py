@@ -199,8 +199,13 @@ def _two_arguments(a: Annotated[str, Argument()], b: Annotated[str, Argument()])
     """Two arguments: how Click shares words out among them is Typer's business."""
 
 
+def _typer_declared(n: Annotated[int, typer.Option("--n")] = 1) -> None:  # noqa: F821 (no typer here)
+    """Declared with Typer's own option, whose module the fast path does not import."""
+
+
 def test_a_declaration_the_fast_path_does_not_know_sends_every_line_to_typer():
     assert cli_fast._params(_calls_back) is None
+    assert cli_fast._params(_typer_declared) is None
     params = cli_fast._params(_needs_name)
     assert cli_fast._read(params, ["-n", "x", "--flag"], True) == {"name": "x", "flag": True}
     assert cli_fast._read(params, ["--flag"], True) is None  # missing: Typer says so

@@ -130,7 +130,10 @@ def _params(function: Callable[..., Any]) -> list[_Param] | None:
         if annotation == "typer.Context":
             out.append(_Param(name, None, None, False, None, False))
             continue
-        hint = eval(annotation, function.__globals__) if isinstance(annotation, str) else annotation  # noqa: S307
+        try:  # a name the module imports only for type checkers (``typer.Option``): Typer's to read
+            hint = eval(annotation, function.__globals__) if isinstance(annotation, str) else annotation  # noqa: S307
+        except NameError:
+            return None
         if get_origin(hint) is not Annotated:
             return None
         base, *meta = get_args(hint)
