@@ -10,9 +10,9 @@ and each median is also given as a ratio to ``python -c pass`` timed in the same
 is byte-compiled first, as ``pip install`` does: a session with ``PYTHONDONTWRITEBYTECODE`` set
 would otherwise compile every module on every run (about 40 ms of ``ls``), which no member pays.
 
-    python benchmarks/client_speed.py [--repeats 15] [--baseline /tmp/main/src]
+    python benchmarks/client_speed.py [--repeats 15] [--baseline /tmp/main/src] [--suffix b]
 
-Writes benchmarks/results/client_speed-<UTC date>.md (and .json).
+Writes benchmarks/results/client_speed-<UTC date><suffix>.md (and .json).
 """
 
 from __future__ import annotations
@@ -69,6 +69,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--baseline", type=Path, default=None, help="another tree's src/ to time beside this one")
     ap.add_argument("--label", default="main", help="the baseline's name in the table")
+    ap.add_argument("--suffix", default="", help="after the date in the results' name: a second run that day")
     ns = ap.parse_args()
     trees = {"this branch": SRC, **({ns.label: ns.baseline.resolve()} if ns.baseline else {})}
     for src in trees.values():
@@ -106,7 +107,7 @@ def main() -> None:
     cpu = {t: {c: statistics.median(u for _, u in v) * 1000 for c, v in per.items()} for t, per in times.items()}
     info = {**machine(), "repeats": ns.repeats, "load_before": load_before, "load_after": load_after,
             "medians_ms": medians, "cpu_medians_ms": cpu, "times_s": times}
-    out = HERE / "results" / f"client_speed-{dt.datetime.now(dt.UTC).date().isoformat()}"
+    out = HERE / "results" / f"client_speed-{dt.datetime.now(dt.UTC).date().isoformat()}{ns.suffix}"
     out.with_suffix(".json").write_text(json.dumps(info, indent=1) + "\n")
     names = list(trees)
     lines = [f"# Client speed, {info['date']}", "",
@@ -114,13 +115,14 @@ def main() -> None:
              f"{load_before[0]:.1f} before and {load_after[0]:.1f} after (1 min). Median of "
              f"{ns.repeats} fresh processes each, interleaved, against a daemon on 2 emulated "
              "A100s (`benchmarks/client_speed.py`). Target: 150 ms.", "",
-             "| command | " + " | ".join(f"{n}: wall (ms) | {n}: CPU (ms) | {n}: wall / `python -c pass`"
-                                         for n in names) + " |",
-             "| --- |" + " ---: | ---: | ---: |" * len(names)]
+             "| command | " + " | ".join(f"{n}: wall (ms) | {n}: CPU (ms) | {n}: wall / `python -c pass` "
+                                         f"| {n}: CPU / `python -c pass`" for n in names) + " |",
+             "| --- |" + " ---: | ---: | ---: | ---: |" * len(names)]
     for command in COMMANDS:
         lines.append(f"| `{command}` | " + " | ".join(
             f"{medians[n][command]:.0f} | {cpu[n][command]:.0f} | "
-            f"{medians[n][command] / medians[n]['python -c pass']:.1f}x" for n in names) + " |")
+            f"{medians[n][command] / medians[n]['python -c pass']:.1f}x | "
+            f"{cpu[n][command] / cpu[n]['python -c pass']:.1f}x" for n in names) + " |")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

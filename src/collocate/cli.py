@@ -15,22 +15,21 @@ no row, or a row names a command its module does not register.
 The root also answers ``--version``/``-V``, ``-h`` (as ``--help``, on every command), and
 ``--install-completion``/``--show-completion`` (Typer's shell completion for bash, zsh, fish and
 PowerShell; completing a command's options imports only that command's module).
+
+Importing Typer is most of a short command's time, so this module does not: ``main`` first
+asks ``cli_fast`` (the root's ``--help`` and ``--version``, and the usual command lines of
+``submit``, ``ls``, ``show``, ``gpus``, ``logs``, ``cancel``, ``wait``), and only what it leaves goes to the Typer app in
+``cli_app`` (``collocate.cli.app`` still names it). The client's options are declared with
+``cli_params.Option`` (not ``typer.Option``) so that both can read them.
 """
 
 from __future__ import annotations
 
-import importlib
-from dataclasses import dataclass
-from typing import Annotated, Any
-
-import typer
-from typer.core import TyperGroup
-
-from collocate.cli_errors import run
+import sys
+from typing import Any, NamedTuple
 
 
-@dataclass(frozen=True, slots=True)
-class Command:
+class Command(NamedTuple):
     module: str  # the module whose ``register(app)`` adds the command
     help: str  # its line in ``collocate --help``
     hidden: bool = False  # runnable, not listed (internal commands)
@@ -72,81 +71,31 @@ COMMANDS: dict[str, Command] = {
 }
 
 
-def load(name: str) -> Any:
-    """The click command ``name``, built from its module's ``register`` (None if unknown)."""
-    entry = COMMANDS.get(name)
-    if entry is None:
-        return None
-    found = typer.Typer(add_completion=False)
-    importlib.import_module(entry.module).register(found)
-    one = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
-    one.registered_commands = [c for c in found.registered_commands if c.name == name]
-    groups = [g for g in found.registered_groups if g.name == name]
-    if not one.registered_commands and not groups:
-        raise LookupError(f"{entry.module} registers no command {name!r}")
-    if one.registered_commands:
-        command = typer.main.get_command(one)  # one command alone: that command itself
-    else:
-        one.registered_groups = groups
-        group = typer.main.get_group(one).get_command(None, name)  # type: ignore[arg-type]  # Group reads no ctx
-        if group is None:  # cannot be: groups holds a group of that name
-            raise LookupError(f"{entry.module} registers no command {name!r}")
-        command = group
-    if entry.hidden:
-        command.hidden = True
-    return command
-
-
-class LazyGroup(TyperGroup):
-    """The root: its commands come from ``COMMANDS`` when asked for, one at a time."""
-
-    def list_commands(self, ctx: Any) -> list[str]:
-        return list(COMMANDS)
-
-    def get_command(self, ctx: Any, cmd_name: str) -> Any:
-        return load(cmd_name)
-
-    def format_help(self, ctx: Any, formatter: Any) -> None:
-        # click's plain layout: Typer's rich one would import every command for its line
-        super(TyperGroup, self).format_help(ctx, formatter)
-
-    def format_commands(self, ctx: Any, formatter: Any) -> None:
-        rows = [(name, entry.help) for name, entry in COMMANDS.items() if not entry.hidden]
-        with formatter.section("Commands"):
-            formatter.write_dl(rows)
-
-
-def _version(value: bool) -> None:
-    if value:
-        from collocate import __version__
-
-        typer.echo(f"collocate {__version__}")
-        raise typer.Exit()
-
-
-app = typer.Typer(
-    name="collocate",
-    cls=LazyGroup,
-    no_args_is_help=True,
-    add_completion=True,  # --install-completion, --show-completion
-    pretty_exceptions_enable=False,
-    context_settings={"help_option_names": ["-h", "--help"]},  # every command inherits it
-)
-
-
-@app.callback()
-def _root(
-    version: Annotated[bool, typer.Option("--version", "-V", callback=_version, is_eager=True,
-                       help="Print collocate's version and exit.")] = False,
-) -> None:
-    """Share GPUs between training jobs safely and fast.
-
-    `collocate COMMAND -h` explains a command; docs/daemon.md the daemon and its client.
-    """
+#: The root's help text (``collocate --help``) as Click prints it (no indentation to clean),
+#: and its --version option's line.
+ROOT_HELP = ("Share GPUs between training jobs safely and fast.\n\n"
+             "`collocate COMMAND -h` explains a command; docs/daemon.md the daemon and its client.")
+VERSION_HELP = "Print collocate's version and exit."
 
 
 def main() -> None:
+    """``collocate``: the fast path answers what it knows (``cli_fast``); Typer the rest."""
+    from collocate.cli_fast import answer
+
+    answer(sys.argv[1:])  # exits when it has answered
+    from collocate.cli_app import app
+    from collocate.cli_errors import run
+
     run(app, commands=COMMANDS)
+
+
+def __getattr__(name: str) -> Any:
+    """``collocate.cli.app`` (and ``load``): the Typer app, built only when asked for."""
+    if name in ("app", "load", "LazyGroup"):
+        from collocate import cli_app
+
+        return getattr(cli_app, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 if __name__ == "__main__":

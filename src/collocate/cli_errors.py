@@ -10,20 +10,22 @@ Everything printed passes through ``safetext.printable``: the message may quote 
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import inspect
 import os
 import sys
 import types
 import typing
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
-
-import typer
+from typing import TYPE_CHECKING, Any
 
 from collocate.errors import CollocateError
 from collocate.safetext import printable
+
+if TYPE_CHECKING:
+    import typer
 
 PROGRAM = "collocate"
 
@@ -34,24 +36,41 @@ def run(app: typer.Typer, args: Sequence[str] | None = None, *,
     ``commands``: the app's command names, where it registers them lazily (``collocate.cli``)."""
     argv = list(sys.argv[1:] if args is None else args)
     names = set(commands) if commands is not None else {c.name for c in app.registered_commands if c.name}
-    try:
+    with reported(argv, names):
         code = app(argv, prog_name=PROGRAM, standalone_mode=False)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+@contextlib.contextmanager
+def reported(argv: Sequence[str], commands: set[str]) -> Iterator[None]:
+    """How a command's failure ends the process, for Typer's path (``run``) and the fast one
+    (``cli_fast``) alike. Ctrl-C ends as Click ends it: a new line, ``Aborted.``, exit 1."""
+    try:
+        yield
     except CollocateError as exc:
         _fail(str(exc))
     except BrokenPipeError:  # `collocate ls | head`: quiet, and no second error at exit's flush
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(1)
+    except (KeyboardInterrupt, EOFError):  # the fast path's; Click makes these an Abort
+        _aborted(newline=True)
     except Exception as exc:
         if _is(exc, "UsageError"):
-            _fail(usage_message(exc, argv, names))
+            _fail(usage_message(exc, argv, commands))
         if _is(exc, "Abort"):  # Ctrl-C or end of input at a prompt
-            typer.echo("Aborted.", err=True)
-            sys.exit(1)
+            _aborted(newline=False)
         raise
-    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _aborted(*, newline: bool) -> typing.NoReturn:
+    sys.stderr.write("\nAborted.\n" if newline else "Aborted.\n")
+    sys.stderr.flush()
+    sys.exit(1)
 
 
 def _fail(message: str) -> typing.NoReturn:
+    import typer  # an error may take the time; colours as Typer decides them
+
     typer.secho(f"error: {printable(message, multiline=True)}", fg=typer.colors.RED, err=True)
     sys.exit(2)
 

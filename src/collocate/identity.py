@@ -27,7 +27,6 @@ keys, so at worst a resubmission is treated as a new job, never two different jo
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -132,4 +131,6 @@ def _is_path(value: str) -> bool:
 
 
 def _digest(key: object) -> str:
+    import hashlib  # here: `submit` names jobs with this module but seldom digests (OpenSSL's start)
+
     return hashlib.sha256(json.dumps(key, separators=(",", ":")).encode()).hexdigest()[:32]

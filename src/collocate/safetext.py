@@ -11,7 +11,6 @@ as plain text, never as Rich markup (where ``[/]`` in a name is an error and ``[
 
 from __future__ import annotations
 
-import logging
 import re
 
 # C0 controls, DEL, C1 controls (CSI is U+009B on terminals that read 8-bit controls), the
@@ -44,16 +43,3 @@ def printable(text: object, *, multiline: bool = False) -> str:
         s = s.replace("\r\n", "\n")
         return _UNSAFE.sub(lambda m: m[0] if m[0] in "\n\t" else _escape(m), s)
     return _UNSAFE.sub(_escape, s)
-
-
-class PrintableLogFormatter(logging.Formatter):
-    """Log lines whose message is ``printable``: a job name or reason with a newline or an escape
-    sequence cannot forge a log line or reach the terminal of whoever reads ``daemon.log``.
-    Tracebacks keep their lines (they come from the daemon's code, not from users)."""
-
-    def __init__(self) -> None:
-        super().__init__("%(asctime)s %(levelname)s %(message)s")
-
-    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 (logging's name)
-        record.message = printable(record.message)
-        return super().formatMessage(record)

@@ -13,18 +13,18 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
-import typer
-
-from collocate.cli_help import help_text
 from collocate.cli_options import ErrorOpt, FingerprintOpt, HostOpt, OutputOpt, StateDirOpt, TokenFileOpt
+from collocate.cli_params import Argument, Option, echo
 from collocate.errors import CollocateError, InputError
 
 if TYPE_CHECKING:
+    import typer
+
     from collocate.estimate.base import Estimate
     from collocate.estimate.providers import EstimateRequest
 
 FORMATS = ("table", "json")
-FormatOpt = Annotated[str, typer.Option("--format", help="table (for people) or json (for tools).")]
+FormatOpt = Annotated[str, Option("--format", help="table (for people) or json (for tools).")]
 
 
 def _format(fmt: str) -> str:
@@ -35,6 +35,8 @@ def _format(fmt: str) -> str:
 
 
 def register(app: typer.Typer) -> None:
+    from collocate.cli_help import help_text  # only where the Typer app is built
+
     app.command("submit", help=help_text(submit), context_settings={"allow_interspersed_args": False})(submit)
     app.command("ls")(ls)
     app.command("show")(show)
@@ -70,74 +72,74 @@ def _client(state_dir: Path | None, host: str | None = None, token_file: Path | 
 
 def submit(
     ctx: typer.Context,
-    command: Annotated[list[str] | None, typer.Argument(help="The command, after --.")] = None,
-    gpus: Annotated[int, typer.Option("--gpus", help="GPUs the job needs (on each node, with --nodes). 0: a CPU job (a pipeline's "
+    command: Annotated[list[str] | None, Argument(help="The command, after --.")] = None,
+    gpus: Annotated[int, Option("--gpus", help="GPUs the job needs (on each node, with --nodes). 0: a CPU job (a pipeline's "
                   "prepare or evaluate step), started at once with CUDA_VISIBLE_DEVICES empty, within "
                   "the per-user cap on CPU jobs (collocate limits --max-cpu-jobs).")] = 1,
-    nodes: Annotated[int, typer.Option("--nodes", help="Run on this many different nodes, --gpus "
+    nodes: Annotated[int, Option("--nodes", help="Run on this many different nodes, --gpus "
                      "on each, all at once: the command starts once per node with NNODES, "
                      "NODE_RANK, MASTER_ADDR, MASTER_PORT and torchrun's PET_* set "
                      "(docs/multi-node.md).")] = 1,
-    mem: Annotated[str | None, typer.Option("--mem", help="GPU memory per GPU, with a unit: "
+    mem: Annotated[str | None, Option("--mem", help="GPU memory per GPU, with a unit: "
                    "6GiB, 6144MiB, 1.5G. K, M, G and T are powers of 1024 with or without i or B "
                    "(6GB = 6G = 6GiB, as nvidia-smi and PyTorch count); a number without a unit "
                    "is refused.")] = None,
-    name: Annotated[str | None, typer.Option("--name", "-J", help="The job's name in `ls` (as sbatch -J; "
+    name: Annotated[str | None, Option("--name", "-J", help="The job's name in `ls` (as sbatch -J; "
                     "default: from the command); a --sweep's {placeholders} are filled in.")] = None,
-    priority: Annotated[int, typer.Option("--priority", help="Higher runs first (within "
+    priority: Annotated[int, Option("--priority", help="Higher runs first (within "
                         "+/-1,000,000). Above 0 only the daemon's owner may set; others use --nice.")] = 0,
-    nice: Annotated[int | None, typer.Option("--nice", help="Lower this job's priority by N "
+    nice: Annotated[int | None, Option("--nice", help="Lower this job's priority by N "
                     "(0 to 1,000,000), to let your other jobs or other people's go first.")] = None,
-    time_limit: Annotated[str | None, typer.Option("--time", "-t", help="Time limit, as Slurm reads "
+    time_limit: Annotated[str | None, Option("--time", "-t", help="Time limit, as Slurm reads "
                           "it: minutes (30), MM:SS, HH:MM:SS, D-HH:MM:SS, or 90s, 30m, 2h, 1d. "
                           "The job is stopped then (SIGTERM, SIGKILL 10 s later), state timeout.")] = None,
-    retries: Annotated[int | None, typer.Option("--retries", help="Retries (OOM: default 3; "
+    retries: Annotated[int | None, Option("--retries", help="Retries (OOM: default 3; "
                         "giving it also retries other failures).")] = None,
-    cwd: Annotated[Path | None, typer.Option("--cwd", help="Working directory (default: here).")] = None,
-    env: Annotated[list[str], typer.Option("--env", help="NAME=VALUE for the job (repeatable).")] = [],
-    estimate: Annotated[str | None, typer.Option("--estimate", help="Estimate memory statically from "
+    cwd: Annotated[Path | None, Option("--cwd", help="Working directory (default: here).")] = None,
+    env: Annotated[list[str], Option("--env", help="NAME=VALUE for the job (repeatable).")] = [],
+    estimate: Annotated[str | None, Option("--estimate", help="Estimate memory statically from "
                         "this entry point (package.module:function), instead of --mem.")] = None,
-    batch_size: Annotated[int | None, typer.Option("--batch-size", help="Batch size for --estimate.")] = None,
-    precision: Annotated[str, typer.Option("--precision", help="For --estimate: fp32, fp16 (AMP) or bf16 "
+    batch_size: Annotated[int | None, Option("--batch-size", help="Batch size for --estimate.")] = None,
+    precision: Annotated[str, Option("--precision", help="For --estimate: fp32, fp16 (AMP) or bf16 "
                          "(AMP), as the job trains.")] = "fp32",
-    optimizer: Annotated[str | None, typer.Option("--optimizer", help="For --estimate: sgd, adam or adamw "
+    optimizer: Annotated[str | None, Option("--optimizer", help="For --estimate: sgd, adam or adamw "
                          "(default: the entry point's).")] = None,
-    gpu_type: Annotated[str | None, typer.Option("--gpu-type", help="For --estimate: the GPU type to "
+    gpu_type: Annotated[str | None, Option("--gpu-type", help="For --estimate: the GPU type to "
                         "estimate for, e.g. H100-80GB (collocate estimate --gpu). Default: the "
                         "daemon's, when all its GPUs are of one type.")] = None,
-    dataset: Annotated[str | None, typer.Option("--dataset", help="Shared dataset name: the daemon "
+    dataset: Annotated[str | None, Option("--dataset", help="Shared dataset name: the daemon "
                        "runs one producer for all jobs naming it (see docs/daemon.md).")] = None,
-    dataset_factory: Annotated[str | None, typer.Option("--dataset-factory", help="module:factory "
+    dataset_factory: Annotated[str | None, Option("--dataset-factory", help="module:factory "
                                "returning the DataLoader to share (needed by the first job of a "
                                "--dataset; later ones may omit it).")] = None,
-    after: Annotated[list[str], typer.Option("--after", help="Start only once this job has ended "
+    after: Annotated[list[str], Option("--after", help="Start only once this job has ended "
                      "done (repeatable); if it fails or is cancelled, this one is cancelled.")] = [],
-    after_any: Annotated[list[str], typer.Option("--after-any", help="Start once this job has "
+    after_any: Annotated[list[str], Option("--after-any", help="Start once this job has "
                          "ended, however it ended (Slurm's afterany; repeatable).")] = [],
-    after_notok: Annotated[list[str], typer.Option("--after-notok", help="Start only if this job "
+    after_notok: Annotated[list[str], Option("--after-notok", help="Start only if this job "
                            "ends other than done: failed, timeout, cancelled (Slurm's afternotok; "
                            "repeatable); if it ends done, this one is cancelled.")] = [],
-    hold: Annotated[bool, typer.Option("--hold", help="Queue it held: it starts only after "
+    hold: Annotated[bool, Option("--hold", help="Queue it held: it starts only after "
                     "`collocate release ID`.")] = False,
-    notify: Annotated[str | None, typer.Option("--notify", help="A command to run, as you, when "
+    notify: Annotated[str | None, Option("--notify", help="A command to run, as you, when "
                       "the job ends: e.g. 'mail -s collocate you@lab'. Its stdin is a one-line "
                       "summary; COLLOCATE_JOB_ID, _NAME, _STATE, _REASON and _EXIT_CODE are set. "
                       "Split like a shell would, but not run through one.")] = None,
-    public: Annotated[bool, typer.Option("--public", help="Let the daemon's other users see this "
+    public: Annotated[bool, Option("--public", help="Let the daemon's other users see this "
                       "job's command, working directory and logs (they see its name, state and "
                       "times anyway).")] = False,
-    no_mem_fence: Annotated[bool, typer.Option("--no-mem-fence", help="Do not cap this job's GPU "
+    no_mem_fence: Annotated[bool, Option("--no-mem-fence", help="Do not cap this job's GPU "
                             "memory at what it committed (by default a PyTorch job's caching "
                             "allocator is capped there). The cost: if it outgrows that, it may "
                             "crash its neighbours instead of itself; it is still charged for the "
                             "overrun, its requirement raised from what it held.")] = False,
-    sweep: Annotated[list[str], typer.Option("--sweep", help="NAME=V1,V2,... or NAME=FIRST..LAST: "
+    sweep: Annotated[list[str], Option("--sweep", help="NAME=V1,V2,... or NAME=FIRST..LAST: "
                      "one job per combination, {NAME} in the command, --name, --output and "
                      "--error replaced (repeatable).")] = [],
-    sweep_max: Annotated[int | None, typer.Option("--sweep-max", help="Run at most N of the "
+    sweep_max: Annotated[int | None, Option("--sweep-max", help="Run at most N of the "
                          "sweep's jobs at once (Slurm's --array=0-9%N); the others wait.")] = None,
     output: OutputOpt = None, error: ErrorOpt = None,
-    fmt: Annotated[str, typer.Option("--format", help="table: the id (a sweep: one per line); json: "
+    fmt: Annotated[str, Option("--format", help="table: the id (a sweep: one per line); json: "
                    "an object with id, name, state and memory (a sweep: a list of them).")] = "table",
     state_dir: StateDirOpt = None, host: HostOpt = None,
     token_file: TokenFileOpt = None, fingerprint: FingerprintOpt = None,
@@ -208,7 +210,7 @@ def submit(
         fields["no_mem_fence"] = True
     if points is None:
         queued = client.request("submit", argv=list(command), name=name, output=output, error=error, **fields)
-        typer.echo(json.dumps(_queued(queued, name or default_name(command)), indent=1) if fmt == "json"
+        echo(json.dumps(_queued(queued, name or default_name(command)), indent=1) if fmt == "json"
                    else queued["id"])
         return
     base = name or default_name(command)
@@ -223,15 +225,15 @@ def submit(
             if not done:
                 raise
             if fmt == "json":
-                typer.echo(json.dumps(listed, indent=1))
+                echo(json.dumps(listed, indent=1))
             raise CollocateError(f"{exc.args[0]} ({done} of {len(points)} sweep jobs were queued "
                                  "before it; their ids are printed above)", hint=exc.hint) from exc
         if fmt == "json":
             listed.append(_queued(result, point.name(base)))
         else:
-            typer.echo(result["id"])
+            echo(result["id"])
     if fmt == "json":
-        typer.echo(json.dumps(listed, indent=1))
+        echo(json.dumps(listed, indent=1))
 
 
 def _queued(answer: dict[str, Any], name: str) -> dict[str, Any]:
@@ -240,18 +242,19 @@ def _queued(answer: dict[str, Any], name: str) -> dict[str, Any]:
     return {"name": name, **answer}
 
 
-def _script_params(ctx: typer.Context, command: list[str] | None) -> Any:
+def _script_params(ctx: typer.Context | None, command: list[str] | None) -> Any:
     """When ``command`` runs a job script: submit again with the script's ``#COLLOCATE``
-    options merged in (``client/script.py``), as a thunk; else None."""
+    options merged in (``client/script.py``), as a thunk; else None. No ``ctx``: the fast path
+    (``cli_fast``), which leaves every command naming a file to Typer."""
     from collocate.client.script import merged_params, script_of
 
-    if ctx.meta.get("collocate.script") or (script := script_of(command)) is None:
+    if ctx is None or ctx.meta.get("collocate.script") or (script := script_of(command)) is None:
         return None
     ctx.meta["collocate.script"] = True
     params = merged_params(ctx, script)
     note = script.sbatch_note()
     if note:
-        typer.echo(note, err=True)
+        echo(note, err=True)
 
     def again() -> None:
         try:
@@ -310,14 +313,14 @@ def _static_estimate(request: EstimateRequest, mem: str | None, cwd: Path,
         os.chdir(here)
     if est is None or not est.available:
         raise InputError(f"no static estimate for {request.entry_point}", hint="pass --mem instead")
-    typer.echo(f"estimated {est.mib:.0f} MiB ({est.method}, +/-{est.uncertainty:.0%}, {request.precision}, "
+    echo(f"estimated {est.mib:.0f} MiB ({est.method}, +/-{est.uncertainty:.0%}, {request.precision}, "
                f"{request.allocator} allocator, {request.gpu or DEFAULT_GPU + ' by default: pass --gpu-type'})",
                err=True)
     from collocate.estimate.cli import expandable_tip_mib
 
     expandable = expandable_tip_mib(est)
     if expandable is not None:
-        typer.echo(f"tip: with --env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True it would need "
+        echo(f"tip: with --env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True it would need "
                    f"about {expandable:.0f} MiB", err=True)
     return estimate_fields(est)
 
@@ -329,19 +332,19 @@ def estimate_fields(est: Estimate) -> dict[str, Any]:
 
 
 def ls(
-    all_: Annotated[bool, typer.Option("--all", "-a", help="Include ended jobs.")] = False,
-    state: Annotated[list[str], typer.Option("--state", "-s", "-t", help="Only jobs in these states: "
+    all_: Annotated[bool, Option("--all", "-a", help="Include ended jobs.")] = False,
+    state: Annotated[list[str], Option("--state", "-s", "-t", help="Only jobs in these states: "
                      "pending, running, suspended, done, failed, timeout, cancelled, rejected, or Slurm's "
                      "PD, R, S, CD, ... (repeatable or a comma list; an ended state implies --all).")] = [],
-    user: Annotated[list[str], typer.Option("--user", "-u", help="Only jobs of this user "
+    user: Annotated[list[str], Option("--user", "-u", help="Only jobs of this user "
                     "(repeatable or a comma list).")] = [],
-    mine: Annotated[bool, typer.Option("--me", help="Only your own jobs (squeue --me).")] = False,
-    name: Annotated[str | None, typer.Option("--name", "-n", help="Only jobs whose name matches "
+    mine: Annotated[bool, Option("--me", help="Only your own jobs (squeue --me).")] = False,
+    name: Annotated[str | None, Option("--name", "-n", help="Only jobs whose name matches "
                     "this shell glob, e.g. 'train.py*' (quote it).")] = None,
-    since: Annotated[str | None, typer.Option("--since", "-S", help="Only jobs in the queue or running "
+    since: Annotated[str | None, Option("--since", "-S", help="Only jobs in the queue or running "
                      "at or after this time: 2026-11-28, 2026-11-28T14:00, or 2h, 1d ago (sacct's "
                      "--starttime; implies --all; adds START and END columns where the terminal has room).")] = None,
-    until: Annotated[str | None, typer.Option("--until", "-E", help="Only jobs submitted at or before "
+    until: Annotated[str | None, Option("--until", "-E", help="Only jobs submitted at or before "
                      "this time (sacct's --endtime; same forms; implies --all).")] = None,
     fmt: FormatOpt = "table",
     state_dir: StateDirOpt = None, host: HostOpt = None,
@@ -365,12 +368,12 @@ def ls(
                      all=all_ or dated or needs_ended(states))
     rows = [r for r in filter_rows(rows, states=states, users=users, name=name) if in_window(r, start, end, now)]
     if fmt == "json":
-        typer.echo(json.dumps(rows, indent=1))
+        echo(json.dumps(rows, indent=1))
     else:
         render.print_jobs(rows, dated=dated)
 
 
-def show(job_id: Annotated[str, typer.Argument()], state_dir: StateDirOpt = None, host: HostOpt = None,
+def show(job_id: Annotated[str, Argument()], state_dir: StateDirOpt = None, host: HostOpt = None,
     token_file: TokenFileOpt = None, fingerprint: FingerprintOpt = None,
          fmt: FormatOpt = "table") -> None:
     """Show one job: its command, memory requirement, why it waits, and every attempt."""
@@ -379,23 +382,23 @@ def show(job_id: Annotated[str, typer.Argument()], state_dir: StateDirOpt = None
     _format(fmt)
     detail = _client(state_dir, host, token_file, fingerprint).request("show", id=job_id)
     if fmt == "json":
-        typer.echo(json.dumps(detail, indent=1))
+        echo(json.dumps(detail, indent=1))
     else:
         render.print_detail(detail)
 
 
 def logs(
-    job_id: Annotated[str, typer.Argument()],
-    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing, through every later "
+    job_id: Annotated[str, Argument()],
+    follow: Annotated[bool, Option("--follow", "-f", help="Keep printing, through every later "
                       "attempt (OOM requeues, retries), until the job ends.")] = False,
-    stderr: Annotated[bool, typer.Option("--stderr", help="Show stderr instead of stdout.")] = False,
-    attempt: Annotated[int | None, typer.Option("--attempt", help="Attempt number (default: the "
+    stderr: Annotated[bool, Option("--stderr", help="Show stderr instead of stdout.")] = False,
+    attempt: Annotated[int | None, Option("--attempt", help="Attempt number (default: the "
                        "latest); with -f, follow only that attempt.")] = None,
-    node: Annotated[str | None, typer.Option("--node", help="A job on several nodes: the part on "
+    node: Annotated[str | None, Option("--node", help="A job on several nodes: the part on "
                     "this node (default: rank 0's; `collocate show` lists the nodes).")] = None,
-    notify: Annotated[bool, typer.Option("--notify", help="The output of the job's --notify "
+    notify: Annotated[bool, Option("--notify", help="The output of the job's --notify "
                       "command instead (with --stderr, its stderr).")] = False,
-    fmt: Annotated[str, typer.Option("--format", help="table: the output as written; json: one "
+    fmt: Annotated[str, Option("--format", help="table: the output as written; json: one "
                    "object, the attempt's whole output so far in \"text\" (not with -f).")] = "table",
     state_dir: StateDirOpt = None, host: HostOpt = None,
     token_file: TokenFileOpt = None, fingerprint: FingerprintOpt = None,
@@ -415,7 +418,7 @@ def logs(
                          f"collocate logs {job_id} --format json")
     client = _client(state_dir, host, token_file, fingerprint)
     if fmt == "json":
-        typer.echo(json.dumps(_logs_object(client, job_id, "stderr" if stderr else "stdout",
+        echo(json.dumps(_logs_object(client, job_id, "stderr" if stderr else "stdout",
                                            attempt, node, notify), indent=1))
         return
     if notify:
@@ -427,10 +430,10 @@ def logs(
                    attempt=attempt, follow=follow, out=sys.stdout, err=sys.stderr,
                    escape_output=owner != me(), node=node)
     except KeyboardInterrupt:  # Ctrl-C is how a follow ends: no traceback, no "Aborted!"
-        raise typer.Exit(130) from None
+        raise SystemExit(130) from None
     except BrokenPipeError:  # `collocate logs 3 | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        raise typer.Exit(0) from None
+        raise SystemExit(0) from None
 
 
 def _logs_object(client: Any, job_id: str, stream: str, attempt: int | None, node: str | None,
@@ -460,7 +463,7 @@ def _print_notify_logs(client: Any, job_id: str, stream: str) -> None:
     while True:
         chunk = client.request("logs", id=job_id, notify=True, stream=stream, offset=offset)
         if not chunk["started"]:
-            typer.echo(f"job {job_id}'s --notify command has not run (it runs once the job ends; "
+            echo(f"job {job_id}'s --notify command has not run (it runs once the job ends; "
                        "a job submitted without --notify has none)", err=True)
             return
         sys.stdout.write(chunk["text"])
@@ -470,15 +473,15 @@ def _print_notify_logs(client: Any, job_id: str, stream: str) -> None:
 
 
 def cancel(
-    job_ids: Annotated[list[str] | None, typer.Argument(metavar="IDS", help="Job ids, ranges "
+    job_ids: Annotated[list[str] | None, Argument(metavar="IDS", help="Job ids, ranges "
                        "and lists: 7, 3-7, 3,5,9.", show_default=False)] = None,
-    all_: Annotated[bool, typer.Option("--all", help="Cancel all your own pending and running "
+    all_: Annotated[bool, Option("--all", help="Cancel all your own pending and running "
                     "jobs.")] = False,
-    name: Annotated[str | None, typer.Option("--name", "-n", help="Cancel your own pending and "
+    name: Annotated[str | None, Option("--name", "-n", help="Cancel your own pending and "
                     "running jobs whose name matches this shell glob, e.g. 'sweep*' (quote it).")] = None,
-    state: Annotated[list[str], typer.Option("--state", "-s", "-t", help="Only jobs in these states: "
+    state: Annotated[list[str], Option("--state", "-s", "-t", help="Only jobs in these states: "
                      "pending, running or suspended, or PD, R, S (as scancel -t; repeatable or a comma list).")] = [],
-    user: Annotated[list[str], typer.Option("--user", "-u", help="Only jobs of this user (default: "
+    user: Annotated[list[str], Option("--user", "-u", help="Only jobs of this user (default: "
                     "yours; another's only as the daemon's owner, who may cancel them).")] = [],
     fmt: FormatOpt = "table",
     state_dir: StateDirOpt = None, host: HostOpt = None,
@@ -511,10 +514,10 @@ def cancel(
                              users=users or {me()}, name=name)
         ids = [r["id"] for r in chosen]
         if not ids:
-            typer.echo("no pending or running job " + ("of yours " if not users else "")
+            echo("no pending or running job " + ("of yours " if not users else "")
                        + "matches" + (f" the name {printable(name)}" if name is not None else ""), err=True)
             if fmt == "json":
-                typer.echo("[]")
+                echo("[]")
             return
     failed = 0
     results: list[dict[str, Any]] = []
@@ -524,25 +527,25 @@ def cancel(
         except CollocateError as exc:
             failed += 1
             results.append({"id": job_id, "error": str(exc.args[0]), "hint": exc.hint})
-            typer.echo(f"{job_id}: not cancelled: {printable(exc, multiline=True)}", err=True)
+            echo(f"{job_id}: not cancelled: {printable(exc, multiline=True)}", err=True)
             continue
         results.append(result)
         if fmt == "json":
             continue
         if result.get("ended"):
-            typer.echo(f"{printable(job_id)}: already {printable(result['state'])}, nothing to cancel")
+            echo(f"{printable(job_id)}: already {printable(result['state'])}, nothing to cancel")
             continue
-        typer.echo(f"{printable(result['id'])}: {printable(result['state'])}")
+        echo(f"{printable(result['id'])}: {printable(result['state'])}")
     if fmt == "json":
-        typer.echo(json.dumps(results, indent=1))
+        echo(json.dumps(results, indent=1))
     if failed:
-        raise typer.Exit(1)
+        raise SystemExit(1)
 
 
 def wait(
-    job_ids: Annotated[list[str], typer.Argument(metavar="IDS", help="Job ids, ranges and lists: "
+    job_ids: Annotated[list[str], Argument(metavar="IDS", help="Job ids, ranges and lists: "
                        "7, 3-7, 3,5,9.", show_default=False)],
-    timeout: Annotated[float | None, typer.Option("--timeout", help="Give up after this many "
+    timeout: Annotated[float | None, Option("--timeout", help="Give up after this many "
                        "seconds (exit status 124).")] = None,
     fmt: FormatOpt = "table",
     state_dir: StateDirOpt = None, host: HostOpt = None,
@@ -576,24 +579,24 @@ def wait(
                 if fmt == "json":
                     ended_rows.append({"id": job_id, "state": job["state"], "reason": job["reason"]})
                 else:
-                    typer.echo(f"{job_id} {job['state']}{why}")
+                    echo(f"{job_id} {job['state']}{why}")
             if left and deadline is not None and time.monotonic() >= deadline:
                 if fmt == "json":
-                    typer.echo(json.dumps(ended_rows + [{"id": j, "state": None} for j in left], indent=1))
-                typer.echo(f"still not ended after {timeout:g} s: {', '.join(left)}", err=True)
-                raise typer.Exit(124)
+                    echo(json.dumps(ended_rows + [{"id": j, "state": None} for j in left], indent=1))
+                echo(f"still not ended after {timeout:g} s: {', '.join(left)}", err=True)
+                raise SystemExit(124)
             if left:
                 time.sleep(0.5)
     except KeyboardInterrupt:
-        raise typer.Exit(130) from None
+        raise SystemExit(130) from None
     if fmt == "json":
-        typer.echo(json.dumps(ended_rows, indent=1))
+        echo(json.dumps(ended_rows, indent=1))
     if not all_done:
-        raise typer.Exit(1)
+        raise SystemExit(1)
 
 
 def gpus(
-    watch: Annotated[bool, typer.Option("--watch", "-w", help="Refresh every second until Ctrl-C "
+    watch: Annotated[bool, Option("--watch", "-w", help="Refresh every second until Ctrl-C "
                        "(into a file or pipe: a dated table appended every second).")] = False,
     fmt: FormatOpt = "table",
     state_dir: StateDirOpt = None, host: HostOpt = None,
@@ -607,7 +610,7 @@ def gpus(
     client = _client(state_dir, host, token_file, fingerprint)
     if fmt == "json":
         ping = client.request("ping")
-        typer.echo(json.dumps({"gpus": client.request("gpus"),
+        echo(json.dumps({"gpus": client.request("gpus"),
                                "tracking_degraded": ping.get("tracking_degraded", False),
                                "tracking": ping.get("tracking", [])}, indent=1))
         return
@@ -644,12 +647,12 @@ def drain(fmt: FormatOpt = "table", state_dir: StateDirOpt = None, host: HostOpt
     _format(fmt)
     r = _client(state_dir, host, token_file, fingerprint).request("drain")
     if fmt == "json":
-        typer.echo(json.dumps(r, indent=1))
+        echo(json.dumps(r, indent=1))
         return
-    typer.echo(f"draining: {r['running']} running job(s) will finish, {r['pending']} stay queued")
+    echo(f"draining: {r['running']} running job(s) will finish, {r['pending']} stay queued")
 
 
-def resume(job_ids: Annotated[list[str] | None, typer.Argument(
+def resume(job_ids: Annotated[list[str] | None, Argument(
         metavar="[IDS]", help="Suspended jobs to thaw (ids, ranges, lists); none: undo `collocate drain`.",
         show_default=False)] = None,
     fmt: FormatOpt = "table",
@@ -664,7 +667,7 @@ def resume(job_ids: Annotated[list[str] | None, typer.Argument(
         resume_jobs(job_ids, (state_dir, host, token_file, fingerprint), fmt)
         return
     r = _client(state_dir, host, token_file, fingerprint).request("resume")
-    typer.echo(json.dumps(r, indent=1) if fmt == "json" else "placing jobs again")
+    echo(json.dumps(r, indent=1) if fmt == "json" else "placing jobs again")
 
 
 def dashboard_url(fmt: FormatOpt = "table", state_dir: StateDirOpt = None, host: HostOpt = None,
@@ -689,4 +692,4 @@ def dashboard_url(fmt: FormatOpt = "table", state_dir: StateDirOpt = None, host:
                              hint="open your own, with your rights: `collocate dashboard --port 8390` "
                              "(your jobs in full, others' as `collocate ls` shows them)") from None
     full = f"{url}?token={token}" if token else url
-    typer.echo(json.dumps({"url": full, "token": bool(token)}) if fmt == "json" else full)
+    echo(json.dumps({"url": full, "token": bool(token)}) if fmt == "json" else full)

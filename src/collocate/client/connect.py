@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import socket
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -128,7 +127,7 @@ class Client:
         already stored), and a connection that breaks before the reply, a full listen backlog
         or a busy daemon are tried again for up to ``RETRY_FOR_S``."""
         if op == "submit" and not args.get("key"):
-            args["key"] = uuid.uuid4().hex
+            args["key"] = os.urandom(16).hex()  # 128 random bits, as uuid4 (without its import)
         message: dict[str, Any] = {"op": op, "args": args}
         protocol.encode(message)  # too big is an error now, not something to retry
         deadline = time.monotonic() + RETRY_FOR_S

@@ -9,6 +9,7 @@ from __future__ import annotations
 import typer
 
 from collocate.cli_errors import run
+from collocate.cli_params import adopt
 from collocate.client.cli import register as register_client
 from collocate.client.purge import register as register_purge
 from collocate.daemon.cli import register
@@ -18,6 +19,7 @@ app = typer.Typer(name="collocate-daemon", no_args_is_help=True, add_completion=
 register(app)
 register_client(app)
 register_purge(app)
+adopt(app)  # the shared options are declared without Typer (cli_params)
 
 
 def main() -> None:

@@ -10,8 +10,8 @@ from typing import Annotated
 import typer
 
 from collocate.cli_options import StateDirOpt
+from collocate.daemon.logformat import PrintableLogFormatter
 from collocate.errors import InputError
-from collocate.safetext import PrintableLogFormatter
 
 
 def register(app: typer.Typer) -> None:

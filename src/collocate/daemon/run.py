@@ -12,9 +12,9 @@ import signal
 from collections.abc import Callable
 from typing import TextIO
 
+from collocate.daemon.logformat import PrintableLogFormatter
 from collocate.daemon.service import ServeConfig, Service, log
 from collocate.node.reaping import become_subreaper
-from collocate.safetext import PrintableLogFormatter
 
 
 def run_daemon(config: ServeConfig, *, on_ready: Callable[[Service], None] | None = None) -> None:

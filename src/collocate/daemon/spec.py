@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,6 @@ from collocate.daemon.protocol import whole_number
 from collocate.daemon.schema import MAX_TIME_LIMIT_S, MIN_TIME_LIMIT_S
 from collocate.errors import InputError
 from collocate.identity import LAUNCHERS, JobKeys, program_token
-from collocate.model import PRIORITY_MAX
 from collocate.units import parse_duration, parse_mib
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -167,6 +165,8 @@ def check_cwd(cwd: str, uid: int, gid: int) -> None:
     will have them: ``isolate.user_groups``), so it neither admits a root-only directory nor
     tells whether one exists."""
     if os.geteuid() == 0 and uid not in (-1, 0):
+        import subprocess  # here: the client imports this module (default_name), not subprocess
+
         from collocate.node.isolate import user_groups
 
         try:
@@ -225,6 +225,8 @@ def validate_submit(args: dict[str, Any], *, uid: int, gid: int, user: str) -> S
     env.update(user_env)
     check_env(env)
     name = str(args.get("name") or default_name(argv))[:200]
+    from collocate.model import PRIORITY_MAX  # here: the client imports this module, not model's
+
     priority = _int(args.get("priority", 0), "--priority", low=-PRIORITY_MAX, high=PRIORITY_MAX)
     source, uncertainty = str(args.get("mem_source") or "declared"), args.get("mem_uncertainty", 0.0)
     if source != "declared" and not source.startswith("static-"):
@@ -377,5 +379,7 @@ def validate_update(args: dict[str, Any]) -> dict[str, Any]:
         if key in given:
             changes[key] = _after(given[key], option)
     if "priority" in given:
+        from collocate.model import PRIORITY_MAX
+
         changes["priority"] = _int(given["priority"], "--priority", low=-PRIORITY_MAX, high=PRIORITY_MAX)
     return changes
