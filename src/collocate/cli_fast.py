@@ -49,7 +49,7 @@ class Hot(NamedTuple):
 def _names_a_file(call: dict[str, Any]) -> bool:
     """``submit train.sh``: maybe a job script, whose ``#COLLOCATE`` lines Click's parser reads."""
     command = call.get("command")
-    return bool(command) and os.path.isfile(command[0])
+    return isinstance(command, list) and bool(command) and os.path.isfile(command[0])
 
 
 HOT: dict[str, Hot] = {
@@ -145,7 +145,7 @@ def _params(function: Callable[..., Any]) -> list[_Param] | None:
             return None
         convert, multiple = kind
         if convert is None and (isinstance(decls[0], Argument) or multiple or defaults.get(name) is not False
-                                or any("/" in n for n in decls[0].names)):  # type: ignore[union-attr]
+                                or any("/" in n for n in decls[0].names)):
             return None  # a flag is read here only as Click reads --flag alone: True when given
         if (multiple or not isinstance(decls[0].settings.get("envvar", ""), str)) and "envvar" in decls[0].settings:
             return None  # Click splits a list's variable, and reads several variables in turn: Typer's
@@ -256,7 +256,7 @@ _ENV_FAILED = object()  # an environment variable's value that does not convert:
 
 def _unset(param: _Param) -> Any:
     """An option not on the command line: its environment variable's value, else its default."""
-    envvar = param.decl.settings.get("envvar")
+    envvar = param.decl.settings.get("envvar") if param.decl is not None else None
     value = os.environ.get(envvar) if envvar else None
     if not value:
         return list(param.default) if param.multiple else param.default

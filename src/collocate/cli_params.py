@@ -97,4 +97,4 @@ def _typer_hint(hint: Any) -> Any:
     base, *meta = get_args(hint)
     meta = [typer.Option(*m.names, **m.settings) if isinstance(m, Option)
             else typer.Argument(**m.settings) if isinstance(m, Argument) else m for m in meta]
-    return Annotated[(base, *meta)]  # type: ignore[valid-type]
+    return Annotated[(base, *meta)]
