@@ -203,8 +203,8 @@ def test_slurms_short_options_and_state_codes(daemons, tmp_path):
     assert sorted(r["id"] for r in json.loads(out.stdout)) == sorted(ids)
     history = json.loads(cli(d, "ls", "-S", "1h", "-E", "2999-01-01", "-t", "CA", "--format", "json").stdout)
     assert sorted(r["id"] for r in history) == sorted(ids)
-    bad = cli(d, "ls", "-t", "S")
-    assert bad.returncode == 2 and "Slurm's PD, R, CD" in bad.stderr
+    bad = cli(d, "ls", "-t", "XY")  # S is suspended; XY is no state
+    assert bad.returncode == 2 and "Slurm's PD, R, S, CD" in bad.stderr
 
     # a script brought from Slurm: its #SBATCH lines are not read, and the member is told so
     (tmp_path / "old.sh").write_text("#!/bin/sh\n#SBATCH --mem=16G\n#SBATCH -t 60\n#COLLOCATE -J old\ntrue\n")
