@@ -26,7 +26,10 @@ each job's completion time over its time under ``exclusive`` (p50, p95, max, job
 ``collocate.sim.metrics.versus_exclusive``). Variants (the start-up bound of
 ``collocate.world.STARTUP_MAX_S`` is switched off for "before" by setting it to infinity; "warming
 frees the slot" counts only jobs with no GPU memory yet as starting, a rule of the world tried
-here by recounting the snapshot's ``n_starting``). Deterministic, CPU only, a few minutes.
+here by recounting the snapshot's ``n_starting``; "pile-up taken back at once" freezes as many
+trial jobs of a GPU at once as the limit needs, ``SuspendRules.at_once``, where the others freeze
+one per GPU per ``settle_s``). ``--variant NAME`` runs only the named ones. Deterministic, CPU
+only, a few minutes.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ from collocate.sim.engine import SimConfig, Simulation
 from collocate.sim.metrics import completion_times, versus_exclusive
 from collocate.sim.synth import synthetic_trace
 from collocate.sim.trace import TraceJob, Workload, load_catalogue, load_trace
+from collocate.suspension import SuspendRules
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
@@ -82,8 +86,14 @@ class SeenVouch(Auto):
         return by_model, on_room
 
 
-#: name -> (start-up bound on, auto's parameters, warming frees the slot)
+#: name -> (start-up bound on, auto's parameters, warming frees the slot); an ``at_once`` parameter
+#: takes a pile-up of trial jobs back in one step (``SuspendRules.at_once``), where every other
+#: variant freezes one job per GPU per settling period (the default)
 VARIANTS: dict[str, tuple[bool, dict, bool]] = {
+    "defaults (one freeze per GPU per settle)": (True, {}, False),
+    "defaults, pile-up taken back at once": (True, {"at_once": True}, False),
+    "observe_slots=99": (True, {"observe_slots": 99}, False),
+    "observe_slots=99, pile-up taken back at once": (True, {"observe_slots": 99, "at_once": True}, False),
     "before (no start-up bound)": (False, {}, False),
     "start-up bound (60 s)": (True, {}, False),
     "bound, warming frees the slot": (True, {}, True),
@@ -171,7 +181,7 @@ def measure(result, exclusive) -> dict:
     }
 
 
-def run(data: Path, families: list[str] | None = None) -> dict:
+def run(data: Path, families: list[str] | None = None, variants: list[str] | None = None) -> dict:
     rows = []
     for family, label, cluster, trace, config in cases(data):
         if families and family not in families:
@@ -181,9 +191,15 @@ def run(data: Path, families: list[str] | None = None) -> dict:
         exclusive = Simulation(nodes, trace, make_policy("exclusive"), config).run()
         row = {"family": family, "trace": label, "variants": {}}
         for name, (bound, params, warming_frees) in VARIANTS.items():
+            if variants and name not in variants:
+                continue
+            params = dict(params)
+            rules = SuspendRules(preempt=config.preemption, at_once=params.pop("at_once", False))
             with variant_world(bound, warming_frees):
-                policy = SeenVouch() if params.get("seen_vouch") else make_policy("auto", **params)
-                result = Simulation(nodes, trace, policy, config).run()
+                policy = SeenVouch() if params.pop("seen_vouch", False) else make_policy("auto", **params)
+                sim = Simulation(nodes, trace, policy, config)
+                sim.scheduler.suspend_rules = rules
+                result = sim.run()
             row["variants"][name] = measure(result, exclusive)
         rows.append(row)
         print(f"{label}: {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
@@ -197,7 +213,7 @@ def summary(rows: list[dict]) -> dict:
     for family in dict.fromkeys(r["family"] for r in rows):
         mine = [r for r in rows if r["family"] == family]
         out[family] = {}
-        for name in VARIANTS:
+        for name in dict.fromkeys(n for r in mine for n in r["variants"]):
             v = [r["variants"][name] for r in mine]
             probes = [x["probe_done_s"] for x in v if x["probe_done_s"] is not None]
             out[family][name] = {
@@ -235,12 +251,14 @@ def main() -> None:
                         help="the CARMA traces and workload catalogue (default: ../shared/data)")
     parser.add_argument("--family", action="append", choices=("mix", "first-run", "synthetic", "carma"),
                         help="only these families (default: all)")
+    parser.add_argument("--variant", action="append", choices=tuple(VARIANTS), metavar="NAME",
+                        help="only these variants (default: all)")
     parser.add_argument("--out", type=Path, help="write <out>.json and <out>.md (default benchmarks/results/)")
     args = parser.parse_args()
     from _machine import machine
 
     t0, load = time.monotonic(), os.getloadavg()[0]
-    doc = run(args.data, args.family)
+    doc = run(args.data, args.family, args.variant)
     doc["machine"] = machine()
     doc["load"] = f"{load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"
     doc["seconds"] = time.monotonic() - t0

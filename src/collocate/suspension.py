@@ -8,7 +8,12 @@ it is seen working, its neighbours are watched: their slowdown as they report it
 readings taught of every job there (never from a prior). If one of them is slowed past
 ``SuspendRules.max_slowdown``, the trial job is *frozen*: its attempt's cgroup freezer stops it
 (no CPU, no new kernels), its memory and GPUs stay its own, and its ``--time`` stops running.
-When room returns (a neighbour it was frozen beside ends, or is frozen itself) it is thawed.
+With ``SuspendRules.at_once`` a pile-up (several trial jobs that started on a GPU still reading
+idle) is taken back in one step: as many of the most recently started trial jobs are frozen at
+once as it takes to bring the rest within the limit (each working job taken to cause an equal
+share of a neighbour's slowdown), then the GPU settles; by default one per GPU per settling
+period (measured, see ``at_once``). When room returns (a neighbour it was frozen beside ends, or
+is frozen itself) it is thawed.
 It is never killed for it: collocation may slow a job, never fail it.
 
 A job of higher priority freezes lower ones instead of waiting for them (``collocate.preemption``,
@@ -44,7 +49,7 @@ class SuspendRules:
     ``max_slowdown``: a neighbour seen slower than this takes a trial job back. 2.0: the bound
     ``policies.auto`` already admits an unpriced job by (``startup_max_slowdown``), so a job
     frozen is one the model would have kept waiting had it known what the readings now show.
-    ``settle_s``: after a job on a GPU was frozen or thawed, its neighbours' measurements need
+    ``settle_s``: after jobs on a GPU were frozen or thawed, their neighbours' measurements need
     this long to show the new mix (a step rate is read over ``world.PROGRESS_WINDOW_S`` = 5 s of
     reports, a belief over a few 1 s samples), so nothing more is frozen there, and a job
     thawed is not frozen again, for 30 s: no flapping, and a mix that hurts is still taken back
@@ -53,6 +58,12 @@ class SuspendRules:
 
     max_slowdown: float = 2.0
     settle_s: float = 30.0
+    #: Whether a pile-up is taken back in one step (as many trial jobs of a GPU frozen at once as
+    #: bring the rest within ``max_slowdown``) rather than one per GPU per settling period. Off:
+    #: measured (``benchmarks/startup_trade.py``, 2026-11-29) it left the mix and the first run
+    #: as they were under the defaults and added jobs worse off on the synthetic (33 to 36) and
+    #: CARMA traces (42 to 44, p95 1.78 to 2.04): jobs frozen together thaw together, and wait.
+    at_once: bool = False
     #: Whether a waiting job of higher priority freezes lower ones (``collocate.preemption``).
     preempt: bool = True
 
@@ -109,9 +120,15 @@ def review(jobs: Mapping[str, Job], watched: Iterable[str],
     for job_id in thaw if watched else ():  # what their GPUs measured was measured without them
         settling.update(d for n in neighbourhood(job_id) if n.job_id == job_id for d in n.devices)
     order = sorted(watched, key=lambda j: jobs[j].started_at or 0.0, reverse=True)  # newest first
-    views = {j: neighbourhood(j) for j in order}
+    cache: dict[str, Sequence[Neighbour]] = {}
+
+    def view(job_id: str) -> Sequence[Neighbour]:
+        if job_id not in cache:
+            cache[job_id] = neighbourhood(job_id)
+        return cache[job_id]
+
     for job_id in order:
-        for n in views[job_id]:
+        for n in view(job_id):
             other = jobs.get(n.job_id)
             if other is None:
                 continue
@@ -119,11 +136,12 @@ def review(jobs: Mapping[str, Job], watched: Iterable[str],
             if now - moved < rules.settle_s:
                 settling.update(n.devices)
                 recheck = min(recheck, moved + rules.settle_s)
+    taken: dict[str, str] = {}  # frozen in this review -> why
     for job_id in order:
         job = jobs[job_id]
         if job.state is not JobState.RUNNING:
             continue
-        around = views[job_id]
+        around = view(job_id)
         me = next((n for n in around if n.job_id == job_id), None)
         if me is None:
             continue
@@ -139,16 +157,42 @@ def review(jobs: Mapping[str, Job], watched: Iterable[str],
             continue
         if settling.intersection(me.devices):
             continue
-        slowed = [n for n in others if not jobs[n.job_id].suspended and n.slowdown > rules.max_slowdown]
+        slowed = [(n, after) for n in others if not jobs[n.job_id].suspended and n.job_id not in taken
+                  and (after := _after(n, taken, view, jobs) if rules.at_once else n.slowdown) > rules.max_slowdown]
         if not slowed:
             continue
-        worst = max(slowed, key=lambda n: n.slowdown)
+        worst, after = max(slowed, key=lambda s: s[1])
         how = "measured from its steps" if worst.measured else "from its GPU's readings"
-        beside = tuple(n.job_id for n in others if not jobs[n.job_id].suspended)
-        freeze.append(Freeze(job_id, f"slowed job {worst.job_id} to {worst.slowdown:.1f}x ({how}; limit "
-                                     f"{rules.max_slowdown:g}x): frozen until room returns", beside))
-        settling.update(me.devices)
+        along = sum(1 for m in view(worst.job_id) if m.job_id in taken)
+        estimate = f"; {after:.1f}x with the {along} newer frozen with it" if along and rules.at_once else ""
+        if not rules.at_once:
+            settling.update(me.devices)
+        taken[job_id] = (f"slowed job {worst.job_id} to {worst.slowdown:.1f}x ({how}{estimate}; limit "
+                         f"{rules.max_slowdown:g}x): frozen until room returns")
+    for job_id, why in taken.items():  # beside: what runs on once the whole pile-up is taken back
+        beside = tuple(n.job_id for n in view(job_id) if n.job_id != job_id and (o := jobs.get(n.job_id)) is not None
+                       and not o.suspended and n.job_id not in taken)
+        freeze.append(Freeze(job_id, why, beside))
     return Suspensions(tuple(freeze), tuple(thaw), recheck if math.isfinite(recheck) and recheck > now else math.inf)
+
+
+def _after(n: Neighbour, taken: Mapping[str, str], view: Callable[[str], Sequence[Neighbour]],
+           jobs: Mapping[str, Job]) -> float:
+    """``n``'s slowdown once the jobs ``taken`` are frozen, as far as what was observed says:
+    each job working beside it on a GPU is taken to cause an equal share of its slowdown over
+    1x (exact for jobs alike under time-slicing, where n of them run 1/n as fast); across GPUs,
+    the one relieved least bounds it. No model prices a job known only by a prior, so this is
+    what lets a pile-up be taken back in one step rather than one job per settling period; the
+    next review, on fresh readings, takes back more if it fell short."""
+    if n.slowdown <= 1.0 or not taken:
+        return n.slowdown
+    working = [m for m in view(n.job_id) if m.job_id != n.job_id and m.active
+               and (o := jobs.get(m.job_id)) is not None and not o.suspended]
+    share = 0.0
+    for d in n.devices:
+        there = [m.job_id for m in working if d in m.devices]
+        share = max(share, sum(1 for j in there if j not in taken) / len(there) if there else 1.0)
+    return 1.0 + (n.slowdown - 1.0) * share
 
 
 def _runs(job: Job | None) -> bool:

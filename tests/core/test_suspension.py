@@ -15,6 +15,7 @@ from collocate.suspension import Neighbour, SuspendRules, review
 
 GPU = GpuId("n", 0)
 RULES = SuspendRules()
+AT_ONCE = SuspendRules(at_once=True)
 
 
 def _jobs(**extra: Job) -> dict[str, Job]:
@@ -66,6 +67,61 @@ def test_one_freeze_per_gpu_per_settling_period_the_newest_first():
              Neighbour("newer", (0,), 3, True, 1.0)]
     decided = review(jobs, ["new", "newer"], lambda j: views, 100.0, RULES)
     assert [f.job_id for f in decided.freeze] == ["newer"]
+
+
+def _pile(old_slowdown: float = 5.0, **extra: Job):
+    """``old`` beside four jobs started on trial at 10, 20, 30, 40 s, all seen working."""
+    trial = {f"t{i}": Job(f"t{i}", state=JobState.RUNNING, started_at=10.0 * i, on_trial=True) for i in range(1, 5)}
+    jobs = {"old": Job("old", state=JobState.RUNNING, started_at=0.0), **trial, **extra}
+    views = [Neighbour("old", (0,), 0, True, old_slowdown, True),
+             *(Neighbour(j, (0,), i, True, 1.0) for i, j in enumerate(trial, 1))]
+    return jobs, list(trial), lambda job_id: views
+
+
+def test_a_pile_up_is_taken_back_at_once_the_newest_first_as_far_as_the_limit_needs():
+    # old at 5x beside four working jobs: 1 + 4 x (its excess shared by the 4); with t4, t3,
+    # t2 frozen it is estimated at 2x, within the limit: t1 runs on beside it
+    jobs, watched, around = _pile(5.0)
+    decided = review(jobs, watched, around, 100.0, AT_ONCE)
+    assert [f.job_id for f in decided.freeze] == ["t4", "t3", "t2"]
+    # each waits for room among the jobs that run on, not for the others frozen with it
+    assert {f.beside for f in decided.freeze} == {("old", "t1")}
+    assert "with the 2 newer frozen with it" in decided.freeze[-1].why
+    # less slowed, fewer taken back; one job per GPU per settling period by default
+    assert [f.job_id for f in review(jobs, watched, _pile(2.3)[2], 100.0, AT_ONCE).freeze] == ["t4"]
+    assert [f.job_id for f in review(jobs, watched, around, 100.0, RULES).freeze] == ["t4"]
+
+
+def test_a_pile_up_is_taken_back_past_jobs_never_frozen():
+    # t3 interactive, t4 across nodes: never frozen; t2 and t1 are, and counted as left they
+    # leave old at 1 + 4 x 2/4 = 3x, past the limit with nothing else to freeze
+    jobs, watched, around = _pile(5.0, t3=Job("t3", state=JobState.RUNNING, started_at=30.0, on_trial=True,
+                                            interactive=True),
+                                  t4=Job("t4", state=JobState.RUNNING, started_at=40.0, on_trial=True, nodes=2))
+    assert [f.job_id for f in review(jobs, watched, around, 100.0, AT_ONCE).freeze] == ["t2", "t1"]
+
+
+def test_a_neighbour_across_gpus_counts_as_relieved_only_as_far_as_its_least_relieved_gpu():
+    # old on GPUs 0 and 1 at 3x; t3, t4 on GPU 0, t1, t2 on GPU 1: freezing t4 and t3 (the
+    # newest) relieves GPU 0 only, and GPU 1 bounds old: t2 goes as well, which puts old at
+    # 1 + 2 x 1/2 = 2x on GPU 1, within the limit: t1 runs on
+    jobs, watched, _ = _pile(3.0)
+    views = [Neighbour("old", (0, 1), 0, True, 3.0, True), Neighbour("t1", (1,), 1, True, 1.0),
+             Neighbour("t2", (1,), 2, True, 1.0), Neighbour("t3", (0,), 3, True, 1.0), Neighbour("t4", (0,), 4, True, 1.0)]
+    assert [f.job_id for f in review(jobs, watched, lambda j: views, 100.0, AT_ONCE).freeze] == ["t4", "t3", "t2"]
+
+
+def test_jobs_frozen_together_thaw_together_when_room_returns():
+    beside = ("old", "t1")
+    frozen = {f"t{i}": Job(f"t{i}", state=JobState.RUNNING, started_at=10.0 * i, on_trial=True, suspended="trial",
+                           suspended_at=100.0, suspended_beside=beside) for i in (2, 3, 4)}
+    jobs, watched, around = _pile(1.6, **frozen)
+    # old and t1 run on: they stay frozen, none of them counts the others as gone
+    assert not review(jobs, watched, around, 200.0, AT_ONCE)
+    # t1 ended: all three thaw
+    views = [n for n in around("old") if n.job_id != "t1"]
+    del jobs["t1"]
+    assert sorted(review(jobs, ["t2", "t3", "t4"], lambda j: views, 200.0, AT_ONCE).thaw) == ["t2", "t3", "t4"]
 
 
 def test_the_scheduler_stops_a_frozen_jobs_clock_and_a_user_suspension_is_the_users():
@@ -122,3 +178,30 @@ def test_the_simulator_freezes_a_job_that_turned_out_heavy_and_every_job_ends_do
     assert len({round(w, 6) for _, w, _, _ in seen}) == 1  # frozen: no progress
     assert all(used >= 2 * 8000.0 for _, _, used, _ in seen)  # ... and its memory kept
     assert all(by == "trial" for *_, by in seen)
+
+
+@pytest.mark.parametrize("at_once", [True, False])
+def test_the_simulator_takes_a_pile_up_back_in_one_review(at_once):
+    # four jobs nobody has measured start at once beside `a` on a GPU that reads room
+    # (observe_slots=99); once the readings price them they slow each other past the limit:
+    # the first take-back freezes all but one of them (one, under the rule before)
+    base = Workload("base", 1, 300.0, 8000.0, {"declared": 8192.0}, JobProfile(0.5, 0.3), command="a", program="a")
+    trace = [TraceJob("a", 0.0, base)] + [
+        TraceJob(f"h{i}", 30.0, Workload(f"h{i}", 1, 100.0, 8000.0, {"declared": 8192.0}, JobProfile(0.6, 0.4),
+                                         command=f"h{i}", program=f"h{i}")) for i in range(4)]
+    sim = Simulation(parse_cluster("1xH100-80GB"), trace, make_policy("auto", observe_slots=99),
+                     SimConfig(estimator="declared", profiles="unknown", ramp_s=2.0, startup_s=5.0))
+    sim.scheduler.suspend_rules = SuspendRules(at_once=at_once)
+    frozen: list[int] = []
+    review_once = sim.scheduler.review
+
+    def watch(neighbourhood, now):
+        decided = review_once(neighbourhood, now)
+        if decided.freeze:
+            frozen.append(len(decided.freeze))
+        return decided
+
+    sim.scheduler.review = watch  # type: ignore[method-assign]
+    result = sim.run()
+    assert all(r.state == "done" for r in result.records)
+    assert frozen[0] == (3 if at_once else 1)
