@@ -184,13 +184,19 @@ def test_a_root_estimators_child_runs_in_a_cgroup_of_its_own_and_leaves_nothing(
            if line.split(":", 2)[1] == "pids"]
     assert own and all("/job-estimate." in path for path in own), own
     left = int((tmp_path / "left-pid").read_text())
-    deadline = time.monotonic() + 20
-    while (_alive(left) or _children(proc.pid)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not _alive(left), "a process the estimate started outlived it"
     mounts = [Path(p) for p in probe.parents.values()]
     leaf = own[0].rsplit("/", 1)[1]
-    assert not any((m.parent / f"collocate-{_key_hash(sock)}" / leaf).exists() for m in mounts)
+
+    def cgroup_left() -> bool:
+        return any((m.parent / f"collocate-{_key_hash(sock)}" / leaf).exists() for m in mounts)
+
+    # The estimator kills and removes after it reaps the child, a moment after the reply.
+    deadline = time.monotonic() + 20
+    while ((_alive(left) or _children(proc.pid) or cgroup_left())
+           and time.monotonic() < deadline):
+        time.sleep(0.1)
+    assert not _alive(left), "a process the estimate started outlived it"
+    assert not cgroup_left(), "the estimate's cgroup outlived it"
 
 
 def _alive(pid: int) -> bool:
