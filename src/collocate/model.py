@@ -97,7 +97,7 @@ class Job:
     max_retries: int = 3
     retry_failures: bool = False  # retry non-OOM failures too (the user asked with --retries)
     attempts: int = 0
-    lost_attempts: int = 0  # attempts lost through no fault of the job (daemon down, node gone)
+    lost_attempts: int = 0  # attempts not charged to the job (daemon down, node gone, a neighbour's overrun, its fence)
     oom_crashes: int = 0
     state: JobState = JobState.PENDING
     dataset: str | None = None

@@ -10,6 +10,8 @@ Never worse than a plain queue:
 * A crash at (or within a margin of) the attempt's own fence (``ExitReport.fence_mib``: an MPS
   limit, a capped caching allocator) measured the fence, not the job: the fence is lifted for
   its later attempts (``Job.fence_lifted``), so the next crash, if any, shows what it needs.
+  That first crash at the fence uses none of the job's retries: a job with ``--retries 0``
+  still gets one unfenced attempt, as a plain queue would give it.
 * The attempt that would be a job's last runs alone and unfenced (``Job.alone``), as CARMA's
   relaunch does: a job that fits a GPU alone never ends failed out of memory.
 * A crash is charged to whoever overran (``charged_to``): a job that held no more than it was
@@ -88,16 +90,21 @@ def after_exit(job: Job, report: ExitReport, rules: RecoveryRules = RecoveryRule
                    "more than they committed; requeued ahead, requirement unchanged",
         )
     if report.outcome is Outcome.OOM:
-        if not retries_left:
+        lifted = at_fence(report.observed_peak_mib, report.fence_mib)
+        # The first crash at its fence measured the fence, not the job: not an attempt it used,
+        # so even a job with no retries gets an unfenced attempt (a plain queue would run it).
+        free = lifted and not job.fence_lifted
+        if not retries_left and not free:
             return job.evolve(state=JobState.FAILED,
                 oom_crashes=job.oom_crashes + 1,
                 reason=f"out of GPU memory on all {used} attempts",
             )
-        lifted = at_fence(report.observed_peak_mib, report.fence_mib)
+        used -= free
         last = used == job.max_retries  # the next attempt is its last: alone, unfenced
         how = ("; runs alone next" if last else
                "; its fence is lifted (the crash measured the fence)" if lifted else "")
         return job.evolve(state=JobState.PENDING,
+            lost_attempts=job.lost_attempts + free,
             oom_crashes=job.oom_crashes + 1,
             mem_mib=raised_requirement(job.mem_mib, report.observed_peak_mib, rules),
             mem_source="oom-raised",

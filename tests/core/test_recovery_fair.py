@@ -87,6 +87,23 @@ def test_the_attempt_that_would_be_the_last_runs_alone_and_unfenced(max_retries)
     assert final.state is JobState.FAILED
 
 
+@given(st.integers(0, 4))
+def test_a_crash_at_its_fence_uses_no_retry_so_even_retries_0_gets_an_unfenced_attempt(max_retries):
+    job = running(Job("a", mem_mib=4 * GIB, mem_source="declared", max_retries=max_retries))
+    fence = job_fence_mib(job, None)
+    assert fence is not None
+    job = after_exit(job, ExitReport(Outcome.OOM, fence, "CUDA out of memory", fence))
+    assert job.state is JobState.PENDING and job.fence_lifted and job.lost_attempts == 1
+    assert job.alone == (max_retries == 0)  # no retries: the free attempt is its last, alone
+    assert job_fence_mib(job, None) is None
+    for _ in range(max_retries):  # every retry is still there, the last one alone
+        job = after_exit(running(job), ExitReport(Outcome.OOM, 30 * GIB, "CUDA out of memory"))
+        assert job.state is JobState.PENDING
+    assert job.alone
+    final = after_exit(running(job), ExitReport(Outcome.OOM, 35 * GIB, "CUDA out of memory"))
+    assert final.state is JobState.FAILED and final.reason == f"out of GPU memory on all {max_retries + 1} attempts"
+
+
 def test_a_job_that_runs_alone_is_placed_only_on_an_empty_gpu_by_every_policy():
     alone = Job("alone", mem_mib=4 * GIB, mem_source="oom-raised", alone=True, oom_crashes=3)
     placed = 0
