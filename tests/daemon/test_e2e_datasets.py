@@ -81,7 +81,7 @@ def test_a_live_producer_is_readopted_after_a_daemon_restart_and_stopped_after_t
     share_dir = d.state_dir / "share"
     job = d.submit([*JOB, "3"], mem="1GiB", cwd=str(HERE), dataset="tiny", dataset_factory=FACTORY)
     d.wait_state(job, "running", timeout=40)
-    status = wait_for(lambda: probe("tiny", share_dir), 10, "the producer")
+    status = wait_for(lambda: probe("tiny", share_dir), 30, "the producer")
     d.kill(signal.SIGKILL)
     assert probe("tiny", share_dir) is not None  # producers outlive the daemon, as jobs do
     d.start()
