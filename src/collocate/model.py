@@ -126,6 +126,10 @@ class Job:
     #: Its next attempt runs alone and unfenced: only on an empty GPU, with nothing placed beside
     #: it while it runs (the attempt that would be its last, as CARMA's relaunch).
     alone: bool = False
+    #: Its current attempt was placed by a policy that puts no running job beside it
+    #: (``exclusive``; ``Placement.alone``): nothing to protect, so it runs unfenced, as under a
+    #: plain queue. Set at each placement.
+    placed_alone: bool = False
     #: Out-of-memory crashes charged to a neighbour's overrun: requeued ahead, not counted.
     victim_crashes: int = 0
     #: An interactive job (``collocate run``): its command runs on a terminal its member is
@@ -448,6 +452,9 @@ class Placement:
     #: Started on observation, past what the model predicts (``Job.on_trial``): taken back by
     #: freezing if its neighbours are seen slowed past the limit (``collocate.suspension``).
     trial: bool = False
+    #: Placed by a policy that never runs another job beside it (``exclusive``; a job frozen for
+    #: a higher one cannot grow): the attempt runs unfenced (``Job.placed_alone``).
+    alone: bool = False
 
 
 @dataclass(frozen=True, slots=True)

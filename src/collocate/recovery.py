@@ -129,7 +129,7 @@ def job_fence_mib(job: Job, room_mib: float | None) -> float | None:
     """The fence of ``job``'s attempt placed with ``room_mib`` (None: not fenced): none when its
     user opted out, after a crash at its fence, or when it runs alone."""
     return fence_mib(job.mem_mib, room_mib, job.mem_uncertainty, job.mem_source,
-                     fenced=job.mem_fence and not job.fence_lifted and not job.alone)
+                     fenced=not why_unfenced(job))
 
 
 def why_unfenced(job: Job) -> str:
@@ -140,6 +140,8 @@ def why_unfenced(job: Job) -> str:
         return "runs alone"
     if job.fence_lifted:
         return "lifted after it crashed at its fence"
+    if job.placed_alone:
+        return "its policy runs nothing beside it (exclusive)"
     return ""
 
 

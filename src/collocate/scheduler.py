@@ -371,7 +371,7 @@ class Scheduler:
             for f in found.freeze:
                 self.suspend(f.job_id, f.by, cluster.now, why=f.why, beside=f.beside)
             self._store(job.evolve(state=JobState.RUNNING, attempts=job.attempts + 1, started_at=cluster.now,
-                                   frozen_s=0.0, thawed_at=None,
+                                   frozen_s=0.0, thawed_at=None, placed_alone=found.placement.alone,
                                    on_trial=found.placement.trial and may_freeze(job)))
             self.placements_made += 1
             self.waits.pop(job.id, None)
@@ -403,7 +403,8 @@ class Scheduler:
             job = self.jobs[placement.job_id]
             self._store(job.evolve(state=JobState.RUNNING, attempts=job.attempts + 1,
                                    started_at=cluster.now, frozen_s=0.0, thawed_at=None,
-                                   on_trial=placement.trial and may_freeze(job)))
+                                   on_trial=placement.trial and may_freeze(job),
+                                   placed_alone=placement.alone))
         for rejection in plan.rejections:
             job = self.jobs[rejection.job_id]
             self._store(job.evolve(state=JobState.REJECTED, reason=rejection.reason))

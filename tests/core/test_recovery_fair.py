@@ -184,6 +184,22 @@ def test_the_simulator_converges_on_finding_1s_trace(sharing):
     assert all(r.attempts <= 4 for r in result.records)
 
 
+def test_exclusive_runs_every_attempt_unfenced_as_a_plain_queue_does():
+    """``exclusive`` never puts a job beside another, so a fence would only crash an
+    under-declared job a plain queue runs: its attempts are alone, in both worlds."""
+    s = Scheduler(make_policy("exclusive"), Capacity.of(cluster(1)))
+    s.submit(Job("a", mem_mib=4 * GIB, mem_source="declared"))
+    (placement,) = s.schedule(cluster(1)).placements
+    assert placement.alone
+    job = s.jobs["a"]
+    assert job.placed_alone and not job.alone  # unfenced, charged as any job (a preemptor may join it)
+    assert job_fence_mib(job, placement.room_mib) is None and "exclusive" in why_unfenced(job)
+    trace = [trace_job(f"j{i}", 3 * GIB, 30 * GIB) for i in range(3)]
+    config = SimConfig(sharing=SharingMode.TIME_SLICING, estimator="declared")
+    result = Simulation(parse_cluster("2xA100-40GB"), trace, make_policy("exclusive"), config).run()
+    assert [(r.state, r.attempts) for r in result.records] == [("done", 1)] * 3  # no crash at a fence
+
+
 def test_the_simulator_finishes_fifty_mixed_jobs_of_which_a_third_overrun():
     trace = [trace_job(f"j{i}", (2 + i % 3) * GIB, (2 + i % 3) * GIB * (10 if i % 3 == 0 else 0.9),
                        duration=300.0 + 37 * i) for i in range(51)]

@@ -176,11 +176,11 @@ def test_published_mig_anchor_through_a_full_simulation():
 
 def test_a_job_bigger_than_its_instance_crashes_out_of_memory_and_cannot_retry():
     # Placed on the estimate (10 GiB), it allocates its real 25 GiB: more than any instance.
-    # The first crash is at its own fence (10 GiB), which measured the fence, not the job: it
-    # runs again unfenced, crashes at the instance's size, and then no instance can hold it.
+    # ``exclusive`` runs nothing beside it, so it is unfenced: it crashes at the instance's size,
+    # and then no instance can hold it.
     trace = [job("a", peak=25_000.0, estimate=10_000.0)]
     r = records(mig(trace, estimator="declared"))["a"]
-    assert r.oom_crashes == 2 and r.state == "failed"
+    assert r.oom_crashes == 1 and r.state == "failed"
     assert "largest MIG instance" in r.reason
     whole = Simulation(parse_cluster("1xA100-40GB"), trace, make_policy("exclusive"), SimConfig(estimator="declared"))
     assert records(whole.run())["a"].state == "done"  # it fits a whole GPU

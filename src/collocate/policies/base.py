@@ -45,7 +45,7 @@ class Ledger:
         self.recheck_at = math.inf
         self.placed_on: set[int] = set()  # GPUs given a job in this round
 
-    def place(self, job: Job, gpus: Iterable[int], *, trial: bool = False) -> None:
+    def place(self, job: Job, gpus: Iterable[int], *, trial: bool = False, alone: bool = False) -> None:
         """Charge ``job`` to these GPUs at once (``collocate.commitment``). A job of unknown
         memory is placed with the room it was given, which bounds it under MPS."""
         idx = list(gpus)
@@ -68,7 +68,7 @@ class Ledger:
                           else self.gangs.plus(idx, job.profile))
         ids = self.cluster.ids
         given = given_room if job.mem_mib is None else job.mem_mib
-        self.placements.append(Placement(job.id, tuple(ids[i] for i in idx), given, given_room, trial))
+        self.placements.append(Placement(job.id, tuple(ids[i] for i in idx), given, given_room, trial, alone))
 
     def wait(self, job: Job, why: Wait) -> None:
         self.waits[job.id] = why

@@ -23,5 +23,5 @@ class Exclusive:
             if gpus is None:
                 ledger.wait(job, gpus_wait(job))
                 break  # strict FIFO: the head waits, and so does everyone behind it
-            ledger.place(job, gpus)
+            ledger.place(job, gpus, alone=True)  # nothing will be put beside it: no fence
         return ledger.plan()
