@@ -33,7 +33,7 @@ def estimate(state: Path, *extra: str) -> tuple[str, bool]:
 
 
 def test_the_default_daemons_warm_estimator_answers_and_dies_with_it(daemons, monkeypatch) -> None:
-    monkeypatch.delenv("COLLOCATE_WARM_ESTIMATOR")  # as a user starts it: neither flag nor variable
+    monkeypatch.delenv("COLLOCATE_NO_WARM_ESTIMATOR")  # as a user starts it: neither flag nor variable
     d = daemons(name="collocate")
     sock = d.state_dir / "estimator.sock"
     wait_for(sock.exists, READY_TIMEOUT_S, "the warm estimator to listen")
@@ -59,7 +59,7 @@ def _zombie(pid: int) -> bool:
 
 def test_a_daemon_without_one_removes_an_earlier_runs_socket(daemons, tmp_path, monkeypatch) -> None:
     """A socket left by a SIGKILLed warm estimator would make every estimate try it first."""
-    monkeypatch.delenv("COLLOCATE_WARM_ESTIMATOR")  # the flag alone turns it off
+    monkeypatch.delenv("COLLOCATE_NO_WARM_ESTIMATOR")  # the flag alone turns it off
     state = tmp_path / "state"
     state.mkdir(mode=0o700)
     stale = state / "estimator.sock"

@@ -104,12 +104,15 @@ def serve(
     user_max_stored: Annotated[str | None, typer.Option("--user-max-stored", help="What one "
                                "member's jobs may hold in the store and their logs (default: a "
                                "quarter of the state dir's disk).")] = None,
-    warm_estimator: Annotated[bool | None, typer.Option(
-        "--warm-estimator/--no-warm-estimator", envvar="COLLOCATE_WARM_ESTIMATOR", show_default=False,
-        help="Keep a process with torch imported that answers `collocate estimate` for this "
-             "daemon's users in about 2 s instead of 6: it costs about 400 MiB of host memory "
-             "and some CPU once, started in the background after the daemon answers "
-             "(default: on where torch is installed; COLLOCATE_WARM_ESTIMATOR=0 turns it off).")] = None,
+    no_warm_estimator: Annotated[bool, typer.Option(
+        "--no-warm-estimator", envvar="COLLOCATE_NO_WARM_ESTIMATOR", show_envvar=False,
+        help="Keep no warm estimator. By default, where torch is installed, the daemon keeps a "
+             "process with torch imported (about 300 MiB, and some CPU once, started in the "
+             "background after the daemon answers) that answers `collocate estimate` for its "
+             "users in about 2 s instead of 6. Also COLLOCATE_NO_WARM_ESTIMATOR=1.")] = False,
+    warm_estimator: Annotated[bool, typer.Option("--warm-estimator", help="Keep one even where "
+                              "torch seems not installed, or COLLOCATE_NO_WARM_ESTIMATOR is set "
+                              "(the default where torch is).")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log every job event.")] = False,
 ) -> None:
     """Run the daemon in the foreground (Ctrl-C stops it; running jobs keep running)."""
@@ -175,7 +178,7 @@ def serve(
         job_max_pids=job_max_pids or None, job_max_memory=option_bytes(job_max_memory, "--job-max-memory"),
         tls_cert=tls_cert, tls_key=tls_key, tls_self_signed=tls_cert is None, user_tokens=members,
         tcp_max_per_token=tcp_max_per_token, preemption=not no_preemption,
-        warm_estimator=_torch_installed() if warm_estimator is None else warm_estimator,
+        warm_estimator=warm_estimator or (not no_warm_estimator and _torch_installed()),
     )
 
     def ready(service) -> None:
