@@ -36,6 +36,8 @@ def test_the_default_daemons_warm_estimator_answers_and_dies_with_it(daemons, mo
     monkeypatch.delenv("COLLOCATE_NO_WARM_ESTIMATOR")  # as a user starts it: neither flag nor variable
     d = daemons(name="collocate")
     sock = d.state_dir / "estimator.sock"
+    wait_for(lambda: "a warm estimator for `collocate estimate` is starting" in d.read_log(), 30,
+             "serve to say what its warm estimator costs")
     wait_for(sock.exists, READY_TIMEOUT_S, "the warm estimator to listen")
     (warm_pid,) = (int(p) for p in Path(f"/proc/{d.proc.pid}/task/{d.proc.pid}/children").read_text().split()
                    if "collocate.estimate.warm" in Path(f"/proc/{p}/cmdline").read_text())

@@ -191,6 +191,9 @@ def serve(
             typer.echo(f"  TCP API on {config.tcp[0] if config.tcp else ''}:{service.server.tcp_port} "
                        f"({secure})", err=True)
         typer.echo(f"  {service.quotas.describe()}", err=True)
+        if config.warm_estimator:
+            typer.echo("  a warm estimator for `collocate estimate` is starting in the background "
+                       "(torch imported once, about 300 MiB; --no-warm-estimator spares them)", err=True)
         server, secret = service.tracking.dashboard_server, service.tracking.dashboard_token
         if server is not None:  # a generated token is printed once, like Jupyter's
             shown = "" if secret is None else "?token=" + secret
