@@ -12,11 +12,12 @@ other work on the machine inflates the times.
 
 Then, side by side in the same run (``--cli-repeats``, 0 to skip), the `collocate estimate`
 command as a user types it, cold (``--cold``: everything in the command's process) and answered
-by a warm estimator (``estimate/warm.py``, started here as ``serve --warm-estimator`` starts it):
+by the warm estimator of a daemon started as a user starts it (``collocate serve``, which keeps one
+by default; ``estimate/warm.py``), found without options as a member's command finds it:
 wall time, CPU time of every process that worked on the answer (the command's, and for the warm
 path the forked child's), and the command's peak RSS; the two outputs must be identical.
 
-Writes benchmarks/results/estimate_speed-<UTC date>.json.
+Writes benchmarks/results/estimate_speed-<UTC date><--tag>.json.
 """
 
 from __future__ import annotations
@@ -81,36 +82,57 @@ def children_cpu_s(pid: int) -> float:
     return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
 
 
-def compare_cli(args: argparse.Namespace) -> dict[str, object]:
-    """Cold and warm `collocate estimate`, alternating, ``args.cli_repeats`` times each."""
-    from collocate.estimate.warm import command
+def warm_estimator_pid(serve_pid: int) -> int | None:
+    """The pid of the warm estimator a daemon started, once it has (None before)."""
+    try:
+        kids = Path(f"/proc/{serve_pid}/task/{serve_pid}/children").read_text().split()
+        return next((int(p) for p in kids if b"collocate.estimate.warm" in Path(f"/proc/{p}/cmdline").read_bytes()),
+                    None)
+    except OSError:
+        return None
 
+
+def compare_cli(args: argparse.Namespace) -> dict[str, object]:
+    """Cold and warm `collocate estimate`, alternating, ``args.cli_repeats`` times each; the warm
+    one answered by the warm estimator of a daemon started as a user starts it (`collocate serve`,
+    no option), found as a member's command finds it (no option: the per-user state dir)."""
     collocate = str(Path(sys.executable).with_name("collocate"))
     argv = [collocate, "estimate", args.entry, "--batch-size", str(args.batch_size), "--gpu", args.gpu,
             "--format", "json"]
-    with tempfile.TemporaryDirectory() as state:
-        env = {**os.environ, "COLLOCATE_STATE_DIR": state}
-        sock = Path(state) / "estimator.sock"
+    with tempfile.TemporaryDirectory() as home:
+        state = Path(home) / "collocate"
+        env = {k: v for k, v in os.environ.items() if k not in ("COLLOCATE_STATE_DIR", "COLLOCATE_NO_WARM_ESTIMATOR")}
+        env |= {"XDG_STATE_HOME": home, "COLLOCATE_LAB_STATE_DIR": str(Path(home) / "no-lab")}
+        sock = state / "estimator.sock"
         t0 = time.perf_counter()
-        server = subprocess.Popen(command(sock, None))
+        daemon = subprocess.Popen([collocate, "serve", "--gpus", "emulated:1xA100-80GB"], env=env,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
+            answers_s = None
             while not sock.exists():
-                if server.poll() is not None:
-                    raise SystemExit("the warm estimator did not start")
+                if daemon.poll() is not None:
+                    raise SystemExit("the daemon did not start")
+                if answers_s is None and (state / "collocate.sock").exists():
+                    answers_s = time.perf_counter() - t0
                 time.sleep(0.1)
             ready_s = time.perf_counter() - t0
-            server_rss = int(Path(f"/proc/{server.pid}/status").read_text()
+            server = warm_estimator_pid(daemon.pid)
+            if server is None:
+                raise SystemExit("the daemon's warm estimator is not its child")
+            server_rss = int(Path(f"/proc/{server}/status").read_text()
                              .split("VmRSS:")[1].split()[0]) / 1024
             cold, warm = [], []
             for i in range(args.cli_repeats):
                 out_cold, c = run_cli([*argv, "--cold"], env)
-                before = children_cpu_s(server.pid)
+                before = children_cpu_s(server)
                 out_warm, w = run_cli(argv, env)
                 deadline = time.monotonic() + 5  # the warm process reaps its child within 1 s
-                while children_cpu_s(server.pid) == before and time.monotonic() < deadline:
+                while children_cpu_s(server) == before and time.monotonic() < deadline:
                     time.sleep(0.05)
                 w["client_cpu_s"] = w["cpu_s"]
-                w["cpu_s"] += children_cpu_s(server.pid) - before
+                w["cpu_s"] += children_cpu_s(server) - before
+                if w["cpu_s"] == w["client_cpu_s"]:
+                    raise SystemExit("the warm estimator did not answer: the command estimated cold")
                 if out_cold != out_warm:
                     raise SystemExit(f"cold and warm answers differ:\n{out_cold}\n{out_warm}")
                 cold.append(c)
@@ -118,15 +140,16 @@ def compare_cli(args: argparse.Namespace) -> dict[str, object]:
                 print(f"cli {i + 1}: cold {c['wall_s']:.2f} s wall, {c['cpu_s']:.2f} s CPU, "
                       f"{c['peak_rss_mib']:.0f} MiB; warm {w['wall_s']:.2f} s wall, "
                       f"{w['cpu_s']:.2f} s CPU ({w['client_cpu_s']:.2f} s in the command), "
-                      f"{w['peak_rss_mib']:.0f} MiB")
+                      f"{w['peak_rss_mib']:.0f} MiB; load {os.getloadavg()[0]:.1f}")
         finally:
-            server.terminate()
-            server.wait()
+            daemon.terminate()
+            daemon.wait()
 
     def med(runs: list[dict[str, float]]) -> dict[str, float]:
         return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
 
-    return {"command": ["collocate", *argv[1:]], "warm_estimator_ready_s": ready_s, "warm_estimator_rss_mib": server_rss,
+    return {"command": ["collocate", *argv[1:]], "daemon_answers_s": answers_s, "warm_estimator_ready_s": ready_s,
+            "warm_estimator_rss_mib": server_rss,
             "identical_output": True, "answer": json.loads(out_cold), "cold_median": med(cold),
             "warm_median": med(warm), "cold": cold, "warm": warm}
 
@@ -139,6 +162,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--cli-repeats", type=int, default=3)
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    ap.add_argument("--tag", default="", help="appended to the result's name, e.g. b for -2026-11-29b")
     args = ap.parse_args()
 
     load_before = os.getloadavg()
@@ -185,7 +209,7 @@ def main() -> None:
         result["cli"] = compare_cli(args)
         result["load_average_1_5_15min_after"] = [round(x, 2) for x in os.getloadavg()]
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"estimate_speed-{now.date().isoformat()}.json"
+    path = args.out / f"estimate_speed-{now.date().isoformat()}{args.tag}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(f"median estimate {result['estimate_s']['median']:.2f} s, "
           f"median total {result['total_s_including_imports']['median']:.2f} s, "

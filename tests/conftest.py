@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
+
+#: Every daemon a test starts (``collocate serve`` in a subprocess, anywhere under tests/) keeps
+#: no warm estimator: each would import torch and trace two models, tens of seconds of CPU on a
+#: 2-core machine, for tests that never estimate. The test of the default unsets it
+#: (``daemon/test_e2e_warm_estimator.py``); a test that wants one passes ``--warm-estimator``.
+os.environ["COLLOCATE_NO_WARM_ESTIMATOR"] = "1"
 
 
 def pytest_unconfigure(config) -> None:  # noqa: ARG001 - pytest's hook signature

@@ -169,7 +169,9 @@ def test_ls_in_80_columns_never_cuts_ids_states_or_units():
            "attempts": 0, "on": [], "submit_time": 1.8e9, "start_time": None, "end_time": None,
            "elapsed_s": 0.0, "time_limit_s": 7200.0, "position": 1, "exit_code": None,
            "reason": "waits for room: " + "x" * 110, "wait": "memory"}
-    ended = {**row, "id": "99", "state": "cancelled", "exit_code": 137, "on": ["node-a:0", "node-a:1"]}
+    start = time.mktime((2026, 11, 29, 8, 12, 0, 0, 0, -1))
+    ended = {**row, "id": "99", "state": "cancelled", "exit_code": 137, "on": ["node-a:0", "node-a:1"],
+             "start_time": start, "end_time": start + 5400, "reason": "cancelled by its owner"}
     for dated in (False, True):
         c = Console(width=80, record=True, markup=False)
         c.print(jobs_table([row, ended], 80, dated=dated))
@@ -178,7 +180,16 @@ def test_ls_in_80_columns_never_cuts_ids_states_or_units():
         text = "\n".join(lines)
         for whole in ("123456", "pending", "cancelled", "12.00 GiB", "0:00/2:00:00", "137", "ID", "STATE", "MEM"):
             assert whole in text, (whole, text)
-        assert "…" in text  # the reason was shortened, not wrapped
+        # each reason on lines of its own under its row, from where the row's words begin,
+        # wrapped at words: readable, where a column had ~14 characters of it
+        pending_at = next(i for i, line in enumerate(lines) if line.startswith("123456 "))
+        note = lines[pending_at + 1:pending_at + 3]
+        assert all(line.startswith(" " * 7 + ("waits" if n == 0 else "x")) for n, line in enumerate(note)), lines
+        assert "".join(line[7:] for line in note) == row["reason"]  # whole: 2 lines of 73
+        assert lines[-1] == " " * 7 + "cancelled by its owner"
+        if dated:  # sacct's columns stay, the day once: 11-29 08:12 09:42
+            assert lines[0].split()[-2:] == ["START", "END"], lines
+            assert "11-29 08:12 09:42" in text
 
 
 def test_a_column_narrowed_for_80_columns_is_never_widened():
@@ -192,9 +203,11 @@ def test_a_column_narrowed_for_80_columns_is_never_widened():
            "position": None, "exit_code": None, "reason": "dependency: waits for job 8", "wait": ""}
     c = Console(width=80, record=True, markup=False)
     c.print(jobs_table([row], 80, dated=True))
-    header, line = c.export_text().splitlines()
-    assert header.split() == ["ID", "NAME", "STATE", "USER", "GPUS", "MEM", "PRIO", "TIME", "TRIES", "ON", "REASON"]
-    assert line.startswith("9  long pending root 1    4.00 GiB -5   0:00/1:00:00 0     -  dependency: wait")
+    header, line, reason = c.export_text().splitlines()
+    # SUBMITTED gave way to START and END (asked for); the reason has a line of its own
+    assert header.split() == ["ID", "NAME", "STATE", "USER", "GPUS", "MEM", "PRIO", "TIME", "TRIES", "ON", "START", "END"]
+    assert line.startswith("9  long pending root 1    4.00 GiB -5   0:00/1:00:00 0     -  -     -")
+    assert reason == "   dependency: waits for job 8"
 
 
 def test_gpus_in_80_columns_keeps_every_unit():
@@ -335,7 +348,7 @@ def test_a_job_frozen_for_a_higher_one_says_for_which_first_in_80_columns_and_in
     c.print(render.jobs_table([row, _row(id="12", state="running", priority=5, on=["node:0"])], 80))
     lines = c.export_text().splitlines()
     assert all(len(line.rstrip()) <= 80 for line in lines), lines
-    assert "suspended" in lines[1] and "for job 12" in lines[1], lines
+    assert "suspended" in lines[1] and lines[2].startswith("   for job 12 of higher priority"), lines
     out = io.StringIO()
     render.print_detail({**row, "argv": ["train.py"], "cwd": "/w", "mem_source": "declared", "attempts_used": 1,
                          "max_retries": 3, "end_time": None, "attempts": []},
@@ -343,3 +356,12 @@ def test_a_job_frozen_for_a_higher_one_says_for_which_first_in_80_columns_and_in
     shown = " ".join(out.getvalue().split())  # show's fields: name, then its value beside it
     assert "suspended by the scheduler (preemption) since" in shown
     assert "for job 12 of higher priority (5 > 0); thaws when it ends" in shown
+
+
+def test_runs_live_line_ends_cut_text_with_an_ellipsis():
+    from collocate.client.interactive import live_line
+
+    line = "job 12 waits, position 3: memory: needs 12.00 GiB, most free 4.20 GiB on node-a:0 " * 2
+    assert live_line(line, 80) == line[:78] + "…" and len(live_line(line, 80)) == 79
+    assert live_line("job 12 waits, position 1", 80) == "job 12 waits, position 1"
+    assert live_line("a\x1b[2Jb", 80) == "a\\x1b[2Jb"  # what a job wrote is shown, never obeyed

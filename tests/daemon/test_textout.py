@@ -62,6 +62,12 @@ def test_plain_tables_need_no_rich_and_match_it(monkeypatch):
     for tty in (False, True):
         ours, theirs = _both(monkeypatch, table, 120, tty)
         assert ours == theirs and ("\x1b[1mID" in ours) == tty
+    long_reason = "memory: needs 8.00 GiB on 1 GPU, most free 4.20 GiB on node-a:0; waits for job 17 to end"
+    narrow = render.jobs_table([*rows, _job(3, "eval", long_reason, "pending")], 80, dated=True)
+    assert narrow.notes and narrow.lines(80, styled=False) is not None  # reasons under rows: still fast
+    for tty in (False, True):
+        ours, theirs = _both(monkeypatch, narrow, 80, tty)
+        assert ours == theirs and "\n   memory: needs 8.00 GiB" in ours
     gpus = render.gpu_table([
         {"id": "n:0", "node": "n", "type": "A100-40GB", "used_mib": 1024.0, "committed_mib": 2048.0,
          "free_mib": 30000.0, "total_mib": 40960.0, "sm_now": 0.5, "sm_window": 0.25, "jobs": ["1", "2"]},

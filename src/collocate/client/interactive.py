@@ -184,8 +184,7 @@ class Session:
         from collocate.safetext import printable
 
         if self.live:
-            width = os.get_terminal_size(sys.stderr.fileno()).columns
-            sys.stderr.write("\r\x1b[K" + printable(text)[:max(width - 1, 10)])
+            sys.stderr.write("\r\x1b[K" + live_line(text, os.get_terminal_size(sys.stderr.fileno()).columns))
             if not text:
                 sys.stderr.write("\r")
         elif text and text != getattr(self, "_said", None):
@@ -278,3 +277,13 @@ def _port_of(argv: list[str]) -> int | None:
         if value is not None and value.isdigit():
             return int(value)
     return None
+
+
+def live_line(text: str, columns: int) -> str:
+    """The live line in a terminal ``columns`` wide: one column short of it (a line that
+    fills the terminal wraps the cursor to the next), ending in ``…`` where it was cut; the
+    whole reason is in `collocate show`."""
+    from collocate.client.render import cut
+    from collocate.safetext import printable
+
+    return cut(printable(text), max(columns - 1, 10))

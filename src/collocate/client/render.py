@@ -18,6 +18,9 @@ from collocate.safetext import printable
 from collocate.units import format_duration, format_mib
 
 NAME_WIDTH = 24
+#: Below this many columns left for it, a REASON column would cut reasons to a word or two:
+#: ``ls`` puts them under their rows, ``show`` under its attempts table, whole.
+REASON_MIN = 24
 ENDED = ("done", "failed", "cancelled", "rejected", "timeout")
 
 
@@ -102,7 +105,13 @@ def jobs_table(rows: list[dict[str, Any]], width: int, *, dated: bool = False) -
     left, cut with an ellipsis; ``show`` or ``--format json`` give it whole, and the
     out-of-memory crashes counted in TRIES. Rows come in queue order (``queue_order``); with
     ended jobs, TIME is how long the last run took, ON its GPUs and EXIT its exit code
-    (``sacct``'s Elapsed, NodeList, ExitCode; the wait is in ``--format json`` and the report)."""
+    (``sacct``'s Elapsed, NodeList, ExitCode; the wait is in ``--format json`` and the report).
+    ``dated``: START and END too, END as its time of day alone when on START's day.
+
+    A narrow terminal (80 columns), where REASON would get fewer than ``REASON_MIN`` columns
+    and cut a reason to a word or two: ids, states, sizes, times and dates are never cut, the
+    wordy columns narrow or go (``SHRINK``), and each job's reason is a line of its own under
+    its row, wrapped at words (``textout.note_lines``)."""
     rows = queue_order(rows)
     ended = any(r["state"] in ENDED for r in rows)
     prio = any(r.get("priority") for r in rows)  # PRIO and EXIT only where they say something
@@ -119,42 +128,74 @@ def jobs_table(rows: list[dict[str, Any]], width: int, *, dated: bool = False) -
             code = r.get("exit_code")
             row.append("-" if code is None else str(code))
         cells.append([*row, when_short(r["submit_time"]),
-                      *([when_short(r.get("start_time")), when_short(r.get("end_time"))] if dated else [])])
+                      *([when_short(r.get("start_time")), end_short(r.get("start_time"), r.get("end_time"))]
+                        if dated else [])])
     caps = {"NAME": NAME_WIDTH, "ON": 12, "USER": 12}
     widths = [min(max([len(h), *(len(row[i]) for row in cells)]), caps.get(h, 1 << 30))
               for i, h in enumerate(headers)]
-    # A narrow terminal: ids, states, sizes and times are never cut; the wordy columns give way
-    # first (NAME, ON, USER, then the dates go), REASON takes what is left (whole in `show`).
-    for header, least in SHRINK:
-        if width - sum(widths) - len(widths) >= 12 or header not in headers:
+    reasons = [printable(row_reason(r)) for r in rows]
+    # REASON is the last column where narrowing NAME, ON and USER leaves it room for every
+    # reason or REASON_MIN; else the wordy columns give way until the others fit (SHRINK: they
+    # narrow, then SUBMITTED, TRIES, PRIO, ON and USER go, as sacct shows no user) and each
+    # reason goes under its row, whole up to three lines (whole in `show`).
+    want = max(len("REASON"), min(REASON_MIN, max(map(len, reasons), default=0)))
+    narrowed = list(widths)
+    _fit(headers, narrowed, [], [(h, least) for h, least in SHRINK if least], width - want - 1)
+    beside = sum(narrowed) + len(narrowed) + want <= width
+    if beside:
+        widths = narrowed
+    else:
+        _fit(headers, widths, cells, SHRINK, width)
+    left = width - sum(widths) - len(widths)
+    table = Table(box=None, header_style="bold", pad_edge=False, padding=(0, 1, 0, 0),
+                  note_indent=widths[0] + 1)
+    for header, w in zip(headers, widths, strict=True):
+        table.add_column(header, no_wrap=True, overflow="ellipsis", width=w, min_width=w)
+    if beside:
+        table.add_column("REASON", no_wrap=True, overflow="ellipsis", max_width=left)
+    for row, reason in zip(cells, reasons, strict=True):
+        row_cells = [Text(cut_name(c, w) if h == "NAME" else cut(c, w)) for c, w, h in zip(row, widths, headers, strict=True)]
+        if beside:
+            table.add_row(*row_cells, Text(cut(reason, left)))
+        else:
+            table.add_row(*row_cells, note=reason)
+    return table
+
+
+def _fit(headers: list[str], widths: list[int], cells: list[list[str]], steps: Any, limit: int) -> None:
+    """Narrow or drop columns, in the order of ``steps`` (header, least width; 0: it goes),
+    until they fit ``limit`` columns; a column is never widened (``cells``: the rows, whose
+    cell of a dropped column goes with it)."""
+    for header, least in steps:
+        over = sum(widths) + len(widths) - 1 - limit
+        if over <= 0 or header not in headers:
             continue
         i = headers.index(header)
-        over = 12 - (width - sum(widths) - len(widths))
-        if least == 0:  # a column that goes whole
+        if least == 0:
             del headers[i], widths[i]
             for row in cells:
                 del row[i]
         else:
-            widths[i] = max(min(least, widths[i]), widths[i] - over)  # narrower, never wider
-    reason_width = max(1, width - sum(widths) - len(widths) - 1)
-    table = Table(box=None, header_style="bold", pad_edge=False, padding=(0, 1, 0, 0))
-    for header, w in zip(headers, widths, strict=True):
-        table.add_column(header, no_wrap=True, overflow="ellipsis", width=w, min_width=w)
-    table.add_column("REASON", no_wrap=True, overflow="ellipsis", max_width=reason_width)
-    for row, r in zip(cells, rows, strict=True):
-        table.add_row(*(Text(cut_name(c, w) if h == "NAME" else _cut(c, w))
-                        for c, w, h in zip(row, widths, headers, strict=True)),
-                      Text(_cut(printable(row_reason(r)), reason_width)))
-    return table
+            widths[i] = max(min(least, widths[i]), widths[i] - over)
 
 
-#: The columns of ``ls`` that narrow in a narrow terminal, in order, and their least width (0:
-#: the column goes; `--format json` has them all); ID, STATE, GPUS, MEM, TIME and EXIT never narrow.
-SHRINK = (("NAME", 10), ("ON", 4), ("USER", 6), ("START", 0), ("END", 0), ("SUBMITTED", 0),
-          ("TRIES", 0), ("PRIO", 0))
+def end_short(start: float | None, end: float | None) -> str:
+    """``ls``'s END: its time of day alone (``09:40``) on its START's day, as a person reads a
+    span (``11-29 08:12  09:40``); else as START (``when_short``)."""
+    if end is None or start is None or time.localtime(start)[:3] != time.localtime(end)[:3]:
+        return when_short(end)
+    return time.strftime("%H:%M", time.localtime(end))
 
 
-def _cut(text: str, width: int) -> str:
+#: The columns of ``ls`` that narrow or go in a narrow terminal, in order, and their least width
+#: (0: the column goes; `--format json` has them all); ID, STATE, GPUS, MEM, TIME, EXIT, START
+#: and END never narrow.
+SHRINK = (("NAME", 10), ("ON", 4), ("USER", 6), ("SUBMITTED", 0), ("TRIES", 0), ("PRIO", 0),
+          ("ON", 0), ("USER", 0), ("NAME", 6))
+
+
+def cut(text: str, width: int) -> str:
+    """``text`` in at most ``width`` characters, ending in ``…`` where it was cut."""
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
@@ -250,8 +291,6 @@ def fields(rows: list[tuple[str, str]], *, indent: int) -> Table:
     return grid
 
 
-#: Below this many columns left for it, ``show``'s attempt reasons go under the table, whole.
-REASON_MIN = 24
 
 
 def attempts_table(attempts: list[dict[str, Any]], width: int) -> Table:

@@ -82,6 +82,10 @@ class Table:
     show_header: bool = True
     columns: list[Column] = field(default_factory=list)
     rows: list[tuple[str | Text, ...]] = field(default_factory=list)
+    #: A line of text under a row, across the columns (row index -> text): what a narrow
+    #: column could only cut (``ls``'s reasons in 80 columns); see ``note_lines``.
+    notes: dict[int, str] = field(default_factory=dict)
+    note_indent: int = 0
 
     @classmethod
     def grid(cls, padding: tuple[int, ...] = (0, 0), pad_edge: bool = False) -> Table:
@@ -91,7 +95,9 @@ class Table:
     def add_column(self, header: str = "", **options: Any) -> None:
         self.columns.append(Column(header, **options))
 
-    def add_row(self, *cells: str | Text) -> None:
+    def add_row(self, *cells: str | Text, note: str = "") -> None:
+        if note:
+            self.notes[len(self.rows)] = note
         self.rows.append(cells)
 
     def __rich__(self) -> Any:
@@ -108,7 +114,7 @@ class Table:
             table.add_column(c.header, **column)
         for row in self.rows:
             table.add_row(*(cell.__rich__() if isinstance(cell, Text) else cell for cell in row))
-        return table
+        return _NotedTable(table, self) if self.notes else table
 
     def lines(self, width: int, styled: bool) -> list[str] | None:
         """The table's lines as Rich writes them in ``width`` columns, or None where Rich
@@ -147,6 +153,8 @@ class Table:
             if title is None:
                 return None
             out.append(title)
+        if not all(_narrow(note) for note in self.notes.values()):
+            return None
         for n, row in enumerate((header, *rows) if self.show_header else rows):
             style = self.header_style if n == 0 and styled and self.show_header else ""
             if style and style not in ANSI:
@@ -156,12 +164,52 @@ class Table:
                 segments = [" " * lp, text.ljust(w - lp - rp), " " * rp]
                 pieces.extend(_style(s, style) for s in segments if s)
             out.append("".join(pieces))
+            i = n - 1 if self.show_header else n
+            if i in self.notes:
+                out += note_lines(self.notes[i], self.note_indent, width)
         if self.caption is not None:
             caption = _annotation(self.caption, self.caption_justify, table_width, styled, "italic dim")
             if caption is None:
                 return None
             out.append(caption)
         return out
+
+
+#: A note takes at most this many lines; the rest is cut with ``…`` (the caller has it whole).
+NOTE_LINES = 3
+
+
+def note_lines(text: str, indent: int, width: int) -> list[str]:
+    """A row's note wrapped at words to ``width`` columns, each line indented by ``indent``
+    (under the second column, where a row's words begin), at most ``NOTE_LINES`` lines."""
+    import textwrap
+
+    room = max(8, width - indent)
+    lines = textwrap.wrap(text, room, break_on_hyphens=False) or [""]
+    if len(lines) > NOTE_LINES:
+        last = lines[NOTE_LINES - 1]
+        lines = [*lines[: NOTE_LINES - 1], (last if len(last) < room else last[: room - 1]) + "…"]
+    return [" " * indent + line for line in lines]
+
+
+class _NotedTable:
+    """Rich's twin of a ``Table`` with notes: Rich's table, one line a row (every column of a
+    noted table is ``no_wrap``), with each note's lines after its row."""
+
+    def __init__(self, table: Any, source: Table) -> None:
+        self.table, self.source = table, source
+
+    def __rich_console__(self, console: Any, options: Any) -> Any:
+        from rich.segment import Segment
+
+        head = 1 if self.source.show_header else 0
+        for n, line in enumerate(console.render_lines(self.table, options, pad=False)):
+            yield from line
+            yield Segment.line()
+            if n - head in self.source.notes:
+                for text in note_lines(self.source.notes[n - head], self.source.note_indent, options.max_width):
+                    yield Segment(text)
+                    yield Segment.line()
 
 
 def _cell_text(cell: str | Text) -> str:

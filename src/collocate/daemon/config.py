@@ -62,7 +62,7 @@ class ServeConfig:
     tls_self_signed: bool = False
     user_tokens: dict[str, str] = field(default_factory=dict)  # token → member (``--user-tokens``)
     tcp_max_per_token: int = 8  # TCP connections served at once per token holder
-    warm_estimator: bool = False  # keep a warm estimator process (``estimate/warm.py``)
+    warm_estimator: bool = False  # keep a warm estimator process (``estimate/warm.py``; serve: on where torch is)
 
 
 def job_bounds(config: ServeConfig) -> NodeBounds:

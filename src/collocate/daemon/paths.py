@@ -70,7 +70,7 @@ class StateLayout:
 
     @property
     def estimator_socket(self) -> Path:
-        """The warm estimator's socket (``serve --warm-estimator``, ``estimate/warm.py``)."""
+        """The warm estimator's socket (kept by default, ``estimate/warm.py``)."""
         return self.root / "estimator.sock"
 
     @property

@@ -1,4 +1,4 @@
-"""The daemon's warm estimator process (``serve --warm-estimator``; why it exists and how it
+"""The daemon's warm estimator process (on unless ``serve --no-warm-estimator``; why it exists and how it
 serves: ``estimate/warm.py``). It starts with the daemon, after the API listens, and stops
 with it; it also stops by itself within a second when the daemon dies (it watches its parent)."""
 

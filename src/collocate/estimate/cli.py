@@ -42,7 +42,7 @@ def estimate(
         help="PyTorch allocator mode of the job: default or expandable (expandable_segments:True). "
              "Default: read from PYTORCH_CUDA_ALLOC_CONF here")] = None,
     cold: Annotated[bool, typer.Option("--cold", help="Estimate in this process even when the "
-                    "daemon keeps a warm estimator (serve --warm-estimator): same numbers, slower")] = False,
+                    "daemon keeps a warm estimator (it does by default): same numbers, slower")] = False,
 ) -> None:
     """Estimate the peak GPU memory of one training iteration (no GPU needed)."""
     if fmt not in ("table", "json"):

@@ -3,8 +3,8 @@
 Why: a cold ``collocate estimate`` of a ResNet-50 spends most of its time importing: ``import
 torch`` alone is about 3 s of CPU on a 2-core machine, and ``torch._dynamo`` (pulled in by
 ``FakeTensorMode`` and by every ``torch.optim`` constructor) 2 s more; tracing and replay take
-under a second (benchmarks/results/estimate_speed-2026-11-29b.md). A daemon started with
-``serve --warm-estimator`` keeps one such process on ``estimator.sock`` in its state dir;
+under a second (benchmarks/results/estimate_speed-2026-11-29b.md). A daemon keeps one such
+process on ``estimator.sock`` in its state dir (by default where torch is installed);
 ``collocate estimate`` asks it first and estimates in its own process (cold) when there is
 none, or it refuses, is busy or does not answer. Both run ``api.estimate_memory``: same numbers.
 
