@@ -188,6 +188,11 @@ def submit(
     directory = (cwd or Path.cwd()).expanduser().absolute()
     if not directory.is_dir():
         raise InputError(f"working directory {directory} does not exist", hint="pass an existing --cwd")
+    from collocate.daemon.outputs import check_directory
+
+    for point in points or [None]:
+        check_directory(output if point is None else point.path(output), "--output", str(directory))
+        check_directory(error if point is None else point.path(error), "--error", str(directory))
     extra: dict[str, Any] = {"mem": mem}
     client = _client(state_dir, host, token_file, fingerprint)
     if estimate is not None:  # once for a whole sweep: its jobs share the entry point
@@ -342,8 +347,9 @@ def ls(
     name: Annotated[str | None, Option("--name", "-n", help="Only jobs whose name matches "
                     "this shell glob, e.g. 'train.py*' (quote it).")] = None,
     since: Annotated[str | None, Option("--since", "-S", help="Only jobs in the queue or running "
-                     "at or after this time: 2026-11-28, 2026-11-28T14:00, or 2h, 1d ago (sacct's "
-                     "--starttime; implies --all; adds START and END columns where the terminal has room).")] = None,
+                     "at or after this time: 2026-11-28, 2026-11-28T14:00, 14:00 (today), 2h or 1d ago, "
+                     "or sacct's today, now-3hours, 11/28 (its --starttime; implies --all; adds START and "
+                     "END columns where the terminal has room).")] = None,
     until: Annotated[str | None, Option("--until", "-E", help="Only jobs submitted at or before "
                      "this time (sacct's --endtime; same forms; implies --all).")] = None,
     fmt: FormatOpt = "table",
