@@ -251,3 +251,7 @@ def test_slips_of_a_slurm_day_are_caught_at_submit_and_said_plainly(daemons, tmp
         rows = json.loads(cli(d, "ls", "-S", since, "-E", "now", "--format", "json").stdout)
         assert sorted(r["id"] for r in rows) == every, since
     assert json.loads(cli(d, "ls", "-E", "now-1days", "--format", "json").stdout) == []
+    picked = json.loads(cli(d, "ls", "-j", f"{job},{absent}", "-j", "99", "--format", "json").stdout)
+    assert sorted(r["id"] for r in picked) == sorted([job, absent])  # squeue -j / sacct -j: ended too
+    table = cli(d, "ls", "-j", later, columns=80)
+    assert table.returncode == 0 and [line.split()[0] for line in table.stdout.splitlines()] == ["ID", later]

@@ -352,6 +352,8 @@ def ls(
                      "END columns where the terminal has room).")] = None,
     until: Annotated[str | None, Option("--until", "-E", help="Only jobs submitted at or before "
                      "this time (sacct's --endtime; same forms; implies --all).")] = None,
+    jobs: Annotated[list[str], Option("--jobs", "-j", help="Only these jobs: 7, 3-7, 3,5,9 "
+                    "(squeue -j, sacct -j; ended ones too).")] = [],
     fmt: FormatOpt = "table",
     state_dir: StateDirOpt = None, host: HostOpt = None,
     token_file: TokenFileOpt = None, fingerprint: FingerprintOpt = None,
@@ -359,7 +361,7 @@ def ls(
     """List jobs (pending and running; --all for every job), with why each pending one waits."""
     from collocate.client import render
     from collocate.client.connect import list_jobs
-    from collocate.client.select import filter_rows, me, needs_ended, parse_states
+    from collocate.client.select import filter_rows, me, needs_ended, parse_ids, parse_states
 
     _format(fmt)
     states = parse_states(state)
@@ -370,8 +372,9 @@ def ls(
     start = None if since is None else parse_when(since, "--since", now)
     end = None if until is None else parse_when(until, "--until", now)
     dated = start is not None or end is not None
-    rows = list_jobs(_client(state_dir, host, token_file, fingerprint).request,
-                     all=all_ or dated or needs_ended(states))
+    ids = parse_ids(jobs) if jobs else None
+    rows = list_jobs(_client(state_dir, host, token_file, fingerprint).request, ids=ids,
+                     all=all_ or dated or needs_ended(states) or ids is not None)
     rows = [r for r in filter_rows(rows, states=states, users=users, name=name) if in_window(r, start, end, now)]
     if fmt == "json":
         echo(json.dumps(rows, indent=1))
