@@ -239,6 +239,10 @@ def test_slips_of_a_slurm_day_are_caught_at_submit_and_said_plainly(daemons, tmp
     out = cli(d, "update", later, "--after", job, "--after-any", job)
     assert out.returncode == 0 and f"(waits for job {job})" in out.stdout, out.stdout  # once, not twice
     absent = d.submit(["no-such-program-here"], name="absent", mem="1GiB")
+    array = cli(d, "submit", "--mem", "1GiB", "--sweep", "i=0..1", "--env", "SLURM_ARRAY_TASK_ID={i}", "--",
+                "sh", "-c", "echo task $SLURM_ARRAY_TASK_ID of job $COLLOCATE_JOB_ID")
+    assert array.returncode == 0, array.stderr
+    tasks = array.stdout.split()
     d.client.request("resume")
     d.wait_state(job, "done")
     assert (tmp_path / "logs" / f"out-{job}.txt").read_text() == "hi\n"
@@ -246,7 +250,10 @@ def test_slips_of_a_slurm_day_are_caught_at_submit_and_said_plainly(daemons, tmp
     assert "exited with status 127" in d.wait_state(absent, "failed")["reason"]
     said = cli(d, "logs", absent, "--stderr")
     assert "cannot start 'no-such-program-here': command not found on the job's PATH" in said.stdout, said
-    every = sorted([job, later, absent])
+    for i, task in enumerate(tasks):
+        d.wait_state(task, "done")
+        assert cli(d, "logs", task).stdout == f"task {i} of job {task}\n"
+    every = sorted([job, later, absent, *tasks])
     for since in ("today", "midnight", "00:00", "now-1hours", "now-3600"):
         rows = json.loads(cli(d, "ls", "-S", since, "-E", "now", "--format", "json").stdout)
         assert sorted(r["id"] for r in rows) == every, since

@@ -134,8 +134,8 @@ def submit(
                             "crash its neighbours instead of itself; it is still charged for the "
                             "overrun, its requirement raised from what it held.")] = False,
     sweep: Annotated[list[str], Option("--sweep", help="NAME=V1,V2,... or NAME=FIRST..LAST: "
-                     "one job per combination, {NAME} in the command, --name, --output and "
-                     "--error replaced (repeatable).")] = [],
+                     "one job per combination, {NAME} in the command, --name, --output, "
+                     "--error and --env values replaced (repeatable).")] = [],
     sweep_max: Annotated[int | None, Option("--sweep-max", help="Run at most N of the "
                          "sweep's jobs at once (Slurm's --array=0-9%N); the others wait.")] = None,
     output: OutputOpt = None, error: ErrorOpt = None,
@@ -184,7 +184,7 @@ def submit(
         raise InputError("--sweep-max bounds a sweep", hint="give --sweep NAME=VALUES too, or drop --sweep-max")
     if sweep_max is not None and not 1 <= sweep_max <= 10_000:
         raise InputError(f"--sweep-max takes 1 to 10,000, got {sweep_max}")
-    points = expand(command, [parse_axis(a) for a in sweep], (name, output, error)) if sweep else None
+    points = expand(command, [parse_axis(a) for a in sweep], (name, output, error, *env)) if sweep else None
     directory = (cwd or Path.cwd()).expanduser().absolute()
     if not directory.is_dir():
         raise InputError(f"working directory {directory} does not exist", hint="pass an existing --cwd")
@@ -224,7 +224,8 @@ def submit(
     for done, point in enumerate(points):
         try:
             result = client.request("submit", argv=list(point.command), name=point.name(base),
-                                    output=point.path(output), error=point.path(error), **sweep_of, **fields)
+                                    output=point.path(output), error=point.path(error), **sweep_of,
+                                    **{**fields, "env": [point.fill(e) for e in env]})
             sweep_of = {"sweep": sweep_of["sweep"] if done else result["id"]}
         except CollocateError as exc:
             if not done:
