@@ -262,3 +262,25 @@ def test_slips_of_a_slurm_day_are_caught_at_submit_and_said_plainly(daemons, tmp
     assert sorted(r["id"] for r in picked) == sorted([job, absent])  # squeue -j / sacct -j: ended too
     table = cli(d, "ls", "-j", later, columns=80)
     assert table.returncode == 0 and [line.split()[0] for line in table.stdout.splitlines()] == ["ID", later]
+
+
+def test_slurms_own_option_names_are_answered_with_ours(tmp_path):
+    # Click guesses by spelling (--gres: "--gpus, --nodes, --retries?"); a Slurm user is told
+    # what to write instead, on the command line and in a script alike; nothing is queued
+    # (no daemon here: these are refused before one is asked)
+    class Nowhere:
+        state_dir = tmp_path / "state"
+
+    cases = {("submit", "--gres=gpu:1", "--", "true"): "--gres is Slurm's; here write --gpus N",
+             ("submit", "--dependency", "afterok:3", "--", "true"): "here write --after N (afterok)",
+             ("submit", "-p", "gpu", "--", "true"): "-p is Slurm's and not needed here: a server has one queue",
+             ("ls", "--starttime", "2026-11-01"): "here write -S or --since",
+             ("submit", "--bogus", "--", "true"): "`collocate submit --help` lists its options"}
+    for argv, hint in cases.items():
+        out = cli(Nowhere, *argv, cwd=tmp_path)
+        assert out.returncode == 2 and "No such option" in out.stderr and hint in out.stderr, (argv, out.stderr)
+    (tmp_path / "from_slurm.sh").write_text("#!/bin/sh\n#COLLOCATE --mem 1GiB\n#COLLOCATE --job-name=eq\ntrue\n")
+    out = cli(Nowhere, "submit", "from_slurm.sh", cwd=tmp_path)
+    assert out.returncode == 2 and "from_slurm.sh:3: No such option: --job-name" in out.stderr
+    assert "--job-name is Slurm's; here write -J NAME or --name NAME" in out.stderr
+    assert not Nowhere.state_dir.exists()

@@ -190,9 +190,10 @@ def submit(
         raise InputError(f"working directory {directory} does not exist", hint="pass an existing --cwd")
     from collocate.daemon.outputs import check_directory
 
-    for point in points or [None]:
-        check_directory(output if point is None else point.path(output), "--output", str(directory))
-        check_directory(error if point is None else point.path(error), "--error", str(directory))
+    paths = [(output, error)] if points is None else [(p.path(output), p.path(error)) for p in points]
+    for out_path, err_path in paths:
+        check_directory(out_path, "--output", str(directory))
+        check_directory(err_path, "--error", str(directory))
     extra: dict[str, Any] = {"mem": mem}
     client = _client(state_dir, host, token_file, fingerprint)
     if estimate is not None:  # once for a whole sweep: its jobs share the entry point
