@@ -87,9 +87,9 @@ def usage_message(exc: Exception, argv: Sequence[str], commands: set[str]) -> st
     command = command if command in commands else None
     hint = f"`{PROGRAM} {command} --help` lists its options" if command else f"`{PROGRAM} --help` lists the commands"
     if _is(exc, "NoSuchOption"):
-        from collocate.client.slurm_words import instead
+        from collocate.client.slurm_words import hint_for
 
-        hint = instead(getattr(exc, "option_name", None)) or hint
+        hint = hint_for(exc) or hint
     param = getattr(exc, "param", None)
     wanted = _wanted(ctx, param) if _is(exc, "BadParameter") and param is not None else None
     if wanted is None or param is None:  # param is set whenever wanted is; said for mypy

@@ -275,10 +275,12 @@ def test_slurms_own_option_names_are_answered_with_ours(tmp_path):
              ("submit", "--dependency", "afterok:3", "--", "true"): "here write --after N (afterok)",
              ("submit", "-p", "gpu", "--", "true"): "-p is Slurm's and not needed here: a server has one queue",
              ("ls", "--starttime", "2026-11-01"): "here write -S or --since",
-             ("submit", "--bogus", "--", "true"): "`collocate submit --help` lists its options"}
+             ("submit", "--bogus", "--", "true"): "`collocate submit --help` lists its options",
+             ("run", "--dependency", "afterok:3", "--", "true"): "`collocate run --help`"}  # run takes no --after
     for argv, hint in cases.items():
         out = cli(Nowhere, *argv, cwd=tmp_path)
         assert out.returncode == 2 and "No such option" in out.stderr and hint in out.stderr, (argv, out.stderr)
+        assert argv[0] != "run" or "Slurm's" not in out.stderr
     (tmp_path / "from_slurm.sh").write_text("#!/bin/sh\n#COLLOCATE --mem 1GiB\n#COLLOCATE --job-name=eq\ntrue\n")
     out = cli(Nowhere, "submit", "from_slurm.sh", cwd=tmp_path)
     assert out.returncode == 2 and "from_slurm.sh:3: No such option: --job-name" in out.stderr

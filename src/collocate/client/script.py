@@ -155,9 +155,9 @@ def _parse(command: Any, words: tuple[str, ...] | list[str], where: str) -> dict
     except Exception as exc:  # Click's UsageError, or Typer's vendored copy of it
         if not _is(exc, "UsageError"):
             raise
-        from collocate.client.slurm_words import instead
+        from collocate.client.slurm_words import hint_for
 
-        slurms = instead(getattr(exc, "option_name", None)) if _is(exc, "NoSuchOption") else None
+        slurms = hint_for(exc) if _is(exc, "NoSuchOption") else None
         raise InputError(f"{where}: {exc.format_message()}",  # type: ignore[attr-defined]
                          hint=slurms or f"{DIRECTIVE} lines take submit's options, e.g. "
                               f"{DIRECTIVE} --mem 6GiB --time 2:00:00 (`collocate submit --help`)") from None

@@ -36,14 +36,29 @@ INSTEAD = {
 }
 
 
-def instead(option: str | None) -> str | None:
-    """The hint for Slurm's ``option`` (``--gres`` or ``--gres=gpu:1``), or None."""
+def instead(option: str | None, known: set[str] | None = None) -> str | None:
+    """The hint for Slurm's ``option`` (``--gres`` or ``--gres=gpu:1``), or None; with
+    ``known`` (the command's own option names), None where it names none of them (``run``
+    takes no ``--after``: its plain hint is truer)."""
+    import re
+
     if not option:
         return None
     name = option.split("=", 1)[0]
     what = INSTEAD.get(name)
     if what is None:
         return None
+    named = re.findall(r"(?<![\w-])-{1,2}[a-zA-Z][\w-]*", what)
+    if known is not None and named and not set(named) & known:
+        return None
     if what.startswith("nothing"):
         return f"{name} is Slurm's and not needed here: {what.split(': ', 1)[1]}; leave it out"
     return f"{name} is Slurm's; here write {what} (docs/slurm.md maps each)"
+
+
+def hint_for(exc: BaseException) -> str | None:
+    """``instead`` for Click's "No such option" ``exc``, checked against its command's options."""
+    ctx = getattr(exc, "ctx", None)
+    command = getattr(ctx, "command", None)
+    known = None if command is None else {o for p in command.params for o in getattr(p, "opts", ())}
+    return instead(getattr(exc, "option_name", None), known)
