@@ -86,6 +86,10 @@ def usage_message(exc: Exception, argv: Sequence[str], commands: set[str]) -> st
     command = next((a for a in argv if not a.startswith("-")), None)  # the subcommand, if any
     command = command if command in commands else None
     hint = f"`{PROGRAM} {command} --help` lists its options" if command else f"`{PROGRAM} --help` lists the commands"
+    if _is(exc, "NoSuchOption"):
+        from collocate.client.slurm_words import hint_for
+
+        hint = hint_for(exc) or hint
     param = getattr(exc, "param", None)
     wanted = _wanted(ctx, param) if _is(exc, "BadParameter") and param is not None else None
     if wanted is None or param is None:  # param is set whenever wanted is; said for mypy

@@ -792,4 +792,7 @@ def _watch(job: Job) -> bool:
 
 
 def _waits_for(job_ids: Sequence[str]) -> str:
-    return f"waits for job{'s' if len(job_ids) > 1 else ''} {', '.join(job_ids)}"
+    """The reason of a job that waits on others; a job named by two kinds of dependency
+    (``--after 3 --after-any 3``) once."""
+    once = list(dict.fromkeys(job_ids))
+    return f"waits for job{'s' if len(once) > 1 else ''} {', '.join(once)}"

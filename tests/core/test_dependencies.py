@@ -46,6 +46,13 @@ def test_a_job_waits_for_all_of_its_dependencies():
     assert placed(s) == ["merge"]
 
 
+def test_a_job_named_by_two_kinds_of_dependency_is_said_once():
+    s = scheduler()
+    s.submit(Job("a"))
+    s.submit(Job("both", after=("a",), after_any=("a",)))
+    assert s.jobs["both"].reason == "waits for job a"
+
+
 def test_a_failed_dependency_cancels_its_dependents_transitively_with_the_reason():
     s = scheduler()
     s.submit(Job("prep"))

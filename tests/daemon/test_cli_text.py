@@ -13,7 +13,7 @@ from rich.console import Console
 
 from collocate.client import render
 from collocate.client.follow import print_logs
-from collocate.client.select import filter_rows, needs_ended, parse_ids, parse_states
+from collocate.client.select import filter_rows, needs_ended, parse_ids, parse_states, parse_when
 from collocate.errors import InputError
 from collocate.safetext import printable
 from collocate.units import parse_mib, require_unit
@@ -60,6 +60,25 @@ def test_state_suspended_picks_the_frozen_running_jobs_which_running_includes():
     assert filter_rows(rows, states={"suspended"}) == rows[:1]
     assert filter_rows(rows, states={"running"}) == rows[:2]
     assert filter_rows(rows, states={"pending", "suspended"}) == [rows[0], rows[2]]
+
+
+def test_since_and_until_read_the_forms_sacct_users_type():
+    now = time.mktime((2026, 11, 29, 15, 30, 0, 0, 0, -1))  # a Sunday afternoon, local time
+    day = time.mktime((2026, 11, 29, 0, 0, 0, 0, 0, -1))
+    assert parse_when("today", "-S", now) == parse_when("midnight", "-S", now) == day
+    assert parse_when("now", "-E", now) == now
+    assert parse_when("now-2hours", "-S", now) == parse_when("2h", "-S", now) == now - 7200
+    assert parse_when("now-90", "-S", now) == now - 90  # sacct: a bare count is seconds
+    assert parse_when("now-1days", "-S", now) == parse_when("NOW-1DAY", "-S", now) == now - 86400
+    assert parse_when("09:15", "-S", now) == day + 9 * 3600 + 15 * 60  # a time: today's
+    assert parse_when("09:15:30", "-S", now) == day + 9 * 3600 + 15 * 60 + 30
+    assert parse_when("11/29", "-S", now) == parse_when("11/29/26", "-S", now) == day
+    assert parse_when("2026-11-29", "-S", now) == parse_when("11/29/2026", "-S", now) == day
+    assert parse_when("2026-11-29T09:15", "-S", now) == day + 9 * 3600 + 15 * 60
+    for bad in ("yesterday", "now-2x", "now+", "25:00", "13/40", "2h ago", ""):
+        with pytest.raises(InputError, match="cannot read -S") as err:
+            parse_when(bad, "-S", now)
+        assert "now-2hours" in (err.value.hint or "")
 
 
 def test_filter_rows_matches_every_filter_and_globs_the_whole_name():

@@ -213,3 +213,76 @@ def test_slurms_short_options_and_state_codes(daemons, tmp_path):
     assert "old.sh: #SBATCH lines (2, 3) are not read; write the options as #COLLOCATE lines" in old.stderr
     quiet = cli(d, "submit", "--mem", "1GiB", "s.sh", cwd=tmp_path)
     assert quiet.returncode == 0 and quiet.stderr == ""
+
+
+def test_slips_of_a_slurm_day_are_caught_at_submit_and_said_plainly(daemons, tmp_path):
+    # what the first day with collocate tripped on (issue 37): an -o into a directory not made
+    # yet (sbatch's job fails when it starts; here submit says so before anything is queued),
+    # sacct's -S today / now-1hours / 00:00, a job named by two kinds of dependency, and a
+    # command that is not installed
+    d = daemons()
+    d.client.request("drain")
+    missing = cli(d, "submit", "--mem", "1GiB", "-o", "logs/out-%j.txt", "--", "echo", "hi", cwd=tmp_path)
+    assert missing.returncode == 2, missing.stderr
+    assert f"the directory {tmp_path / 'logs'} does not exist" in missing.stderr and "mkdir -p" in missing.stderr
+    swept = cli(d, "submit", "--mem", "1GiB", "--sweep", "s=0..1", "-e", "seed{s}/err.txt", "--", "echo", "{s}",
+                cwd=tmp_path)
+    assert swept.returncode == 2 and f"{tmp_path / 'seed0'} does not exist" in swept.stderr
+    interactive = cli(d, "run", "--mem", "1GiB", "-o", "logs/run.txt", "--", "true", cwd=tmp_path)
+    assert interactive.returncode == 2 and "does not exist" in interactive.stderr
+    assert d.client.request("ls", all=True) == []  # nothing was queued
+    (tmp_path / "logs").mkdir()
+    first = cli(d, "submit", "--mem", "1GiB", "-o", "logs/out-%j.txt", "--", "echo", "hi", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    job = first.stdout.strip()
+    later = d.submit(["/bin/true"], name="later", mem="1GiB")
+    out = cli(d, "update", later, "--after", job, "--after-any", job)
+    assert out.returncode == 0 and f"(waits for job {job})" in out.stdout, out.stdout  # once, not twice
+    absent = d.submit(["no-such-program-here"], name="absent", mem="1GiB")
+    array = cli(d, "submit", "--mem", "1GiB", "--sweep", "i=0..1", "--env", "SLURM_ARRAY_TASK_ID={i}", "--",
+                "sh", "-c", "echo task $SLURM_ARRAY_TASK_ID of job $COLLOCATE_JOB_ID")
+    assert array.returncode == 0, array.stderr
+    tasks = array.stdout.split()
+    d.client.request("resume")
+    d.wait_state(job, "done")
+    assert (tmp_path / "logs" / f"out-{job}.txt").read_text() == "hi\n"
+    d.wait_state(later, "done")
+    assert "exited with status 127" in d.wait_state(absent, "failed")["reason"]
+    said = cli(d, "logs", absent, "--stderr")
+    assert "cannot start 'no-such-program-here': command not found on the job's PATH" in said.stdout, said
+    for i, task in enumerate(tasks):
+        d.wait_state(task, "done")
+        assert cli(d, "logs", task).stdout == f"task {i} of job {task}\n"
+    every = sorted([job, later, absent, *tasks])
+    for since in ("today", "midnight", "00:00", "now-1hours", "now-3600"):
+        rows = json.loads(cli(d, "ls", "-S", since, "-E", "now", "--format", "json").stdout)
+        assert sorted(r["id"] for r in rows) == every, since
+    assert json.loads(cli(d, "ls", "-E", "now-1days", "--format", "json").stdout) == []
+    picked = json.loads(cli(d, "ls", "-j", f"{job},{absent}", "-j", "99", "--format", "json").stdout)
+    assert sorted(r["id"] for r in picked) == sorted([job, absent])  # squeue -j / sacct -j: ended too
+    table = cli(d, "ls", "-j", later, columns=80)
+    assert table.returncode == 0 and [line.split()[0] for line in table.stdout.splitlines()] == ["ID", later]
+
+
+def test_slurms_own_option_names_are_answered_with_ours(tmp_path):
+    # Click guesses by spelling (--gres: "--gpus, --nodes, --retries?"); a Slurm user is told
+    # what to write instead, on the command line and in a script alike; nothing is queued
+    # (no daemon here: these are refused before one is asked)
+    class Nowhere:
+        state_dir = tmp_path / "state"
+
+    cases = {("submit", "--gres=gpu:1", "--", "true"): "--gres is Slurm's; here write --gpus N",
+             ("submit", "--dependency", "afterok:3", "--", "true"): "here write --after N (afterok)",
+             ("submit", "-p", "gpu", "--", "true"): "-p is Slurm's and not needed here: a server has one queue",
+             ("ls", "--starttime", "2026-11-01"): "here write -S or --since",
+             ("submit", "--bogus", "--", "true"): "`collocate submit --help` lists its options",
+             ("run", "--dependency", "afterok:3", "--", "true"): "`collocate run --help`"}  # run takes no --after
+    for argv, hint in cases.items():
+        out = cli(Nowhere, *argv, cwd=tmp_path)
+        assert out.returncode == 2 and "No such option" in out.stderr and hint in out.stderr, (argv, out.stderr)
+        assert argv[0] != "run" or "Slurm's" not in out.stderr
+    (tmp_path / "from_slurm.sh").write_text("#!/bin/sh\n#COLLOCATE --mem 1GiB\n#COLLOCATE --job-name=eq\ntrue\n")
+    out = cli(Nowhere, "submit", "from_slurm.sh", cwd=tmp_path)
+    assert out.returncode == 2 and "from_slurm.sh:3: No such option: --job-name" in out.stderr
+    assert "--job-name is Slurm's; here write -J NAME or --name NAME" in out.stderr
+    assert not Nowhere.state_dir.exists()

@@ -78,6 +78,13 @@ def test_names_and_output_paths_take_the_placeholders_too():
     assert grid[0].path("o-{a}-{b}-%a") == "o-1-2-%a"  # two axes: no single index; the daemon refuses %a
 
 
+def test_env_values_take_the_placeholders_as_slurms_array_task_id():
+    one, two = expand(["sh", "-c", "echo $TASK"], [parse_axis("i=3..4")], ("SLURM_ARRAY_TASK_ID={i}",))
+    assert (one.fill("SLURM_ARRAY_TASK_ID={i}"), two.fill("SLURM_ARRAY_TASK_ID={i}")) == (
+        "SLURM_ARRAY_TASK_ID=3", "SLURM_ARRAY_TASK_ID=4")
+    assert one.command == ("sh", "-c", "echo $TASK")  # used in --env only: still a sweep
+
+
 def test_output_patterns_are_checked_and_filled_as_sbatch_fills_them():
     from collocate.daemon.outputs import check_template, fill
 

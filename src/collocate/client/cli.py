@@ -134,8 +134,8 @@ def submit(
                             "crash its neighbours instead of itself; it is still charged for the "
                             "overrun, its requirement raised from what it held.")] = False,
     sweep: Annotated[list[str], Option("--sweep", help="NAME=V1,V2,... or NAME=FIRST..LAST: "
-                     "one job per combination, {NAME} in the command, --name, --output and "
-                     "--error replaced (repeatable).")] = [],
+                     "one job per combination, {NAME} in the command, --name, --output, "
+                     "--error and --env values replaced (repeatable).")] = [],
     sweep_max: Annotated[int | None, Option("--sweep-max", help="Run at most N of the "
                          "sweep's jobs at once (Slurm's --array=0-9%N); the others wait.")] = None,
     output: OutputOpt = None, error: ErrorOpt = None,
@@ -184,10 +184,16 @@ def submit(
         raise InputError("--sweep-max bounds a sweep", hint="give --sweep NAME=VALUES too, or drop --sweep-max")
     if sweep_max is not None and not 1 <= sweep_max <= 10_000:
         raise InputError(f"--sweep-max takes 1 to 10,000, got {sweep_max}")
-    points = expand(command, [parse_axis(a) for a in sweep], (name, output, error)) if sweep else None
+    points = expand(command, [parse_axis(a) for a in sweep], (name, output, error, *env)) if sweep else None
     directory = (cwd or Path.cwd()).expanduser().absolute()
     if not directory.is_dir():
         raise InputError(f"working directory {directory} does not exist", hint="pass an existing --cwd")
+    from collocate.daemon.outputs import check_directory
+
+    paths = [(output, error)] if points is None else [(p.path(output), p.path(error)) for p in points]
+    for out_path, err_path in paths:
+        check_directory(out_path, "--output", str(directory))
+        check_directory(err_path, "--error", str(directory))
     extra: dict[str, Any] = {"mem": mem}
     client = _client(state_dir, host, token_file, fingerprint)
     if estimate is not None:  # once for a whole sweep: its jobs share the entry point
@@ -219,7 +225,8 @@ def submit(
     for done, point in enumerate(points):
         try:
             result = client.request("submit", argv=list(point.command), name=point.name(base),
-                                    output=point.path(output), error=point.path(error), **sweep_of, **fields)
+                                    output=point.path(output), error=point.path(error), **sweep_of,
+                                    **{**fields, "env": [point.fill(e) for e in env]})
             sweep_of = {"sweep": sweep_of["sweep"] if done else result["id"]}
         except CollocateError as exc:
             if not done:
@@ -342,10 +349,13 @@ def ls(
     name: Annotated[str | None, Option("--name", "-n", help="Only jobs whose name matches "
                     "this shell glob, e.g. 'train.py*' (quote it).")] = None,
     since: Annotated[str | None, Option("--since", "-S", help="Only jobs in the queue or running "
-                     "at or after this time: 2026-11-28, 2026-11-28T14:00, or 2h, 1d ago (sacct's "
-                     "--starttime; implies --all; adds START and END columns where the terminal has room).")] = None,
+                     "at or after this time: 2026-11-28, 2026-11-28T14:00, 14:00 (today), 2h or 1d ago, "
+                     "or sacct's today, now-3hours, 11/28 (its --starttime; implies --all; adds START and "
+                     "END columns where the terminal has room).")] = None,
     until: Annotated[str | None, Option("--until", "-E", help="Only jobs submitted at or before "
                      "this time (sacct's --endtime; same forms; implies --all).")] = None,
+    jobs: Annotated[list[str], Option("--jobs", "-j", help="Only these jobs: 7, 3-7, 3,5,9 "
+                    "(squeue -j, sacct -j; ended ones too).")] = [],
     fmt: FormatOpt = "table",
     state_dir: StateDirOpt = None, host: HostOpt = None,
     token_file: TokenFileOpt = None, fingerprint: FingerprintOpt = None,
@@ -353,7 +363,7 @@ def ls(
     """List jobs (pending and running; --all for every job), with why each pending one waits."""
     from collocate.client import render
     from collocate.client.connect import list_jobs
-    from collocate.client.select import filter_rows, me, needs_ended, parse_states
+    from collocate.client.select import filter_rows, me, needs_ended, parse_ids, parse_states
 
     _format(fmt)
     states = parse_states(state)
@@ -364,8 +374,9 @@ def ls(
     start = None if since is None else parse_when(since, "--since", now)
     end = None if until is None else parse_when(until, "--until", now)
     dated = start is not None or end is not None
-    rows = list_jobs(_client(state_dir, host, token_file, fingerprint).request,
-                     all=all_ or dated or needs_ended(states))
+    ids = parse_ids(jobs) if jobs else None
+    rows = list_jobs(_client(state_dir, host, token_file, fingerprint).request, ids=ids,
+                     all=all_ or dated or needs_ended(states) or ids is not None)
     rows = [r for r in filter_rows(rows, states=states, users=users, name=name) if in_window(r, start, end, now)]
     if fmt == "json":
         echo(json.dumps(rows, indent=1))

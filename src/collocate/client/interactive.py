@@ -78,6 +78,10 @@ def run(
     directory = (cwd or Path.cwd()).expanduser().absolute()
     if not directory.is_dir():
         raise InputError(f"working directory {directory} does not exist", hint="pass an existing --cwd")
+    from collocate.daemon.outputs import check_directory
+
+    check_directory(output, "--output", str(directory))
+    check_directory(error, "--error", str(directory))
     client = client_for(state_dir, host=host, token_file=token_file, fingerprint=fingerprint)
     job_id = str(client.request("submit", argv=list(command), name=name, gpus=gpus, mem=mem,
                                 priority=priority, cwd=str(directory), env=list(env),

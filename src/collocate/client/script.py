@@ -155,8 +155,11 @@ def _parse(command: Any, words: tuple[str, ...] | list[str], where: str) -> dict
     except Exception as exc:  # Click's UsageError, or Typer's vendored copy of it
         if not _is(exc, "UsageError"):
             raise
+        from collocate.client.slurm_words import hint_for
+
+        slurms = hint_for(exc) if _is(exc, "NoSuchOption") else None
         raise InputError(f"{where}: {exc.format_message()}",  # type: ignore[attr-defined]
-                         hint=f"{DIRECTIVE} lines take submit's options, e.g. "
+                         hint=slurms or f"{DIRECTIVE} lines take submit's options, e.g. "
                               f"{DIRECTIVE} --mem 6GiB --time 2:00:00 (`collocate submit --help`)") from None
     return {name: value for name, value in ctx.params.items()
             if (source := ctx.get_parameter_source(name)) is not None and source.name == "COMMANDLINE"}

@@ -97,17 +97,47 @@ def me() -> str:
     return pwd.getpwuid(os.getuid()).pw_name
 
 
+#: sacct's ``now-2hours`` units (its default, a bare count, is seconds).
+_SACCT_UNITS = {"": 1.0, "s": 1.0, "sec": 1.0, "secs": 1.0, "second": 1.0, "seconds": 1.0,
+                "min": 60.0, "mins": 60.0, "minute": 60.0, "minutes": 60.0, "h": 3600.0,
+                "hour": 3600.0, "hours": 3600.0, "d": 86400.0, "day": 86400.0, "days": 86400.0,
+                "week": 604800.0, "weeks": 604800.0}
+WHEN_HINT = ("give a date (2026-11-28), a date and time (2026-11-28T14:00), a time today (14:00), "
+             "a time ago (2h, 1d) or sacct's now, today, midnight, now-2hours, 11/28")
+
+
 def parse_when(text: str, option: str, now: float) -> float:
-    """``--since``/``--until`` as sacct reads them: a date (``2026-11-28``), a date and time
-    (``2026-11-28T14:00``, ``2026-11-28 14:00[:00]``), or a time ago (``2h``, ``30m``, ``1d``)."""
+    """``--since``/``--until`` as sacct reads them: a date (``2026-11-28``, ``11/28``,
+    ``11/28/26``), a date and time (``2026-11-28T14:00``, ``2026-11-28 14:00[:00]``), a time
+    today (``14:00``, ``14:00:30``), ``now``, ``today`` and ``midnight`` (this day's start),
+    ``now-2hours`` (sacct's arithmetic: seconds, minutes, hours, days, weeks), or a time ago
+    (``2h``, ``30m``, ``1d``). Why so many: these are the forms Slurm users' fingers type."""
+    import re
     import time as _time
 
     raw = text.strip()
-    for form in ("%Y-%m-%d", "%Y-%m-%dT%H:%M", "%Y-%m-%d %H:%M", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S"):
+    today = _time.localtime(now)
+    for form in ("%Y-%m-%d", "%Y-%m-%dT%H:%M", "%Y-%m-%d %H:%M", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S",
+                 "%m/%d/%y", "%m/%d/%Y"):
         try:
             return _time.mktime(_time.strptime(raw, form))
         except ValueError:
             continue
+    for form, keep in (("%H:%M", "%Y-%m-%d "), ("%H:%M:%S", "%Y-%m-%d "), ("%m/%d", "%Y ")):
+        try:
+            _time.strptime(raw, form)  # well formed, then on today's date or in this year
+            return _time.mktime(_time.strptime(_time.strftime(keep, today) + raw, keep + form))
+        except ValueError:
+            continue
+    word = raw.lower()
+    if word in ("today", "midnight"):
+        return _time.mktime(_time.strptime(_time.strftime("%Y-%m-%d", today), "%Y-%m-%d"))
+    if m := re.fullmatch(r"now(?:([+-])(\d+)([a-z]*))?", word):
+        sign, count, unit = m.groups()
+        if sign is None:
+            return now
+        if unit in _SACCT_UNITS:
+            return now + (1 if sign == "+" else -1) * int(count) * _SACCT_UNITS[unit]
     if raw and raw[-1].lower() in "smhd":
         from collocate.units import parse_duration
 
@@ -115,8 +145,7 @@ def parse_when(text: str, option: str, now: float) -> float:
             return now - parse_duration(raw, option)
         except InputError:
             pass
-    raise InputError(f"cannot read {option} {text!r}",
-                     hint="give a date (2026-11-28), a date and time (2026-11-28T14:00) or a time ago (2h, 1d)")
+    raise InputError(f"cannot read {option} {text!r}", hint=WHEN_HINT)
 
 
 def in_window(row: dict[str, Any], since: float | None, until: float | None, now: float) -> bool:

@@ -3,8 +3,9 @@
 A sweep is the commonest reason to queue many jobs at once, and the shell loop users write for
 it today is what collocate replaces. Only the placeholders of declared axes are replaced, so any
 other braces in a command (JSON arguments, shell ``${VAR}``) pass through untouched. The same
-placeholders are filled in ``--name`` and in ``--output``/``--error`` (where ``%a``, Slurm's
-array index, is the value of a sweep's only axis: ``daemon/outputs.py`` fills the rest).
+placeholders are filled in ``--name``, in ``--env`` values and in ``--output``/``--error``
+(where ``%a``, Slurm's array index, is the value of a sweep's only axis: ``daemon/outputs.py``
+fills the rest).
 """
 
 from __future__ import annotations
@@ -44,6 +45,11 @@ class Point:
         filled = _fill(base, self.values)
         return filled if filled != base else f"{base}[{self.label()}]"
 
+    def fill(self, text: str) -> str:
+        """``text`` (an ``--env NAME=VALUE``) with this job's placeholders filled: Slurm's
+        ``$SLURM_ARRAY_TASK_ID`` as ``--env TASK={i}``."""
+        return _fill(text, self.values)
+
     def path(self, template: str | None) -> str | None:
         """An ``--output``/``--error`` pattern for this job: placeholders filled, ``%a`` the
         value of the sweep's only axis; a value's ``%`` stays a ``%`` (``%%`` to the daemon)."""
@@ -82,7 +88,8 @@ def parse_axis(text: str) -> Axis:
 
 def expand(command: Sequence[str], axes: Sequence[Axis], elsewhere: Sequence[str | None] = ()) -> list[Point]:
     """Every combination of the axes' values (the first axis varies slowest). Each axis must be
-    used in the command or ``elsewhere`` (the ``--name``, ``--output``, ``--error`` given)."""
+    used in the command or ``elsewhere`` (the ``--name``, ``--output``, ``--error``, ``--env``
+    given)."""
     names = [a.name for a in axes]
     if len(set(names)) != len(names):
         raise InputError("--sweep names an axis twice", hint="give each NAME once, with all its values")
@@ -92,7 +99,7 @@ def expand(command: Sequence[str], axes: Sequence[Axis], elsewhere: Sequence[str
         raise InputError(
             f"--sweep {unused[0]} is not used in the command",
             hint=f"write {{{unused[0]}}} where its value goes, e.g. -- python train.py --{unused[0]} {{{unused[0]}}} "
-                 "(or in --name, --output, --error)",
+                 "(or in --name, --output, --error, --env)",
         )
     count = 1
     for axis in axes:

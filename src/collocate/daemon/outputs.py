@@ -44,6 +44,24 @@ def check_template(template: object, option: str, cwd: str) -> str | None:
     return os.path.join(cwd, template)
 
 
+def check_directory(template: str | None, option: str, cwd: str) -> None:
+    """Refuse, at submission, an ``--output``/``--error`` whose directory does not exist (one
+    named without a pattern). Why: the job could not open its file and would fail when it
+    starts, perhaps hours later in the queue (sbatch's job fails the same way, silently). The
+    client checks, as its member, where it checks ``--cwd``; a directory with a ``%`` pattern
+    is known only once the job has its id, and is left to the job."""
+    if not template:
+        return
+    parent = os.path.dirname(os.path.join(cwd, template))
+    if "%" in parent or os.path.isdir(parent):
+        return
+    import shlex
+
+    raise InputError(f"{option} {template}: the directory {parent} does not exist",
+                     hint=f"create it first (mkdir -p {shlex.quote(parent)}); the job would fail "
+                     "when it starts, as it does under sbatch")
+
+
 def fill(template: str, *, job_id: str, name: str, user: str, sweep: str) -> str:
     """The path ``template`` names for one job (checked by ``check_template``)."""
     values = {"j": job_id, "x": name, "u": user, "A": sweep or job_id, "%": "%"}

@@ -108,8 +108,11 @@ def exec_as(argv: Sequence[str], env: Mapping[str, str], cwd: str, uid: int | No
             raise OSError(exc.errno, f"cannot enter working directory {cwd}: {exc.strerror}") from None
         os.execvpe(argv[0], list(argv), dict(env))
     except BaseException as exc:  # noqa: BLE001 - the child must never return into Python
+        why = str(exc)
+        if isinstance(exc, FileNotFoundError) and "/" not in argv[0]:  # as a shell says it
+            why = "command not found on the job's PATH (yours when you submitted): install it or give its path"
         try:
-            os.write(2, f"collocate: cannot start {argv[0]!r}: {exc}\n".encode(errors="replace"))
+            os.write(2, f"collocate: cannot start {argv[0]!r}: {why}\n".encode(errors="replace"))
         finally:
             os._exit(127)
 
