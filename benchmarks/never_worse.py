@@ -197,6 +197,9 @@ def measure(details: dict, jobs: dict[str, MixJob]) -> dict:
         "not_done": {n: f"{d['state']}: {d.get('reason') or ''}"[:240] for n, d in details.items()
                      if d["state"] != "done"},
         "attempts": {n: len(d["attempts"]) for n, d in details.items()},
+        "crashed": {n: [f"{a['outcome']}: placed with {a['mem_mib'] and round(a['mem_mib'])} MiB, held "
+                        f"{a['peak_mib'] and round(a['peak_mib'])}; {a['reason']}"[:200] for a in d["attempts"]]
+                    for n, d in details.items() if any(a["outcome"] == "oom" for a in d["attempts"])},
         "oom": ooms(details, jobs),
         "charged": charges(details),
         "makespan_s": round(max(ends) - first, 1) if ends else None,
@@ -317,6 +320,8 @@ def report(doc: dict) -> str:
                                  for n, c in r["charged"].items()) or "none"))
                 for n, why in r["not_done"].items():
                     lines.append(f"  - not done: {n}: {why}")
+                if len(s["jobs"]) <= 8:
+                    lines += [f"  - {n}'s attempts: " + " / ".join(a) for n, a in r.get("crashed", {}).items()]
             else:
                 lines.append(f"- {name}: " + ", ".join(f"{k} {v}" for k, v in r.items()))
         jobs = s["jobs"]
@@ -330,6 +335,14 @@ def report(doc: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def write(doc: dict, out: Path) -> str:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n")
+    text = report(doc)
+    out.with_suffix(".md").write_text(text)
+    return text
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer, shorter jobs; d with 18 (about 2-3 minutes)")
@@ -337,34 +350,34 @@ def main() -> None:
     parser.add_argument("--goals", default="abcde", help="which goals' scenarios to run (default: abcde)")
     parser.add_argument("--out", type=Path, help="write <out>.json and <out>.md instead of benchmarks/results/")
     args = parser.parse_args()
+    if not args.goals or not set(args.goals) <= set("abcde"):
+        parser.error(f"--goals takes letters of abcde, not {args.goals!r}")
     info = machine()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped run stops its daemons
     load = [round(x, 1) for x in os.getloadavg()]
     out = args.out or ROOT / "results" / f"never_worse-emulated-{info['date']}{'-quick' if args.quick else ''}"
     started = time.time()
-    done = []
+    command = " ".join(sys.argv[1:])
+    doc = {"machine": info, "seed": args.seed, "quick": args.quick, "command": f" {command}" if command else "",
+           "load_average": {"start": load}, "scenarios": []}
     for s in scenarios(args.seed, args.quick):
         if s.goal not in args.goals:
             continue
-        with tempfile.TemporaryDirectory(prefix=f"never-worse-{s.goal}-") as tmp:
-            begun = time.time()
+        begun = time.time()  # a job's processes may still write as its daemon stops: no cleanup error
+        with tempfile.TemporaryDirectory(prefix=f"never-worse-{s.goal}-", ignore_cleanup_errors=True) as tmp:
             results = (run_probe_scenario if s.goal == "e" else run_queue_scenario)(s, Path(tmp))
         ok, measured = verdict(s.goal, results)
         print(f"{s.goal} {'PASS' if ok else 'FAIL'} ({s.title}, {time.time() - begun:.0f} s): {measured}", flush=True)
-        done.append({"goal": s.goal, "title": s.title, "gpus": s.gpus, "pass": ok, "measured": measured,
-                     "runs": [asdict(r) for r in s.runs], "results": results,
-                     "jobs": [asdict(j) | {"need_mib": round(j.need_mib), "overruns": j.overruns} for j in s.jobs]})
-    command = " ".join(sys.argv[1:])
-    doc = {"machine": info, "seed": args.seed, "quick": args.quick, "command": f" {command}" if command else "",
-           "wall_s": round(time.time() - started, 1),
-           "load_average": {"start": load, "end": [round(x, 1) for x in os.getloadavg()]}, "scenarios": done}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n")
-    text = report(doc)
-    out.with_suffix(".md").write_text(text)
+        doc["scenarios"].append({
+            "goal": s.goal, "title": s.title, "gpus": s.gpus, "pass": ok, "measured": measured,
+            "runs": [asdict(r) for r in s.runs], "results": results,
+            "jobs": [asdict(j) | {"need_mib": round(j.need_mib), "overruns": j.overruns} for j in s.jobs]})
+        doc["wall_s"] = round(time.time() - started, 1)
+        doc["load_average"]["end"] = [round(x, 1) for x in os.getloadavg()]
+        text = write(doc, out)  # after each scenario: a stopped run keeps what it measured
     print(text)
     print(f"wrote {out.with_suffix('.md')} and .json ({doc['wall_s']:.0f} s)")
-    sys.exit(0 if all(s["pass"] for s in done) else 1)
+    sys.exit(0 if all(s["pass"] for s in doc["scenarios"]) else 1)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ and the quick run of goals a and e goes end to end (real daemons on emulated GPU
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -44,7 +45,9 @@ def test_quick_goal_e_a_small_job_and_a_cpu_job_beside_busy_gpus(tmp_path):
 
 @pytest.mark.slow
 def test_quick_goal_a_under_declared_jobs_complete_under_the_defaults(tmp_path):
-    scenario = next(s for s in scenarios(35, quick=True) if s.goal == "a")
+    # without the --retries 0 daemon (the benchmark runs it): two daemons keep it within a minute
+    quick = next(s for s in scenarios(35, quick=True) if s.goal == "a")
+    scenario = replace(quick, runs=[r for r in quick.runs if r.name in ("exclusive", "auto")])
     results = run_queue_scenario(scenario, tmp_path)
     for name in ("exclusive", "auto"):
         assert not results[name]["not_done"], (name, results[name]["not_done"])
