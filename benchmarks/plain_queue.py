@@ -21,7 +21,11 @@ then is a neighbour's fault) or had overrun it; the time from submission to star
 that fitted a GPU's room at submission (``collocate gpus``, ``gpu_room``); when the probe ended
 and what the GPUs read then; how soon the CPU jobs started; makespan; and job by job against ``exclusive``
 (``collocate.sim.metrics.versus_exclusive``: each job's completion time over its exclusive
-one, p50, p95, max, jobs worse off); then the goals of issue 35 as pass/fail.
+one, p50, p95, max, jobs worse off); then the goals of issue 35 as pass/fail. Under ``auto`` it
+also says why each fitted job waited (``WaitTrace``: the daemon's own wait reason for it, read
+every half second, a ``slowdown`` wait split by whether a GPU with room for it read under 60 %
+SM then, i.e. whether only the start-up/observe slot kept it off; the rest of its wait, not
+seen pending, is the time to the round that placed it).
 
 A job *fits* a GPU's room when its real need fits both the memory the GPU measures free and the
 memory its jobs have not committed (a running job commits its requirement before it has
@@ -231,7 +235,7 @@ class WaitTrace(threading.Thread):
         kinds: dict[str, float] = {}
         reasons: dict[str, str] = {}
         need = self.need.get(detail["id"], 0.0)
-        for (t, kind, reason, room), nxt in zip(samples, [*samples[1:], None], strict=True):
+        for (t, kind, reason, room), nxt in zip(samples, [*samples[1:], None][:len(samples)], strict=True):
             if kind == "slowdown":  # gain gate: a GPU with its room read < ROOM_SM, yet no slot there
                 kind = "slowdown, room < 60% SM" if fits(need, room, load=True) else "slowdown, GPUs busy"
             until = min(t + TRACE_S, nxt[0] if nxt else (start or t + TRACE_S))
