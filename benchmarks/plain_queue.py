@@ -228,8 +228,9 @@ class WaitTrace(threading.Thread):
 
     def breakdown(self, detail: dict) -> dict:
         """A job's wait split: seconds seen waiting per wait kind (each sample counts until the
-        next, at most ``TRACE_S`` later), the first reason of each kind, and the rest of the wait
-        (to the round that placed it, unseen by the trace)."""
+        job's next sample, the last until its start: under load the trace reads less often than
+        every ``TRACE_S``), the first reason of each kind, and the rest of the wait (from its
+        submission to its first sample, or, never seen waiting, to the round that placed it)."""
         samples = self.seen.get(detail["id"], [])
         start = detail["attempts"][0]["start"] if detail["attempts"] else None
         kinds: dict[str, float] = {}
@@ -238,13 +239,14 @@ class WaitTrace(threading.Thread):
         for (t, kind, reason, room), nxt in zip(samples, [*samples[1:], None][:len(samples)], strict=True):
             if kind == "slowdown":  # gain gate: a GPU with its room read < ROOM_SM, yet no slot there
                 kind = "slowdown, room < 60% SM" if fits(need, room, load=True) else "slowdown, GPUs busy"
-            until = min(t + TRACE_S, nxt[0] if nxt else (start or t + TRACE_S))
+            until = nxt[0] if nxt else (start or t + TRACE_S)  # pending at both: this wait until the next
             kinds[kind] = kinds.get(kind, 0.0) + max(0.0, until - t)
             reasons.setdefault(kind, reason)
         wait = None if start is None else start - detail["submit_time"]
         return {"wait_s": None if wait is None else round(wait, 2),
                 "by_kind_s": {k: round(v, 2) for k, v in kinds.items()}, "reasons": reasons,
                 "first_seen_waiting_s": round(samples[0][0] - detail["submit_time"], 2) if samples else None,
+                "samples": [(round(t - detail["submit_time"], 2), k) for t, k, _, _ in samples],
                 "unseen_s": None if wait is None else round(max(0.0, wait - sum(kinds.values())), 2)}
 
 
@@ -274,6 +276,19 @@ def waits(trace: WaitTrace, details: dict, room: dict[str, list], mix: dict[str,
     return {"jobs": jobs, "by_kind": {k: {"jobs": len(v), "total_s": round(sum(v), 1), **quantiles(v)}
                                       for k, v in kinds.items()},
             "unseen_s": quantiles([jobs[n]["unseen_s"] for n in fit if jobs[n]["unseen_s"] is not None])}
+
+
+def spawn_times(state_dir: Path, details: dict) -> dict:
+    """From the round that placed each job's first attempt (its recorded start) to its process
+    being created (the runner's ``child.json``, after its cgroups, MPS and environment): the part
+    of a wait that is neither the queue nor the policy."""
+    gaps = []
+    for d in details.values():
+        if d["attempts"]:
+            record = state_dir / "jobs" / d["id"] / "attempt-1" / "child.json"
+            if record.is_file():
+                gaps.append(json.loads(record.read_text())["started"] - d["attempts"][0]["start"])
+    return quantiles(gaps)
 
 
 def quantiles(values: list[float]) -> dict:
@@ -375,6 +390,8 @@ def run(n: int, cpu: int, scale: float, seed: int, root: Path) -> dict:
         trace.done.set()
         trace.join()
         results["auto"]["waits"] = waits(trace, details["auto"], room["auto"], by_name)
+        for name, daemon in daemons.items():
+            results[name]["spawn_s"] = spawn_times(daemon.state_dir, details[name])
     finally:
         for daemon in daemons.values():
             daemon.stop(timeout_s=10)
@@ -418,6 +435,9 @@ def report(doc: dict) -> str:
         f"{r['start_if_fits_s'].get('p95', '-')} / {r['start_if_fits_s'].get('max', '-')} s"))
     row(f"fitted (memory and SM), started after {START_S:g} s", lambda r: str(len(r["fits_started_late"])))
     row("probe `sleep 1 --mem 1GiB` ended after", lambda r: f"{r['probe_end_s']} s")
+    row("placed to its process created: p50 / p95 / max", lambda r: (
+        f"{r.get('spawn_s', {}).get('p50', '-')} / {r.get('spawn_s', {}).get('p95', '-')} / "
+        f"{r.get('spawn_s', {}).get('max', '-')} s"))
     row("CPU jobs started after (max)", lambda r: f"{r['cpu_start_s'].get('max', '-')} s")
     row("completion / exclusive: p50 / p95 / max", lambda r: (
         f"{r['versus_exclusive']['p50']} / {r['versus_exclusive']['p95']} / {r['versus_exclusive']['max']}"))
@@ -427,12 +447,12 @@ def report(doc: dict) -> str:
     w = results["auto"].get("waits")
     if w:
         lines += ["", "Why fitted jobs waited under auto (the daemon's own wait reasons, read every "
-                  f"{TRACE_S:g} s; *unseen*: submission to the round that placed it, less what was seen waiting):", "",
+                  f"{TRACE_S:g} s; *unseen*: submission to its first sample, or to the round that placed it if never seen waiting):", "",
                   "| wait | jobs | total s | p50 / p95 / max s |", "|---|---:|---:|---|"]
         for kind, q in sorted(w["by_kind"].items(), key=lambda kv: -kv[1]["total_s"]):
             lines.append(f"| {kind} | {q['jobs']} | {q['total_s']} | {q['p50']} / {q['p95']} / {q['max']} |")
         u = w["unseen_s"]
-        lines.append(f"| unseen (round latency) | {u['n']} | - | {u.get('p50', '-')} / {u.get('p95', '-')} / "
+        lines.append(f"| unseen (to the first sample or the placing round) | {u['n']} | - | {u.get('p50', '-')} / {u.get('p95', '-')} / "
                      f"{u.get('max', '-')} |")
         late = [(n, j) for n, j in w["jobs"].items() if (j["wait_s"] or 0) > START_S]
         if late:

@@ -54,9 +54,9 @@ def test_a_fitted_jobs_wait_is_split_by_the_daemons_reasons_and_the_rest_is_to_i
                         (10.2 + TRACE_S, "slowdown", "", busy), (10.2 + 2 * TRACE_S, "memory", "no GPU has room", [])]}
     split = trace.breakdown({"id": "1", "submit_time": 10.0, "attempts": [{"start": 12.0}]})
     assert split["by_kind_s"] == {"slowdown, room < 60% SM": TRACE_S, "slowdown, GPUs busy": TRACE_S,
-                                  "memory": TRACE_S}
+                                  "memory": 2.0 - 0.2 - 2 * TRACE_S}  # the last, until it started
     assert split["reasons"]["slowdown, room < 60% SM"].startswith("on vm:0")
-    assert split["wait_s"] == 2.0 and split["unseen_s"] == pytest.approx(2.0 - 3 * TRACE_S)
+    assert split["wait_s"] == 2.0 and split["unseen_s"] == pytest.approx(0.2)  # to its first sample
     never = trace.breakdown({"id": "2", "submit_time": 10.0, "attempts": [{"start": 10.3}]})
     assert never["by_kind_s"] == {} and never["unseen_s"] == 0.3  # placed by the next round
 
