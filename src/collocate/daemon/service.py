@@ -72,8 +72,10 @@ OFF_LOOP = frozenset({"history"})
 #: round per ``EARLY_ROUND_GAP_S``: a burst of submissions is placed together, not one round each.
 WAKE_OPS = frozenset({"submit", "release", "cancel", "resume", "resume_job", "priority"})
 EARLY_ROUND_GAP_S = 0.2
-#: What ``ExitWatch`` puts in the request queue when a child exits: no request, a wake-up.
+#: What ``ExitWatch`` puts in the request queue when a child exits: no request, a wake-up
+#: (no peer, no future: the loop takes it before answering anything).
 CHILD_EXITED = "child exited"
+_WAKE_UP: Any = (CHILD_EXITED, {}, None, None)
 
 
 def _quota_args(accounts: Accounts, uid: int) -> list[str]:
@@ -252,7 +254,7 @@ class Service:
     def serve_forever(self) -> None:
         """Answer requests as they come; run a round whenever one is due (requests never starve it)."""
         next_tick = last_round = time.monotonic()
-        exits = ExitWatch(lambda: self._requests.put((CHILD_EXITED, {}, None, None)))
+        exits = ExitWatch(lambda: self._requests.put(_WAKE_UP))
         exits.start()
         try:
             self._serve(exits, next_tick, last_round)
