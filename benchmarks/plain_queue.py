@@ -25,7 +25,8 @@ one, p50, p95, max, jobs worse off); then the goals of issue 35 as pass/fail. Un
 also says why each fitted job waited (``WaitTrace``: the daemon's own wait reason for it, read
 every half second, a ``slowdown`` wait split by whether a GPU with room for it read under 60 %
 SM then, i.e. whether only the start-up/observe slot kept it off; the rest of its wait, not
-seen pending, is the time to the round that placed it).
+seen pending, is the time to the round that placed it), and, for both daemons, the time from
+placing each job to its process being created (``spawn_times``).
 
 A job *fits* a GPU's room when its real need fits both the memory the GPU measures free and the
 memory its jobs have not committed (a running job commits its requirement before it has
