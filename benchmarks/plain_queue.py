@@ -21,7 +21,12 @@ then is a neighbour's fault) or had overrun it; the time from submission to star
 that fitted a GPU's room at submission (``collocate gpus``, ``gpu_room``); when the probe ended
 and what the GPUs read then; how soon the CPU jobs started; makespan; and job by job against ``exclusive``
 (``collocate.sim.metrics.versus_exclusive``: each job's completion time over its exclusive
-one, p50, p95, max, jobs worse off); then the goals of issue 35 as pass/fail.
+one, p50, p95, max, jobs worse off); then the goals of issue 35 as pass/fail. Under ``auto`` it
+also says why each fitted job waited (``WaitTrace``: the daemon's own wait reason for it, read
+every half second, a ``slowdown`` wait split by whether a GPU with room for it read under 60 %
+SM then, i.e. whether only the start-up/observe slot kept it off; the rest of its wait, not
+seen pending, is the time to the round that placed it), and, for both daemons, the time from
+placing each job to its process being created (``spawn_times``).
 
 A job *fits* a GPU's room when its real need fits both the memory the GPU measures free and the
 memory its jobs have not committed (a running job commits its requirement before it has
@@ -48,6 +53,7 @@ import random
 import signal
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -71,6 +77,7 @@ START_S = 5.0  # a job that fits a GPU's measured room starts within this (issue
 PROBE_S = 10.0  # the probe ends within this
 ROOM_SM = 0.6  # a GPU reading less SM than this lately has room for load (issue 35's probe: <= 60%)
 CPU_START_S = 2.0  # a CPU job starts "at once": within two rounds of the daemon's 1 s period
+TRACE_S = 0.5  # how often the wait trace reads the auto daemon's queue
 WITHIN = 1.02  # a need within 2 % of what the attempt was placed with counts as within it
 
 
@@ -155,11 +162,14 @@ def make_mix(n: int = 54, cpu: int = 4, scale: float = 1.0, seed: int = 35) -> l
 
 
 def gpu_room(daemon: DaemonProcess) -> list[tuple[float, float]]:
+    return gpu_room_of(daemon.client.request("gpus"))
+
+
+def gpu_room_of(rows: list[dict]) -> list[tuple[float, float]]:
     """Each GPU's room now (``collocate gpus``): the memory it can give, measured free and not
     committed to its jobs (a job commits its requirement from placement on, before it has
     allocated it) nor held by processes that are no job's, whichever is less; and the SM it
     reads lately (``sm_recent``)."""
-    rows = daemon.client.request("gpus")
     return [(min(r["free_mib"], r["total_mib"] - r["committed_mib"] - r["other_mib"]), r["sm_recent"])
             for r in rows if r.get("free_mib") is not None]
 
@@ -169,7 +179,8 @@ def fits(need_mib: float, room: list[tuple[float, float]], *, load: bool) -> boo
     return any(mib >= need_mib and (not load or sm < ROOM_SM) for mib, sm in room)
 
 
-def submit_side_by_side(daemons: dict[str, DaemonProcess], mix: list[MixJob], work: Path) -> tuple[dict, dict]:
+def submit_side_by_side(daemons: dict[str, DaemonProcess], mix: list[MixJob], work: Path,
+                        trace: WaitTrace) -> tuple[dict, dict]:
     """Submit ``mix`` to every daemon at its arrival times: per daemon, name -> id and name ->
     each GPU's room when it was submitted (``gpu_room``)."""
     ids: dict[str, dict[str, str]] = {run: {} for run in daemons}
@@ -184,7 +195,60 @@ def submit_side_by_side(daemons: dict[str, DaemonProcess], mix: list[MixJob], wo
                 mem=None if job.declared_mib is None else f"{job.declared_mib:.0f}MiB",
                 base_env=dict(os.environ))
             ids[run][job.name] = reply["id"]
+            if run == "auto":
+                trace.need[reply["id"]] = job.need_mib
     return ids, room
+
+
+class WaitTrace(threading.Thread):
+    """Why each pending job waits, as the daemon says (``ls``: its wait kind and reason), read
+    every ``TRACE_S`` while the mix runs: the breakdown of a fitted job's submit-to-start time."""
+
+    def __init__(self, daemon: DaemonProcess) -> None:
+        super().__init__(daemon=True)
+        self.client = daemon.client
+        self.seen: dict[str, list[tuple]] = {}  # job id -> (time, wait kind, reason, gpu_room)
+        self.done = threading.Event()
+        self.need: dict[str, float] = {}  # job id -> its real need (set as jobs are submitted)
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            now = time.time()
+            try:
+                rows = self.client.request("ls")
+            except Exception:  # the daemon is stopping
+                return
+            try:
+                room = gpu_room_of(self.client.request("gpus"))
+            except Exception:
+                return
+            for r in rows:
+                if r["state"] == "pending" and r.get("wait"):
+                    self.seen.setdefault(r["id"], []).append((now, r["wait"], r.get("reason") or "", room))
+            self.done.wait(TRACE_S)
+
+    def breakdown(self, detail: dict) -> dict:
+        """A job's wait split: seconds seen waiting per wait kind (each sample counts until the
+        job's next sample, the last until its start: under load the trace reads less often than
+        every ``TRACE_S``), the first reason of each kind, and the rest of the wait (from its
+        submission to its first sample, or, never seen waiting, to the round that placed it)."""
+        samples = self.seen.get(detail["id"], [])
+        start = detail["attempts"][0]["start"] if detail["attempts"] else None
+        kinds: dict[str, float] = {}
+        reasons: dict[str, str] = {}
+        need = self.need.get(detail["id"], 0.0)
+        for (t, kind, reason, room), nxt in zip(samples, [*samples[1:], None][:len(samples)], strict=True):
+            if kind == "slowdown":  # gain gate: a GPU with its room read < ROOM_SM, yet no slot there
+                kind = "slowdown, room < 60% SM" if fits(need, room, load=True) else "slowdown, GPUs busy"
+            until = nxt[0] if nxt else (start or t + TRACE_S)  # pending at both: this wait until the next
+            kinds[kind] = kinds.get(kind, 0.0) + max(0.0, until - t)
+            reasons.setdefault(kind, reason)
+        wait = None if start is None else start - detail["submit_time"]
+        return {"wait_s": None if wait is None else round(wait, 2),
+                "by_kind_s": {k: round(v, 2) for k, v in kinds.items()}, "reasons": reasons,
+                "first_seen_waiting_s": round(samples[0][0] - detail["submit_time"], 2) if samples else None,
+                "samples": [(round(t - detail["submit_time"], 2), k) for t, k, _, _ in samples],
+                "unseen_s": None if wait is None else round(max(0.0, wait - sum(kinds.values())), 2)}
 
 
 def ooms(details: dict, mix: dict[str, MixJob]) -> dict:
@@ -199,6 +263,33 @@ def ooms(details: dict, mix: dict[str, MixJob]) -> dict:
             fits = placed is not None and mix[name].need_mib <= placed * WITHIN
             (within if fits else overran).append(f"{name}#{a['n']}")
     return {"within_commitment": within, "overran": overran}
+
+
+def waits(trace: WaitTrace, details: dict, room: dict[str, list], mix: dict[str, MixJob]) -> dict:
+    """The fitted jobs' submit-to-start waits, split (``WaitTrace.breakdown``), and over them: the
+    seconds spent per wait kind and how many jobs waited on each."""
+    fit = [n for n, j in mix.items() if j.gpus and j.kind != "probe" and fits(j.need_mib, room[n], load=True)]
+    jobs = {n: trace.breakdown(details[n]) for n in [*fit, "probe"]}
+    kinds: dict[str, list[float]] = {}
+    for n in fit:
+        for k, v in jobs[n]["by_kind_s"].items():
+            kinds.setdefault(k, []).append(v)
+    return {"jobs": jobs, "by_kind": {k: {"jobs": len(v), "total_s": round(sum(v), 1), **quantiles(v)}
+                                      for k, v in kinds.items()},
+            "unseen_s": quantiles([jobs[n]["unseen_s"] for n in fit if jobs[n]["unseen_s"] is not None])}
+
+
+def spawn_times(state_dir: Path, details: dict) -> dict:
+    """From the round that placed each job's first attempt (its recorded start) to its process
+    being created (the runner's ``child.json``, after its cgroups, MPS and environment): the part
+    of a wait that is neither the queue nor the policy."""
+    gaps = []
+    for d in details.values():
+        if d["attempts"]:
+            record = state_dir / "jobs" / d["id"] / "attempt-1" / "child.json"
+            if record.is_file():
+                gaps.append(json.loads(record.read_text())["started"] - d["attempts"][0]["start"])
+    return quantiles(gaps)
 
 
 def quantiles(values: list[float]) -> dict:
@@ -290,11 +381,18 @@ def run(n: int, cpu: int, scale: float, seed: int, root: Path) -> dict:
                                           name=f"the {name} daemon")
         for daemon in daemons.values():
             daemon.wait_ready()
-        ids, room = submit_side_by_side(daemons, mix, work)
-        results = {}
+        trace = WaitTrace(daemons["auto"])
+        trace.start()
+        ids, room = submit_side_by_side(daemons, mix, work, trace)
+        results, details = {}, {}
         for name, daemon in daemons.items():
-            details, _ = wait_done(daemon, ids[name])
-            results[name] = measure(details, room[name], by_name)
+            details[name], _ = wait_done(daemon, ids[name])
+            results[name] = measure(details[name], room[name], by_name)
+        trace.done.set()
+        trace.join()
+        results["auto"]["waits"] = waits(trace, details["auto"], room["auto"], by_name)
+        for name, daemon in daemons.items():
+            results[name]["spawn_s"] = spawn_times(daemon.state_dir, details[name])
     finally:
         for daemon in daemons.values():
             daemon.stop(timeout_s=10)
@@ -338,12 +436,34 @@ def report(doc: dict) -> str:
         f"{r['start_if_fits_s'].get('p95', '-')} / {r['start_if_fits_s'].get('max', '-')} s"))
     row(f"fitted (memory and SM), started after {START_S:g} s", lambda r: str(len(r["fits_started_late"])))
     row("probe `sleep 1 --mem 1GiB` ended after", lambda r: f"{r['probe_end_s']} s")
+    row("placed to its process created: p50 / p95 / max", lambda r: (
+        f"{r.get('spawn_s', {}).get('p50', '-')} / {r.get('spawn_s', {}).get('p95', '-')} / "
+        f"{r.get('spawn_s', {}).get('max', '-')} s"))
     row("CPU jobs started after (max)", lambda r: f"{r['cpu_start_s'].get('max', '-')} s")
     row("completion / exclusive: p50 / p95 / max", lambda r: (
         f"{r['versus_exclusive']['p50']} / {r['versus_exclusive']['p95']} / {r['versus_exclusive']['max']}"))
     row(f"jobs worse off (> {1 + WORSE_TOLERANCE:g}x, or not done)", lambda r: str(r["versus_exclusive"]["worse"]))
     lines += ["", "| goal (issue 35) | met | measured |", "|---|---|---|"]
     lines += [f"| {g} | {'yes' if ok else 'no'} | {what} |" for g, ok, what in doc["goals"]]
+    w = results["auto"].get("waits")
+    if w:
+        lines += ["", "Why fitted jobs waited under auto (the daemon's own wait reasons, read every "
+                  f"{TRACE_S:g} s; *unseen*: submission to its first sample, or to the round that placed it if never seen waiting):", "",
+                  "| wait | jobs | total s | p50 / p95 / max s |", "|---|---:|---:|---|"]
+        for kind, q in sorted(w["by_kind"].items(), key=lambda kv: -kv[1]["total_s"]):
+            lines.append(f"| {kind} | {q['jobs']} | {q['total_s']} | {q['p50']} / {q['p95']} / {q['max']} |")
+        u = w["unseen_s"]
+        lines.append(f"| unseen (to the first sample or the placing round) | {u['n']} | - | {u.get('p50', '-')} / {u.get('p95', '-')} / "
+                     f"{u.get('max', '-')} |")
+        late = [(n, j) for n, j in w["jobs"].items() if (j["wait_s"] or 0) > START_S]
+        if late:
+            lines += ["", "| job waited > 5 s | wait s | by kind s | first reason of its longest wait |",
+                      "|---|---:|---|---|"]
+            for n, j in sorted(late, key=lambda nj: -(nj[1]["wait_s"] or 0)):
+                longest = max(j["by_kind_s"], key=j["by_kind_s"].get) if j["by_kind_s"] else None
+                why = j["reasons"].get(longest, "").replace("|", "/")[:160] if longest else ""
+                kinds = ", ".join(f"{k} {v}" for k, v in j["by_kind_s"].items())
+                lines.append(f"| {n} | {j['wait_s']} | {kinds} | {why} |")
     for name, r in results.items():
         if r["not_done"]:
             lines += ["", f"Not done under {name}: " + "; ".join(f"{n} ({why})" for n, why in r["not_done"].items())]

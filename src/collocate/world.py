@@ -10,8 +10,9 @@ meters read, and both get the same answers because every rule of observation liv
   its GPU's reading steps up by ``ONSET_STEP`` over what it read when the job appeared (the
   earliest-seen warming job on that GPU takes the step, with those seen within
   ``ONSET_TOGETHER_S`` of it while the step holds ``ONSET_STEP`` for each), or, on a GPU too
-  busy to show such a step, once its memory has held still ``WARM_QUIET_S``, and at the latest
-  after ``WARMUP_MAX_S``; then ``ACTIVE``. Policies see how many jobs of each GPU have not started in earnest
+  busy to show such a step, once its memory has held still ``WARM_QUIET_S``, as soon as it
+  reports its step counter moving (``log_metric(..., step=)``: it trains, whatever the reading
+  shows), and at the latest after ``WARMUP_MAX_S``; then ``ACTIVE``. Policies see how many jobs of each GPU have not started in earnest
   (``n_starting``): start-ups overlap other jobs' training for free. A job still ``STARTING``
   after ``STARTUP_MAX_S`` (one that never holds GPU memory, such as ``sleep``, or a long CPU
   prelude) stops counting there, until it does hold memory.
@@ -415,10 +416,15 @@ class World:
     # -- readings ------------------------------------------------------------------------------
     def observe_progress(self, job_id: str, now: float, step: float) -> None:
         """A resident reported reaching ``step`` at ``now`` (its own counter, e.g. the step of a
-        ``log_metric``). Reports before it is active are dropped: start-up and first steps are
-        not its pace."""
+        ``log_metric``). Reports before it is active are not its pace, but a warming job whose
+        counter moves is training: it is active at once (``_step_onset``)."""
         r = self.residents.get(job_id)
-        if r is None or r.phase is not Phase.ACTIVE or r.frozen:
+        if r is None or r.frozen:
+            return
+        if r.phase is Phase.WARMING:
+            self._step_onset(r, now, step)
+            return
+        if r.phase is not Phase.ACTIVE:
             return
         if r.steps and (step < r.steps[-1][1] or now <= r.steps[-1][0]):
             if step < r.steps[-1][1]:  # its counter went back (a restarted loop): start over
@@ -665,6 +671,18 @@ class World:
                 self._activate(r, now)
             st.baseline = st.sm
 
+    def _step_onset(self, r: Resident, now: float, step: float) -> None:
+        """A warming job that reports its step counter moving is training, whatever its GPU's
+        reading shows: a saturated GPU or a neighbour warming beside it can hide its onset
+        (``_onset``) for up to ``WARMUP_MAX_S``, and until then it holds its GPU's start-up slot
+        (``n_starting``) and keeps the next job from starting there. Its first report is kept
+        in ``steps`` only to see the counter move; its pace is measured from the next ones."""
+        moved = bool(r.steps) and step > r.steps[-1][1] and now > r.steps[-1][0]
+        r.steps.clear()
+        if moved:  # at the latest reading of its GPUs if later: a report may trail the sample
+            self._activate(r, max(now, *(self.state[i].level_at for i in r.devices)))
+        r.steps.append((now, step))
+
     def _plateaued_unseen(self, r: Resident, now: float) -> bool:
         """Whether a warming job's memory has held still for ``WARM_QUIET_S`` on a GPU whose
         reading could not show its steps: with its prior activity beside the active jobs there,
@@ -692,6 +710,7 @@ class World:
     def _activate(self, r: Resident, now: float) -> None:
         r.phase = Phase.ACTIVE
         r.starting = False
+        r.steps.clear()  # a report while warming is not its pace
         r.ramp.active_at = now
         self._recommit(r, now)
         for i in r.devices:

@@ -12,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from plain_queue import GIB, fits, make_mix, most_at_once  # noqa: E402
+from plain_queue import GIB, TRACE_S, WaitTrace, fits, make_mix, most_at_once  # noqa: E402
 
 
 def test_the_mix_is_the_issues():
@@ -44,6 +44,21 @@ def test_a_job_fits_a_gpus_room_only_where_memory_both_measured_and_committed_an
     assert fits(need, busy, load=False) and not fits(need, busy, load=True)
     # both on one GPU, not memory on one and load on another
     assert not fits(need, [(30 * GIB, 0.9), (2 * GIB, 0.1)], load=True)
+
+
+def test_a_fitted_jobs_wait_is_split_by_the_daemons_reasons_and_the_rest_is_to_its_round():
+    trace = WaitTrace.__new__(WaitTrace)  # its samples, without a daemon to read them from
+    room, busy = [(20 * GIB, 0.3)], [(20 * GIB, 0.9)]  # a GPU with room under / over 60 % SM
+    trace.need = {"1": 4 * GIB, "2": 4 * GIB}
+    trace.seen = {"1": [(10.2, "slowdown", "on vm:0 it would slow ...", room),
+                        (10.2 + TRACE_S, "slowdown", "", busy), (10.2 + 2 * TRACE_S, "memory", "no GPU has room", [])]}
+    split = trace.breakdown({"id": "1", "submit_time": 10.0, "attempts": [{"start": 12.0}]})
+    assert split["by_kind_s"] == {"slowdown, room < 60% SM": TRACE_S, "slowdown, GPUs busy": TRACE_S,
+                                  "memory": 2.0 - 0.2 - 2 * TRACE_S}  # the last, until it started
+    assert split["reasons"]["slowdown, room < 60% SM"].startswith("on vm:0")
+    assert split["wait_s"] == 2.0 and split["unseen_s"] == pytest.approx(0.2)  # to its first sample
+    never = trace.breakdown({"id": "2", "submit_time": 10.0, "attempts": [{"start": 10.3}]})
+    assert never["by_kind_s"] == {} and never["unseen_s"] == 0.3  # placed by the next round
 
 
 def test_most_at_once_counts_overlapping_attempts():

@@ -195,6 +195,24 @@ def test_a_jobs_measured_slowdown_is_its_fastest_step_rate_over_its_rate_now():
     assert w.snapshot(30.0).slowed[0] == pytest.approx(2.5)
 
 
+def test_a_warming_job_whose_step_counter_moves_is_active_at_once_on_a_gpu_too_busy_to_show_it():
+    w = world()
+    w.place(job("busy"), [0], now=0.0)
+    _active(w, "busy", 0, 1.0, 0.97)  # a saturated GPU: the newcomer's steps cannot step it up
+    w.place(job("a"), [0], now=2.0)
+    w.observe_memory("a", 2 * GIB, now=3.0)
+    w.set_reading(0, 3.0, 0.97, 0.4)
+    assert w.residents["a"].phase is Phase.WARMING and w.n_starting[0] == 1
+    w.observe_progress("a", 4.0, 0.0)
+    w.observe_progress("a", 4.5, 0.0)  # a counter that does not move: not training yet
+    assert w.residents["a"].phase is Phase.WARMING and w.n_starting[0] == 1
+    w.observe_progress("a", 5.0, 2.0)  # it moved: training, its start-up slot free long before WARMUP_MAX_S
+    assert w.residents["a"].phase is Phase.ACTIVE and w.n_starting[0] == 0
+    assert w.residents["a"].best_rate == 0.0  # warming reports are not its pace
+    _report(w, "a", 5.5, 10.0, 4.0, 4.0)
+    assert w.residents["a"].slowdown == pytest.approx(1.0)
+
+
 def test_an_evaluation_without_steps_or_a_restarted_counter_is_not_a_slowdown():
     w = world()
     w.place(job("a"), [0], now=0.0)

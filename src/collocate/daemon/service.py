@@ -13,7 +13,8 @@ there are no locks around the core and every write comes from one place. The par
 - ``restart.restore``: at start, re-adopt, end or settle what the previous daemon left.
 
 A request wakes the loop at once; a round runs whenever one is due (requests never starve it), and
-a request that may let a job start (``WAKE_OPS``: a submission, a cancel) makes one due at once.
+a request that may let a job start (``WAKE_OPS``: a submission, a cancel) makes one due at once,
+and so does a child's exit (``exits.ExitWatch``: a job ended, its room is free) while jobs wait.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from collocate.daemon.api import Api
 from collocate.daemon.attempts import Attempts
 from collocate.daemon.audit import AUDIT_FILE, AuditLog
 from collocate.daemon.config import ServeConfig, Wiring, job_bounds
+from collocate.daemon.exits import ExitWatch
 from collocate.daemon.faults import disk_full, is_disk_full
 from collocate.daemon.fleet import Fleet, InProcessNodes, Nodes
 from collocate.daemon.gpu_claims import GpuClaims
@@ -70,6 +72,10 @@ OFF_LOOP = frozenset({"history"})
 #: round per ``EARLY_ROUND_GAP_S``: a burst of submissions is placed together, not one round each.
 WAKE_OPS = frozenset({"submit", "release", "cancel", "resume", "resume_job", "priority"})
 EARLY_ROUND_GAP_S = 0.2
+#: What ``ExitWatch`` puts in the request queue when a child exits: no request, a wake-up
+#: (no peer, no future: the loop takes it before answering anything).
+CHILD_EXITED = "child exited"
+_WAKE_UP: Any = (CHILD_EXITED, {}, None, None)
 
 
 def _quota_args(accounts: Accounts, uid: int) -> list[str]:
@@ -240,12 +246,22 @@ class Service:
                 *_, future = self._requests.get_nowait()
             except queue.Empty:
                 return
+            if future is None:  # a wake-up (CHILD_EXITED), nobody waits on it
+                continue
             future.set_exception(CollocateError("the daemon is shutting down",
                                                 hint="retry in a moment (a restart re-adopts every job)"))
 
     def serve_forever(self) -> None:
         """Answer requests as they come; run a round whenever one is due (requests never starve it)."""
         next_tick = last_round = time.monotonic()
+        exits = ExitWatch(lambda: self._requests.put(_WAKE_UP))
+        exits.start()
+        try:
+            self._serve(exits, next_tick, last_round)
+        finally:
+            exits.stop()
+
+    def _serve(self, exits: ExitWatch, next_tick: float, last_round: float) -> None:
         while not self._stop.is_set():
             now = time.monotonic()
             if now >= next_tick:
@@ -257,11 +273,16 @@ class Service:
                         log.error("scheduling round stopped: %s", disk_full(str(self.layout.root)))
                     else:
                         log.exception("scheduling round failed")
+                exits.round_done()
                 next_tick = max(min(next_tick, now) + self.config.period_s, time.monotonic())
                 continue
             try:
                 item = self._requests.get(timeout=min(next_tick - now, 0.5))
             except queue.Empty:
+                continue
+            if item[0] == CHILD_EXITED:  # a job may have ended: its room, for those waiting
+                if self.scheduler.waiting:
+                    next_tick = min(next_tick, last_round + EARLY_ROUND_GAP_S)
                 continue
             self._answer(*item)
             if item[0] in WAKE_OPS:  # a job may start: a round now (WAKE_OPS)
