@@ -28,7 +28,8 @@ each job's completion time over its time under ``exclusive`` (p50, p95, max, job
 frees the slot" counts only jobs with no GPU memory yet as starting, a rule of the world tried
 here by recounting the snapshot's ``n_starting``; "pile-up taken back at once" freezes as many
 trial jobs of a GPU at once as the limit needs, ``SuspendRules.at_once``, where the others freeze
-one per GPU per ``settle_s``). ``--variant NAME`` runs only the named ones. Deterministic, CPU
+one per GPU per ``settle_s``; "frozen room" keeps a GPU holding a job the scheduler froze from
+unpriced starts, ``Auto.frozen_room``). ``--variant NAME`` runs only the named ones. Deterministic, CPU
 only, a few minutes.
 """
 
@@ -94,6 +95,10 @@ VARIANTS: dict[str, tuple[bool, dict, bool]] = {
     "defaults, pile-up taken back at once": (True, {"at_once": True}, False),
     "observe_slots=99": (True, {"observe_slots": 99}, False),
     "observe_slots=99, pile-up taken back at once": (True, {"observe_slots": 99, "at_once": True}, False),
+    "observe_slots=99, at once, frozen room": (True, {"observe_slots": 99, "at_once": True, "frozen_room": True}, False),
+    "observe_slots=99, frozen room": (True, {"observe_slots": 99, "frozen_room": True}, False),
+    "defaults, frozen room": (True, {"frozen_room": True}, False),
+    "observe_slots=2, at once, frozen room": (True, {"observe_slots": 2, "at_once": True, "frozen_room": True}, False),
     "before (no start-up bound)": (False, {}, False),
     "start-up bound (60 s)": (True, {}, False),
     "bound, warming frees the slot": (True, {}, True),

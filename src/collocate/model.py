@@ -201,7 +201,8 @@ class GpuView:
     (CARMA's one-launch-in-flight guard reads it). ``starting``: how many of its jobs have not
     shown their steady activity yet (``collocate.world.Phase``). ``owner``: under MPS, the user
     whose jobs it serves ("" when none). ``slowed``: the largest slowdown measured for its jobs
-    from the progress they report (0: none measured; ``collocate.world``).
+    from the progress they report (0: none measured; ``collocate.world``). ``frozen``: how many of
+    its jobs the scheduler froze and will thaw (``ClusterSnapshot.n_frozen``).
     """
 
     id: GpuId
@@ -216,6 +217,7 @@ class GpuView:
     other_mib: float = 0.0
     owner: str = ""
     slowed: float = 0.0
+    frozen: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,7 +299,9 @@ class ClusterSnapshot:
     progress they report (0 where none is measured; None: nothing measured anywhere). ``sm_recent``:
     per GPU, its SM reading averaged over the last few samples (``collocate.world``; None: not
     known, and policies read ``util_sm``), what a start on trial asks of the GPU's load: the risk
-    window's ``util_sm`` leans to the peaks of the last half minute. ``datasets`` maps a
+    window's ``util_sm`` leans to the peaks of the last half minute. ``n_frozen``: per GPU, how
+    many of its jobs the scheduler froze and will thaw (``suspension.holds_room``; None: none
+    anywhere): they draw nothing, so the readings show room that is theirs. ``datasets`` maps a
     shared dataset's name to the GPU positions whose jobs read it (for placing jobs of one
     ``collocate share`` producer together). ``gangs``: the running multi-GPU jobs, whose pace
     on one GPU is set by their slowest.
@@ -331,6 +335,7 @@ class ClusterSnapshot:
     residents: Sequence[Collection[str]] = ()
     slowed: np.ndarray | None = None
     sm_recent: np.ndarray | None = None
+    n_frozen: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -364,7 +369,8 @@ class ClusterSnapshot:
             owner=tuple(self.owner[i] for i in keep) if self.owner else (),
             residents=tuple(self.residents[i] for i in keep) if self.residents else (),
             slowed=None if self.slowed is None else self.slowed[idx],
-            sm_recent=None if self.sm_recent is None else self.sm_recent[idx])
+            sm_recent=None if self.sm_recent is None else self.sm_recent[idx],
+            n_frozen=None if self.n_frozen is None else self.n_frozen[idx])
 
     @classmethod
     def from_views(
@@ -425,6 +431,7 @@ class ClusterSnapshot:
             owner=tuple(v.owner for v in views) if any(v.owner for v in views) else (),
             residents=tuple(v.jobs for v in views),
             slowed=column(v.slowed for v in views) if any(v.slowed for v in views) else None,
+            n_frozen=column((v.frozen for v in views), np.int64) if any(v.frozen for v in views) else None,
         )
 
 

@@ -31,6 +31,9 @@ meters read, and both get the same answers because every rule of observation liv
   what it can do (sharing only slows a job), and that over its rate now is its *measured*
   slowdown. Policies see each GPU's largest (``slowed``): the model's predictions are checked
   against it, so a mix the model thinks harmless stops growing once its jobs are seen to slow.
+* **Jobs the scheduler froze** (``n_frozen``): they draw nothing, so their GPUs read as if their
+  room were free; each GPU counts them (``suspension.holds_room``), and a job thawed a few
+  samples more, until the readings can show it.
 * **When to look again** (``next_change_at``): when a commitment, a phase or a belief will change
   with no new reading, so the simulator wakes only then.
 
@@ -67,7 +70,7 @@ from collocate.model import (
     gang_nodes,
 )
 from collocate.policies.risk import summarize_window
-from collocate.suspension import Neighbour
+from collocate.suspension import Neighbour, holds_room
 
 #: A warming job's GPU must read this much more SM activity than when the job appeared for the
 #: job to count as active (a job whose steady activity is below it becomes active at
@@ -136,6 +139,8 @@ class Resident:
     best_rate: float = 0.0  # its fastest reported step rate while active: what it can do
     slowdown: float = 0.0  # measured: ``best_rate`` over its rate now (0: not measured)
     frozen: bool = False  # suspended (``collocate.suspension``): holds its memory, draws nothing
+    holds_room: bool = False  # counts in its devices' ``n_frozen`` (see ``World.freeze``)
+    thawed_until: float = -math.inf  # thawed: it counts there until its readings can show it
     starting: bool = True  # counts in its devices' ``n_starting`` (not active, start-up not lapsed)
 
     @property
@@ -227,6 +232,7 @@ class World:
         self.other = np.zeros(n)  # memory of processes that are no resident's
         self.n_jobs = np.zeros(n, dtype=np.int64)
         self.n_starting = np.zeros(n, dtype=np.int64)
+        self.n_frozen = np.zeros(n, dtype=np.int64)  # residents frozen by the scheduler (``holds_room``)
         self.sm_sum = np.zeros(n)
         self.dram_sum = np.zeros(n)
         self.seen_at = np.full(n, -math.inf)  # the newest resident first seen (inf: not yet)
@@ -271,7 +277,7 @@ class World:
         for name in ("committed", "other", "sm_sum", "dram_sum", "util_sm", "util_occ", "util_dram", "slowed",
                      "level_sm", "load_sm"):
             setattr(self, name, np.concatenate([getattr(self, name), np.zeros(k)]))
-        for name in ("n_jobs", "n_starting"):
+        for name in ("n_jobs", "n_starting", "n_frozen"):
             setattr(self, name, np.concatenate([getattr(self, name), np.zeros(k, dtype=np.int64)]))
         self.seen_at = np.concatenate([self.seen_at, np.full(k, -math.inf)])
         self.load_at = np.concatenate([self.load_at, np.full(k, -math.inf)])
@@ -335,6 +341,7 @@ class World:
             self.committed[i] -= r.commitment
             self.n_jobs[i] -= 1
             self.n_starting[i] -= r.starting
+            self.n_frozen[i] -= r.holds_room
             self.sm_sum[i] -= r.pricing.profile.sm_activity
             self.dram_sum[i] -= r.pricing.profile.dram_activity
             if r.slowdown:
@@ -361,12 +368,23 @@ class World:
             del self._gangs[job_id]
         return r
 
-    def freeze(self, job_id: str, now: float, frozen: bool) -> None:
+    def freeze(self, job_id: str, now: float, frozen: bool, by: str = "trial") -> None:
         """A resident was frozen (or thawed): while frozen it draws nothing on its GPUs but keeps
         its memory, so their readings teach nothing of it (its segments leave it out) and its
-        step rate is read afresh once it runs again."""
+        step rate is read afresh once it runs again. ``by``: who froze it (``Job.suspended``);
+        frozen by the scheduler it counts in its devices' ``n_frozen`` (``suspension.holds_room``),
+        also when a job already frozen changes hands (its owner suspends it), and once thawed it
+        still counts for a sample and the few a segment needs: until then its GPUs read as if it
+        were frozen (in the simulator, unpriced jobs started beside jobs thawed that instant)."""
         r = self.residents.get(job_id)
-        if r is None or r.frozen == frozen:
+        if r is None:
+            return
+        if frozen:
+            self._hold_room(r, holds_room(by))
+        elif r.frozen and r.holds_room:
+            r.thawed_until = now + self.period + self.min_segment_s
+            self._due_at(r.thawed_until, _THAWED, job_id, r.seq)
+        if r.frozen == frozen:
             return
         r.frozen = frozen
         r.steps.clear()
@@ -376,6 +394,12 @@ class World:
             self._close_segment(i)
             self._refresh_slowed(i)
             self._open_segment(i, now)
+
+    def _hold_room(self, r: Resident, holds: bool) -> None:
+        if holds != r.holds_room:
+            for i in r.devices:
+                self.n_frozen[i] += 1 if holds else -1
+            r.holds_room = holds
 
     def neighbourhood(self, job_id: str) -> list[Neighbour]:
         """Every resident of ``job_id``'s devices, itself included, with its slowdown as
@@ -528,6 +552,11 @@ class World:
                     for i in r.devices:
                         self.n_starting[i] -= 1
                     changed = True
+            elif kind == _THAWED:
+                r = self.residents.get(key)
+                if r is not None and r.seq == epoch and r.holds_room and not r.frozen and now >= r.thawed_until:
+                    self._hold_room(r, False)
+                    changed = True
             elif kind == _WARMUP:
                 r = self.residents.get(key)
                 if r is not None and r.seq == epoch and r.phase is Phase.WARMING and (
@@ -552,7 +581,8 @@ class World:
             else:
                 r = self.residents.get(key)
                 live = r is not None and r.seq == epoch and (
-                    r.phase is Phase.WARMING if kind == _WARMUP
+                    r.holds_room and not r.frozen and when >= r.thawed_until if kind == _THAWED
+                    else r.phase is Phase.WARMING if kind == _WARMUP
                     else r.phase is Phase.STARTING and r.starting if kind == _STARTUP
                     else r.ramp.changes_at() <= when)
             if live:
@@ -577,6 +607,7 @@ class World:
             datasets={name: tuple(sorted(c)) for name, c in self._datasets.items() if c},
             gangs=self._gang_view(), owner=tuple(self.owner), residents=self._ids_view,
             slowed=_frozen(self.slowed) if self.slowed.any() else None,
+            n_frozen=_frozen(self.n_frozen) if self.n_frozen.any() else None,
             sm_recent=np.maximum(self.level_sm, self.level_sm + (self.load_sm - self.level_sm)
                                  * np.exp(-(now - self.load_at) / self.average_s)),
         )
@@ -834,7 +865,7 @@ class World:
         return self._gang_table
 
 
-_MEMORY, _WARMUP, _SEGMENT, _STARTUP = range(4)
+_MEMORY, _WARMUP, _SEGMENT, _STARTUP, _THAWED = range(5)
 _PRIORS = ("assumed", "similar")  # belief sources that are guesses, not observations
 
 #: SM occupancy when a reading does not say (an A100's NVML, the emulated GPUs, the simulator):

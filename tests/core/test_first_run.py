@@ -179,6 +179,30 @@ def test_an_unpriced_job_starts_on_trial_where_the_gpu_reads_room_whatever_the_p
     assert [p.trial for p in auto([newcomer], idle_cluster).placements] == [False]
 
 
+def test_with_frozen_room_a_gpu_holding_a_frozen_job_takes_no_unpriced_start_and_a_priced_one_still_joins():
+    # its trial job was frozen: it draws nothing, so the GPU reads room that is the frozen job's
+    # to take back when it thaws; past the gate, by the reading or by the model, nobody joins
+    # there; within the gate (priced by history, a light job), the gate decides as before
+    view = _gpu(jobs=2, committed=8 * GIB)
+    frozen = GpuView(**{**{f: getattr(view, f) for f in GpuView.__slots__}, "frozen": 1})
+    reads_room = _loaded(frozen, sm=2.0, dram=1.0).evolve(util_sm=np.array([0.3]))
+    assert list(reads_room.n_frozen) == [1]
+    newcomer = Job("new", mem_mib=1 * GIB, mem_source="declared")  # profile_source "assumed"
+    held = make_policy("auto", frozen_room=True)
+    assert [(p.job_id, p.trial) for p in make_policy("auto")([newcomer], reads_room).placements] == [("new", True)]
+    plan = held([newcomer], reads_room)
+    assert not plan.placements and plan.waits["new"].kind is WaitKind.SLOWDOWN
+    by_model = _loaded(frozen, sm=0.6, dram=0.2).evolve(util_sm=np.array([0.9]))  # the start-up slot's path
+    assert make_policy("auto")([newcomer], by_model).placements and not held([newcomer], by_model).placements
+    light = _loaded(frozen, sm=0.2, dram=0.1).evolve(util_sm=np.array([0.3]))
+    known = newcomer.evolve(profile=JobProfile(0.1, 0.05), profile_source="history")
+    assert [(p.job_id, p.trial) for p in held([known], light).placements] == [("new", False)]
+    # an idle GPU beside it is still on offer to the unpriced job
+    idle = ClusterSnapshot.from_views([frozen, GpuView(GpuId("n", 1), 80 * GIB)], now=100.0).evolve(
+        sm_sum=np.array([2.0, 0.0]), dram_sum=np.array([1.0, 0.0]), util_sm=np.array([0.3, 0.0]))
+    assert [p.gpus for p in held([newcomer], idle).placements] == [(GpuId("n", 1),)]
+
+
 def test_auto_says_why_a_job_waits_in_numbers_and_names_the_jobs_it_protects():
     cluster = _loaded(_gpu(jobs=2, committed=8 * GIB, starting=1), sm=1.0, dram=0.4)
     heavy = Job("new", mem_mib=4 * GIB, mem_source="declared", profile=JobProfile(0.9, 0.5),

@@ -205,3 +205,64 @@ def test_the_simulator_takes_a_pile_up_back_in_one_review(at_once):
     result = sim.run()
     assert all(r.state == "done" for r in result.records)
     assert frozen[0] == (3 if at_once else 1)
+
+
+@pytest.mark.parametrize("frozen_room", [True, False])
+def test_the_simulator_keeps_a_frozen_pile_ups_room_from_newcomers_nobody_has_priced(frozen_room):
+    # a light job `a` and four unpriced ones that pile up beside it (observe_slots=99); three are
+    # taken back at once, and the GPU reads room again (SM 0.15 + 0.4). Newcomers arriving then
+    # take that room unless the frozen jobs hold it (``Auto.frozen_room``); they wait for the
+    # thaw. The world's count of frozen jobs is the scheduler's record at every launch.
+    base = Workload("base", 1, 300.0, 8000.0, {"declared": 8192.0}, JobProfile(0.15, 0.1), command="a", program="a")
+    trace = [TraceJob("a", 0.0, base)] + [
+        TraceJob(f"h{i}", 30.0, Workload(f"h{i}", 1, 100.0, 8000.0, {"declared": 8192.0}, JobProfile(0.4, 0.3),
+                                         command=f"h{i}", program=f"h{i}")) for i in range(4)] + [
+        TraceJob(f"n{i}", 70.0 + 10 * i, Workload(f"n{i}", 1, 50.0, 4000.0, {"declared": 4096.0},
+                                                  JobProfile(0.3, 0.2), command=f"n{i}", program=f"n{i}"))
+        for i in range(3)]
+    sim = Simulation(parse_cluster("1xH100-80GB"), trace,
+                     make_policy("auto", observe_slots=99, frozen_room=frozen_room),
+                     SimConfig(estimator="declared", profiles="unknown", ramp_s=2.0, startup_s=5.0))
+    sim.scheduler.suspend_rules = AT_ONCE
+    beside_frozen: list[str] = []
+    launch = sim._launch
+
+    def watch(job_id, gpus, now, room):
+        held = sum(1 for j in sim.running if sim.scheduler.jobs[j].suspended in ("trial", "preempt"))
+        assert int(sim.world.n_frozen[gpus[0]]) >= held  # ... and the thawed few samples ago
+        if held:
+            beside_frozen.append(job_id)
+        return launch(job_id, gpus, now, room)
+
+    sim._launch = watch  # type: ignore[method-assign]
+    result = sim.run()
+    assert all(r.state == "done" for r in result.records)
+    assert result.frozen_seconds > 0.0
+    starts = {r.id: r.start for r in result.records}
+    if frozen_room:
+        assert beside_frozen == [] and min(starts[f"n{i}"] for i in range(3)) > 100.0
+    else:
+        assert beside_frozen == ["n0", "n1", "n2"] and starts["n0"] == pytest.approx(70.0)
+
+
+def test_simulate_take_back_at_once_relieves_the_slowed_neighbour_sooner(tmp_path):
+    # the pile-up above from the command line: four unpriced jobs start beside `a` at once
+    # (observe_slots=99); taken back in one step, `a` runs alone again sooner and ends earlier
+    from typer.testing import CliRunner
+
+    from collocate.cli import app
+
+    trace = tmp_path / "t.csv"
+    trace.write_text("id,arrival_s,gpus,duration_s,peak_mib,sm_activity,dram_activity\na,0,1,300,8000,0.5,0.3\n"
+                     + "".join(f"h{i},30,1,100,8000,0.6,0.4\n" for i in range(4)))
+    ends = {}
+    for flag in ("", "--take-back-at-once"):
+        args = ["simulate", "--trace", str(trace), "--cluster", "1xH100-80GB", "--policy", "auto",
+                "--profiles", "unknown", "--param", "observe_slots=99", "--startup-s", "5", "--format", "json",
+                "--out", str(tmp_path / (flag or "one-by-one")), *([flag] if flag else [])]
+        out = CliRunner().invoke(app, args)
+        assert out.exit_code == 0, out.output
+        rows = [line.split(",") for line in (tmp_path / (flag or "one-by-one") / "jobs.csv").read_text().splitlines()]
+        assert all(r[7] == "done" for r in rows[1:])
+        ends[flag] = {r[1]: float(r[6]) for r in rows[1:]}
+    assert ends["--take-back-at-once"]["a"] < ends[""]["a"] - 30.0

@@ -301,3 +301,28 @@ def test_the_multi_gpu_table_kept_as_gangs_come_and_go_is_the_one_built_afresh(s
         for name in ("sm", "dram", "width", "member_gang", "member_gpu", "hosts"):
             assert getattr(kept, name).tolist() == getattr(built, name).tolist(), name
             assert getattr(kept, name).dtype == getattr(built, name).dtype, name
+
+
+def test_jobs_the_scheduler_froze_count_in_their_gpus_n_frozen_and_a_users_suspension_does_not():
+    # trial and preempt: the scheduler thaws them by itself, so their room is held for them;
+    # a job its owner suspended thaws only on `collocate resume`, and holds nothing back
+    w = world(3)
+    w.place(job("trial"), [0], now=0.0)
+    w.place(job("gang"), [1, 2], now=0.0)
+    w.place(job("mine"), [2], now=0.0)
+    assert w.snapshot(1.0).n_frozen is None  # nothing frozen anywhere
+    w.freeze("trial", 2.0, True, "trial")
+    w.freeze("gang", 2.0, True, "preempt")
+    w.freeze("mine", 2.0, True, "user")
+    assert list(w.snapshot(3.0).n_frozen) == [1, 1, 1]
+    w.freeze("trial", 4.0, True, "user")  # its owner suspends it too: it is theirs now
+    assert list(w.snapshot(5.0).n_frozen) == [0, 1, 1]
+    w.freeze("gang", 6.0, False, "")  # thawed: held until the readings can show it (a few samples)
+    assert list(w.snapshot(6.0).n_frozen) == [0, 1, 1]
+    assert w.next_change_at() == 6.0 + 1.0 + MIN_SEGMENT_SAMPLES  # the simulator wakes for it
+    assert w.tick(w.next_change_at()) and w.snapshot(11.0).n_frozen is None
+    w.freeze("gang", 8.0, True, "preempt")
+    w.remove("gang", 9.0)  # ended frozen (cancelled): it holds nothing any more
+    assert w.snapshot(10.0).n_frozen is None
+    w.place(job("next"), [1], now=11.0)
+    assert w.snapshot(12.0, idle=["next"]).n_frozen is None  # "as if frozen" for a preemptor holds nothing

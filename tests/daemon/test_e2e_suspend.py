@@ -92,9 +92,11 @@ def test_a_job_that_slows_its_neighbour_past_the_limit_is_frozen_then_thawed_and
     assert _steps(d.job(new)) == before  # its step counter stands still
     rows = {r["id"]: r for r in d.client.request("ls")}
     assert rows[new]["suspended"] == "trial" and rows[new]["reason"].startswith("slowed job")
+    assert d.client.request("gpus")[0]["frozen"] == 1  # the world holds its room, as the simulator's
     # room returns: the neighbour ends; the newcomer is thawed and finishes, never killed
     d.client.request("cancel", id=old)
     wait_for(lambda: not d.job(new).get("suspended"), 30, "the newcomer to be thawed")
+    wait_for(lambda: d.client.request("gpus")[0]["frozen"] == 0, 10, "the thawed job's room to be its own again")
     done = d.wait_state(new, ("done", "failed"), timeout=60.0)
     assert done["state"] == "done", done
 
@@ -106,6 +108,7 @@ def test_the_owner_suspends_and_resumes_a_job_and_its_time_limit_waits(daemons):
     assert d.client.request("suspend", id=job)["state"] == "suspended"
     shown = d.job(job)
     assert shown["suspended"] == "user" and shown["state"] == "running"
+    assert d.client.request("gpus")[0]["frozen"] == 0  # only `resume` thaws it: it holds no room back
     before = _steps(shown)
     time.sleep(10.0)  # past its --time of 8 s, frozen: its limit does not run
     shown = d.job(job)
@@ -157,6 +160,11 @@ def test_without_preemption_a_job_of_higher_priority_waits_and_freezes_nothing(d
     gate.touch()
     assert d.wait_state(low, ("done", "failed"), timeout=20.0)["state"] == "done"
     assert d.wait_state(high, ("done", "failed"), timeout=20.0)["state"] == "done"
+
+
+def test_serve_takes_a_pile_up_back_at_once_when_asked(daemons):
+    d = daemons("--take-back-at-once", gpus="emulated:1xA100-40GB")
+    assert "policy auto (pile-ups taken back at once)" in d.read_log()  # the scheduler's rules, as run
 
 
 def test_a_job_frozen_while_it_waits_for_its_dataset_producer_starts_only_once_thawed(daemons, tmp_path):

@@ -278,13 +278,15 @@ class Attempts:
         run = self.running.get(job_id)
         if run is None:
             return
+        job = self.scheduler.jobs.get(job_id)
+        by = job.suspended if job is not None else ""  # as the scheduler recorded it
         if run.waiting is not None or not run.attempt.pid:  # nothing runs yet: nothing to freeze,
-            self.watch.world.freeze(job_id, now, frozen)  # and it starts only once thawed
+            self.watch.world.freeze(job_id, now, frozen, by)  # and it starts only once thawed
             log.info("job %s: %s (%s) before it started: %s", job_id, "frozen" if frozen else "thawed", why,
                      "its start waits until it is thawed" if frozen else "it starts once its producer serves")
             return
         how = self.fleet.suspend(run.attempt, frozen)
-        self.watch.world.freeze(job_id, now, frozen)
+        self.watch.world.freeze(job_id, now, frozen, by)
         log.info("job %s: %s (%s) by %s", job_id, "frozen" if frozen else "thawed", why,
                  ", ".join(dict.fromkeys(how)) or "nothing yet: its node is silent, and is told when it answers")
 

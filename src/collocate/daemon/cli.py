@@ -78,6 +78,10 @@ def serve(
                              "priority waits for running ones of lower priority instead of "
                              "freezing them (by default it freezes them, their memory kept, and "
                              "they thaw when it ends: docs/policies.md).")] = False,
+    take_back_at_once: Annotated[bool, typer.Option("--take-back-at-once", help="When several "
+                                 "jobs started on trial slow a neighbour past the limit, freeze as "
+                                 "many of the newest as bring it within the limit in one step, "
+                                 "instead of one per GPU every 30 s (docs/policies.md).")] = False,
     retry_growth: Annotated[float, typer.Option("--oom-growth", help="OOM: new requirement = peak x this + margin.")] = 1.25,
     ray: Annotated[str | None, typer.Option("--ray", help="Run as the head of the Ray cluster at "
                    "this address (`auto`: the one this machine joined); --gpus is then each "
@@ -178,12 +182,13 @@ def serve(
         job_max_pids=job_max_pids or None, job_max_memory=option_bytes(job_max_memory, "--job-max-memory"),
         tls_cert=tls_cert, tls_key=tls_key, tls_self_signed=tls_cert is None, user_tokens=members,
         tcp_max_per_token=tcp_max_per_token, preemption=not no_preemption,
+        take_back_at_once=take_back_at_once,
         warm_estimator=warm_estimator or (not no_warm_estimator and _torch_installed()),
     )
 
     def ready(service) -> None:
         typer.echo(f"collocate daemon: {len(service.watch.devices)} GPU(s) ({service.backend.name}), "
-                   f"policy {policy}{' (no preemption)' if no_preemption else ''}, sharing {sharing} ({why_sharing}), "
+                   f"policy {policy}{_rule_notes(service.scheduler.suspend_rules)}, sharing {sharing} ({why_sharing}), "
                    f"state {service.layout.root}", err=True)
         typer.echo(f"  {service.fleet.confinement_words()}", err=True)
         if service.server.tcp_port is not None:
@@ -201,6 +206,14 @@ def serve(
                        "`collocate dashboard-url` prints the URL again)", err=True)
 
     run_daemon(config, on_ready=ready)
+
+
+def _rule_notes(rules) -> str:
+    """`` (no preemption, pile-ups taken back at once)`` for the start line: the suspension rules
+    the scheduler runs with where they differ from the defaults."""
+    notes = [note for note, on in (("no preemption", rules is not None and not rules.preempt),
+                                   ("pile-ups taken back at once", rules is not None and rules.at_once)) if on]
+    return f" ({', '.join(notes)})" if notes else ""
 
 
 def _read_token(token_file: Path | None) -> str | None:

@@ -49,6 +49,9 @@ class ServeConfig:
     #: (``collocate.preemption``); off, it waits as in a plain priority queue. Jobs started on
     #: trial are taken back either way (``collocate.suspension``).
     preemption: bool = True
+    #: Whether a pile-up of trial jobs on a GPU is taken back in one step rather than one job per
+    #: settling period (``SuspendRules.at_once``; off by default, docs/policies.md).
+    take_back_at_once: bool = False
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     ray: str | None = None  # a Ray cluster's address: run as its head (docs/multi-node.md)
     node_grace_s: float = 60.0  # with ``ray``: how long a silent node's jobs stay unconfirmed

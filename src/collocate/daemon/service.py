@@ -131,7 +131,8 @@ class Service:
         self.notifier = Notifier(self.layout, self.specs, self.store, self._local_confinement())
         self.scheduler = Scheduler(policy, Capacity.of(self.watch.snapshot(time.time())), rules=self.config.rules,
                                    on_change=self._job_changed, fairness=self.store.fairness(),
-                                   suspend=SuspendRules(preempt=self.config.preemption))
+                                   suspend=SuspendRules(preempt=self.config.preemption,
+                                                        at_once=self.config.take_back_at_once))
         self.scheduler.cpu_jobs_default = os.cpu_count() or 1  # CPU jobs (--gpus 0): per user
         wiring = Wiring(self.config, self.layout, self.store, self.scheduler, self.specs,
                         self.tracking, self.watch, self.fleet)

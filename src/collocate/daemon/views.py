@@ -307,7 +307,8 @@ def gpu_rows(monitor: GpuWatch, running: Mapping[str, Any], now: float,
     """Each GPU: its reading (now, the risk window's summary, and ``sm_recent``: its SM
     averaged over the last few samples, what a start on trial asks), its jobs, the memory they
     commit (``collocate.commitment``), the memory of processes that are no job's
-    (``other_mib``) and, on a cluster, the latest change of its node's membership within
+    (``other_mib``), how many of its jobs the scheduler froze (``frozen``: it holds their room,
+    ``suspension.holds_room``) and, on a cluster, the latest change of its node's membership within
     ``EVENT_S`` (joined, stopped answering, answers again)."""
     latest = {node: (at, what) for at, node, what in events if now - at < EVENT_S}
     jobs_on: dict[str, list[str]] = {}
@@ -332,6 +333,7 @@ def gpu_rows(monitor: GpuWatch, running: Mapping[str, Any], now: float,
             "committed_mib": monitor.committed_mib(d.uuid),
             "other_mib": monitor.other_mib.get(d.uuid, 0.0),
             "slowed": float(monitor.world.slowed[monitor.position[d.uuid]]) or None,
+            "frozen": int(monitor.world.n_frozen[monitor.position[d.uuid]]),  # held for their thaw
             "jobs": sorted(jobs_on.get(d.uuid, []), key=int),
             "job_mib": held.get(d.uuid, {}),
             "node_event": latest.get(d.id.node),

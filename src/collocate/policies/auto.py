@@ -54,6 +54,10 @@ placement adds the most total training progress?" and answers with the interfere
   when room returns (``collocate.suspension``). Waiting on the prior left ``sleep 1`` pending
   for minutes beside two H100s reading 48% SM (issue 35). A job across nodes or an interactive
   job, which are never frozen, is never started on trial past the slowdown bound.
+  With ``frozen_room``, a GPU holding a job the scheduler froze (``ClusterSnapshot.n_frozen``)
+  offers no start past the gate: the frozen job draws nothing, so its GPU reads idle, but the
+  room is the frozen job's to take back when it thaws; a newcomer the model prices within the
+  gate still joins.
 * **Measured slowdowns check the model** (rule 9). Where a job reports its progress (a step
   counter in ``log_metric``), the world measures its slowdown: its fastest step rate over its
   rate now (``ClusterSnapshot.slowed``, each GPU's largest). A GPU whose jobs are measured
@@ -122,6 +126,7 @@ class Auto:
     startup_max_slowdown: float = 2.0  # ... if nobody there is predicted slower than this
     observe_below_sm: float = 0.6  # ... or, whatever the prediction, if the GPU reads less SM than this
     observe_slots: int = 1  # ... with fewer than this many jobs still starting there
+    frozen_room: bool = False  # a GPU holding a job the scheduler froze takes no unpriced start
     limits: RiskLimits = field(default_factory=RiskLimits)  # measured saturation still vetoes
     interference: InterferenceModel = field(default_factory=default_interference)
 
@@ -246,7 +251,9 @@ class Auto:
         starting (and, the caller checks, nobody predicted slower than ``startup_max_slowdown``);
         on measured room, whatever the model predicts, GPUs reading less than
         ``observe_below_sm`` SM lately with fewer than ``observe_slots`` jobs still starting,
-        for a job that can be taken back (never one across nodes or an interactive one)."""
+        for a job that can be taken back (never one across nodes or an interactive one). With
+        ``frozen_room``, neither on a GPU holding a job the scheduler froze (its room is the frozen
+        job's)."""
         cluster = ledger.cluster
         if (self.startup_slots <= 0 or job.profile_source not in ("assumed", "similar")
                 or min_gain != self.min_gain):
@@ -257,6 +264,9 @@ class Auto:
         load = cluster.util_sm if cluster.sm_recent is None else cluster.sm_recent
         on_room = ((load[candidates] < self.observe_below_sm) & (starting < self.observe_slots)
                    & (job.nodes == 1 and not job.interactive))
+        if self.frozen_room and cluster.n_frozen is not None:
+            open_ = cluster.n_frozen[candidates] == 0
+            by_model, on_room = by_model & open_, on_room & open_
         closed = ~(by_model | on_room)
         if closed.any() and ledger.placed_on.intersection(candidates[closed].tolist()):
             ledger.recheck(cluster.now)  # a job placed now may be training at once

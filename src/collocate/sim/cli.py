@@ -114,6 +114,14 @@ def simulate(
             "--no-preemption`).",
         ),
     ] = False,
+    take_back_at_once: Annotated[
+        bool,
+        typer.Option(
+            "--take-back-at-once",
+            help="Freeze as many of a GPU's jobs on trial at once as bring its slowed neighbour "
+            "within the limit, instead of one per GPU every 30 s (as `serve --take-back-at-once`).",
+        ),
+    ] = False,
     out: Annotated[Path | None, typer.Option(help="Folder for per-job CSV and PNG plots.")] = None,
     format: Annotated[OutputFormat, typer.Option("--format", help="table or json.")] = OutputFormat.table,
 ) -> None:
@@ -199,7 +207,8 @@ def simulate(
 
     console = Console(stderr=True)
     config = SimConfig(sharing=mode, estimator=estimator, mig_layout=mig_layout, startup_s=startup,
-                       profiles=profiles, model_error_seed=model_error, preemption=not no_preemption)
+                       profiles=profiles, model_error_seed=model_error, preemption=not no_preemption,
+                       take_back_at_once=take_back_at_once)
     results = []
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

@@ -130,6 +130,9 @@ class SimConfig:
     # Whether a waiting job of higher priority freezes lower ones (``collocate.preemption``), as
     # ``serve --no-preemption`` sets it for the daemon being modelled.
     preemption: bool = True
+    # Whether a pile-up of trial jobs is taken back in one step (``SuspendRules.at_once``), as
+    # ``serve --take-back-at-once`` sets it.
+    take_back_at_once: bool = False
 
     def __post_init__(self) -> None:
         if self.profiles not in PROFILE_KNOWLEDGE:
@@ -252,7 +255,8 @@ class Simulation:
 
         self.running: dict[str, SimRun] = {}
         self.scheduler = Scheduler(policy, Capacity.of(self.world.snapshot(0.0)), rules=config.rules,
-                                   fairness=config.fairness, suspend=SuspendRules(preempt=config.preemption))
+                                   fairness=config.fairness, suspend=SuspendRules(preempt=config.preemption,
+                                                                        at_once=config.take_back_at_once))
         self.records: dict[str, SimJobRecord] = {}
         self.peaks: dict[str, float] = {}
         self.profiles = MemoryProfiles()  # what runs taught, as the daemon's history
@@ -398,7 +402,7 @@ class Simulation:
             run.frozen_since = now
         else:
             self.frozen_seconds += now - run.frozen_since
-        self.world.freeze(job_id, now, frozen)
+        self.world.freeze(job_id, now, frozen, self.scheduler.jobs[job_id].suspended)  # as recorded
         self._rerate(run.gpus, now)
 
     def _price_pending(self) -> None:
