@@ -84,7 +84,10 @@ def test_the_simulator_runs_a_gang_across_nodes_by_the_same_rule():
 def _pick_by_hand(candidates: list[int], node: list[int], gpus: int, nodes: int) -> list[int] | None:
     """``pick_gang``'s rule written as plainly as it reads: nodes in the order their first
     candidate appears (MIG instances, -1, never), each with ``gpus`` candidates or more gives
-    its first ``gpus``, until ``nodes`` of them did; else None."""
+    its first ``gpus``, until ``nodes`` of them did; else None. A one-GPU job takes the first
+    candidate, a MIG instance too."""
+    if gpus * nodes == 1:
+        return candidates[:1] or None
     chosen: list[int] = []
     for n in dict.fromkeys(node[c] for c in candidates):
         members = [c for c in candidates if node[c] == n]
