@@ -18,7 +18,7 @@ the caller passes the cluster snapshot and the time, and persists every changed 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sortedcontainers import SortedKeyList
@@ -218,6 +218,12 @@ class Scheduler:
         """Whether any job waits in the queue (cheaper than ``queue``: a simulation asks after
         every event), CPU jobs included."""
         return any(self._queues.values()) or any(self._cpu_queues.values())
+
+    def pending_by_user(self) -> Iterator[Sequence[Job]]:
+        """Each user's pending jobs, GPU then CPU queues (a user may have both): per user,
+        without merging the queues, for what needs the users and not the order."""
+        for queues in (self._queues, self._cpu_queues):
+            yield from (q for q in queues.values() if q)
 
     @property
     def cpu_queue(self) -> Sequence[Job]:

@@ -5,11 +5,15 @@ never starved by smaller jobs."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from collocate import policies
 from collocate.gputypes import parse_cluster
 from collocate.model import ClusterSnapshot, GpuId, GpuView, Job
+from collocate.policies.base import pick_gang
 from collocate.scheduler import Capacity, Scheduler
 from collocate.sim.engine import SimConfig, Simulation
 from collocate.sim.trace import TraceJob, Workload
@@ -75,3 +79,33 @@ def test_the_simulator_runs_a_gang_across_nodes_by_the_same_rule():
     assert all(r.state == "done" for r in records.values()), records
     assert records["1"].gpus == 4
     assert {g.split(":")[0] for g in records["1"].last_gpus.split(",")} == {"node0", "node1"}
+
+
+def _pick_by_hand(candidates: list[int], node: list[int], gpus: int, nodes: int) -> list[int] | None:
+    """``pick_gang``'s rule written as plainly as it reads: nodes in the order their first
+    candidate appears (MIG instances, -1, never), each with ``gpus`` candidates or more gives
+    its first ``gpus``, until ``nodes`` of them did; else None. A one-GPU job takes the first
+    candidate, a MIG instance too."""
+    if gpus * nodes == 1:
+        return candidates[:1] or None
+    chosen: list[int] = []
+    for n in dict.fromkeys(node[c] for c in candidates):
+        members = [c for c in candidates if node[c] == n]
+        if n >= 0 and len(members) >= gpus:
+            chosen += members[:gpus]
+            if len(chosen) == gpus * nodes:
+                return chosen
+    return None
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(-1, 5), max_size=40), st.data(), st.integers(1, 4), st.integers(1, 3))
+def test_pick_gang_takes_the_first_nodes_with_enough_candidates_in_their_order(node, data, gpus, nodes):
+    """The counting ``pick_gang`` (one pass, not one per node) keeps the rule: which nodes, in
+    which order, and which of their candidates."""
+    candidates = data.draw(st.permutations(range(len(node)))) if node else []
+    candidates = candidates[:data.draw(st.integers(0, len(candidates)))]
+    job = Job("g", gpus=gpus, nodes=nodes)
+    picked = pick_gang(np.array(candidates, dtype=np.int64), np.array(node, dtype=np.int64), job)
+    assert picked == _pick_by_hand(candidates, node, gpus, nodes)
+    assert picked is None or all(type(i) is int for i in picked)

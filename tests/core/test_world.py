@@ -326,3 +326,21 @@ def test_jobs_the_scheduler_froze_count_in_their_gpus_n_frozen_and_a_users_suspe
     assert w.snapshot(10.0).n_frozen is None
     w.place(job("next"), [1], now=11.0)
     assert w.snapshot(12.0, idle=["next"]).n_frozen is None  # "as if frozen" for a preemptor holds nothing
+
+
+def test_every_devices_recent_load_in_the_snapshot_is_what_it_reads_lately_alone():
+    """The snapshot takes the recent load's exponential only where a reading dropped (elsewhere
+    the level is the answer): every device still agrees with ``recent_sm``, one by one."""
+    w = world(n=4)
+    for k in range(4):
+        w.place(job(f"j{k}"), [k], now=0.0)
+    levels = {0: (0.9, 0.2), 1: (0.2, 0.9), 2: (0.5, 0.5)}  # fell, rose, held; device 3 never read
+    for i, (before, after) in levels.items():
+        for t in range(10):
+            w.set_reading(i, float(t), before)
+        w.set_reading(i, 10.0, after)
+    for now in (10.0, 11.0, 14.0, 60.0, 1e6):
+        recent = w.snapshot(now).sm_recent
+        assert recent.tolist() == pytest.approx([w.recent_sm(i, now) for i in range(4)], abs=1e-12)
+    assert w.snapshot(11.0).sm_recent[0] > 0.2 and w.snapshot(1e6).sm_recent[0] == 0.2
+    assert w.snapshot(11.0).sm_recent[1] == 0.9

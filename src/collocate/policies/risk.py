@@ -49,11 +49,12 @@ def summarize(samples: Sequence[float], weights: RiskWeights = RiskWeights()) ->
     n = len(samples)
     if n == 0:
         return 0.0
-    x = [float(v) for v in samples]
+    x = list(map(float, samples))
     alpha = 2.0 / (n + 1)
+    rest = 1 - alpha  # once, not per sample: the same number each time
     ema = x[0]
     for value in x[1:]:
-        ema = alpha * value + (1 - alpha) * ema
+        ema = alpha * value + rest * ema
     ordered = sorted(x)
     return float(weights.mean * (math.fsum(x) / n) + weights.median * _quantile(ordered, 0.5)
                  + weights.p95 * _quantile(ordered, 0.95) + weights.ema * ema)
