@@ -2,8 +2,7 @@
 
 Each goal runs its own scenario on emulated A100-40GB GPUs (period 1 s) through fresh daemons
 (``collocate serve``) started side by side: the defaults (``auto``) and, where the goal compares
-with a plain queue, ``exclusive`` (one job per GPU, submitted with ``--no-mem-fence`` as a plain
-queue fences nothing) on the same jobs at the same moments. The jobs
+with a plain queue, ``exclusive`` (one job per GPU, unfenced as a plain queue) on the same jobs at the same moments. The jobs
 are ``plain_queue_job.py``'s emulated training jobs (start-up, memory ramp, first steps, steady
 activity, steps reported): what a job really takes is independent of what it was submitted with.
 Every scenario is drawn from ``--seed`` (sizes, durations, activity, arrivals), so a goal is
@@ -56,9 +55,8 @@ from first_run import TERMINAL, completion_times  # noqa: E402
 from plain_queue import GIB, MixJob, make_mix, ooms  # noqa: E402
 
 GPU = "A100-40GB"
-#: the plain queue: one job per GPU, its memory not fenced (exclusive alone still fences a job at
-#: its declaration, so an under-declared job there crashes once where a plain queue runs it)
-PLAIN = {"serve": ["--policy", "exclusive", "--sharing", "time-slicing"], "submit": {"no_mem_fence": True}}
+#: the plain queue: one job per GPU; ``exclusive`` runs nothing beside a job, so it fences nothing
+PLAIN = {"serve": ["--policy", "exclusive", "--sharing", "time-slicing"], "submit": {}}
 PROBE_S = 10.0  # goal e: the probe ends within this
 CPU_START_S = 2.0  # goal e: a CPU job starts within two rounds of the daemon's 1 s period
 BUSY_SM = (0.35, 0.6)  # goal e: each GPU's load, as its jobs' solo SM add up
