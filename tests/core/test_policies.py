@@ -22,7 +22,10 @@ from collocate.policies import POLICY_NAMES, make_policy
 GIB = 1024.0
 
 
-def gpu(i, *, node="n0", total=40 * GIB, free=None, committed=0.0, jobs=(), util=Utilization(), seen=-math.inf):
+IDLE = Utilization()
+
+
+def gpu(i, *, node="n0", total=40 * GIB, free=None, committed=0.0, jobs=(), util=IDLE, seen=-math.inf):
     return GpuView(GpuId(node, i), total, free, committed, util, tuple(jobs), seen)
 
 

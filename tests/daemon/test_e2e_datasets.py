@@ -36,7 +36,10 @@ def _gone(pid: int) -> bool:
 def test_two_jobs_share_one_producer_started_once_and_stopped_after_the_last(daemons):
     d = daemons()
     share_dir = d.state_dir / "share"
-    submit = lambda **kw: d.submit(JOB, mem="1GiB", cwd=str(HERE), **kw)
+
+    def submit(**kw):
+        return d.submit(JOB, mem="1GiB", cwd=str(HERE), **kw)
+
     with pytest.raises(CollocateError, match="needs a factory"):
         submit(dataset="tiny")
     with pytest.raises(CollocateError, match="not module:factory"):

@@ -128,7 +128,7 @@ def test_mlflow_records_one_run_per_job(daemons):
     runs = client.search_runs([experiment.experiment_id])
     by_job = {r.data.tags["collocate.job_id"]: r for r in runs}
     assert sorted(by_job) == sorted(jobs)  # one run per job, none twice
-    for job, run in by_job.items():
+    for run in by_job.values():
         assert run.info.status == "FINISHED"
         assert run.data.params["policy"] == "auto" and run.data.params["gpus"]
         history = client.get_metric_history(run.info.run_id, "loss")

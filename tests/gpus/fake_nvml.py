@@ -159,9 +159,8 @@ class FakeNvml:
         raise AssertionError("GPM is not supported on the fake A100")
 
     def c_nvmlGpmMetricsGet_t(self) -> Any:
-        metric = lambda: SimpleNamespace(metricId=0, nvmlReturn=-1, value=0.0)
         return SimpleNamespace(version=0, numMetrics=0, sample1=None, sample2=None,
-                               metrics=[metric() for _ in range(8)])
+                               metrics=[SimpleNamespace(metricId=0, nvmlReturn=-1, value=0.0) for _ in range(8)])
 
     def nvmlGpmMetricsGet(self, request: Any) -> Any:
         assert request.version == pynvml.NVML_GPM_METRICS_GET_VERSION

@@ -52,7 +52,7 @@ def test_batches_of_every_dtype_and_stride_arrive_exactly(pair) -> None:
         tensors, count = writer.layout.flatten(batch, slot)
         writer.write(slot, 100 + slot, tensors, count)
         reader.check(slot, 100 + slot)
-        for got, sent in zip(reader.views(slot, 0, count), tensors):
+        for got, sent in zip(reader.views(slot, 0, count), tensors, strict=True):
             assert torch.equal(got, sent.detach().resolve_conj())
 
 
@@ -109,7 +109,7 @@ def test_a_large_batch_is_copied_in_pieces_by_several_threads_exactly() -> None:
         batch = (torch.randn(n, 64, 64), torch.randint(-999, 999, (n, 3), dtype=torch.int16))
         tensors, count = layout.flatten(batch, 0)
         writer.write(1, 9, tensors, count)
-        assert all(torch.equal(a, b) for a, b in zip(reader.views(1, 0, n), batch))
+        assert all(torch.equal(a, b) for a, b in zip(reader.views(1, 0, n), batch, strict=True))
     finally:
         reader.close()
         writer.close()

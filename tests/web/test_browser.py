@@ -8,8 +8,8 @@ that a job added while the page is open appears without a reload, that one submi
 the page's form appears with its quoted words kept together, that a job's own page
 (``/jobs/<id>``) can be linked and shows its attempts and stderr, that user text (a job named
 ``<img src=x onerror=alert(1)>``) is never run as HTML, that screenshots show what the DOM
-says (badge colours sampled from the pixels), and the token flow the daemon uses by default: the URL's ``?token=`` once (then dropped from the
-address bar), a cookie after that, and a browser without either (or with a wrong one) refused.
+says (badge colours sampled from the pixels), and the token flow the daemon uses by default: the
+URL's ``?token=`` once (then dropped from the address bar), a cookie after that, and a browser without either (or with a wrong one) refused.
 Playwright never downloads a browser here: it launches the system chromium by path.
 """
 
@@ -63,7 +63,7 @@ def dominant_colour(png: bytes) -> tuple[int, int, int]:
 
 
 def close_to(colour: tuple[int, int, int], expected: tuple[int, int, int]) -> bool:
-    return all(abs(a - b) <= 12 for a, b in zip(colour, expected))
+    return all(abs(a - b) <= 12 for a, b in zip(colour, expected, strict=True))
 
 
 def check_screenshot(png: bytes, min_colours: int) -> None:
