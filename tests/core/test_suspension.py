@@ -256,7 +256,7 @@ def test_simulate_take_back_at_once_relieves_the_slowed_neighbour_sooner(tmp_pat
     trace.write_text("id,arrival_s,gpus,duration_s,peak_mib,sm_activity,dram_activity\na,0,1,300,8000,0.5,0.3\n"
                      + "".join(f"h{i},30,1,100,8000,0.6,0.4\n" for i in range(4)))
     ends = {}
-    for flag in ("", "--take-back-at-once"):
+    for flag in ("", "--freeze-at-once"):
         args = ["simulate", "--trace", str(trace), "--cluster", "1xH100-80GB", "--policy", "auto",
                 "--profiles", "unknown", "--param", "observe_slots=99", "--startup-s", "5", "--format", "json",
                 "--out", str(tmp_path / (flag or "one-by-one")), *([flag] if flag else [])]
@@ -265,4 +265,4 @@ def test_simulate_take_back_at_once_relieves_the_slowed_neighbour_sooner(tmp_pat
         rows = [line.split(",") for line in (tmp_path / (flag or "one-by-one") / "jobs.csv").read_text().splitlines()]
         assert all(r[7] == "done" for r in rows[1:])
         ends[flag] = {r[1]: float(r[6]) for r in rows[1:]}
-    assert ends["--take-back-at-once"]["a"] < ends[""]["a"] - 30.0
+    assert ends["--freeze-at-once"]["a"] < ends[""]["a"] - 30.0

@@ -163,7 +163,7 @@ def test_without_preemption_a_job_of_higher_priority_waits_and_freezes_nothing(d
 
 
 def test_serve_takes_a_pile_up_back_at_once_when_asked(daemons):
-    d = daemons("--take-back-at-once", gpus="emulated:1xA100-40GB")
+    d = daemons("--freeze-at-once", gpus="emulated:1xA100-40GB")
     assert "policy auto (pile-ups taken back at once)" in d.read_log()  # the scheduler's rules, as run
 
 

@@ -78,7 +78,7 @@ def serve(
                              "priority waits for running ones of lower priority instead of "
                              "freezing them (by default it freezes them, their memory kept, and "
                              "they thaw when it ends: docs/policies.md).")] = False,
-    take_back_at_once: Annotated[bool, typer.Option("--take-back-at-once", help="When several "
+    take_back_at_once: Annotated[bool, typer.Option("--freeze-at-once", help="When several "
                                  "jobs started on trial slow a neighbour past the limit, freeze as "
                                  "many of the newest as bring it within the limit in one step, "
                                  "instead of one per GPU every 30 s (docs/policies.md).")] = False,

@@ -115,17 +115,22 @@ def _read_line(sock: socket.socket, limit: int) -> str:
 
 # -- the warm process ---------------------------------------------------------------------
 def warm_up() -> None:
-    """Import what an estimate needs and fill torch's lazy caches, tracing small models of the
-    two families most jobs are (a ResNet with SGD, a transformer with AdamW) on fake tensors;
-    then freeze the heap so that a child's garbage collector leaves the shared pages shared."""
+    """Import what an estimate needs and fill torch's lazy caches, estimating small models of
+    the two families most jobs are (a ResNet with SGD, a transformer with AdamW) on fake tensors;
+    then freeze the heap so that a child's garbage collector leaves the shared pages shared.
+    Everything is imported here, as the daemon's user: a child that became a member may not be
+    able to read the package's files (a checkout in root's home), and imports nothing after."""
     import gc
     from functools import partial
 
-    from collocate.estimate.static import trace_fake
+    import collocate.estimate.analytical  # noqa: F401  the fallbacks, imported only when tracing fails
+    import collocate.estimate.baselines  # noqa: F401
+    import collocate.estimate.cpurun  # noqa: F401
+    from collocate.estimate.api import estimate_memory
     from collocate.workloads.models import build_resnet, build_transformer
 
-    trace_fake(partial(build_resnet, arch="resnet18", image_size=64, classes=10), 2)
-    trace_fake(partial(build_transformer, size="tiny", seq=16, vocab=64), 2)
+    estimate_memory(partial(build_resnet, arch="resnet18", image_size=64, classes=10), batch_size=2)
+    estimate_memory(partial(build_transformer, size="tiny", seq=16, vocab=64), batch_size=2)
     gc.freeze()
 
 

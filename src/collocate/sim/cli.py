@@ -117,9 +117,9 @@ def simulate(
     take_back_at_once: Annotated[
         bool,
         typer.Option(
-            "--take-back-at-once",
+            "--freeze-at-once",
             help="Freeze as many of a GPU's jobs on trial at once as bring its slowed neighbour "
-            "within the limit, instead of one per GPU every 30 s (as `serve --take-back-at-once`).",
+            "within the limit, instead of one per GPU every 30 s (as `serve --freeze-at-once`).",
         ),
     ] = False,
     out: Annotated[Path | None, typer.Option(help="Folder for per-job CSV and PNG plots.")] = None,

@@ -131,7 +131,7 @@ class SimConfig:
     # ``serve --no-preemption`` sets it for the daemon being modelled.
     preemption: bool = True
     # Whether a pile-up of trial jobs is taken back in one step (``SuspendRules.at_once``), as
-    # ``serve --take-back-at-once`` sets it.
+    # ``serve --freeze-at-once`` sets it.
     take_back_at_once: bool = False
 
     def __post_init__(self) -> None:
