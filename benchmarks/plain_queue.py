@@ -55,6 +55,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -369,7 +370,8 @@ def goals(results: dict) -> list[tuple[str, bool, str]]:
     ]
 
 
-def run(n: int, cpu: int, scale: float, seed: int, root: Path) -> dict:
+def run(n: int, cpu: int, scale: float, seed: int, root: Path, params: Sequence[str] = ()) -> dict:
+    """``params``: ``NAME=VALUE`` policy parameters for the auto daemon (``serve --param``)."""
     mix = make_mix(n, cpu, scale, seed)
     by_name = {j.name: j for j in mix}
     work = root / "work"
@@ -377,6 +379,8 @@ def run(n: int, cpu: int, scale: float, seed: int, root: Path) -> dict:
     daemons = {}
     try:
         for name, args in RUNS.items():
+            if name == "auto":
+                args = [*args, *(a for p in params for a in ("--param", p))]
             daemons[name] = DaemonProcess(root / name, ["--gpus", GPUS, *args], root / f"{name}.log",
                                           name=f"the {name} daemon")
         for daemon in daemons.values():
@@ -476,6 +480,8 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, help="GPU jobs in the mix (default 54; 16 with --quick)")
     parser.add_argument("--scale", type=float, help="multiply every duration (default 1; 0.5 with --quick)")
     parser.add_argument("--seed", type=int, default=35)
+    parser.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                        help="a policy parameter of the auto daemon (`serve --param`, repeatable)")
     parser.add_argument("--out", type=Path, help="write <out>.json and <out>.md instead of benchmarks/results/")
     args = parser.parse_args()
     n = args.jobs or (16 if args.quick else 54)
@@ -487,7 +493,7 @@ def main() -> None:
     out = args.out or ROOT / "results" / f"plain_queue-emulated-{info['date']}{'-quick' if args.quick else ''}"
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="plain-queue-") as tmp:
-        doc = run(n, cpu, scale, args.seed, Path(tmp))
+        doc = run(n, cpu, scale, args.seed, Path(tmp), args.param)
     command = " ".join(sys.argv[1:])
     doc = {"machine": info, "gpus": GPUS, "scale": scale, "seed": args.seed, "jobs": n, "cpu_jobs": cpu,
            "command": f" {command}" if command else "", "wall_s": round(time.time() - started, 1),

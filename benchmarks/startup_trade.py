@@ -29,7 +29,8 @@ frees the slot" counts only jobs with no GPU memory yet as starting, a rule of t
 here by recounting the snapshot's ``n_starting``; "pile-up taken back at once" freezes as many
 trial jobs of a GPU at once as the limit needs, ``SuspendRules.at_once``, where the others freeze
 one per GPU per ``settle_s``; "frozen room" keeps a GPU holding a job the scheduler froze from
-unpriced starts, ``Auto.frozen_room``). ``--variant NAME`` runs only the named ones. Deterministic, CPU
+unpriced starts, ``Auto.frozen_room``; "reading alone" lets the gate read the GPU's load without
+what is known of its jobs, ``Auto.observe_known``). ``--variant NAME`` runs only the named ones. Deterministic, CPU
 only, a few minutes.
 """
 
@@ -92,6 +93,7 @@ class SeenVouch(Auto):
 #: variant freezes one job per GPU per settling period (the default)
 VARIANTS: dict[str, tuple[bool, dict, bool]] = {
     "defaults (one freeze per GPU per settle)": (True, {}, False),
+    "reading alone (observe_known=False, the rule before)": (True, {"observe_known": False}, False),
     "defaults, pile-up taken back at once": (True, {"at_once": True}, False),
     "observe_slots=99": (True, {"observe_slots": 99}, False),
     "observe_slots=99, pile-up taken back at once": (True, {"observe_slots": 99, "at_once": True}, False),

@@ -202,7 +202,9 @@ class GpuView:
     shown their steady activity yet (``collocate.world.Phase``). ``owner``: under MPS, the user
     whose jobs it serves ("" when none). ``slowed``: the largest slowdown measured for its jobs
     from the progress they report (0: none measured; ``collocate.world``). ``frozen``: how many of
-    its jobs the scheduler froze and will thaw (``ClusterSnapshot.n_frozen``).
+    its jobs the scheduler froze and will thaw (``ClusterSnapshot.n_frozen``). ``known_sm``: the
+    summed solo SM activity of its working jobs whose activity was observed, not guessed
+    (``ClusterSnapshot.sm_known``).
     """
 
     id: GpuId
@@ -218,6 +220,7 @@ class GpuView:
     owner: str = ""
     slowed: float = 0.0
     frozen: int = 0
+    known_sm: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,7 +307,11 @@ class ClusterSnapshot:
     anywhere): they draw nothing, so the readings show room that is theirs. ``datasets`` maps a
     shared dataset's name to the GPU positions whose jobs read it (for placing jobs of one
     ``collocate share`` producer together). ``gangs``: the running multi-GPU jobs, whose pace
-    on one GPU is set by their slowest.
+    on one GPU is set by their slowest. ``sm_known``: per GPU, the summed solo SM activity of its
+    jobs working there (active, not frozen) whose activity was observed (measured, inferred, from
+    their history or a trace), never a prior's guess (``collocate.world``; None: nothing known
+    anywhere): what the GPU is known to carry, which under time-slicing its reading does not show
+    (n jobs slowed to about 1/n read about the mean of their solo activities).
     """
 
     now: float
@@ -336,6 +343,7 @@ class ClusterSnapshot:
     slowed: np.ndarray | None = None
     sm_recent: np.ndarray | None = None
     n_frozen: np.ndarray | None = None
+    sm_known: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -370,7 +378,8 @@ class ClusterSnapshot:
             residents=tuple(self.residents[i] for i in keep) if self.residents else (),
             slowed=None if self.slowed is None else self.slowed[idx],
             sm_recent=None if self.sm_recent is None else self.sm_recent[idx],
-            n_frozen=None if self.n_frozen is None else self.n_frozen[idx])
+            n_frozen=None if self.n_frozen is None else self.n_frozen[idx],
+            sm_known=None if self.sm_known is None else self.sm_known[idx])
 
     @classmethod
     def from_views(
@@ -432,6 +441,7 @@ class ClusterSnapshot:
             residents=tuple(v.jobs for v in views),
             slowed=column(v.slowed for v in views) if any(v.slowed for v in views) else None,
             n_frozen=column((v.frozen for v in views), np.int64) if any(v.frozen for v in views) else None,
+            sm_known=column(v.known_sm for v in views) if any(v.known_sm for v in views) else None,
         )
 
 

@@ -235,6 +235,7 @@ class World:
         self.n_frozen = np.zeros(n, dtype=np.int64)  # residents frozen by the scheduler (``holds_room``)
         self.sm_sum = np.zeros(n)
         self.dram_sum = np.zeros(n)
+        self.sm_known = np.zeros(n)  # solo SM of the working residents observed, not guessed (``_known``)
         self.seen_at = np.full(n, -math.inf)  # the newest resident first seen (inf: not yet)
         self.util_sm = np.zeros(n)
         self.util_occ = np.zeros(n)
@@ -274,8 +275,8 @@ class World:
         self.speed = np.concatenate([self.speed, [d.speed for d in new]])
         self.has_mig = any(g.mig is not None for g in self.ids)
         self.free = np.concatenate([self.free, self.total[-k:]])
-        for name in ("committed", "other", "sm_sum", "dram_sum", "util_sm", "util_occ", "util_dram", "slowed",
-                     "level_sm", "load_sm"):
+        for name in ("committed", "other", "sm_sum", "dram_sum", "sm_known", "util_sm", "util_occ", "util_dram",
+                     "slowed", "level_sm", "load_sm"):
             setattr(self, name, np.concatenate([getattr(self, name), np.zeros(k)]))
         for name in ("n_jobs", "n_starting", "n_frozen"):
             setattr(self, name, np.concatenate([getattr(self, name), np.zeros(k, dtype=np.int64)]))
@@ -344,10 +345,11 @@ class World:
             self.n_frozen[i] -= r.holds_room
             self.sm_sum[i] -= r.pricing.profile.sm_activity
             self.dram_sum[i] -= r.pricing.profile.dram_activity
+            self.sm_known[i] -= _known(r)
             if r.slowdown:
                 self._refresh_slowed(i)
             if not st.residents:  # clear float drift; an empty GPU has nothing in flight
-                self.committed[i] = self.sm_sum[i] = self.dram_sum[i] = 0.0
+                self.committed[i] = self.sm_sum[i] = self.dram_sum[i] = self.sm_known[i] = 0.0
                 self.seen_at[i] = -math.inf
                 if self.owner:
                     self.owner[i] = ""
@@ -386,7 +388,9 @@ class World:
             self._due_at(r.thawed_until, _THAWED, job_id, r.seq)
         if r.frozen == frozen:
             return
+        known = _known(r)
         r.frozen = frozen
+        self._add_known(r, _known(r) - known)
         r.steps.clear()
         r.slowdown = 0.0
         for i in r.devices:
@@ -609,6 +613,7 @@ class World:
             slowed=_frozen(self.slowed) if self.slowed.any() else None,
             n_frozen=_frozen(self.n_frozen) if self.n_frozen.any() else None,
             sm_recent=self._recent_sm_all(now),
+            sm_known=_frozen(self.sm_known) if self.sm_known.any() else None,
         )
 
     def _recent_sm_all(self, now: float) -> np.ndarray:
@@ -637,6 +642,7 @@ class World:
         cols = {name: getattr(snapshot, name).copy() for name in (
             "n_jobs", "n_starting", "sm_sum", "dram_sum", "util_sm", "util_occ", "util_dram")}
         slowed = None if snapshot.slowed is None else snapshot.slowed.copy()
+        known = None if snapshot.sm_known is None else snapshot.sm_known.copy()
         touched: set[int] = set()
         for r in gone:
             for i in r.devices:
@@ -644,6 +650,8 @@ class World:
                 cols["n_starting"][i] -= r.starting
                 cols["sm_sum"][i] -= r.profile.sm_activity
                 cols["dram_sum"][i] -= r.profile.dram_activity
+                if known is not None:
+                    known[i] = max(0.0, known[i] - _known(r))
                 touched.add(i)
         for i in touched:
             for reading, before, after in (("util_sm", self.sm_sum[i], cols["sm_sum"][i]),
@@ -657,7 +665,8 @@ class World:
         left = [j for j in self._gangs if j not in idle]
         gangs = (snapshot.gangs if len(left) == len(self._gangs) else Gangs.of(
             [(self.residents[j].devices, self.residents[j].profile) for j in left], len(self.ids)) if left else None)
-        return snapshot.evolve(**cols, gangs=gangs, slowed=slowed if slowed is not None and slowed.any() else None)
+        return snapshot.evolve(**cols, gangs=gangs, slowed=slowed if slowed is not None and slowed.any() else None,
+                               sm_known=known if known is not None and known.any() else None)
 
     def on(self, i: int) -> list[Resident]:
         """Device ``i``'s residents, oldest first."""
@@ -751,7 +760,9 @@ class World:
                 seg.paused = paused
 
     def _activate(self, r: Resident, now: float) -> None:
+        known = _known(r)
         r.phase = Phase.ACTIVE
+        self._add_known(r, _known(r) - known)
         r.starting = False
         r.steps.clear()  # a report while warming is not its pace
         r.ramp.active_at = now
@@ -836,8 +847,9 @@ class World:
         return changed
 
     def _price(self, r: Resident, belief: Belief) -> bool:
-        old = r.pricing.profile
+        old, known = r.pricing.profile, _known(r)
         r.pricing = belief
+        self._add_known(r, _known(r) - known)
         new = belief.profile
         if new == old:
             return False
@@ -847,6 +859,11 @@ class World:
         if len(r.devices) > 1:
             self._gang_table = None
         return True
+
+    def _add_known(self, r: Resident, change: float) -> None:
+        if change:
+            for i in r.devices:
+                self.sm_known[i] += change
 
     def _refresh_util(self, i: int) -> None:
         """The risk filter's window summary; an empty GPU with nothing foreign on it is idle,
@@ -879,6 +896,15 @@ class World:
 
 _MEMORY, _WARMUP, _SEGMENT, _STARTUP, _THAWED = range(5)
 _PRIORS = ("assumed", "similar")  # belief sources that are guesses, not observations
+
+
+def _known(r: Resident) -> float:
+    """What ``r`` adds to its devices' ``sm_known``: its solo SM activity if it is working there
+    (active, not frozen) and that activity was observed (measured, inferred, its history, a
+    trace), else 0. A prior is left out: it is the guess the unpriced-start gate looks past."""
+    if r.phase is not Phase.ACTIVE or r.frozen or r.pricing.source in _PRIORS:
+        return 0.0
+    return r.pricing.profile.sm_activity
 
 #: SM occupancy when a reading does not say (an A100's NVML, the emulated GPUs, the simulator):
 #: resident warps fill ~60% of an active SM's slots (typical of training kernels).

@@ -179,6 +179,33 @@ def test_an_unpriced_job_starts_on_trial_where_the_gpu_reads_room_whatever_the_p
     assert [p.trial for p in auto([newcomer], idle_cluster).placements] == [False]
 
 
+def test_a_crowded_time_sliced_gpu_does_not_read_as_room_for_an_unpriced_start():
+    # three measured jobs at 0.4 SM / 0.2 DRAM time-sliced are each slowed about 2.1x and the GPU
+    # reads about the mean of their solo activities (0.57), under observe_below_sm: known, they
+    # carry 1.2, and an unpriced newcomer (which the prior prices out) does not start there
+    view = _gpu(jobs=3, committed=12 * GIB)
+    crowded = GpuView(**{**{f: getattr(view, f) for f in GpuView.__slots__}, "known_sm": 1.2})
+    reads = _loaded(crowded, sm=1.2, dram=0.6).evolve(util_sm=np.array([0.57]), sm_recent=np.array([0.57]))
+    assert list(reads.sm_known) == [1.2]
+    newcomer = Job("new", mem_mib=1 * GIB, mem_source="declared")  # profile_source "assumed"
+    plan = make_policy("auto")([newcomer], reads)
+    assert not plan.placements and plan.waits["new"].kind is WaitKind.SLOWDOWN
+    # the old rule, reading the GPU alone, took it on trial
+    assert [(p.job_id, p.trial) for p in make_policy("auto", observe_known=False)([newcomer], reads).placements] \
+        == [("new", True)]
+    # what is known counts only as far as it is known: one measured job of the three at 0.4 (the
+    # others priced by a prior, which never counts) leaves the reading to decide
+    partly = reads.evolve(sm_known=np.array([0.4]))
+    assert [(p.job_id, p.trial) for p in make_policy("auto")([newcomer], partly).placements] == [("new", True)]
+    # on a MIG instance the known activity is relative to its share of SMs, as the reading is
+    mig = GpuView(GpuId("n", 0, mig="1g.10gb"), 10 * GIB, committed_mib=2 * GIB, jobs=("r0",), speed=1 / 7,
+                  known_sm=0.1)
+    small = ClusterSnapshot.from_views([mig], now=100.0).evolve(
+        sm_sum=np.array([0.1]), dram_sum=np.array([0.05]), util_sm=np.array([0.4]), sm_recent=np.array([0.4]))
+    assert not make_policy("auto")([newcomer], small).placements  # 0.1 of a 1/7 instance: 0.7
+    assert make_policy("auto", observe_known=False)([newcomer], small).placements
+
+
 def test_with_frozen_room_a_gpu_holding_a_frozen_job_takes_no_unpriced_start_and_a_priced_one_still_joins():
     # its trial job was frozen: it draws nothing, so the GPU reads room that is the frozen job's
     # to take back when it thaws; past the gate, by the reading or by the model, nobody joins
@@ -314,3 +341,38 @@ def test_the_simulator_commits_an_unknown_jobs_stable_peak_as_the_daemon_does():
     assert records["b"].start == 1.0  # shares a roomy GPU rather than waiting for it to empty
     # c waits while b's memory ramps (4 s from its start) and then holds still for QUIET_S
     assert records["c"].start == pytest.approx(1.0 + 4.0 + QUIET_S)
+
+
+@pytest.mark.parametrize("observe_known", [True, False])
+def test_the_simulator_starts_no_unpriced_job_beside_time_sliced_jobs_whose_reading_hides_their_load(observe_known):
+    # `a` and `b` (SM 0.4, DRAM 0.2, nobody has measured them) share an H100 time-sliced: each is
+    # slowed about 1.5x and the GPU reads 0.55, under observe_below_sm, though the world has
+    # learned they carry 0.8. Reading alone (the rule before), `c` and `d` start beside them on
+    # trial and slow them past the limit until the freeze rule takes them back; knowing the load,
+    # they wait for a job to end, and almost nothing is frozen
+    def job(name: str, at: float) -> TraceJob:
+        return TraceJob(name, at, Workload(name, 1, 300.0, 8000.0, {"declared": 8192.0}, JobProfile(0.4, 0.2),
+                                           command=name, program=name))
+
+    trace = [job("a", 0.0), job("b", 20.0), job("c", 40.0), job("d", 60.0)]
+    sim = Simulation(parse_cluster("1xH100-80GB"), trace, make_policy("auto", observe_known=observe_known),
+                     SimConfig(estimator="declared", profiles="unknown", ramp_s=2.0, startup_s=5.0))
+    known_at_launch: dict[str, float] = {}
+    launch = sim._launch
+
+    def watch(job_id, gpus, now, room):
+        known_at_launch[job_id] = float(sim.world.sm_known[gpus[0]])
+        return launch(job_id, gpus, now, room)
+
+    sim._launch = watch  # type: ignore[method-assign]
+    result = sim.run()
+    records = {r.id: r for r in result.records}
+    assert all(r.state == "done" for r in records.values())
+    first_end = min(records["a"].end, records["b"].end)
+    if observe_known:
+        assert records["c"].start >= first_end and records["d"].start >= first_end
+        assert max(known_at_launch.values()) < 0.6
+        assert result.frozen_seconds < 60.0
+    else:
+        assert records["c"].start == pytest.approx(40.0) and known_at_launch["c"] >= 0.8
+        assert result.frozen_seconds > 300.0

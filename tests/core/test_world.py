@@ -119,6 +119,34 @@ def test_jobs_that_only_ever_share_a_gpu_are_priced_from_its_readings_within_sec
     assert w.sm_sum[0] < 0.7 and all(r.pricing.source == "inferred" for r in w.residents.values())
 
 
+def test_a_gpus_known_load_is_the_solo_activity_learned_of_its_working_jobs_never_a_prior():
+    # three jobs at 0.4 SM time-sliced read about 0.57 together (each slowed ~2.1x); what the
+    # readings teach of them sums to about 1.2, which the snapshot shows as ``sm_known``
+    w = world()
+    true = [JobProfile(0.4, 0.2)] * 3
+    for j in ("a", "b", "c"):
+        w.place(job(j), [0], now=0.0)
+        w.observe_memory(j, 2 * GIB, 1.0)
+    w.set_reading(0, 1.0, realized(TS, true, 0), realized(TS, true, 1))
+    assert all(r.phase is Phase.ACTIVE for r in w.residents.values())
+    assert w.snapshot(1.0).sm_known is None  # active, but priced by the prior: nothing known yet
+    w.tick(1.0 + LEARN_S)
+    snap = w.snapshot(1.0 + LEARN_S)
+    assert realized(TS, true, 0) < 0.6 < snap.sm_known[0]
+    assert snap.sm_known[0] == pytest.approx(sum(r.pricing.profile.sm_activity for r in w.on(0)))
+    assert snap.sm_known[0] == pytest.approx(1.2, abs=0.3)
+    # a frozen job draws nothing: it leaves the known load (also "as if frozen"), and is back thawed
+    known, one = float(snap.sm_known[0]), w.residents["c"].pricing.profile.sm_activity
+    assert w.snapshot(6.0, idle=["c"]).sm_known[0] == pytest.approx(known - one)
+    w.freeze("c", 6.0, True, "trial")
+    assert w.sm_known[0] == pytest.approx(known - one)
+    w.freeze("c", 7.0, False, "")
+    assert w.sm_known[0] == pytest.approx(sum(r.pricing.profile.sm_activity for r in w.on(0)))
+    for j in ("a", "b", "c"):  # and an emptied GPU knows nothing
+        w.remove(j, now=8.0)
+    assert w.snapshot(8.0).sm_known is None
+
+
 def test_a_departure_re_solves_the_rest_and_what_was_learned_is_kept():
     w = world()
     heavy, light = JobProfile(0.7, 0.3), JobProfile(0.15, 0.05)

@@ -54,6 +54,13 @@ placement adds the most total training progress?" and answers with the interfere
   when room returns (``collocate.suspension``). Waiting on the prior left ``sleep 1`` pending
   for minutes beside two H100s reading 48% SM (issue 35). A job across nodes or an interactive
   job, which are never frozen, is never started on trial past the slowdown bound.
+  With ``observe_known`` (on), the load the gate reads is at least what is known to be there:
+  the summed solo SM of the GPU's working jobs whose activity was observed (measured, inferred,
+  history; never a prior: ``ClusterSnapshot.sm_known``). Under time-slicing a GPU reads about
+  the mean of its jobs' solo activities, not the sum (each is slowed to about 1/n; measured on
+  an H100, docs/gpu-validation.md): three jobs at 0.4 SM and 0.2 DRAM, each already slowed
+  2.1x by the time-slicing model, read 0.57 and took a fourth past the gate, which only the
+  freeze rule took back 30 s or more later; known, they carry 1.2.
   With ``frozen_room``, a GPU holding a job the scheduler froze (``ClusterSnapshot.n_frozen``)
   offers no start past the gate: the frozen job draws nothing, so its GPU reads idle, but the
   room is the frozen job's to take back when it thaws; a newcomer the model prices within the
@@ -127,6 +134,7 @@ class Auto:
     observe_below_sm: float = 0.6  # ... or, whatever the prediction, if the GPU reads less SM than this
     observe_slots: int = 1  # ... with fewer than this many jobs still starting there
     frozen_room: bool = False  # a GPU holding a job the scheduler froze takes no unpriced start
+    observe_known: bool = True  # ... reading its load as at least the solo SM known of its jobs
     limits: RiskLimits = field(default_factory=RiskLimits)  # measured saturation still vetoes
     interference: InterferenceModel = field(default_factory=default_interference)
 
@@ -252,6 +260,8 @@ class Auto:
         on measured room, whatever the model predicts, GPUs reading less than
         ``observe_below_sm`` SM lately with fewer than ``observe_slots`` jobs still starting,
         for a job that can be taken back (never one across nodes or an interactive one). With
+        ``observe_known``, a GPU's load is at least the summed solo SM of its working jobs whose
+        activity was observed (``ClusterSnapshot.sm_known``; a prior never counts). With
         ``frozen_room``, neither on a GPU holding a job the scheduler froze (its room is the frozen
         job's)."""
         cluster = ledger.cluster
@@ -261,8 +271,11 @@ class Auto:
             return none, none
         starting = ledger.n_starting[candidates]
         by_model = starting < self.startup_slots
-        load = cluster.util_sm if cluster.sm_recent is None else cluster.sm_recent
-        on_room = ((load[candidates] < self.observe_below_sm) & (starting < self.observe_slots)
+        load = (cluster.util_sm if cluster.sm_recent is None else cluster.sm_recent)[candidates]
+        if self.observe_known and cluster.sm_known is not None:  # what is known to be there
+            known = cluster.sm_known[candidates]
+            load = np.maximum(load, known / cluster.speed[candidates] if cluster.has_mig_instances else known)
+        on_room = ((load < self.observe_below_sm) & (starting < self.observe_slots)
                    & (job.nodes == 1 and not job.interactive))
         if self.frozen_room and cluster.n_frozen is not None:
             open_ = cluster.n_frozen[candidates] == 0
