@@ -40,7 +40,8 @@ was committed there or how busy it read. A job that fits may still wait for jobs
 before it that fit too (the queue is first come, first served).
 
 Run: ``python benchmarks/plain_queue.py`` (about 5-8 minutes on a 2-core machine) or
-``--quick`` (16 jobs, half durations, for a test); results go to
+``--quick`` (16 jobs, half durations, for a test), ``--param NAME=VALUE`` to give the auto daemon a
+policy parameter (``serve --param``: a variant against the same exclusive run); results go to
 ``benchmarks/results/plain_queue-emulated-<date>[-quick].{json,md}`` (or ``--out PATH``).
 """
 
