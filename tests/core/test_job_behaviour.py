@@ -1,5 +1,6 @@
 """A job's behaviour over an attempt (``collocate.job_behaviour``): the ramp, the phases, the later
-peak and the progress rate, and that the simulator and the emulated job both play it."""
+peak and the progress rate, and that the simulator and the emulated job both play it; and what an
+attempt's end teaches the next one, in the simulator as in the daemon (``knowledge.carried_over``)."""
 
 import math
 from dataclasses import replace
@@ -134,3 +135,21 @@ def test_the_simulator_shows_the_world_the_memory_an_emulated_job_claims(ramp_s)
     last_word = dict(seen)  # what the world holds at each moment: the last it was told then
     assert last_word == {t: emulated.mem_at(t - start, 0.0) for t in last_word}
     assert seen[0] == (start + startup, CONTEXT_MIB) and seen[-1] == (start + startup + ramp_s, mem)
+
+
+def test_a_requeued_job_starts_its_next_attempt_from_what_its_last_one_read():
+    """The end-of-attempt rule both worlds apply (``knowledge.carried_over``): a job measured on
+    its GPU and then requeued after an out-of-memory crash is priced by that reading (as history)
+    on its next attempt, not by the prior it was submitted with."""
+    big = Workload("big", 1, 60.0, 30_000.0, {"horus": 30_000.0}, JobProfile(0.2, 0.1))
+    under = Workload("under", 1, 60.0, 20_000.0, {"horus": 5_000.0}, JobProfile(0.6, 0.3))
+    trace = [TraceJob("1", 0.0, big), TraceJob("2", 1.0, under)]
+    sim = Simulation(parse_cluster("1xA100-40GB"), trace, make_policy("carma-magm"),
+                     SimConfig(estimator="horus", profiles="unknown", ramp_s=20.0))
+    result = sim.run()
+    crashed = {r.id: r for r in result.records}["2"]
+    assert crashed.oom_crashes >= 1 and crashed.state == "done"
+    assert crashed.spans[0][3] == "oom"
+    job = sim.scheduler.jobs["2"]
+    assert job.profile_source == "history"  # told at submission: the prior ("assumed")
+    assert job.profile.sm_activity == pytest.approx(0.6, abs=0.1)

@@ -49,7 +49,7 @@ from collocate.fairness import Fairness
 from collocate.gputypes import NodeSpec
 from collocate.interference import InterferenceModel, default_interference
 from collocate.job_behaviour import RAMP_STEPS, JobBehaviour, context_mib, progress_rate, ramp_mib, ramp_schedule
-from collocate.knowledge import MemoryProfiles, ProfileKnowledge, price_pending
+from collocate.knowledge import MemoryProfiles, ProfileKnowledge, carried_over, learned_here, price_pending
 from collocate.model import Job, JobProfile, JobState, SharingMode
 from collocate.policies.base import Policy
 from collocate.recovery import (
@@ -499,13 +499,15 @@ class Simulation:
                       if (r := self.running[o]).allocated]
             crashed = Holding(job_id, run.peak_mib, job_allowance_mib(run.job, run.room_mib))
             by = charged_to(crashed, beside) if run.limit_mib is None or run.peak_mib <= run.limit_mib else ()
-            self._stop(run, now)
+            resident = self._stop(run, now)
             job = self.scheduler.job_exited(job_id, ExitReport(Outcome.OOM, observed, "CUDA out of memory",
                                                                run.limit_mib, by),
                                             now)  # now: charges its GPU time to its user
             for h in beside:
                 if h.job_id in by:
                     self.scheduler.charge_overrun(h.job_id, h.held_mib)
+            if resident is not None and (known := carried_over(job, learned_here(resident.belief))) is not None:
+                job = self.scheduler.update(known)  # requeued: its next attempt starts known, as in the daemon
             record = self.records[job_id]
             record.oom_crashes = job.oom_crashes
             record.spans[-1][2:] = [now, "oom"]
@@ -540,8 +542,9 @@ class Simulation:
             return False
         resident = self._stop(run, now)
         command = self._by_id[job_id].workload.command
-        if resident is not None and resident.belief.source in ("measured", "inferred") and command is not None:
-            self.profiles.record(command, self._by_id[job_id].workload.program, as_history(resident.belief))
+        learned = None if resident is None else learned_here(resident.belief)
+        if learned is not None and command is not None:
+            self.profiles.record(command, self._by_id[job_id].workload.program, as_history(learned))
         job = self.scheduler.job_exited(job_id, ExitReport(Outcome.SUCCEEDED), now)
         self._close(job, now)
         return True
