@@ -67,7 +67,7 @@ from collocate.sim.mig import MigInstances, resolve_layout
 from collocate.sim.model_error import ModelError
 from collocate.sim.trace import TraceJob, Workload
 from collocate.suspension import SuspendRules
-from collocate.world import Device, World
+from collocate.world import Device, World, observed_residents
 
 # Event kinds, in the order they are handled at equal times: work done frees GPUs before new
 # work arrives, so a round at time t sees every change of time t.
@@ -408,8 +408,7 @@ class Simulation:
     def _price_pending(self) -> None:
         """Pending jobs without history take their family's prior over history and the observed
         running siblings (``knowledge.price_pending``, as the daemon)."""
-        live = [(w.command, w.program, r.pricing) for job_id, r in self.world.residents.items()
-                if r.pricing.source in ("measured", "inferred")
+        live = [(w.command, w.program, belief) for job_id, belief in observed_residents(self.world)
                 for w in (self._by_id[job_id].workload,)]
         if not live:
             return
