@@ -15,6 +15,10 @@ While jobs run, a pending job that has no history of its own takes its family's 
 history *and* the running siblings the world has observed (``price_pending``), so the first
 point of a sweep measured on a GPU prices the other points within seconds.
 
+When an attempt ends, what its readings taught (``learned_here``) goes into its history if it
+succeeded, and into its next attempt if it was requeued (``carried_over``): both worlds apply
+this one rule (``daemon/attempts.py``, ``sim/engine.py``).
+
 The knowledge lives in a ``ProfileStore``: the daemon's SQLite ``Store`` (kept across restarts),
 or ``MemoryProfiles`` (the simulator: one run's worth).
 """
@@ -24,12 +28,15 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
-from collocate.belief import UNKNOWN, Belief, family_prior
-from collocate.model import Job
+from collocate.belief import UNKNOWN, Belief, as_history, family_prior
+from collocate.model import Job, JobState
 
 #: How many of a family's most recently measured identities its prior is the median of: the
 #: prior is about the program as it runs now, not months ago, and the query stays bounded.
 FAMILY_RUNS = 20
+#: Belief sources taught by an attempt's own readings (alone: measured; shared: inferred), as
+#: opposed to what it was told before it ran (the prior, its family, its history, a trace).
+OBSERVED_HERE = ("measured", "inferred")
 
 
 class ProfileStore(Protocol):
@@ -88,6 +95,21 @@ def with_belief(job: Job, belief: Belief) -> Job:
     """The job told this belief of its profile."""
     return job.evolve(profile=belief.profile, profile_var=(belief.sm_var, belief.dram_var),
                       profile_source=belief.source)
+
+
+def learned_here(belief: Belief) -> Belief | None:
+    """What an ended attempt's readings taught of the job's activity; None when they taught
+    nothing (its belief is still what it was told)."""
+    return belief if belief.source in OBSERVED_HERE else None
+
+
+def carried_over(job: Job, learned: Belief | None) -> Job | None:
+    """The job after an attempt that ``learned`` its activity, when the job was requeued: its next
+    attempt starts from what this one read (as history), not from what it was told at submission.
+    None when nothing changes (it was not requeued, or nothing was learned)."""
+    if learned is None or job.state is not JobState.PENDING:
+        return None
+    return with_belief(job, as_history(learned))
 
 
 def price_pending(pending: Iterable[Job], live: Iterable[tuple[str | None, str | None, Belief]],

@@ -99,9 +99,6 @@ AVERAGE_SAMPLES = 5
 #: ``PROGRESS_MIN_REPORTS`` of them (a job logging every few steps shows a rate within seconds).
 PROGRESS_WINDOW_S = 5.0
 PROGRESS_MIN_REPORTS = 3
-#: Bytes of memory a process shows once it has a CUDA context (about 500 MiB on an H100): what a
-#: simulated job holds from the end of its start-up until its ramp.
-CONTEXT_MIB = 500.0
 
 
 class Phase(IntEnum):

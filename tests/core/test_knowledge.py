@@ -2,6 +2,8 @@
 same job or siblings (``collocate.identity``), and how readings revise beliefs
 (``collocate.belief``)."""
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -9,8 +11,8 @@ from hypothesis import strategies as st
 from collocate.belief import UNKNOWN, Belief, exact, family_prior, realized, revise
 from collocate.identity import JobKeys
 from collocate.interference import default_interference
-from collocate.knowledge import MemoryProfiles, ProfileKnowledge, price_pending
-from collocate.model import UNKNOWN_PROFILE, Job, JobProfile, SharingMode
+from collocate.knowledge import MemoryProfiles, ProfileKnowledge, carried_over, learned_here, price_pending
+from collocate.model import UNKNOWN_PROFILE, Job, JobProfile, JobState, SharingMode
 
 TS = default_interference().modes[SharingMode.TIME_SLICING]
 MPS = default_interference().modes[SharingMode.MPS]
@@ -103,6 +105,21 @@ def test_pending_jobs_without_history_take_their_family_prior_over_observed_runn
 
 
 # -- revising beliefs by readings ---------------------------------------------------------------
+
+def test_an_attempt_teaches_its_next_attempt_only_what_its_readings_read():
+    """The end-of-attempt rule of both worlds: a requeued job starts its next attempt from what
+    the last one read, as history; nothing read, or a job that is not requeued, changes nothing."""
+    pending = Job("1", state=JobState.PENDING)
+    read = measured(0.6, 0.3)
+    assert learned_here(read) == read and learned_here(replace(read, source="inferred")) is not None
+    for told in (UNKNOWN, exact(JobProfile(0.6, 0.3)), replace(read, source="history")):
+        assert learned_here(told) is None
+    assert carried_over(pending, None) is None
+    assert carried_over(Job("1", state=JobState.DONE), read) is None
+    again = carried_over(pending, read)
+    assert again is not None and again.profile == read.profile and again.profile_source == "history"
+    assert again.profile_var[0] >= read.sm_var  # no surer than a history
+
 
 def test_a_job_alone_is_read_exactly_within_a_few_seconds():
     (b,) = revise([UNKNOWN], TS, 0.3, 0.12, samples=3.0)

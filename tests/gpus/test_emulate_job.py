@@ -182,11 +182,12 @@ def test_spec_validation_and_ramp_schedule() -> None:
         JobSpec(mem_mib=100, seconds=1, peak_mib=50)
     spec = JobSpec(mem_mib=4096, seconds=10, ramp_s=4, peak_mib=8192, peak_at=0.5, startup_s=2, warmup_s=3)
     # start-up: nothing on the GPU; then a CUDA context and a ramp in 4 steps; then the peak later
-    assert [spec.claim_at(t, 0.0) for t in (0, 1.9, 2.0, 2.99, 3.0, 4.0, 5.0, 6.0, 9.0)] == \
+    behaviour = spec.behaviour
+    assert [behaviour.mem_at(t, 0.0) for t in (0, 1.9, 2.0, 2.99, 3.0, 4.0, 5.0, 6.0, 9.0)] == \
         [None, None, 500.0, 500.0, 1024, 2048, 3072, 4096, 4096]
-    assert spec.claim_at(9.0, 0.5) == 8192
+    assert behaviour.mem_at(9.0, 0.5) == 8192
     # training (activity shown, slowed by neighbours) starts after start-up and warm-up
-    assert not spec.training(4.9) and spec.training(5.0)
+    assert not behaviour.training(4.9) and behaviour.training(5.0)
     with pytest.raises(InputError, match="part of --seconds"):
         JobSpec(mem_mib=1, seconds=5, startup_s=3, warmup_s=2)
 

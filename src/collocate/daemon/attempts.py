@@ -20,7 +20,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from collocate.belief import as_history
 from collocate.daemon.config import Wiring
 from collocate.daemon.failures import classify, describe_status, oom_lower_bound_mib
 from collocate.daemon.faults import describe_error, is_disk_full
@@ -29,7 +28,7 @@ from collocate.daemon.plan import Rendezvous, plan_launch
 from collocate.daemon.producers import producer_request
 from collocate.daemon.store import Attempt
 from collocate.gpus.mps import MpsDirs
-from collocate.knowledge import with_belief
+from collocate.knowledge import carried_over, learned_here
 from collocate.model import GpuId, Job, JobState, Placement, SharingMode
 from collocate.monitor.sinks.base import JobInfo
 from collocate.node.api import ExitRecord, NodeUnreachable
@@ -360,7 +359,7 @@ class Attempts:
         if resident is not None:
             self._remember_departure(resident, end)
         peak = resident.ramp.peak_mib if resident is not None and resident.ramp.peak_mib > 0 else None
-        learned = resident.belief if resident is not None and resident.belief.source in OBSERVED_HERE else None
+        learned = None if resident is None else learned_here(resident.belief)
         observed = peak
         fence = None if resident is None else job_fence_mib(resident.job, resident.room_mib)
         overrun: list[Holding] = []
@@ -393,8 +392,8 @@ class Attempts:
             log.info("job %s held %.0f MiB (allowed %.0f) and made job %s crash out of memory; "
                      "its requirement is now %s MiB", h.job_id, h.held_mib, h.allowed_mib or 0.0,
                      a.job_id, "?" if raised is None or raised.mem_mib is None else f"{raised.mem_mib:.0f}")
-        if learned is not None and job.state is JobState.PENDING:  # its next attempt starts known
-            job = self.scheduler.update(with_belief(job, as_history(learned)))
+        if (known := carried_over(job, learned)) is not None:  # requeued: its next attempt starts known
+            job = self.scheduler.update(known)
         if outcome is Outcome.SUCCEEDED and (peak is not None or learned is not None):
             self.store.record_history(spec.keys.identity, peak, learned, spec.keys.family)
         if job.state.is_terminal:  # a requeued job keeps its tracking run for the next attempt
@@ -426,10 +425,6 @@ class Attempts:
         """Whether a GPU of the attempt holds memory of processes that are no job's (then an
         out-of-memory crash is not the job's fault)."""
         return any(self.watch.world.other[i] > 0.0 for i in resident.devices)
-
-
-#: Belief sources learned from readings in this attempt (what history keeps).
-OBSERVED_HERE = ("measured", "inferred")
 
 
 def _not_the_jobs_fault(exc: BaseException) -> bool:

@@ -1,18 +1,17 @@
 """An emulated training job: a real process that holds emulated GPU memory and slows down when
 shared.
 
-It behaves like a PyTorch training script as far as the daemon can tell (shared notes,
-gpu-facts.md, "How real PyTorch training jobs look to a scheduler"): a start-up (``startup_s``:
-interpreter, imports, model construction) in which the process exists but holds no GPU memory
-and uses no SM; then a CUDA context and a memory ramp in a few steps (``ramp_s``); first steps
-(``warmup_s``, counted from the end of start-up) that hold memory but read almost no activity;
-then steady training at its solo SM and DRAM activity. It finds its devices in
-``CUDA_VISIBLE_DEVICES`` (emulated UUIDs), fails with PyTorch's exact out-of-memory text and exit
-status 1 when a step does not fit, prints progress, and dies cleanly on SIGTERM (exit 143). Its
-solo duration is ``seconds``, start-up and warm-up included (they run at full speed, as on a
-GPU); while other jobs share its device its training advances by ``dt / slowdown`` with the
-slowdown from ``collocate.interference``, so collocated emulated jobs really take longer. The
-simulator models the same phases (``collocate.sim.engine``), so the two can be compared.
+It behaves like a PyTorch training script as far as the daemon can tell, in the phases the
+simulator plays too (``collocate.job_behaviour``, one definition for both, so the two can be
+compared): a start-up (``startup_s``) with no GPU memory and no SM use; then a CUDA context and a
+memory ramp in a few steps (``ramp_s``); first steps (``warmup_s``, counted from the end of
+start-up) that hold memory but read almost no activity; then steady training at its solo SM and
+DRAM activity. It finds its devices in ``CUDA_VISIBLE_DEVICES`` (emulated UUIDs), fails with
+PyTorch's exact out-of-memory text and exit status 1 when a step does not fit, prints progress,
+and dies cleanly on SIGTERM (exit 143). Its solo duration is ``seconds``, start-up and warm-up
+included (they run at full speed, as on a GPU); while other jobs share its device its training
+advances at ``progress_rate(slowdown)`` with the slowdown from ``collocate.interference``, so
+collocated emulated jobs really take longer.
 
 The memory a job really uses (``mem_mib``, then ``peak_mib`` from ``peak_at`` of its progress) is
 independent of the requirement the scheduler was given at submit time: that is what lets a demo
@@ -40,13 +39,12 @@ from collocate.gpus.emulated_state import (
     process_start_time,
 )
 from collocate.interference import InterferenceModel, default_interference
+from collocate.job_behaviour import JobBehaviour, progress_rate
 from collocate.model import JobProfile, SharingMode
 from collocate.monitor.job_metrics import ENV_METRICS_FILE, log_metric
 from collocate.node.fence import fence_of
 
 ENV_SHARING = "COLLOCATE_SHARING"
-RAMP_STEPS = 4
-CONTEXT_MIB = 500.0  # what a process holds once it has a CUDA context (``collocate.world``)
 EXIT_OOM = 1
 STEP_REPORT_S = 0.25  # how often an emulated job that reports steps logs them
 _MIB = 1024 * 1024
@@ -87,24 +85,10 @@ class JobSpec:
             if not ok:
                 raise InputError(message)
 
-    def claim_at(self, elapsed: float, progress: float) -> float | None:
-        """MiB the job holds at wall time ``elapsed`` with ``progress`` in [0, 1] done; None
-        during start-up (nothing on the GPU yet)."""
-        since = elapsed - self.startup_s
-        if since < 0:
-            return None
-        if self.ramp_s == 0 or since >= self.ramp_s:
-            target = self.mem_mib
-        else:
-            step = int(since / self.ramp_s * RAMP_STEPS)
-            target = max(min(CONTEXT_MIB, self.mem_mib), self.mem_mib * step / RAMP_STEPS)
-        if self.peak_mib is not None and progress >= self.peak_at:
-            target = max(target, self.peak_mib)
-        return target
-
-    def training(self, elapsed: float) -> bool:
-        """Whether start-up and warm-up are over: its activity shows, and sharing slows it."""
-        return elapsed >= self.startup_s + self.warmup_s
+    @property
+    def behaviour(self) -> JobBehaviour:
+        """Its phases and memory over the run, as the simulator plays them."""
+        return JobBehaviour(self.mem_mib, self.startup_s, self.ramp_s, self.warmup_s, self.peak_mib, self.peak_at)
 
 
 class OutOfMemory(Exception):
@@ -256,21 +240,23 @@ class EmulatedJob:
         progress, next_report = 0.0, 0.1
         steps, next_step_report = 0.0, 0.0
         tick = self.spec.tick_s or min(0.1, max(0.02, self.spec.seconds / 40))
+        behaviour = self.spec.behaviour
         while True:
             now = self.clock()
-            training = self.spec.training(now - t0)
-            target = self.spec.claim_at(now - t0, progress)
+            training = behaviour.training(now - t0)
+            target = behaviour.mem_at(now - t0, progress)
             if target is not None:
                 self._hold(target, training)
             slowdown = self._slowdown() if training else 1.0
+            rate = progress_rate(slowdown)
             if self.held is not None and abs(slowdown - self.reported) > 0.01 * self.reported:
-                self.store.set_rate(self.pid, 1.0 / slowdown)
+                self.store.set_rate(self.pid, rate)
                 self.reported = slowdown
             # a gap this long is the process being stopped (frozen): no progress, as a real job
             dt = min(now - last, FROZEN_GAP_S)
-            progress += dt / self.spec.seconds / slowdown
+            progress += dt * rate / self.spec.seconds
             if training and self.spec.steps_per_s and self.metrics_file:
-                steps += dt * self.spec.steps_per_s / slowdown
+                steps += dt * self.spec.steps_per_s * rate
                 if now >= next_step_report:  # as a training loop logs every few steps
                     log_metric("steps", steps, step=int(steps), path=self.metrics_file)
                     next_step_report = now + STEP_REPORT_S

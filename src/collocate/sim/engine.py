@@ -12,7 +12,8 @@ What is simulated (everything else is the production code path, the world model 
   the job that allocates last fails, as on a real GPU, and goes through the recovery rules,
   restarting from scratch), an optional warm-up with no activity (the trace's ``warmup_s``),
   then progress at ``1 / slowdown`` of solo speed, where the slowdown comes from the
-  interference model for the jobs sharing each of its GPUs.
+  interference model for the jobs sharing each of its GPUs. These phases are
+  ``collocate.job_behaviour``'s, which the emulated job plays too.
 
 What policies know is not simulated: the simulator feeds the same world model the daemon feeds
 (``collocate.world``) with what its meters read (each job's memory as it ramps, each GPU's
@@ -47,7 +48,8 @@ from collocate.estimate.static import TRACED_REL_UNCERTAINTY
 from collocate.fairness import Fairness
 from collocate.gputypes import NodeSpec
 from collocate.interference import InterferenceModel, default_interference
-from collocate.knowledge import MemoryProfiles, ProfileKnowledge, price_pending
+from collocate.job_behaviour import RAMP_STEPS, JobBehaviour, context_mib, progress_rate, ramp_mib, ramp_schedule
+from collocate.knowledge import MemoryProfiles, ProfileKnowledge, carried_over, learned_here, price_pending
 from collocate.model import Job, JobProfile, JobState, SharingMode
 from collocate.policies.base import Policy
 from collocate.recovery import (
@@ -65,13 +67,11 @@ from collocate.sim.mig import MigInstances, resolve_layout
 from collocate.sim.model_error import ModelError
 from collocate.sim.trace import TraceJob, Workload
 from collocate.suspension import SuspendRules
-from collocate.world import CONTEXT_MIB, Device, World
+from collocate.world import Device, World, observed_residents
 
 # Event kinds, in the order they are handled at equal times: work done frees GPUs before new
 # work arrives, so a round at time t sees every change of time t.
 _FINISH, _RAMP, _SEEN, _ACTIVE, _ARRIVE, _WAKE = range(6)
-#: A memory ramp is seen in this many steps (the daemon samples it as it grows).
-RAMP_STEPS = 4
 
 PROFILE_KNOWLEDGE = ("trace", "unknown", "blind", "learned")  # SimConfig.profiles
 
@@ -408,8 +408,7 @@ class Simulation:
     def _price_pending(self) -> None:
         """Pending jobs without history take their family's prior over history and the observed
         running siblings (``knowledge.price_pending``, as the daemon)."""
-        live = [(w.command, w.program, r.pricing) for job_id, r in self.world.residents.items()
-                if r.pricing.source in ("measured", "inferred")
+        live = [(w.command, w.program, belief) for job_id, belief in observed_residents(self.world)
                 for w in (self._by_id[job_id].workload,)]
         if not live:
             return
@@ -435,24 +434,25 @@ class Simulation:
             self._push(now + workload.duration_s, _FINISH, job_id, cpu.version)
             return
         self._advance(gpus, now)
-        startup = self.cfg.startup_s if workload.startup_s is None else workload.startup_s
+        behaviour = JobBehaviour(self.peaks[job_id], self.cfg.startup_s if workload.startup_s is None
+                                 else workload.startup_s, self.cfg.ramp_s, workload.warmup_s)
         self.world.place(job, gpus, now, room_mib=room_mib)
         for i in gpus:
             self.residents[i][job_id] = None
         # fenced under every sharing mode, as the daemon fences (a capped caching allocator, an
         # MPS limit): ``collocate.recovery.job_fence_mib``
         limit = job_fence_mib(job, room_mib)
-        run = SimRun(job, gpus, self.peaks[job_id], workload.profile, limit, room_mib,
-                     starting=startup + workload.warmup_s > 0, work_left=workload.duration_s, since=now)
-        run.seen_at = now + startup
+        run = SimRun(job, gpus, behaviour.mem_mib, workload.profile, limit, room_mib,
+                     starting=behaviour.idle_first, work_left=workload.duration_s, since=now)
+        run.seen_at = behaviour.seen_at(now)
         self.running[job_id] = run
-        if startup > 0:
+        if behaviour.startup_s > 0:
             self._push(run.seen_at, _SEEN, job_id, job.attempts)
         else:  # seen at once, before its activity shows (the world sees that step)
             run.warming = run.starting
             self._see(run, now)
         if run.starting:
-            self._push(run.seen_at + workload.warmup_s, _ACTIVE, job_id, job.attempts)
+            self._push(behaviour.active_at(now), _ACTIVE, job_id, job.attempts)
         self._rerate(gpus, now)
 
     def _seen(self, job_id: str, attempt: int, now: float) -> bool:
@@ -469,14 +469,12 @@ class Simulation:
 
     def _see(self, run: SimRun, now: float) -> None:
         job_id, attempt = run.job.id, run.job.attempts
-        self.world.observe_memory(job_id, min(CONTEXT_MIB, run.peak_mib), now)
-        ramp = self.cfg.ramp_s
+        self.world.observe_memory(job_id, context_mib(run.peak_mib), now)
         # a ramp the daemon would sample as it grows matters only where the commitment
         # depends on memory holding still (unknown or estimated requirements)
         watched = run.job.mem_mib is None or is_estimated(run.job.mem_source)
-        steps = RAMP_STEPS if watched and ramp > 0 else 1
-        for k in range(1, steps + 1):
-            self._push(now + ramp * k / steps, _RAMP, job_id, attempt * 16 + k * (RAMP_STEPS // steps))
+        for after, step in ramp_schedule(self.cfg.ramp_s, sampled=watched):
+            self._push(now + after, _RAMP, job_id, attempt * 16 + step)
 
     def _ramp(self, job_id: str, code: int, now: float) -> bool:
         """A step of the memory ramp; the last one allocates the job's peak (or crashes)."""
@@ -486,7 +484,7 @@ class Simulation:
             return False
         run.ramp_step = step
         if step < RAMP_STEPS:
-            self.world.observe_memory(job_id, max(min(CONTEXT_MIB, run.peak_mib), run.peak_mib * step / RAMP_STEPS), now)
+            self.world.observe_memory(job_id, ramp_mib(run.peak_mib, step), now)
             return self.world.tick(now)
         gpus = run.gpus
         room = self.total[gpus] - self.used[gpus]
@@ -500,13 +498,15 @@ class Simulation:
                       if (r := self.running[o]).allocated]
             crashed = Holding(job_id, run.peak_mib, job_allowance_mib(run.job, run.room_mib))
             by = charged_to(crashed, beside) if run.limit_mib is None or run.peak_mib <= run.limit_mib else ()
-            self._stop(run, now)
+            resident = self._stop(run, now)
             job = self.scheduler.job_exited(job_id, ExitReport(Outcome.OOM, observed, "CUDA out of memory",
                                                                run.limit_mib, by),
                                             now)  # now: charges its GPU time to its user
             for h in beside:
                 if h.job_id in by:
                     self.scheduler.charge_overrun(h.job_id, h.held_mib)
+            if resident is not None and (known := carried_over(job, learned_here(resident.belief))) is not None:
+                job = self.scheduler.update(known)  # requeued: its next attempt starts known, as in the daemon
             record = self.records[job_id]
             record.oom_crashes = job.oom_crashes
             record.spans[-1][2:] = [now, "oom"]
@@ -541,8 +541,9 @@ class Simulation:
             return False
         resident = self._stop(run, now)
         command = self._by_id[job_id].workload.command
-        if resident is not None and resident.belief.source in ("measured", "inferred") and command is not None:
-            self.profiles.record(command, self._by_id[job_id].workload.program, as_history(resident.belief))
+        learned = None if resident is None else learned_here(resident.belief)
+        if learned is not None and command is not None:
+            self.profiles.record(command, self._by_id[job_id].workload.program, as_history(learned))
         job = self.scheduler.job_exited(job_id, ExitReport(Outcome.SUCCEEDED), now)
         self._close(job, now)
         return True
@@ -592,10 +593,9 @@ class Simulation:
                     here = max(1.0, here * error.factor(job_id, co_runners))
                 slowdown = max(slowdown, here)
             run.version += 1
-            if run.frozen:  # no progress until thawed; its memory stays
-                run.rate = 0.0
+            run.rate = progress_rate(slowdown, run.frozen)
+            if run.frozen:  # no progress until thawed (no finish to push); its memory stays
                 continue
-            run.rate = 1.0 / slowdown
             self._push(now + max(run.work_left, 0.0) / run.rate, _FINISH, job_id, run.version)
         self._realize(gpus, now)
         self._realize(beyond, now)
