@@ -30,8 +30,9 @@ here by recounting the snapshot's ``n_starting``; "pile-up taken back at once" f
 trial jobs of a GPU at once as the limit needs, ``SuspendRules.at_once``, where the others freeze
 one per GPU per ``settle_s``; "frozen room" keeps a GPU holding a job the scheduler froze from
 unpriced starts, ``Auto.frozen_room``; "reading alone" lets the gate read the GPU's load without
-what is known of its jobs, ``Auto.observe_known``). ``--variant NAME`` runs only the named ones. Deterministic, CPU
-only, a few minutes.
+what is known of its jobs, ``Auto.observe_known``; "thaw one" freezes the trial job that came last
+in the queue and thaws one per GPU at a time, the first, ``SuspendRules.thaw_one``). ``--variant
+NAME`` runs only the named ones. Deterministic, CPU only, a few minutes.
 """
 
 from __future__ import annotations
@@ -90,8 +91,17 @@ class SeenVouch(Auto):
 
 #: name -> (start-up bound on, auto's parameters, warming frees the slot); an ``at_once`` parameter
 #: takes a pile-up of trial jobs back in one step (``SuspendRules.at_once``), where every other
-#: variant freezes one job per GPU per settling period (the default)
+#: variant freezes one job per GPU per settling period (the default); a ``thaw_one`` parameter
+#: freezes the trial job that came last in the queue and thaws, per GPU, the one that came first,
+#: one per settling period (``SuspendRules.thaw_one``)
 VARIANTS: dict[str, tuple[bool, dict, bool]] = {
+    "defaults, thaw one": (True, {"thaw_one": True}, False),
+    "observe_slots=2": (True, {"observe_slots": 2}, False),
+    "observe_slots=2, thaw one": (True, {"observe_slots": 2, "thaw_one": True}, False),
+    "observe_slots=99, thaw one": (True, {"observe_slots": 99, "thaw_one": True}, False),
+    "observe_slots=99, at once, thaw one": (True, {"observe_slots": 99, "at_once": True, "thaw_one": True}, False),
+    "observe_slots=99, at once, frozen room, thaw one": (
+        True, {"observe_slots": 99, "at_once": True, "frozen_room": True, "thaw_one": True}, False),
     "defaults (one freeze per GPU per settle)": (True, {}, False),
     "reading alone (observe_known=False, the rule before)": (True, {"observe_known": False}, False),
     "defaults, pile-up taken back at once": (True, {"at_once": True}, False),
@@ -201,7 +211,8 @@ def run(data: Path, families: list[str] | None = None, variants: list[str] | Non
             if variants and name not in variants:
                 continue
             params = dict(params)
-            rules = SuspendRules(preempt=config.preemption, at_once=params.pop("at_once", False))
+            rules = SuspendRules(preempt=config.preemption, at_once=params.pop("at_once", False),
+                                 thaw_one=params.pop("thaw_one", False))
             with variant_world(bound, warming_frees):
                 policy = SeenVouch() if params.pop("seen_vouch", False) else make_policy("auto", **params)
                 sim = Simulation(nodes, trace, policy, config)

@@ -177,6 +177,13 @@ class Job:
         return self.oom_crashes > 0 or self.victim_crashes > 0
 
 
+def queue_key(job: Job) -> tuple:
+    """Queue order: recovered jobs first, then higher priority, then earlier submission. The
+    scheduler orders each user's queue so (``FairQueue`` merges the users' queues by usage between
+    priority and submission), and ``suspension.review`` freezes the job that came last by it and
+    thaws the one that came first: what a plain queue would have run first runs first."""
+    return (not job.recovered, -job.priority, job.submit_time, job.id)
+
 
 @dataclass(frozen=True, slots=True)
 class Utilization:

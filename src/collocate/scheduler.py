@@ -34,6 +34,7 @@ from collocate.model import (
     Rejection,
     Wait,
     WaitKind,
+    queue_key,
 )
 from collocate.policies.base import Policy
 from collocate.preemption import DEPTH, SCAN, Idle, may_preempt, preempt
@@ -158,12 +159,6 @@ class AloneAsWhole(Sequence[Job]):
     def __getitem__(self, i):
         item = self._queue[i]
         return [self._view(j) for j in item] if isinstance(i, slice) else self._view(item)
-
-
-def queue_key(job: Job) -> tuple:
-    """Within one user's queue: recovered jobs first, then higher priority, then earlier
-    submission (``FairQueue`` merges the users' queues by usage between priority and submission)."""
-    return (not job.recovered, -job.priority, job.submit_time, job.id)
 
 
 class Scheduler:

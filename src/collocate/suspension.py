@@ -13,8 +13,17 @@ idle) is taken back in one step: as many of the most recently started trial jobs
 once as it takes to bring the rest within the limit (each working job taken to cause an equal
 share of a neighbour's slowdown), then the GPU settles; by default one per GPU per settling
 period (measured, see ``at_once``). When room returns (a neighbour it was frozen beside ends, or
-is frozen itself) it is thawed.
-It is never killed for it: collocation may slow a job, never fail it.
+is frozen itself) it is thawed, never killed: collocation may slow a job, never fail it.
+
+By default every job frozen beside a job that ended thaws at that moment. With
+``SuspendRules.thaw_one`` trial jobs yield in queue order (``model.queue_key``: priority, then
+submission), as a plain queue would run them: the one frozen is the one that came last, and a GPU
+thaws one job at a time, the first in the queue of those whose room returned, once nothing there
+was frozen or thawed for ``settle_s`` and no job running there reads slowed past the limit, so
+jobs frozen together no longer thaw together, collide and are frozen again. Measured
+(``benchmarks/startup_trade.py``, results/startup_trade-2026-11-29d.md): fewer jobs worse off and
+a lower p95 on the synthetic and CARMA traces, nothing changed on issue 35's mix and the first run,
+more late starts on CARMA; off, since it does not shorten the mix's waits (docs/policies.md).
 
 A job of higher priority freezes lower ones instead of waiting for them (``collocate.preemption``,
 Slurm's ``PreemptMode=SUSPEND``): such a job is frozen *for* its preemptor (``suspended``
@@ -37,7 +46,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from collocate.model import Freeze, Job, JobState
+from collocate.model import Freeze, Job, JobState, queue_key
 
 __all__ = ["DEFAULT_RULES", "Freeze", "Neighbour", "SuspendRules", "Suspensions", "holds_room", "may_freeze", "review"]
 
@@ -64,6 +73,13 @@ class SuspendRules:
     #: as they were under the defaults and added jobs worse off on the synthetic (33 to 36) and
     #: CARMA traces (42 to 44, p95 1.78 to 2.04): jobs frozen together thaw together, and wait.
     at_once: bool = False
+    #: Whether trial jobs yield in queue order (``queue_key``: priority, then submission), as a
+    #: plain queue would run them: the one frozen is the one that came last, and when room returns
+    #: on a GPU only the frozen job that came first there is thawed, once no neighbour there reads
+    #: slowed past ``max_slowdown``, and the GPU settles for ``settle_s`` before the next thaw.
+    #: Off, the newest *started* is frozen and every job frozen beside a job gone thaws at once.
+    #: Off by default: measured (module docstring) it helps jobs' tail but not the mix's waits.
+    thaw_one: bool = False
     #: Whether a waiting job of higher priority freezes lower ones (``collocate.preemption``).
     preempt: bool = True
 
@@ -133,7 +149,11 @@ def review(jobs: Mapping[str, Job], watched: Iterable[str],
     settling: set[int] = set()  # devices where something was frozen or thawed recently
     for job_id in thaw if watched else ():  # what their GPUs measured was measured without them
         settling.update(d for n in neighbourhood(job_id) if n.job_id == job_id for d in n.devices)
-    order = sorted(watched, key=lambda j: jobs[j].started_at or 0.0, reverse=True)  # newest first
+    if rules.thaw_one:  # the one that came last in the queue first
+        order = sorted(watched, key=lambda j: queue_key(jobs[j]), reverse=True)
+    else:  # the newest started first
+        order = sorted(watched, key=lambda j: jobs[j].started_at or 0.0, reverse=True)
+    ready: list[str] = []  # frozen on trial, room returned: thawed after the freezes (``thaw_one``)
     cache: dict[str, Sequence[Neighbour]] = {}
 
     def view(job_id: str) -> Sequence[Neighbour]:
@@ -163,7 +183,9 @@ def review(jobs: Mapping[str, Job], watched: Iterable[str],
         if job.suspended == "trial":
             still = {n.job_id for n in others if not jobs[n.job_id].suspended}
             gone = [b for b in job.suspended_beside if b not in still]
-            if gone:
+            if gone and rules.thaw_one:
+                ready.append(job_id)
+            elif gone:
                 thaw.append(job_id)
                 settling.update(me.devices)
             continue
@@ -183,6 +205,7 @@ def review(jobs: Mapping[str, Job], watched: Iterable[str],
             settling.update(me.devices)
         taken[job_id] = (f"slowed job {worst.job_id} to {worst.slowdown:.1f}x ({how}{estimate}; limit "
                          f"{rules.max_slowdown:g}x): frozen until room returns")
+    thaw += _first_thaws(ready, taken, view, jobs, now, rules)
     for job_id, why in taken.items():  # beside: what runs on once the whole pile-up is taken back
         beside = tuple(n.job_id for n in view(job_id) if n.job_id != job_id and (o := jobs.get(n.job_id)) is not None
                        and not o.suspended and n.job_id not in taken)
@@ -207,6 +230,41 @@ def _after(n: Neighbour, taken: Mapping[str, str], view: Callable[[str], Sequenc
         there = [m.job_id for m in working if d in m.devices]
         share = max(share, sum(1 for j in there if j not in taken) / len(there) if there else 1.0)
     return 1.0 + (n.slowdown - 1.0) * share
+
+
+def _first_thaws(ready: Sequence[str], taken: Mapping[str, str], view: Callable[[str], Sequence[Neighbour]],
+                 jobs: Mapping[str, Job], now: float, rules: SuspendRules) -> list[str]:
+    """Which of the frozen trial jobs whose room returned (``ready``) to thaw with
+    ``SuspendRules.thaw_one``: on each GPU, the one that came first in the queue; none where a job
+    was frozen or thawed within ``settle_s`` or is frozen in this review (what the GPU reads does
+    not show the new mix yet), and none beside a job running unfrozen that reads slowed past
+    ``max_slowdown`` (the room that returned is not there yet). Thawed together, jobs frozen
+    together collide again and are frozen again a settling period later, each time.
+
+    A job frozen earlier in the queue whose room has not returned (a job it was frozen beside
+    still runs) does not hold back a later one whose room has: measured, holding it back kept
+    CARMA's jobs frozen about 1.4x as long, 52 jobs worse off against 38 (``startup_trade.py``,
+    results/startup_trade-2026-11-29d.md)."""
+    busy: set[int] = set()
+    for job_id in ready:
+        for n in view(job_id):
+            other = jobs.get(n.job_id)
+            if other is None:
+                continue
+            moved = max(other.suspended_at or -math.inf, other.thawed_at or -math.inf)
+            if n.job_id in taken or (n.job_id != job_id and now - moved < rules.settle_s):
+                busy.update(n.devices)
+    out: list[str] = []
+    for job_id in sorted(ready, key=lambda j: queue_key(jobs[j])):
+        around = view(job_id)
+        me = next(n for n in around if n.job_id == job_id)
+        if busy.intersection(me.devices) or any(
+                n.slowdown > rules.max_slowdown for n in around if n.job_id != job_id and n.job_id not in taken
+                and (other := jobs.get(n.job_id)) is not None and not other.suspended):
+            continue
+        out.append(job_id)
+        busy.update(me.devices)
+    return out
 
 
 def _runs(job: Job | None) -> bool:
