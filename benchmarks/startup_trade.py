@@ -110,6 +110,7 @@ VARIANTS: dict[str, tuple[bool, dict, bool]] = {
     "observe_slots=99, at once, frozen room": (True, {"observe_slots": 99, "at_once": True, "frozen_room": True}, False),
     "observe_slots=99, frozen room": (True, {"observe_slots": 99, "frozen_room": True}, False),
     "defaults, frozen room": (True, {"frozen_room": True}, False),
+    "defaults, frozen room, thaw one": (True, {"frozen_room": True, "thaw_one": True}, False),
     "observe_slots=2, at once, frozen room": (True, {"observe_slots": 2, "at_once": True, "frozen_room": True}, False),
     "before (no start-up bound)": (False, {}, False),
     "start-up bound (60 s)": (True, {}, False),
