@@ -62,10 +62,11 @@ def test_sleep_beside_busy_gpus_starts_at_once_and_ends_within_10_s(daemons):
             for k in range(3)]
     wait_for(lambda: all(d.job(j)["state"] == "running" for j in busy), 30, "the busy jobs to run")
     time.sleep(3.0)  # their activity shows
-    t0 = time.monotonic()
+    submitted = time.time()
     job = d.submit(["sleep", "1"], mem="1GiB")
-    d.wait_state(job, "done", timeout=10.0)
-    assert time.monotonic() - t0 < 10.0
+    ran = d.wait_state(job, "done", timeout=60.0)["attempts"][0]
+    # the job's own times, not when this test saw them: a loaded machine is slow to poll
+    assert ran["start"] - submitted < 5.0 and ran["end"] - submitted < 10.0, ran
 
 
 def test_a_job_that_slows_its_neighbour_past_the_limit_is_frozen_then_thawed_and_finishes(daemons):
