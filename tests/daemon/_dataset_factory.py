@@ -24,8 +24,15 @@ def other() -> list[dict[str, torch.Tensor]]:
 
 
 def slow() -> list[dict[str, torch.Tensor]]:
-    """``tiny`` after ``SLOW_FACTORY_S`` seconds (from the job's env): a loader slow to build."""
-    time.sleep(float(os.environ.get("SLOW_FACTORY_S", "5")))
+    """``tiny``, a loader slow to build: once the file ``SLOW_FACTORY_GATE`` exists (from the
+    job's env: still building until the test opens it, however loaded the machine), else after
+    ``SLOW_FACTORY_S`` seconds."""
+    gate = os.environ.get("SLOW_FACTORY_GATE")
+    if gate:
+        while not os.path.exists(gate):
+            time.sleep(0.05)
+    else:
+        time.sleep(float(os.environ.get("SLOW_FACTORY_S", "5")))
     return tiny()
 
 

@@ -103,10 +103,15 @@ def test_a_shell_through_the_queue_is_the_members_terminal(daemons, tmp_path: Pa
     term.expect("typed42")
     term.type("stty size\n")
     term.expect("31 97")
-    term.resize(44, 120)
-    time.sleep(0.5)
-    term.type("stty size\n")
-    term.expect("44 120")
+    term.resize(44, 120)  # relayed to the job's terminal by the client and the daemon: asked until it shows
+    deadline = time.monotonic() + 30.0
+    while "44 120" not in term.seen.decode(errors="replace"):
+        term.type("stty size\n")
+        try:
+            term.expect("44 120", timeout=1.0)
+        except AssertionError:
+            if time.monotonic() > deadline:
+                raise
     term.type("sleep 30; echo slept\n")
     time.sleep(1.0)
     term.type("\x03")  # Ctrl-C: SIGINT for the sleep, the shell stays

@@ -62,10 +62,11 @@ def test_sleep_beside_busy_gpus_starts_at_once_and_ends_within_10_s(daemons):
             for k in range(3)]
     wait_for(lambda: all(d.job(j)["state"] == "running" for j in busy), 30, "the busy jobs to run")
     time.sleep(3.0)  # their activity shows
-    t0 = time.monotonic()
+    submitted = time.time()
     job = d.submit(["sleep", "1"], mem="1GiB")
-    d.wait_state(job, "done", timeout=10.0)
-    assert time.monotonic() - t0 < 10.0
+    ran = d.wait_state(job, "done", timeout=60.0)["attempts"][0]
+    # the job's own times, not when this test saw them: a loaded machine is slow to poll
+    assert ran["start"] - submitted < 5.0 and ran["end"] - submitted < 10.0, ran
 
 
 def test_a_job_that_slows_its_neighbour_past_the_limit_is_frozen_then_thawed_and_finishes(daemons):
@@ -172,14 +173,16 @@ def test_a_job_frozen_while_it_waits_for_its_dataset_producer_starts_only_once_t
     # A job of higher priority freezes it then; the producer comes up while it is frozen: a job
     # recorded frozen must not run, so its start waits for the thaw (issue 35).
     d = daemons("--policy", "exclusive", gpus="emulated:1xA100-40GB")
+    built = tmp_path / "loader-built"  # the producer comes up once the low job is frozen
     low = d.submit([sys.executable, str(HERE / "dataset_job.py"), "20"], mem="1GiB", cwd=str(HERE),
-                   dataset="slow", dataset_factory="_dataset_factory:slow", env=["SLOW_FACTORY_S=4"])
+                   dataset="slow", dataset_factory="_dataset_factory:slow", env=[f"SLOW_FACTORY_GATE={built}"])
     wait_for(lambda: d.job(low)["reason"] == "waiting for dataset producer slow", 20, "the job to wait for its producer")
     gate = tmp_path / "gate"
     high = d.submit(gated_argv(gate), mem="1GiB", priority=5)
-    d.wait_state(high, "running", timeout=10.0)
+    d.wait_state(high, "running", timeout=30.0)
     frozen = d.job(low)
     assert frozen["suspended"] == "preempt" and frozen["state"] == "running", frozen
+    built.touch()
     wait_for(lambda: probe("slow", d.state_dir / "share") is not None, 40, "the producer to serve")
     folder = Path(frozen["attempts"][0]["dir"])
     wait_for(lambda: "its start waits until it is thawed" in (d.state_dir / "daemon.log").read_text()
@@ -196,12 +199,14 @@ def test_a_job_frozen_while_it_waits_for_its_dataset_producer_starts_only_once_t
     assert "consumed 20 samples" in d.client.request("logs", id=low, offset=0)["text"]
 
 
-def test_the_owner_suspends_a_job_still_waiting_for_its_producer_and_it_starts_only_on_resume(daemons):
+def test_the_owner_suspends_a_job_still_waiting_for_its_producer_and_it_starts_only_on_resume(daemons, tmp_path):
     d = daemons(gpus="emulated:1xA100-40GB")
+    built = tmp_path / "loader-built"  # the producer comes up once the job is suspended
     job = d.submit([sys.executable, str(HERE / "dataset_job.py"), "20"], mem="1GiB", cwd=str(HERE),
-                   dataset="slow", dataset_factory="_dataset_factory:slow", env=["SLOW_FACTORY_S=3"])
+                   dataset="slow", dataset_factory="_dataset_factory:slow", env=[f"SLOW_FACTORY_GATE={built}"])
     wait_for(lambda: d.job(job)["reason"] == "waiting for dataset producer slow", 20, "the job to wait for its producer")
     assert d.client.request("suspend", id=job)["state"] == "suspended"
+    built.touch()
     folder = Path(d.job(job)["attempts"][0]["dir"])
     wait_for(lambda: probe("slow", d.state_dir / "share") is not None, 40, "the producer to serve")
     wait_for(lambda: "its start waits until it is thawed" in (d.state_dir / "daemon.log").read_text()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from daemon_harness import job_argv
+from daemon_harness import gated_argv, job_argv
 
 CLI = [sys.executable, "-m", "collocate.cli"]
 
@@ -44,19 +44,23 @@ def test_a_bad_sweep_stores_nothing(daemons):
     assert d.client.request("ls", all=True) == []
 
 
-def test_a_job_after_another_starts_only_once_it_is_done_and_is_cancelled_if_it_fails(daemons):
+def test_a_job_after_another_starts_only_once_it_is_done_and_is_cancelled_if_it_fails(daemons, tmp_path):
     d = daemons()  # 2 GPUs: the dependent job could start at once if it did not wait
-    first = d.submit(job_argv(500, 1.5), mem="1GiB")
+    # the jobs depended on run until their gate opens: still running when the dependents are
+    # submitted, however long a loaded machine takes to start the CLI
+    first = d.submit(gated_argv(tmp_path / "first-may-end"), mem="1GiB")
     then = submit(d, "--mem", "1GiB", "--after", first, "--", *job_argv(500, 0.2)).stdout.strip()
     assert d.job(then)["reason"] == f"dependency: waits for job {first}"
     shown = cli(d, "show", then)
     assert f"after job(s) {first}" in " ".join(shown.stdout.split())  # show's fields: name, value beside
+    (tmp_path / "first-may-end").touch()
     done = d.wait_state(then, "done", timeout=60)
     assert done["attempts"][0]["start"] >= d.job(first)["attempts"][0]["end"] - 0.3
     # A failing dependency cancels its dependents, transitively; `wait` says so and exits 1.
-    bad = d.submit([sys.executable, "-c", "import time; time.sleep(1.5); raise SystemExit(3)"], mem="1GiB")
+    bad = d.submit(gated_argv(tmp_path / "bad-may-fail", exit_with="3"), mem="1GiB")
     child = submit(d, "--mem", "1GiB", "--after", bad, "--", *job_argv(500, 0.2)).stdout.strip()
     grandchild = submit(d, "--mem", "1GiB", "--after", child, "--", *job_argv(500, 0.2)).stdout.strip()
+    (tmp_path / "bad-may-fail").touch()
     waited = cli(d, "wait", bad, child, grandchild)
     assert waited.returncode == 1
     assert f"{child} cancelled: job {bad} it depends on ended failed" in waited.stdout

@@ -136,7 +136,7 @@ def test_background_delivery_keeps_the_caller_fast_and_in_order():
     t0 = time.monotonic()
     sinks.job_started(JobInfo("1"))
     sinks.job_ended("1", "done")
-    assert time.monotonic() - t0 < 0.5  # the caller only queued
+    assert time.monotonic() - t0 < 5.0  # the caller only queued: delivering would wait out the sink's 10 s
     assert sinks.status()[0]["pending"] == 2
     release.set()
     deadline = time.monotonic() + 10

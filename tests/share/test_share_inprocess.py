@@ -75,7 +75,9 @@ def test_finished_batches_are_released_within_a_tick_while_the_consumer_is_busy(
             next(it)  # batch 0 is finished now, and nothing references it
             busy = time.monotonic()
             while producer.stats()["head"] < 9:  # slot 0 reused: batch 0 was released
-                assert time.monotonic() - busy < 1.0, "a finished batch was not released while the consumer was busy"
+                # within a tick (``TICK_S``) on a quiet machine; a release that waits for the
+                # consumer's next batch never comes while it is busy, however long this waits
+                assert time.monotonic() - busy < 10.0, "a finished batch was not released while the consumer was busy"
                 time.sleep(0.01)
     finally:
         producer.stop(timeout=10)
