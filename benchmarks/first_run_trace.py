@@ -12,7 +12,8 @@ MLPs at the bottom of the range, launch-bound as gpu-facts.md measured them; DRA
 
 ``python benchmarks/first_run_trace.py --job NAME [--lr LR] --out PATH`` runs one job as an
 emulated training job (``collocate.gpus.emulate_job``: start-up, memory ramp, first steps, then
-steady activity, its step reported every 0.25 s as a training loop logs it), so the daemon sees one script with different arguments, as it did on the GPU:
+steady activity, its step reported every 0.25 s as a training loop logs it), so the daemon sees one script with
+different arguments, as it did on the GPU:
 the MLP sweep's points are one family (``collocate.identity``), ``--job lstm`` and ``--job mlp``
 are not, and a resubmission with another ``--out`` is the same job.
 """

@@ -350,7 +350,7 @@ def main() -> None:
         samples.setdefault(key, []).append(value)
         print(f"{key}: {shown}", flush=True)
 
-    for rnd in range(1, args.rounds + 1):  # interleaved so load from other users hits every configuration alike
+    for rnd in range(1, args.rounds + 1):  # noqa: B007 (record() reads it); interleaved so load from other users hits every configuration alike
         record("single", lambda q: bench_mode("single", 1, args.workers, args.warmup, args.window, q))
         for k in args.consumers:
             for mode in modes:
@@ -481,8 +481,8 @@ def markdown(result: dict[str, Any]) -> str:
                      f"{cell(r, 'tensorsocket', f'(c) tensorsocket, K = {k}')} | {_ratio(r['share_over_K_T1'])} | "
                      f"{_ratio(best)} | {_ratio(vs_a)} | {_ratio(ratio_c)} |")
     lines += new_notes()
-    fmt = lambda v: "error" if v is None else f"{v:.0f}"
-    raw = "; ".join(f"{k}: {', '.join(fmt(v) for v in vals)}" for k, vals in result["all_measurements"].items())
+    raw = "; ".join(f"{k}: {', '.join('error' if v is None else f'{v:.0f}' for v in vals)}"
+                    for k, vals in result["all_measurements"].items())
     lines += ["", f"All runs (samples/s): {raw}."]
     amp = result.get("tensorsocket_pickle")
     if amp:

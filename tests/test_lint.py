@@ -1,4 +1,4 @@
-"""The lint and type gate: ruff (package and tests) and mypy (package) must report nothing, both configured
+"""The lint and type gate: ruff (package, tests, benchmarks) and mypy (package) must report nothing, both configured
 in pyproject.toml and pinned in the ``dev`` extra."""
 
 import importlib.util
@@ -19,8 +19,8 @@ def _run(tool: str, *args: str, paths: list[str], timeout: float = 300) -> subpr
                           text=True, timeout=timeout, check=False)
 
 
-def test_ruff_finds_nothing_in_the_package_and_its_tests():
-    out = _run("ruff", "check", "--no-cache", paths=[PACKAGE, "tests"])
+def test_ruff_finds_nothing_in_the_package_its_tests_and_benchmarks():
+    out = _run("ruff", "check", "--no-cache", paths=[PACKAGE, "tests", "benchmarks"])
     assert out.returncode == 0, out.stdout + out.stderr
 
 

@@ -31,7 +31,8 @@ recovered, every job's end state, per-job peak (NVML, from the daemon's attempts
 estimate and declaration, and the daemon's ``ls`` rows (state, reason, wait) every
 ``--snapshot-s`` seconds. ``--out`` gets ``summary.json``, ``summary.md``, ``trace.json``,
 ``history.sqlite`` (after the exclusive run) and one folder per run (``snapshots.jsonl``,
-``jobs.json``, ``daemon.log``, ``job-logs/``: the end of each attempt's output). The simulator's prediction for the first runs uses the exclusive
+``jobs.json``, ``daemon.log``, ``job-logs/``: the end of each attempt's output). The simulator's prediction for
+the first runs uses the exclusive
 run's measured solo durations, peaks and activities (``--profiles unknown``: what a fresh daemon
 knows); without an exclusive run in the folder it is skipped with a note.
 
@@ -451,7 +452,8 @@ def report(out: Path, env: dict, trace: dict, runs: list[dict], sims: list[dict]
     for j in trace["jobs"]:
         p = peaks.get(j["name"])
         lines.append(f"| {j['name']} | {j['declared']} | {j['estimate_mib']} | {p or 'n/a'} | "
-                     f"{round(p / j['estimate_mib'], 2) if p and j['estimate_mib'] else 'n/a'} | {j['steps']} | {j['solo_step_s'] * 1000:.1f} |")
+                     f"{round(p / j['estimate_mib'], 2) if p and j['estimate_mib'] else 'n/a'} | {j['steps']} | "
+                     f"{j['solo_step_s'] * 1000:.1f} |")
     lines += [""] + [f"- {n}" for n in notes]
     (out / "summary.md").write_text("\n".join(lines) + "\n")
 

@@ -106,9 +106,8 @@ class FakeNvml:
         return s
 
     def c_nvmlGpmMetricsGet_t(self) -> Any:
-        metric = lambda: SimpleNamespace(metricId=0, nvmlReturn=-1, value=0.0)
         return SimpleNamespace(version=0, numMetrics=0, sample1=None, sample2=None,
-                               metrics=[metric() for _ in range(8)])
+                               metrics=[SimpleNamespace(metricId=0, nvmlReturn=-1, value=0.0) for _ in range(8)])
 
     def nvmlGpmMetricsGet(self, request: Any) -> Any:
         values = {pynvml.NVML_GPM_METRIC_SM_UTIL: 80 * self.busy,
