@@ -166,7 +166,7 @@ def review(jobs: Mapping[str, Job], watched: Iterable[str],
             other = jobs.get(n.job_id)
             if other is None:
                 continue
-            moved = max(other.suspended_at or -math.inf, other.thawed_at or -math.inf)
+            moved = _last_moved(other)
             if now - moved < rules.settle_s:
                 settling.update(n.devices)
                 recheck = min(recheck, moved + rules.settle_s)
@@ -251,7 +251,7 @@ def _first_thaws(ready: Sequence[str], taken: Mapping[str, str], view: Callable[
             other = jobs.get(n.job_id)
             if other is None:
                 continue
-            moved = max(other.suspended_at or -math.inf, other.thawed_at or -math.inf)
+            moved = _last_moved(other)
             if n.job_id in taken or (n.job_id != job_id and now - moved < rules.settle_s):
                 busy.update(n.devices)
     out: list[str] = []
@@ -265,6 +265,11 @@ def _first_thaws(ready: Sequence[str], taken: Mapping[str, str], view: Callable[
         out.append(job_id)
         busy.update(me.devices)
     return out
+
+
+def _last_moved(job: Job) -> float:
+    """When ``job`` was last frozen or thawed (-inf: never): what a GPU reads settles after it."""
+    return max(job.suspended_at or -math.inf, job.thawed_at or -math.inf)
 
 
 def _runs(job: Job | None) -> bool:
