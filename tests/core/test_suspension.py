@@ -178,6 +178,10 @@ def test_the_simulator_freezes_a_job_that_turned_out_heavy_and_every_job_ends_do
     assert len({round(w, 6) for _, w, _, _ in seen}) == 1  # frozen: no progress
     assert all(used >= 2 * 8000.0 for _, _, used, _ in seen)  # ... and its memory kept
     assert all(by == "trial" for *_, by in seen)
+    # its record says when: frozen as first seen frozen, thawed as `a` ended (parity compares them)
+    (since, until), = records["b"].frozen
+    assert since == seen[0][0] and until == pytest.approx(records["a"].end)
+    assert until - since == pytest.approx(result.frozen_seconds)
 
 
 @pytest.mark.parametrize("at_once", [True, False])

@@ -7,7 +7,7 @@ differs is the clock, the GPUs (emulated processes vs simulated arrays) and the 
 trace is one where observing changes decisions: light and heavy jobs nobody has measured, each
 with a start-up, all submitted at once. Priced at the prior, the light ones could not all share;
 priced by their GPU's readings they do, and the heavy ones, once read, are kept apart. So the
-order in which jobs start and whom each job shares its GPU with must agree, and so must makespans.
+order in which jobs start and whom each job runs unfrozen beside must agree, and so must makespans.
 
 What the simulator cannot know is what a real process costs the machine before its job begins
 (the interpreter, the imports) and after it ends: half a second on a quiet machine, several on
@@ -22,7 +22,9 @@ length, so a loaded machine's costs would make it decide differently from the da
 
 from __future__ import annotations
 
+import math
 import re
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -43,12 +45,32 @@ PERIOD_S = 0.1  # the test daemons' sampling period (conftest)
 TOLERANCE = 0.25  # makespans agree within 25 % (the daemon's period and rounds, readings' timing)
 
 
-def _shares(spans: dict[str, tuple[float, float, str]]) -> dict[str, frozenset[str]]:
-    """Whom each job shared its GPU with: jobs on the same GPU whose runs overlap its own by more
-    than 0.5 s (a job that starts as another ends shared nothing with it)."""
-    return {job: frozenset(o for o, (s, e, g) in spans.items()
-                           if o != job and g == gpu and min(end, e) - max(start, s) > 0.5)
-            for job, (start, end, gpu) in spans.items()}
+def _running(span: tuple[float, float, str], frozen: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The stretches of a job's run it spent unfrozen: its span less its freezes."""
+    stretches, at = [], span[0]
+    for s, e in sorted(frozen):
+        if s > at:
+            stretches.append((at, min(s, span[1])))
+        at = max(at, e)
+    return stretches + ([(at, span[1])] if at < span[1] else [])
+
+
+def _shares(spans: dict[str, tuple[float, float, str]],
+            frozen: dict[str, list[tuple[float, float]]]) -> dict[str, frozenset[str]]:
+    """Whom each job shared its GPU with: jobs on the same GPU that ran unfrozen beside it for more
+    than 0.5 s in all (a job that starts as another ends shared nothing with it). A frozen job
+    (``collocate.suspension``) shares nothing: it holds memory, not the GPU. Two heavy jobs kept
+    apart are apart whether one waits queued or frozen, and which of them yields turns on when
+    start-ups end (on a loaded machine the daemon may start the second heavy job in the round it
+    starts a light one, and freeze the light one or the other heavy one instead); whether they
+    ever run together is the decision the worlds must agree on."""
+    runs = {job: _running(span, frozen.get(job, [])) for job, span in spans.items()}
+
+    def beside(a: str, b: str) -> float:
+        return sum(max(0.0, min(e1, e2) - max(s1, s2)) for s1, e1 in runs[a] for s2, e2 in runs[b])
+
+    return {job: frozenset(o for o, (_, _, g) in spans.items() if o != job and g == gpu and beside(job, o) > 0.5)
+            for job, (_, _, gpu) in spans.items()}
 
 
 def _order(spans: dict[str, tuple[float, float, str]]) -> list[str]:
@@ -73,10 +95,29 @@ def _simulate_result(policy: str, sharing: str, spawn: dict[str, float] | None =
     return Simulation(parse_cluster("1xA100-40GB"), _trace(spawn), make_policy(policy), config).run()
 
 
-def _simulate(policy: str, sharing: str, spawn: dict[str, float] | None = None) -> tuple[dict, float]:
+def _simulate(policy: str, sharing: str, spawn: dict[str, float] | None = None) -> tuple[dict, dict, float]:
+    """Each job's span, its freezes and the makespan, as the simulator ran them."""
     result = _simulate_result(policy, sharing, spawn)
     spans = {r.id: (r.start, r.end, r.last_gpus.rsplit(":", 1)[-1]) for r in result.records}
-    return spans, result.makespan_s
+    return spans, _sim_freezes(result.records), result.makespan_s
+
+
+def _sim_freezes(records) -> dict[str, list[tuple[float, float]]]:
+    """Each job's freezes as the simulator recorded them (one still on at its end: to its end)."""
+    return {r.id: [(s, r.end if e is None else e) for s, e in r.frozen] for r in records}
+
+
+def _daemon_freezes(log: str, first: float) -> dict[str, list[tuple[float, float]]]:
+    """Each job's freezes as the daemon carried them out (its log's "job N: frozen (…" and
+    "thawed (…" lines, stamped to the millisecond in local time), from ``first``."""
+    frozen: dict[str, list[tuple[float, float]]] = {}
+    for stamp, job, what in re.findall(r"^(\S+ \S+) INFO job (\d+): (frozen|thawed) \(", log, re.M):
+        at = datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp() - first
+        if what == "frozen":
+            frozen.setdefault(job, []).append((at, math.inf))
+        else:
+            frozen[job][-1] = (frozen[job][-1][0], at)
+    return frozen
 
 
 def _process_cost(attempt: dict) -> float:
@@ -88,11 +129,15 @@ def _process_cost(attempt: dict) -> float:
     return attempt["end"] - attempt["start"] - float(counted.group(1))
 
 
-def _shown(spans: dict, sim_spans: dict, spawn: dict[str, float]) -> str:
-    """Both worlds' spans side by side, one job a line: what a failure shows."""
+def _shown(spans: dict, sim_spans: dict, spawn: dict[str, float], frozen: dict | None = None,
+           sim_frozen: dict | None = None) -> str:
+    """Both worlds' spans (and freezes) side by side, one job a line: what a failure shows."""
+    def freezes(f: dict | None, j: str) -> str:
+        return "".join(f" frozen {s:.2f}-{e:.2f}" for s, e in (f or {}).get(j, []))
+
     return "\n" + "\n".join(
-        f"job {j}: daemon {spans[j][0]:6.2f}-{spans[j][1]:6.2f} gpu {spans[j][2]}  "
-        f"simulator {sim_spans[j][0]:6.2f}-{sim_spans[j][1]:6.2f} gpu {sim_spans[j][2]}  "
+        f"job {j}: daemon {spans[j][0]:6.2f}-{spans[j][1]:6.2f} gpu {spans[j][2]}{freezes(frozen, j)}  "
+        f"simulator {sim_spans[j][0]:6.2f}-{sim_spans[j][1]:6.2f} gpu {sim_spans[j][2]}{freezes(sim_frozen, j)}  "
         f"process cost {spawn[j]:.2f} s" for j in sorted(spans, key=int))
 
 
@@ -111,14 +156,15 @@ def test_the_daemon_and_the_simulator_share_gpus_alike(daemons, policy, sharing)
              for j, dt in details.items() for a in dt["attempts"][-1:]}
     makespan = max(r["end_time"] for r in rows) - first
     spawn = {j: _process_cost(dt["attempts"][-1]) for j, dt in details.items()}
-    sim_spans, _ = _simulate(policy, sharing)
-    seen = _shown(spans, sim_spans, spawn)
+    frozen = _daemon_freezes((d.state_dir / "daemon.log").read_text(), first)
+    sim_spans, sim_frozen, _ = _simulate(policy, sharing)
+    seen = _shown(spans, sim_spans, spawn, frozen, sim_frozen)
     assert _order(spans) == _order(sim_spans), seen
-    assert _shares(spans) == _shares(sim_spans), seen
-    timed_spans, sim_makespan = _simulate(policy, sharing, spawn)  # told what each process cost
+    assert _shares(spans, frozen) == _shares(sim_spans, sim_frozen), seen
+    timed_spans, _, sim_makespan = _simulate(policy, sharing, spawn)  # told what each process cost
     assert sim_makespan == pytest.approx(makespan, rel=TOLERANCE), _shown(spans, timed_spans, spawn)
     if policy == "auto":  # what was learned changed decisions: all three light jobs shared
-        assert {"1", "2"} <= _shares(spans)["3"]
+        assert {"1", "2"} <= _shares(spans, frozen)["3"]
     if (policy, sharing) == ("auto", "time-slicing"):
         # time-sliced, a heavy job started on trial slows the light ones past 2x once the
         # readings price it: both worlds take one back by freezing it (issue 35)
@@ -130,9 +176,9 @@ def test_the_simulator_with_nothing_learned_would_decide_otherwise():
     """The parity above is about learning: told nothing ever, the simulator places this trace
     differently (the third light job waits for a first to end)."""
     for sharing in ("time-slicing", "mps"):
-        learned, _ = _simulate("auto", sharing)
+        learned, learned_frozen, _ = _simulate("auto", sharing)
         blind = Simulation(parse_cluster("1xA100-40GB"), _trace(), make_policy("auto"),
                            SimConfig(sharing=SharingMode(sharing), estimator="declared", profiles="blind",
                                      ramp_s=0.0, period_s=PERIOD_S)).run()
         blind_spans = {r.id: (r.start, r.end, r.last_gpus.rsplit(":", 1)[-1]) for r in blind.records}
-        assert _shares(blind_spans) != _shares(learned), sharing
+        assert _shares(blind_spans, _sim_freezes(blind.records)) != _shares(learned, learned_frozen), sharing

@@ -156,6 +156,7 @@ class SimJobRecord:
     last_gpus: str = ""
     reason: str = ""
     spans: list[list] = field(default_factory=list)  # [gpus, start, end, outcome] per attempt
+    frozen: list[list] = field(default_factory=list)  # [start, end] per freeze (end None: it ended frozen)
 
     @property
     def completion_s(self) -> float | None:
@@ -400,8 +401,10 @@ class Simulation:
         run.frozen = frozen
         if frozen:
             run.frozen_since = now
+            self.records[job_id].frozen.append([now, None])
         else:
             self.frozen_seconds += now - run.frozen_since
+            self.records[job_id].frozen[-1][1] = now
         self.world.freeze(job_id, now, frozen, self.scheduler.jobs[job_id].suspended)  # as recorded
         self._rerate(run.gpus, now)
 
