@@ -104,18 +104,19 @@ def test_a_job_that_slows_its_neighbour_past_the_limit_is_frozen_then_thawed_and
 
 def test_the_owner_suspends_and_resumes_a_job_and_its_time_limit_waits(daemons):
     d = daemons(gpus="emulated:1xA100-40GB")
-    job = d.submit(job_argv(1000, 30, None, 0.2, "--steps-per-s", "20", "--job", "mine"), mem="2GiB", time=8)
+    job = d.submit(job_argv(1000, 30, None, 0.2, "--steps-per-s", "20", "--job", "mine"), mem="2GiB", time=14)
+    # --time 14 s: room for a slow start under load before it is frozen
     wait_for(lambda: _steps(d.job(job)) > 10, 30, "the job to report steps")
     assert d.client.request("suspend", id=job)["state"] == "suspended"
     shown = d.job(job)
     assert shown["suspended"] == "user" and shown["state"] == "running"
     assert d.client.request("gpus")[0]["frozen"] == 0  # only `resume` thaws it: it holds no room back
     before = _steps(shown)
-    time.sleep(10.0)  # past its --time of 8 s, frozen: its limit does not run
+    time.sleep(15.0)  # past its --time of 14 s, frozen: its limit does not run
     shown = d.job(job)
     assert shown["state"] == "running" and _steps(shown) == before
     row = next(r for r in d.client.request("ls") if r["id"] == job)  # TIME leaves the freeze out
-    assert row["frozen_s"] >= 9.0 and row["elapsed_s"] - row["frozen_s"] < 8.0 + 2.0, row
+    assert row["frozen_s"] >= 14.0 and row["elapsed_s"] - row["frozen_s"] < 14.0 + 2.0, row
     # the scheduler never thaws what its owner suspended; resume does
     assert d.client.request("resume_job", id=job)["state"] == "running"
     wait_for(lambda: _steps(d.job(job)) > before, 10, "the job to step again")
