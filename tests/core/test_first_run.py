@@ -376,3 +376,23 @@ def test_the_simulator_starts_no_unpriced_job_beside_time_sliced_jobs_whose_read
     else:
         assert records["c"].start == pytest.approx(40.0) and known_at_launch["c"] >= 0.8
         assert result.frozen_seconds > 300.0
+
+
+def test_a_job_priced_by_a_prior_is_not_placed_where_its_own_freeze_is_predicted():
+    # CARMA's worst job (issue 35): a measured job at 0.74 SM / 0.4 DRAM and a newcomer at its
+    # prior, predicted to slow it to 2.0x for a gain of 0.13, passed the gain gate, went on trial
+    # and was frozen at the first reading past 2x, again and again. A job on trial is placed only
+    # where the model predicts nobody at the freeze limit (``startup_max_slowdown``) or past it
+    busy = ClusterSnapshot.from_views([_gpu(jobs=1, committed=8 * GIB)], now=100.0).evolve(
+        sm_sum=np.array([0.74]), dram_sum=np.array([0.4]), util_sm=np.array([0.9]),
+        sm_recent=np.array([0.9]), sm_known=np.array([0.74]))
+    newcomer = Job("new", mem_mib=1 * GIB, mem_source="declared")  # profile_source "assumed"
+    plan = make_policy("auto")([newcomer], busy)
+    assert not plan.placements
+    assert "limit 2x for a job not yet seen" in plan.waits["new"].detail
+    # the same job known at that profile is not on trial: the gain gate alone decides
+    known = newcomer.evolve(profile=JobProfile(0.5, 0.2), profile_source="history")
+    assert [(p.job_id, p.trial) for p in make_policy("auto")([known], busy).placements] == [("new", False)]
+    # a lighter neighbour leaves the prior's prediction under the limit: it joins, on trial
+    light = busy.evolve(sm_sum=np.array([0.5]), dram_sum=np.array([0.2]), sm_known=np.array([0.5]))
+    assert [(p.job_id, p.trial) for p in make_policy("auto")([newcomer], light).placements] == [("new", True)]

@@ -53,7 +53,10 @@ placement adds the most total training progress?" and answers with the interfere
   working, the scheduler freezes it if a neighbour is seen slowed past the limit, and thaws it
   when room returns (``collocate.suspension``). Waiting on the prior left ``sleep 1`` pending
   for minutes beside two H100s reading 48% SM (issue 35). A job across nodes or an interactive
-  job, which are never frozen, is never started on trial past the slowdown bound.
+  job, which are never frozen, is never started on trial past the slowdown bound. A job priced by
+  a prior goes on trial wherever it joins others, so the gain gate too places it only where the
+  model predicts nobody at ``startup_max_slowdown`` or past it: placed at a predicted 2x, it was
+  frozen at the first reading past 2x (CARMA's worst job, frozen 12 times, docs/policies.md).
   With ``observe_known`` (on), the load the gate reads is at least what is known to be there:
   the summed solo SM of the GPU's working jobs whose activity was observed (measured, inferred,
   history; never a prior: ``ClusterSnapshot.sm_known``). Under time-slicing a GPU reads about
@@ -239,9 +242,11 @@ class Auto:
             if readers:
                 gain = gain + self.dataset_affinity * np.isin(candidates, readers)
             passes = ok & (gain >= min_gain) & usable[candidates]
+            if job.profile_source in _PRIORS:  # it goes on trial: never where its own freeze is predicted
+                passes &= worst < self.startup_max_slowdown
             placed = _PLACED
             if not passes.any():  # past the gate only where it may start unpriced, on trial
-                passes = (by_model & (worst <= self.startup_max_slowdown)) | on_room
+                passes = (by_model & (worst < self.startup_max_slowdown)) | on_room
                 placed = _TRIAL
             if passes.any():
                 chosen, gain = candidates[passes], gain[passes]
@@ -304,6 +309,10 @@ class Auto:
         if worst[best] > self.max_slowdown:
             return Wait(WaitKind.SLOWDOWN, f"on {cluster.ids[gpu]} it would slow {who} from {before:.1f}x "
                                            f"to {worst[best]:.1f}x (limit {self.max_slowdown:g}x)")
+        if job.profile_source in _PRIORS and worst[best] >= self.startup_max_slowdown:
+            return Wait(WaitKind.SLOWDOWN, f"on {cluster.ids[gpu]} it would slow {who} from {before:.1f}x to "
+                                           f"{worst[best]:.1f}x (limit {self.startup_max_slowdown:g}x for a job "
+                                           f"not yet seen, which starts on trial)")
         return Wait(WaitKind.SLOWDOWN, f"on {cluster.ids[gpu]} it would slow {who} from {before:.1f}x to "
                                        f"{worst[best]:.1f}x for a gain of {gain[best]:.2f} (needs {min_gain:.2f})")
 
