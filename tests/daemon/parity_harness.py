@@ -66,7 +66,7 @@ class DaemonRun:
     arrivals: dict[str, float]
     spawn: dict[str, float]  # each job's last attempt's process cost
     details: dict[str, dict]  # ``show`` of each job at the end
-    told: dict[str, str]  # the activity's source each job was priced from at submission
+    told: dict[str, str]  # the activity's source each job was priced from when it was submitted
     log: str
 
 
@@ -74,12 +74,16 @@ def run_daemon(d: Daemon, runs: list[TraceRun], ramp_s: float = 0.0, timeout: fl
     """Submit the trace to a started daemon and wait for every job to be done."""
     ids: list[str] = []
     told: dict[str, str] = {}
+
+    def priced() -> None:  # asked once a batch is in, so that jobs submitted together arrive together
+        told.update({j: d.job(j)["profile"]["source_kind"] for j in ids if j not in told})
+
     for run in runs:
         if run.after is not None:
+            priced()
             d.wait_state(*run.after, timeout=timeout)
-        job = d.submit(run.argv(ramp_s), mem=f"{run.declared_mib or run.mem_mib:.0f}MiB", gpus=run.gpus)
-        told[job] = d.job(job)["profile"]["source_kind"]
-        ids.append(job)
+        ids.append(d.submit(run.argv(ramp_s), mem=f"{run.declared_mib or run.mem_mib:.0f}MiB", gpus=run.gpus))
+    priced()
     assert ids == [str(k + 1) for k in range(len(runs))], ids
     rows = wait_for(lambda: (r := d.client.request("ls", all=True)) and all(x["state"] == "done" for x in r) and r,
                     timeout, "every job done")

@@ -36,7 +36,6 @@ def _compare(got: DaemonRun, runs: list[TraceRun], policy: str, sharing: str, gp
     sim, result = simulate(sim_trace(runs, got.arrivals, ramp_s=ramp_s), policy, sharing, gpus, ramp_s)
     spans, frozen = sim_spans(result), sim_freezes(result)
     seen = shown(got.spans, spans, got.spawn, got.frozen, frozen)
-    print(seen, got.told)
     assert order(got.spans) == order(spans), seen
     assert {j: g for j, (_, _, g) in got.spans.items()} == {j: g for j, (_, _, g) in spans.items()}, seen
     assert shares(got.spans, got.frozen) == shares(spans, frozen), seen
@@ -58,7 +57,7 @@ def test_a_job_on_two_gpus_beside_single_gpu_jobs(daemons):
     d = daemons("--policy", "auto", gpus="emulated:2xA100-40GB")
     got = run_daemon(d, runs)
     _compare(got, runs, "auto", "time-slicing", "2xA100-40GB")
-    assert len(got.spans["3"][2]) == 2
+    assert len(got.spans["3"][2]) == 2 and shares(got.spans, got.frozen)["3"] == {"1", "2", "4"}
 
 
 def test_an_out_of_memory_requeue(daemons):
