@@ -509,7 +509,9 @@ class World:
                     other_mib: float = 0.0) -> None:
         """Device ``i`` reads these levels from ``now`` on (SM and DRAM activity, occupancy as
         fractions; None: not reported), has ``free_mib`` free and ``other_mib`` held by
-        processes that are no resident's."""
+        processes that are no resident's. SM and DRAM activity come in whole-GPU units from
+        every feeder (on a MIG instance, its share of its GPU's work), occupancy relative to
+        the device."""
         self._integrate(i, now)
         st = self.state[i]
         st.sm, st.dram, st.occupancy, st.level_at = sm, dram, occupancy, now
@@ -521,10 +523,11 @@ class World:
             self.other[i] = other_mib
             for j in st.residents:  # a job of unknown memory commits what others leave
                 self._recommit(self.residents[j], now)
-        if st.window is not None:
-            st.window[0].append(sm)
-            st.window[1].append(sm * OCCUPANCY_PER_SM if occupancy is None else occupancy)
-            st.window[2].append(dram or 0.0)
+        if st.window is not None:  # the risk filter's window reads the device relative to its own SMs
+            busy = float(self.level_sm[i])
+            st.window[0].append(busy)
+            st.window[1].append(busy * OCCUPANCY_PER_SM if occupancy is None else occupancy)
+            st.window[2].append(min(1.0, (dram or 0.0) / self.speed[i]))
         if st.segment is not None and dram is None:
             st.segment.has_dram = False
         self._refresh_util(i)

@@ -382,3 +382,24 @@ def test_a_job_using_no_gpu_past_the_longest_start_up_stops_holding_its_gpus_sta
     start = {r.id: r.start for r in result.records}
     assert start["a"] == start["x"] == 0.0
     assert start["b"] == pytest.approx(STARTUP_MAX_S)  # not 300 s, when a first holds memory
+
+
+def test_a_job_crashes_at_the_ramp_step_past_its_fence_and_its_next_attempt_runs_whole():
+    """Declared 1,000 MiB, it ramps to 6,000 in four steps: the second (3,000 MiB) passes its
+    fence, so it crashes there, and its requirement is raised from what it held and tried to
+    allocate, as PyTorch's message tells the daemon (3,000 x 1.25 + 512). Its next attempt runs
+    its whole duration: the crashed attempt's finish, still queued, does not end it."""
+    from collocate.model import JobProfile, SharingMode
+    from collocate.sim.trace import TraceJob, Workload
+
+    def job(i: str, sm: float, peak: float, declared: float) -> TraceJob:
+        return TraceJob(i, 0.0, Workload(f"j{i}", 1, 10.0, peak, {"declared": declared}, JobProfile(sm, sm / 2)))
+
+    config = SimConfig(sharing=SharingMode.TIME_SLICING, estimator="declared", ramp_s=2.0)
+    sim = Simulation(parse_cluster("1xA100-40GB"), [job("1", 0.1, 4000.0, 4000.0), job("2", 0.3, 6000.0, 1000.0)],
+                     make_policy("auto"), config)
+    crashed = sim.run().records[1]
+    (_, start, end, outcome), (_, again, done, last) = crashed.spans
+    assert (outcome, last) == ("oom", "done") and end - start == pytest.approx(1.0)  # 2 of 4 steps of 2 s
+    assert sim.scheduler.jobs["2"].mem_mib == pytest.approx(3000.0 * 1.25 + 512.0)
+    assert done - again >= 10.0

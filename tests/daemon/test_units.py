@@ -409,6 +409,33 @@ def test_policies_see_a_mig_instance_at_its_share_of_the_gpu(tmp_path):
     assert [round(s, 3) for s in snap.speed] == [1.0, round(42 / 98, 3), round(56 / 98, 3)]
 
 
+def test_a_mig_instance_reads_alike_from_the_daemons_watch_and_the_simulators_meters(tmp_path):
+    """A monitor reads a MIG instance relative to its own SMs; the simulator's meters give the
+    same activity in whole-GPU units. The watch hands the world whole-GPU units too, so a job
+    doing a fifth of a whole GPU's work reads the same level on a 3g instance in both worlds
+    (relative to the instance: 0.2 / (42/98)), not that level divided by the instance's share
+    again."""
+    import os
+
+    from collocate.gpus.emulated import EmulatedBackend
+    from collocate.gpus.emulated_state import process_start_time
+    from collocate.world import Device, World
+
+    backend = EmulatedBackend.create(tmp_path, "1xA100-40GB:mig0=3g.20gb,4g.20gb", node="n0")
+    watch = GpuWatch(backend, sharing=SharingMode.TIME_SLICING, params=None, window=5)
+    uuid = watch.devices[0].uuid
+    assert backend.store.claim(uuid, os.getpid(), process_start_time(os.getpid()), 1000, 0.2, 0.1) is None
+    watch.read()
+    watch.observe({}, now=1.0)
+    fed = World([Device(d.id, d.total_mib, d.sm_fraction) for d in watch.devices],
+                sharing=SharingMode.TIME_SLICING, params=None, window=None)
+    fed.set_reading(0, 1.0, 0.2, 0.1, other_mib=1000.0)  # the simulator's meters: whole-GPU units
+    daemon, simulator = watch.snapshot(1.0), fed.snapshot(1.0)
+    assert daemon.sm_recent[0] == pytest.approx(simulator.sm_recent[0]) == pytest.approx(0.2 / (42 / 98))
+    assert daemon.util_sm[0] == pytest.approx(simulator.util_sm[0])
+    assert daemon.util_dram[0] == pytest.approx(simulator.util_dram[0]) == pytest.approx(0.1 / (42 / 98))
+
+
 @given(st.text(), st.integers(1, 64))
 def test_log_chunks_never_split_a_character(text, chunk):
     """Read in chunks the way `logs -f` does: the pieces decode to the text, with no replacement marks."""

@@ -2,7 +2,8 @@
 
 Each sampling period the watch reads the backend once and tells the world what the simulator's
 meters tell it in a simulation: per device its SM, occupancy and DRAM activity (GPM where the GPU
-has it, else NVML's utilization), its free memory, and the memory held by processes that belong
+has it, else NVML's utilization; SM and DRAM activity in whole-GPU units, as the simulator's,
+where a monitor reads a MIG instance relative to its own SMs), its free memory, and the memory held by processes that belong
 to no running attempt (an MPS server aside: ``is_helper``); per job the memory its processes
 hold on its most loaded GPU (a job's processes are its runner's process tree), and the steps
 jobs report with their metrics. Everything the
@@ -36,6 +37,7 @@ class GpuWatch:
         self.by_uuid = {d.uuid: d for d in self.devices}
         self.position = {d.uuid: i for i, d in enumerate(self.devices)}
         self.uuid_of = {d.id: d.uuid for d in self.devices}  # kept, not rebuilt per launch
+        self.speed = [d.sm_fraction for d in self.devices]  # each device's share of its GPU's SMs
         self.world = World([Device(d.id, d.total_mib, d.sm_fraction) for d in self.devices],
                            sharing=sharing, params=params, window=window, period_s=period_s)
         self.last: dict[str, DeviceSample] = {}
@@ -49,6 +51,7 @@ class GpuWatch:
             self.devices.append(d)
             self.by_uuid[d.uuid] = d
             self.uuid_of[d.id] = d.uuid
+            self.speed.append(d.sm_fraction)
         self.world.add_devices([Device(d.id, d.total_mib, d.sm_fraction) for d in new])
         return new
 
@@ -114,8 +117,10 @@ class GpuWatch:
             other = sum(p.used_mib for p in s.processes
                         if p.used_mib > 0 and p.pid not in ours and not self.is_helper(p.pid))
             self.other_mib[uuid] = other
-            self.world.set_reading(i, now, _sm(s), s.dram_activity, s.sm_occupancy,
-                                   free_mib=s.free_mib, other_mib=other)
+            speed = self.speed[i]  # a monitor reads a MIG instance relative to its own SMs
+            self.world.set_reading(i, now, _sm(s) * speed,
+                                   None if s.dram_activity is None else s.dram_activity * speed,
+                                   s.sm_occupancy, free_mib=s.free_mib, other_mib=other)
         self.world.tick(now)
 
     # -- what policies and people see ------------------------------------------------------------

@@ -8,9 +8,10 @@ What is simulated (everything else is the production code path, the world model 
   activity at its progress rate, summed), power from the interference model;
 * jobs: a start-up at full speed with no memory and no GPU activity (the job's ``startup_s``,
   else ``SimConfig.startup_s``), then a CUDA context and a memory ramp to the job's *actual*
-  peak over ``ramp_s`` (if the peak does not fit beside its neighbours it crashes out of memory:
-  the job that allocates last fails, as on a real GPU, and goes through the recovery rules,
-  restarting from scratch), an optional warm-up with no activity (the trace's ``warmup_s``),
+  peak over ``ramp_s`` (at the first ramp step that does not fit its fence or beside its
+  neighbours it crashes out of memory: the job that allocates last fails, as on a real GPU,
+  saying what it held and tried to allocate, and goes through the recovery rules, restarting
+  from scratch), an optional warm-up with no activity (the trace's ``warmup_s``),
   then progress at ``1 / slowdown`` of solo speed, where the slowdown comes from the
   interference model for the jobs sharing each of its GPUs. These phases are
   ``collocate.job_behaviour``'s, which the emulated job plays too.
@@ -475,7 +476,7 @@ class Simulation:
         self.world.observe_memory(job_id, context_mib(run.peak_mib), now)
         # a ramp the daemon would sample as it grows matters only where the commitment
         # depends on memory holding still (unknown or estimated requirements)
-        watched = run.job.mem_mib is None or is_estimated(run.job.mem_source)
+        watched = run.job.mem_mib is None or is_estimated(run.job.mem_source) or self._outgrows(run)
         for after, step in ramp_schedule(self.cfg.ramp_s, sampled=watched):
             self._push(now + after, _RAMP, job_id, attempt * 16 + step)
 
@@ -486,21 +487,20 @@ class Simulation:
         if run is None or run.job.attempts != attempt or run.allocated:
             return False
         run.ramp_step = step
-        if step < RAMP_STEPS:
-            self.world.observe_memory(job_id, ramp_mib(run.peak_mib, step), now)
-            return self.world.tick(now)
         gpus = run.gpus
-        room = self.total[gpus] - self.used[gpus]
-        if run.limit_mib is not None:  # its fence refuses allocations beyond it
-            room = np.minimum(room, run.limit_mib)
-        if (room < run.peak_mib).any():
-            observed = float(max(0.0, room.min()))
+        room = self._room(run)
+        if (room < ramp_mib(run.peak_mib, step)).any():
+            # it crashes at the first allocation past its room, and says what it held and
+            # tried to allocate (PyTorch's message, which the daemon reads: ``oom_lower_bound_mib``)
+            room_mib = float(max(0.0, room.min()))
+            observed = next(ramp_mib(run.peak_mib, k) for _, k in ramp_schedule(self.cfg.ramp_s)
+                            if ramp_mib(run.peak_mib, k) > room_mib)
             # charged to whoever overran (``collocate.recovery.charged_to``), as in the daemon
             beside = [Holding(o, r.peak_mib, job_allowance_mib(r.job, r.room_mib))
                       for o in dict.fromkeys(o for i in gpus for o in self.residents[i] if o != job_id)
                       if (r := self.running[o]).allocated]
-            crashed = Holding(job_id, run.peak_mib, job_allowance_mib(run.job, run.room_mib))
-            by = charged_to(crashed, beside) if run.limit_mib is None or run.peak_mib <= run.limit_mib else ()
+            crashed = Holding(job_id, observed, job_allowance_mib(run.job, run.room_mib))
+            by = charged_to(crashed, beside) if run.limit_mib is None or observed <= run.limit_mib else ()
             resident = self._stop(run, now)
             job = self.scheduler.job_exited(job_id, ExitReport(Outcome.OOM, observed, "CUDA out of memory",
                                                                run.limit_mib, by),
@@ -518,6 +518,9 @@ class Simulation:
             else:
                 record.state = "pending"
             return True
+        if step < RAMP_STEPS:
+            self.world.observe_memory(job_id, ramp_mib(run.peak_mib, step), now)
+            return self.world.tick(now)
         self._advance(gpus, now)
         self.used[gpus] += run.peak_mib
         for i in gpus:
@@ -526,6 +529,16 @@ class Simulation:
         self.world.observe_memory(job_id, run.peak_mib, now)
         self._mark(gpus, now)
         return False
+
+    def _room(self, run: SimRun) -> np.ndarray:
+        """What each of its GPUs lets it hold: what the jobs that allocated leave, within its fence."""
+        room = self.total[run.gpus] - self.used[run.gpus]
+        return room if run.limit_mib is None else np.minimum(room, run.limit_mib)
+
+    def _outgrows(self, run: SimRun) -> bool:
+        """Whether its ramp will pass its fence or the room its GPUs have now: it then crashes
+        at the ramp step that does, which must be seen (a real process fails at that allocation)."""
+        return bool((self._room(run) < run.peak_mib).any())
 
     def _active(self, job_id: str, attempt: int, now: float) -> bool:
         """Start-up and warm-up are over: the job's activity shows on its GPUs, and it now slows
@@ -595,7 +608,8 @@ class Simulation:
                                   if o != job_id and not self.running[o].starting and not self.running[o].frozen]
                     here = max(1.0, here * error.factor(job_id, co_runners))
                 slowdown = max(slowdown, here)
-            run.version += 1
+            self._seq += 1  # unique across attempts: a crashed attempt's finish never ends the next
+            run.version = self._seq
             run.rate = progress_rate(slowdown, run.frozen)
             if run.frozen:  # no progress until thawed (no finish to push); its memory stays
                 continue
