@@ -109,7 +109,7 @@ class DeviceTable:
             setattr(self, f.name, old + new if isinstance(old, list) else np.concatenate([old, new]))
 
 
-def _new(f: Any, devices: Sequence[Device]) -> np.ndarray | list:
+def _new(f: Any, devices: Sequence[Device]) -> Any:  # the column's type, by ``f``
     if "make" in f.metadata:
         return [f.metadata["make"]() for _ in devices]
     fill = f.metadata["fill"]
