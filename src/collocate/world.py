@@ -41,7 +41,8 @@ Readings are levels: ``set_reading(i, now, sm, dram)`` says device ``i`` reads t
 on. The daemon passes each sample as it comes, every ``period_s`` (a sample still mixes in the
 level before a change for that long); the simulator passes each change of its GPUs' realized
 activity, exactly, and models the daemon's sampling period for the rest. The world does no I/O
-and reads no clock.
+and reads no clock. What it keeps per device is one table (``collocate.device_table``); callers
+read it through the methods below, never the table.
 """
 
 from __future__ import annotations
@@ -56,13 +57,13 @@ from enum import IntEnum
 
 import numpy as np
 
-from collocate.belief import HISTORY_SD_FLOOR, SD_FLOOR, UNKNOWN, Belief, Joint, exact, realized
+from collocate.belief import HISTORY_SD_FLOOR, SD_FLOOR, UNKNOWN, Belief, exact, realized
 from collocate.commitment import MemoryRamp, committed_mib
+from collocate.device_table import Device, DeviceTable, Segment
 from collocate.interference import ModeParams, shared_slowdown
 from collocate.model import (
     ClusterSnapshot,
     Gangs,
-    GpuId,
     Job,
     JobProfile,
     SharingMode,
@@ -107,15 +108,6 @@ class Phase(IntEnum):
     ACTIVE = 2
 
 
-@dataclass(frozen=True, slots=True)
-class Device:
-    """A schedulable device as the world needs it: its id, memory and share of a GPU's SMs."""
-
-    id: GpuId
-    total_mib: float
-    speed: float = 1.0
-
-
 @dataclass(slots=True)
 class Resident:
     """A running job as the world follows it."""
@@ -143,34 +135,6 @@ class Resident:
     @property
     def profile(self) -> JobProfile:
         return self.pricing.profile
-
-
-@dataclass(slots=True)
-class _Segment:
-    """A stretch of one device's readings with the same active residents, none warming."""
-
-    members: tuple[str, ...]
-    start: float  # readings from here on count (a change plus the reading lag)
-    seconds: float = 0.0
-    sm: float = 0.0  # moving averages of the readings (``AVERAGE_S``)
-    dram: float = 0.0
-    has_dram: bool = True
-    paused: bool = False  # a member's processes hold nothing: its readings are not learned from
-    revised: Joint | None = None  # the device's joint belief once the segment has taught it
-
-
-@dataclass(slots=True)
-class _DeviceState:
-    residents: dict[str, None] = field(default_factory=dict)  # job ids, in placement order
-    sm: float = 0.0  # the level it reads now
-    dram: float | None = 0.0
-    occupancy: float | None = None
-    level_at: float = -math.inf  # since when
-    baseline: float = 0.0  # what it read when its newest warming job appeared
-    segment: _Segment | None = None
-    joint: Joint = field(default_factory=lambda: Joint.of({}))  # what ended segments taught
-    epoch: int = 0  # bumped on every segment change (stale wake-ups are ignored)
-    window: tuple[deque, deque, deque] | None = None
 
 
 def belief_of(job: Job) -> Belief:
@@ -208,111 +172,69 @@ class World:
         daemon's ``--period``; a sample mixes in the level before a change for that long). ``window``: the risk filter's samples per device
         (the daemon's CARMA window); None reads the current level (the simulator: a window has
         settled on the level by the time a guard lets a GPU take another job)."""
-        self.devices = tuple(devices)
         self.sharing = sharing
+        self.mps = sharing is SharingMode.MPS  # a GPU serves one user's jobs (``owner``)
         self.params = params
         self.learn = learn and params is not None and sharing is not SharingMode.MIG
         self.period = period_s
         self.min_segment_s = MIN_SEGMENT_SAMPLES * period_s
         self.average_s = AVERAGE_SAMPLES * period_s
-        n = len(self.devices)
-        self.ids = tuple(d.id for d in self.devices)
-        self.index = {g: i for i, g in enumerate(self.ids)}
-        nodes: dict[str, int] = {}
-        self.node = np.array([nodes.setdefault(g.node, len(nodes)) for g in self.ids], dtype=np.int64)
-        self.gang_node = gang_nodes(self.ids, self.node)
-        self.total = np.array([d.total_mib for d in self.devices], dtype=float)
-        self.speed = np.array([d.speed for d in self.devices], dtype=float)
-        self.has_mig = any(g.mig is not None for g in self.ids)
-        self.free = self.total.copy()  # measured free memory
-        self.committed = np.zeros(n)  # what the residents commit
-        self.other = np.zeros(n)  # memory of processes that are no resident's
-        self.n_jobs = np.zeros(n, dtype=np.int64)
-        self.n_starting = np.zeros(n, dtype=np.int64)
-        self.n_frozen = np.zeros(n, dtype=np.int64)  # residents frozen by the scheduler (``holds_room``)
-        self.sm_sum = np.zeros(n)
-        self.dram_sum = np.zeros(n)
-        self.sm_known = np.zeros(n)  # solo SM of the working residents observed, not guessed (``_known``)
-        self.seen_at = np.full(n, -math.inf)  # the newest resident first seen (inf: not yet)
-        self.util_sm = np.zeros(n)
-        self.util_occ = np.zeros(n)
-        self.util_dram = np.zeros(n)
-        self.slowed = np.zeros(n)  # the largest measured slowdown of each device's residents
-        self.level_sm = np.zeros(n)  # the SM level each device reads now
-        self.load_sm = np.zeros(n)  # its moving average over ``average_s``, as of ``load_at``
-        self.load_at = np.full(n, -math.inf)
-        self.state = [_DeviceState() for _ in range(n)]
         self.window = window
-        if window:
-            for st in self.state:
-                st.window = (deque(maxlen=window), deque(maxlen=window), deque(maxlen=window))
+        self.devices = tuple(devices)
+        self.table = DeviceTable.of(self.devices)  # every per-device fact, one column each
         self.residents: dict[str, Resident] = {}
-        self.owner = [""] * n if sharing is SharingMode.MPS else []
         self._seq = 0
         self._gangs: dict[str, None] = {}
         self._gang_table: Gangs | None = None
         self._datasets: dict[str, dict[int, int]] = {}
         self._due: list[tuple[float, int, str, int]] = []  # (when, kind, key, epoch) wake-ups
-        self._ids_view = tuple(st.residents for st in self.state)
+        self._lay_out()
 
     def add_devices(self, devices: Sequence[Device]) -> None:
         """Devices that joined (a node of a cluster, or GPUs a node now shows), appended after
         the others: every resident keeps its positions, the new devices start empty."""
         new = tuple(d for d in devices if d.id not in self.index)
-        if not new:
-            return
-        self.devices = self.devices + new
+        if new:
+            self.devices = self.devices + new
+            self.table.extend(new)
+            self._lay_out()
+
+    def _lay_out(self) -> None:
+        """What follows from the devices' ids: positions, nodes, multi-GPU groups, MIG."""
         self.ids = tuple(d.id for d in self.devices)
         self.index = {g: i for i, g in enumerate(self.ids)}
         nodes: dict[str, int] = {}
         self.node = np.array([nodes.setdefault(g.node, len(nodes)) for g in self.ids], dtype=np.int64)
         self.gang_node = gang_nodes(self.ids, self.node)
-        k = len(new)
-        self.total = np.concatenate([self.total, [d.total_mib for d in new]])
-        self.speed = np.concatenate([self.speed, [d.speed for d in new]])
         self.has_mig = any(g.mig is not None for g in self.ids)
-        self.free = np.concatenate([self.free, self.total[-k:]])
-        for name in ("committed", "other", "sm_sum", "dram_sum", "sm_known", "util_sm", "util_occ", "util_dram",
-                     "slowed", "level_sm", "load_sm"):
-            setattr(self, name, np.concatenate([getattr(self, name), np.zeros(k)]))
-        for name in ("n_jobs", "n_starting", "n_frozen"):
-            setattr(self, name, np.concatenate([getattr(self, name), np.zeros(k, dtype=np.int64)]))
-        self.seen_at = np.concatenate([self.seen_at, np.full(k, -math.inf)])
-        self.load_at = np.concatenate([self.load_at, np.full(k, -math.inf)])
-        for _ in new:
-            st = _DeviceState()
-            if self.window:
-                st.window = (deque(maxlen=self.window), deque(maxlen=self.window), deque(maxlen=self.window))
-            self.state.append(st)
-        if self.sharing is SharingMode.MPS:
-            self.owner.extend("" for _ in new)
-        self._ids_view = tuple(st.residents for st in self.state)
+        self._ids_view = tuple(st.residents for st in self.table.state)
         self._gang_table = None
 
     # -- residents ------------------------------------------------------------------------------
     def place(self, job: Job, devices: Sequence[int], now: float, *, room_mib: float | None = None) -> Resident:
         """A job was placed on these devices (positions)."""
+        t = self.table
         self._seq += 1
         belief = belief_of(job)
-        total = float(self.total[devices[0]] - self.other[devices[0]])
+        total = float(t.total[devices[0]] - t.other[devices[0]])
         r = Resident(job, tuple(devices), self._seq,
                      MemoryRamp.of(job.mem_mib, job.mem_source, whole=job.alone),
                      belief, belief, now, room_mib)
         r.commitment = total if job.alone else float(committed_mib(job.mem_mib, total))
         self.residents[job.id] = r
         for i in r.devices:
-            st = self.state[i]
+            st = t.state[i]
             st.residents[job.id] = None
             if self.learn:
                 st.joint.add(job.id, belief)
-            self.committed[i] += r.commitment
-            self.n_jobs[i] += 1
-            self.n_starting[i] += 1
-            self.sm_sum[i] += belief.profile.sm_activity
-            self.dram_sum[i] += belief.profile.dram_activity
-            self.seen_at[i] = math.inf
-            if self.owner and job.user:
-                self.owner[i] = job.user
+            t.committed[i] += r.commitment
+            t.n_jobs[i] += 1
+            t.n_starting[i] += 1
+            t.sm_sum[i] += belief.profile.sm_activity
+            t.dram_sum[i] += belief.profile.dram_activity
+            t.seen_at[i] = math.inf
+            if self.mps and job.user:
+                t.owner[i] = job.user
             if job.dataset:
                 counts = self._datasets.setdefault(job.dataset, {})
                 counts[i] = counts.get(i, 0) + 1
@@ -325,6 +247,7 @@ class World:
 
     def remove(self, job_id: str, now: float) -> Resident:
         """A job ended: what it taught is kept in the returned resident's ``belief``."""
+        t = self.table
         r = self.residents[job_id]
         for i in r.devices:
             self._integrate(i, now)
@@ -332,28 +255,27 @@ class World:
         r.belief = r.pricing  # what its GPUs taught last (one device's view, for a gang)
         del self.residents[job_id]
         for i in r.devices:
-            st = self.state[i]
+            st = t.state[i]
             del st.residents[job_id]
             if job_id in st.joint:
                 st.joint.drop(job_id)
-            self.committed[i] -= r.commitment
-            self.n_jobs[i] -= 1
-            self.n_starting[i] -= r.starting
-            self.n_frozen[i] -= r.holds_room
-            self.sm_sum[i] -= r.pricing.profile.sm_activity
-            self.dram_sum[i] -= r.pricing.profile.dram_activity
-            self.sm_known[i] -= _known(r)
+            t.committed[i] -= r.commitment
+            t.n_jobs[i] -= 1
+            t.n_starting[i] -= r.starting
+            t.n_frozen[i] -= r.holds_room
+            t.sm_sum[i] -= r.pricing.profile.sm_activity
+            t.dram_sum[i] -= r.pricing.profile.dram_activity
+            t.sm_known[i] -= _known(r)
             if r.slowdown:
                 self._refresh_slowed(i)
             if not st.residents:  # clear float drift; an empty GPU has nothing in flight
-                self.committed[i] = self.sm_sum[i] = self.dram_sum[i] = self.sm_known[i] = 0.0
-                self.seen_at[i] = -math.inf
-                if self.owner:
-                    self.owner[i] = ""
+                t.committed[i] = t.sm_sum[i] = t.dram_sum[i] = t.sm_known[i] = 0.0
+                t.seen_at[i] = -math.inf
+                t.owner[i] = ""
                 self._refresh_util(i)
             else:
                 newest = self.residents[next(reversed(st.residents))]
-                self.seen_at[i] = newest.seen_at
+                t.seen_at[i] = newest.seen_at
                 st.baseline = min(st.baseline, st.sm)
             if r.job.dataset:
                 counts = self._datasets[r.job.dataset]
@@ -399,7 +321,7 @@ class World:
     def _hold_room(self, r: Resident, holds: bool) -> None:
         if holds != r.holds_room:
             for i in r.devices:
-                self.n_frozen[i] += 1 if holds else -1
+                self.table.n_frozen[i] += 1 if holds else -1
             r.holds_room = holds
 
     def neighbourhood(self, job_id: str) -> list[Neighbour]:
@@ -412,7 +334,7 @@ class World:
             return []
         seen: dict[str, None] = {}
         for i in r.devices:
-            seen.update(self.state[i].residents)
+            seen.update(self.table.state[i].residents)
         return [self._observed(self.residents[j]) for j in seen]
 
     def _observed(self, r: Resident) -> Neighbour:
@@ -421,9 +343,9 @@ class World:
             return Neighbour(r.job.id, r.devices, r.seq, active, r.slowdown if active else 0.0, bool(r.slowdown))
         worst = 0.0
         for i in r.devices:
-            if self.speed[i] < 1.0:
+            if self.table.speed[i] < 1.0:
                 return Neighbour(r.job.id, r.devices, r.seq, active, 0.0)
-            others = [self.residents[j] for j in self.state[i].residents if j != r.job.id]
+            others = [self.residents[j] for j in self.table.state[i].residents if j != r.job.id]
             others = [o for o in others if o.phase is Phase.ACTIVE and not o.frozen]
             if any(o.pricing.source in _PRIORS for o in (r, *others)):
                 return Neighbour(r.job.id, r.devices, r.seq, active, 0.0)
@@ -432,11 +354,6 @@ class World:
                 self.params, p.sm_activity, p.dram_activity, sum(o.pricing.profile.sm_activity for o in others),
                 sum(o.pricing.profile.dram_activity for o in others))) if others else 1.0)
         return Neighbour(r.job.id, r.devices, r.seq, active, worst)
-
-    def tell(self, job_id: str, job: Job) -> None:
-        """The scheduler's record of a running job changed (e.g. its profile was measured in an
-        earlier attempt): keep the world's copy, not its belief."""
-        self.residents[job_id].job = job
 
     # -- readings ------------------------------------------------------------------------------
     def observe_progress(self, job_id: str, now: float, step: float) -> None:
@@ -492,10 +409,10 @@ class World:
             r.phase = Phase.WARMING
             r.seen_at = now
             for i in r.devices:
-                self.n_starting[i] += not r.starting  # its start-up had lapsed: warming now
-                st = self.state[i]
+                self.table.n_starting[i] += not r.starting  # its start-up had lapsed: warming now
+                st = self.table.state[i]
                 if next(reversed(st.residents)) == job_id:
-                    self.seen_at[i] = now
+                    self.table.seen_at[i] = now
                 st.baseline = st.sm
                 self._close_segment(i)
                 self._open_segment(i, now)
@@ -512,22 +429,25 @@ class World:
         processes that are no resident's. SM and DRAM activity come in whole-GPU units from
         every feeder (on a MIG instance, its share of its GPU's work), occupancy relative to
         the device."""
+        t = self.table
         self._integrate(i, now)
-        st = self.state[i]
+        st = t.state[i]
         st.sm, st.dram, st.occupancy, st.level_at = sm, dram, occupancy, now
-        self.load_sm[i] = self._average_sm(i, now)
-        self.level_sm[i], self.load_at[i] = min(1.0, sm / self.speed[i]), now
+        t.load_sm[i] = self._average_sm(i, now)
+        t.level_sm[i], t.load_at[i] = min(1.0, sm / t.speed[i]), now
         if free_mib is not None:
-            self.free[i] = free_mib
-        if other_mib != self.other[i]:
-            self.other[i] = other_mib
+            t.free[i] = free_mib
+        if other_mib != t.other[i]:
+            t.other[i] = other_mib
             for j in st.residents:  # a job of unknown memory commits what others leave
                 self._recommit(self.residents[j], now)
-        if st.window is not None:  # the risk filter's window reads the device relative to its own SMs
-            busy = float(self.level_sm[i])
+        if self.window:  # the risk filter's window reads the device relative to its own SMs
+            if st.window is None:
+                st.window = (deque(maxlen=self.window), deque(maxlen=self.window), deque(maxlen=self.window))
+            busy = float(t.level_sm[i])
             st.window[0].append(busy)
             st.window[1].append(busy * OCCUPANCY_PER_SM if occupancy is None else occupancy)
-            st.window[2].append(min(1.0, (dram or 0.0) / self.speed[i]))
+            st.window[2].append(min(1.0, (dram or 0.0) / t.speed[i]))
         if st.segment is not None and dram is None:
             st.segment.has_dram = False
         self._refresh_util(i)
@@ -537,7 +457,7 @@ class World:
 
     def set_free(self, i: int, free_mib: float) -> None:
         """Device ``i``'s measured free memory."""
-        self.free[i] = free_mib
+        self.table.free[i] = free_mib
 
     def tick(self, now: float) -> bool:
         """Apply what is due by ``now`` (quiet memory, lapsed warm-ups, segments with enough
@@ -554,7 +474,7 @@ class World:
                 if r is not None and r.seq == epoch and r.phase is Phase.STARTING and r.starting:
                     r.starting = False  # not starting but using no GPU: its slot is free
                     for i in r.devices:
-                        self.n_starting[i] -= 1
+                        self.table.n_starting[i] -= 1
                     changed = True
             elif kind == _THAWED:
                 r = self.residents.get(key)
@@ -569,7 +489,7 @@ class World:
                     changed = True
             else:
                 i = int(key)
-                st = self.state[i]
+                st = self.table.state[i]
                 if st.epoch == epoch and st.segment is not None:
                     self._integrate(i, now)
                     changed |= self._teach(i)
@@ -580,7 +500,7 @@ class World:
         while self._due:
             when, kind, key, epoch = self._due[0]
             if kind == _SEGMENT:
-                st = self.state[int(key)]
+                st = self.table.state[int(key)]
                 live = st.epoch == epoch and st.segment is not None and st.segment.revised is None
             else:
                 r = self.residents.get(key)
@@ -600,20 +520,21 @@ class World:
         (``idle_view``: how priority preemption asks whether freezing them makes room)."""
         if idle:
             return self.idle_view(self.snapshot(now), idle)
+        t = self.table
         return ClusterSnapshot(
-            now=now, ids=self.ids, node=self.node, total_mib=self.total,
-            free_mib=_frozen(self.free), committed_mib=_frozen(self.committed),
-            n_jobs=_frozen(self.n_jobs), sm_sum=_frozen(self.sm_sum), dram_sum=_frozen(self.dram_sum),
-            util_sm=_frozen(self.util_sm), util_occ=_frozen(self.util_occ),
-            util_dram=_frozen(self.util_dram), launch_seen_at=_frozen(self.seen_at), speed=self.speed,
-            gang_node=self.gang_node, n_starting=_frozen(self.n_starting),
-            other_mib=_frozen(self.other), has_mig_instances=self.has_mig, sharing=self.sharing,
+            now=now, ids=self.ids, node=self.node, total_mib=t.total,
+            free_mib=_frozen(t.free), committed_mib=_frozen(t.committed),
+            n_jobs=_frozen(t.n_jobs), sm_sum=_frozen(t.sm_sum), dram_sum=_frozen(t.dram_sum),
+            util_sm=_frozen(t.util_sm), util_occ=_frozen(t.util_occ),
+            util_dram=_frozen(t.util_dram), launch_seen_at=_frozen(t.seen_at), speed=t.speed,
+            gang_node=self.gang_node, n_starting=_frozen(t.n_starting),
+            other_mib=_frozen(t.other), has_mig_instances=self.has_mig, sharing=self.sharing,
             datasets={name: tuple(sorted(c)) for name, c in self._datasets.items() if c},
-            gangs=self._gang_view(), owner=tuple(self.owner), residents=self._ids_view,
-            slowed=_frozen(self.slowed) if self.slowed.any() else None,
-            n_frozen=_frozen(self.n_frozen) if self.n_frozen.any() else None,
+            gangs=self._gang_view(), owner=tuple(t.owner) if self.mps else (), residents=self._ids_view,
+            slowed=_frozen(t.slowed) if t.slowed.any() else None,
+            n_frozen=_frozen(t.n_frozen) if t.n_frozen.any() else None,
             sm_recent=self._recent_sm_all(now),
-            sm_known=_frozen(self.sm_known) if self.sm_known.any() else None,
+            sm_known=_frozen(t.sm_known) if t.sm_known.any() else None,
         )
 
     def _recent_sm_all(self, now: float) -> np.ndarray:
@@ -621,12 +542,13 @@ class World:
         level (its reading dropped lately) can read more than its level: elsewhere the formula
         gives the level itself, bit for bit, so the exponential (a round's cost at 1,000 GPUs)
         runs on those alone, element by element as over all."""
-        recent = self.level_sm.copy()
-        up = np.flatnonzero(self.load_sm > self.level_sm)
+        t = self.table
+        recent = t.level_sm.copy()
+        up = np.flatnonzero(t.load_sm > t.level_sm)
         if up.size:
             level = recent[up]
-            recent[up] = np.maximum(level, level + (self.load_sm[up] - level)
-                                    * np.exp(-(now - self.load_at[up]) / self.average_s))
+            recent[up] = np.maximum(level, level + (t.load_sm[up] - level)
+                                    * np.exp(-(now - t.load_at[up]) / self.average_s))
         return recent
 
     def idle_view(self, snapshot: ClusterSnapshot, idle: Collection[str]) -> ClusterSnapshot:
@@ -636,6 +558,7 @@ class World:
         each GPU's readings shrink in proportion to the priced activity that stays (a reading
         mixes its jobs), and the slowdowns measured there are dropped (measured beside them);
         memory, committed memory and the MPS owner stay as they are."""
+        t = self.table
         gone = [r for j in idle if (r := self.residents.get(j)) is not None and not r.frozen]
         if not gone:
             return snapshot
@@ -654,9 +577,9 @@ class World:
                     known[i] = max(0.0, known[i] - _known(r))
                 touched.add(i)
         for i in touched:
-            for reading, before, after in (("util_sm", self.sm_sum[i], cols["sm_sum"][i]),
-                                           ("util_occ", self.sm_sum[i], cols["sm_sum"][i]),
-                                           ("util_dram", self.dram_sum[i], cols["dram_sum"][i])):
+            for reading, before, after in (("util_sm", t.sm_sum[i], cols["sm_sum"][i]),
+                                           ("util_occ", t.sm_sum[i], cols["sm_sum"][i]),
+                                           ("util_dram", t.dram_sum[i], cols["dram_sum"][i])):
                 share = max(0.0, after) / before if before > 0 else 1.0
                 cols[reading][i] *= min(1.0, share)
             cols["sm_sum"][i], cols["dram_sum"][i] = max(0.0, cols["sm_sum"][i]), max(0.0, cols["dram_sum"][i])
@@ -668,31 +591,61 @@ class World:
         return snapshot.evolve(**cols, gangs=gangs, slowed=slowed if slowed is not None and slowed.any() else None,
                                sm_known=known if known is not None and known.any() else None)
 
+    # -- what the daemon and people see of a job or a device --------------------------------------
+    def resident(self, job_id: str) -> Resident | None:
+        """The running job ``job_id`` as the world follows it (None: not one of its residents)."""
+        return self.residents.get(job_id)
+
+    def neighbours(self, job_id: str) -> set[str]:
+        """The jobs that share a device with resident ``job_id`` (none when it is not one): read
+        off its devices, not by comparing it with every resident."""
+        r = self.residents.get(job_id)
+        if r is None:
+            return set()
+        return {o for i in r.devices for o in self.table.state[i].residents if o != job_id}
+
     def on(self, i: int) -> list[Resident]:
         """Device ``i``'s residents, oldest first."""
-        return [self.residents[j] for j in self.state[i].residents]
+        return [self.residents[j] for j in self.table.state[i].residents]
+
+    def util(self, i: int) -> Utilization:
+        """Device ``i``'s readings as the risk filter summarizes them."""
+        t = self.table
+        return Utilization(float(t.util_sm[i]), float(t.util_occ[i]), float(t.util_dram[i]))
+
+    def committed_mib(self, i: int) -> float:
+        """What device ``i``'s residents commit of its memory (``collocate.commitment``)."""
+        return float(self.table.committed[i])
+
+    def other_mib(self, i: int) -> float:
+        """Memory of processes on device ``i`` that are no resident's."""
+        return float(self.table.other[i])
+
+    def slowed(self, i: int) -> float:
+        """The largest slowdown measured of device ``i``'s residents (0: none measured)."""
+        return float(self.table.slowed[i])
+
+    def n_frozen(self, i: int) -> int:
+        """How many of device ``i``'s residents the scheduler froze and holds the room of."""
+        return int(self.table.n_frozen[i])
 
     def recent_sm(self, i: int, now: float) -> float:
         """Device ``i``'s SM reading lately at ``now`` (relative to a MIG instance's SMs): its
         average over the last ``average_s`` (about ``AVERAGE_SAMPLES`` samples), without the
         risk window's lean to the peaks of the last half minute, or what it reads now if more
         (the average alone still counts the idle seconds before a heavy job began)."""
-        return max(float(self.level_sm[i]), self._average_sm(i, now))
+        return max(float(self.table.level_sm[i]), self._average_sm(i, now))
 
     def _average_sm(self, i: int, now: float) -> float:
-        keep = math.exp(-(now - self.load_at[i]) / self.average_s) if math.isfinite(self.load_at[i]) else 0.0
-        return float(self.level_sm[i] + (self.load_sm[i] - self.level_sm[i]) * keep)
+        keep = math.exp(-(now - self.table.load_at[i]) / self.average_s) if math.isfinite(self.table.load_at[i]) else 0.0
+        return float(self.table.level_sm[i] + (self.table.load_sm[i] - self.table.level_sm[i]) * keep)
 
     def _refresh_slowed(self, i: int) -> None:
-        self.slowed[i] = max((self.residents[j].slowdown for j in self.state[i].residents), default=0.0)
-
-    def reading(self, i: int) -> tuple[float, float | None]:
-        st = self.state[i]
-        return st.sm, st.dram
+        self.table.slowed[i] = max((self.residents[j].slowdown for j in self.table.state[i].residents), default=0.0)
 
     # -- internals -------------------------------------------------------------------------
     def _recommit(self, r: Resident, now: float) -> bool:
-        held = r.ramp.committed(float(self.total[r.devices[0]] - self.other[r.devices[0]]), now)
+        held = r.ramp.committed(float(self.table.total[r.devices[0]] - self.table.other[r.devices[0]]), now)
         changes_at = r.ramp.changes_at()
         if changes_at > now and changes_at != r.memory_due:
             r.memory_due = changes_at
@@ -700,13 +653,13 @@ class World:
         if held == r.commitment:
             return False
         for i in r.devices:
-            self.committed[i] += held - r.commitment
+            self.table.committed[i] += held - r.commitment
         r.commitment = held
         return True
 
     def _onset(self, i: int, now: float) -> None:
         """A warming resident whose GPU's reading stepped up is active."""
-        st = self.state[i]
+        st = self.table.state[i]
         if st.sm < st.baseline:
             st.baseline = st.sm
         if st.sm < st.baseline + ONSET_STEP:
@@ -732,7 +685,7 @@ class World:
         moved = bool(r.steps) and step > r.steps[-1][1] and now > r.steps[-1][0]
         r.steps.clear()
         if moved:  # at the latest reading of its GPUs if later: a report may trail the sample
-            self._activate(r, max(now, *(self.state[i].level_at for i in r.devices)))
+            self._activate(r, max(now, *(self.table.state[i].level_at for i in r.devices)))
         r.steps.append((now, step))
 
     def _plateaued_unseen(self, r: Resident, now: float) -> bool:
@@ -743,7 +696,7 @@ class World:
         if now - r.ramp.peaked_at < WARM_QUIET_S or self.params is None:
             return False
         for i in r.devices:
-            active = [self.residents[j].profile for j in self.state[i].residents
+            active = [self.residents[j].profile for j in self.table.state[i].residents
                       if self.residents[j].phase is Phase.ACTIVE]
             before = realized(self.params, active, 0) if active else 0.0
             if realized(self.params, [*active, r.profile], 0) - before >= ONSET_STEP:
@@ -754,7 +707,7 @@ class World:
         """While an active resident's processes hold no memory (it is ending, or a reading
         missed them) what its GPUs read is not its steady work: its segments stop learning."""
         for i in r.devices:
-            seg = self.state[i].segment
+            seg = self.table.state[i].segment
             if seg is not None and seg.paused != paused and r.job.id in seg.members:
                 self._integrate(i, now)
                 seg.paused = paused
@@ -768,7 +721,7 @@ class World:
         r.ramp.active_at = now
         self._recommit(r, now)
         for i in r.devices:
-            self.n_starting[i] -= 1
+            self.table.n_starting[i] -= 1
             self._integrate(i, now)
             self._close_segment(i)
             self._open_segment(i, now)
@@ -776,10 +729,10 @@ class World:
     def _open_segment(self, i: int, now: float) -> None:
         """Start a segment if device ``i``'s readings can teach: learning on, a whole GPU, some
         active residents and none warming."""
-        st = self.state[i]
+        st = self.table.state[i]
         st.epoch += 1
         st.segment = None
-        if not self.learn or self.speed[i] < 1.0 or not st.residents:
+        if not self.learn or self.table.speed[i] < 1.0 or not st.residents:
             return
         members = []
         for j in st.residents:
@@ -791,12 +744,12 @@ class World:
             if r.phase is Phase.ACTIVE:
                 members.append(j)
         if members:
-            st.segment = _Segment(tuple(members), now + self.period)
+            st.segment = Segment(tuple(members), now + self.period)
             self._due_at(now + self.period + self.min_segment_s, _SEGMENT, str(i), st.epoch)
 
     def _close_segment(self, i: int) -> None:
         """End device ``i``'s segment: what it taught becomes what is known of its residents."""
-        st = self.state[i]
+        st = self.table.state[i]
         seg = st.segment
         if seg is not None and seg.revised is None:
             self._teach(i)  # enough readings, but nobody asked for the prices yet
@@ -812,7 +765,7 @@ class World:
 
     def _integrate(self, i: int, now: float) -> None:
         """Fold device ``i``'s level since it was set into its segment's moving averages."""
-        st = self.state[i]
+        st = self.table.state[i]
         seg = st.segment
         if seg is None:
             return
@@ -834,7 +787,7 @@ class World:
     def _teach(self, i: int) -> bool:
         """Revise what is known of device ``i``'s residents by its segment's readings so far, once
         there are ``MIN_SEGMENT_SAMPLES`` of them; whether a price changed."""
-        st = self.state[i]
+        st = self.table.state[i]
         seg = st.segment
         if seg is None or seg.seconds < self.min_segment_s - 1e-9 or self.params is None:
             return False
@@ -854,8 +807,8 @@ class World:
         if new == old:
             return False
         for i in r.devices:
-            self.sm_sum[i] += new.sm_activity - old.sm_activity
-            self.dram_sum[i] += new.dram_activity - old.dram_activity
+            self.table.sm_sum[i] += new.sm_activity - old.sm_activity
+            self.table.dram_sum[i] += new.dram_activity - old.dram_activity
         if len(r.devices) > 1:
             self._gang_table = None
         return True
@@ -863,23 +816,24 @@ class World:
     def _add_known(self, r: Resident, change: float) -> None:
         if change:
             for i in r.devices:
-                self.sm_known[i] += change
+                self.table.sm_known[i] += change
 
     def _refresh_util(self, i: int) -> None:
         """The risk filter's window summary; an empty GPU with nothing foreign on it is idle,
         whatever its window still holds of the job that left."""
-        st = self.state[i]
-        if not st.residents and self.other[i] <= 0.0:
-            self.util_sm[i] = self.util_occ[i] = self.util_dram[i] = 0.0
+        t = self.table
+        st = t.state[i]
+        if not st.residents and t.other[i] <= 0.0:
+            t.util_sm[i] = t.util_occ[i] = t.util_dram[i] = 0.0
             return
         if st.window is not None:
             u = summarize_window(*st.window)
         else:
-            relative = self.speed[i]  # a monitor reads a MIG device relative to its own SMs
+            relative = t.speed[i]  # a monitor reads a MIG device relative to its own SMs
             busy = min(1.0, st.sm / relative)
             occupancy = busy * OCCUPANCY_PER_SM if st.occupancy is None else st.occupancy
             u = Utilization(busy, occupancy, min(1.0, (st.dram or 0.0) / relative))
-        self.util_sm[i], self.util_occ[i], self.util_dram[i] = u.sm_activity, u.sm_occupancy, u.dram_activity
+        t.util_sm[i], t.util_occ[i], t.util_dram[i] = u.sm_activity, u.sm_occupancy, u.dram_activity
 
     def _due_at(self, when: float, kind: int, key: str, epoch: int) -> None:
         if math.isfinite(when):

@@ -361,7 +361,7 @@ def test_the_simulator_starts_no_unpriced_job_beside_time_sliced_jobs_whose_read
     launch = sim._launch
 
     def watch(job_id, gpus, now, room):
-        known_at_launch[job_id] = float(sim.world.sm_known[gpus[0]])
+        known_at_launch[job_id] = float(sim.world.table.sm_known[gpus[0]])
         return launch(job_id, gpus, now, room)
 
     sim._launch = watch  # type: ignore[method-assign]

@@ -82,7 +82,7 @@ def test_preemption_frees_compute_never_memory():
     lab.s.cancel("high")
     plan = lab.run(job("high2", 30.0, priority=5), 20.0)
     assert [p.job_id for p in plan.placements] == ["high2"] and lab.s.jobs["low"].suspended == "preempt"
-    assert lab.world.committed[0] <= 80.0 * GIB
+    assert lab.world.committed_mib(0) <= 80.0 * GIB
 
 
 def test_equal_priority_interactive_across_nodes_or_suspended_jobs_are_never_frozen():

@@ -207,9 +207,9 @@ class _CheckedMig(Simulation):
 
     def _launch(self, job_id, gpus, now, room_mib=None):
         super()._launch(job_id, gpus, now, room_mib)
-        committed = self.world.committed
         for i in gpus:
-            assert committed[i] <= self.total[i] + 1e-6, (self.ids[i], committed[i], self.total[i])
+            committed = self.world.committed_mib(i)
+            assert committed <= self.total[i] + 1e-6, (self.ids[i], committed, self.total[i])
 
 
 LAYOUTS = ("3g.20gb+4g.20gb", "1g.5gb+1g.5gb+1g.5gb+2g.10gb+2g.10gb", "2g.10gb+2g.10gb+3g.20gb", "4g.20gb+2g.10gb+1g.10gb")

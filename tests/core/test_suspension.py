@@ -233,7 +233,7 @@ def test_the_simulator_keeps_a_frozen_pile_ups_room_from_newcomers_nobody_has_pr
 
     def watch(job_id, gpus, now, room):
         held = sum(1 for j in sim.running if sim.scheduler.jobs[j].suspended in ("trial", "preempt"))
-        assert int(sim.world.n_frozen[gpus[0]]) >= held  # ... and the thawed few samples ago
+        assert int(sim.world.n_frozen(gpus[0])) >= held  # ... and the thawed few samples ago
         if held:
             beside_frozen.append(job_id)
         return launch(job_id, gpus, now, room)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+from dataclasses import fields
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from collocate.belief import realized
+from collocate.device_table import DeviceTable
 from collocate.interference import default_interference
 from collocate.model import GpuId, Job, JobProfile, SharingMode
 from collocate.world import MIN_SEGMENT_SAMPLES, ONSET_STEP, STARTUP_MAX_S, WARMUP_MAX_S, Device, Phase, World
@@ -31,15 +33,15 @@ def job(job_id: str, mem: float | None = 4 * GIB, **kw) -> Job:
 def test_a_job_starts_warms_then_is_active_when_its_gpus_reading_steps_up():
     w = world()
     w.place(job("a"), [0], now=0.0)
-    assert w.residents["a"].phase is Phase.STARTING and w.n_starting[0] == 1
-    assert w.seen_at[0] == math.inf  # placed, not seen: CARMA's guard is closed
+    assert w.residents["a"].phase is Phase.STARTING and w.table.n_starting[0] == 1
+    assert w.table.seen_at[0] == math.inf  # placed, not seen: CARMA's guard is closed
     w.set_reading(0, 5.0, 0.0, 0.0)
     w.observe_memory("a", 500.0, now=6.0)  # a CUDA context: seen, warming
-    assert w.residents["a"].phase is Phase.WARMING and w.seen_at[0] == 6.0
+    assert w.residents["a"].phase is Phase.WARMING and w.table.seen_at[0] == 6.0
     w.set_reading(0, 7.0, ONSET_STEP / 2, 0.0)  # first steps: almost nothing
     assert w.residents["a"].phase is Phase.WARMING
     w.set_reading(0, 9.0, 0.4, 0.1)  # its steps show
-    assert w.residents["a"].phase is Phase.ACTIVE and w.n_starting[0] == 0
+    assert w.residents["a"].phase is Phase.ACTIVE and w.table.n_starting[0] == 0
 
 
 def test_a_job_whose_activity_never_shows_counts_as_active_after_the_longest_warm_up():
@@ -55,19 +57,19 @@ def test_a_job_that_holds_no_gpu_memory_past_the_longest_start_up_stops_counting
     w = world(2)
     w.place(job("sleep"), [0], now=0.0)  # e.g. ``sleep``, or a long CPU step: never holds memory
     w.place(job("gang"), [0, 1], now=0.0)
-    assert list(w.n_starting) == [2, 1]
+    assert list(w.table.n_starting) == [2, 1]
     assert w.next_change_at() == STARTUP_MAX_S  # the simulator wakes for it
-    assert not w.tick(STARTUP_MAX_S - 1.0) and list(w.n_starting) == [2, 1]
+    assert not w.tick(STARTUP_MAX_S - 1.0) and list(w.table.n_starting) == [2, 1]
     w.observe_memory("gang", 500.0, now=STARTUP_MAX_S - 1.0)  # the gang holds memory: warming
-    assert w.tick(STARTUP_MAX_S) and list(w.n_starting) == [1, 1]
+    assert w.tick(STARTUP_MAX_S) and list(w.table.n_starting) == [1, 1]
     assert w.residents["sleep"].phase is Phase.STARTING  # its phase is what was seen; only the count lapses
     assert w.snapshot(STARTUP_MAX_S).n_starting[0] == 1
     assert w.idle_view(w.snapshot(STARTUP_MAX_S), ["sleep"]).n_starting[0] == 1  # counted once only
     w.observe_memory("sleep", 500.0, now=70.0)  # it reached the GPU at last: warming, counted again
-    assert list(w.n_starting) == [2, 1]
+    assert list(w.table.n_starting) == [2, 1]
     w.remove("sleep", now=71.0)
     w.remove("gang", now=71.0)
-    assert list(w.n_starting) == [0, 0]
+    assert list(w.table.n_starting) == [0, 0]
 
 
 def test_a_job_that_lapsed_as_starting_and_ended_leaves_the_count_as_it_was():
@@ -75,9 +77,9 @@ def test_a_job_that_lapsed_as_starting_and_ended_leaves_the_count_as_it_was():
     w.place(job("sleep"), [0], now=0.0)
     w.tick(STARTUP_MAX_S)
     w.place(job("b"), [0], now=STARTUP_MAX_S + 1.0)
-    assert w.n_starting[0] == 1
+    assert w.table.n_starting[0] == 1
     w.remove("sleep", now=STARTUP_MAX_S + 2.0)
-    assert w.n_starting[0] == 1 and w.next_change_at() == STARTUP_MAX_S * 2 + 1.0
+    assert w.table.n_starting[0] == 1 and w.next_change_at() == STARTUP_MAX_S * 2 + 1.0
 
 
 def test_on_a_gpu_too_busy_to_show_its_steps_a_job_whose_memory_holds_still_is_active():
@@ -112,11 +114,11 @@ def test_jobs_that_only_ever_share_a_gpu_are_priced_from_its_readings_within_sec
     w.observe_memory("b", 2 * GIB, 1.0)
     w.set_reading(0, 2.0, realized(TS, true, 0), realized(TS, true, 1))  # b's too
     assert all(r.phase is Phase.ACTIVE for r in w.residents.values())
-    assert w.sm_sum[0] == pytest.approx(1.0)  # still the prior: no readings counted yet
+    assert w.table.sm_sum[0] == pytest.approx(1.0)  # still the prior: no readings counted yet
     w.tick(2.0 + LEARN_S - 0.01)
-    assert w.sm_sum[0] == pytest.approx(1.0)
+    assert w.table.sm_sum[0] == pytest.approx(1.0)
     assert w.tick(2.0 + LEARN_S)
-    assert w.sm_sum[0] < 0.7 and all(r.pricing.source == "inferred" for r in w.residents.values())
+    assert w.table.sm_sum[0] < 0.7 and all(r.pricing.source == "inferred" for r in w.residents.values())
 
 
 def test_a_gpus_known_load_is_the_solo_activity_learned_of_its_working_jobs_never_a_prior():
@@ -139,9 +141,9 @@ def test_a_gpus_known_load_is_the_solo_activity_learned_of_its_working_jobs_neve
     known, one = float(snap.sm_known[0]), w.residents["c"].pricing.profile.sm_activity
     assert w.snapshot(6.0, idle=["c"]).sm_known[0] == pytest.approx(known - one)
     w.freeze("c", 6.0, True, "trial")
-    assert w.sm_known[0] == pytest.approx(known - one)
+    assert w.table.sm_known[0] == pytest.approx(known - one)
     w.freeze("c", 7.0, False, "")
-    assert w.sm_known[0] == pytest.approx(sum(r.pricing.profile.sm_activity for r in w.on(0)))
+    assert w.table.sm_known[0] == pytest.approx(sum(r.pricing.profile.sm_activity for r in w.on(0)))
     for j in ("a", "b", "c"):  # and an emptied GPU knows nothing
         w.remove(j, now=8.0)
     assert w.snapshot(8.0).sm_known is None
@@ -181,12 +183,12 @@ def test_an_unknown_jobs_memory_is_its_whole_gpu_until_its_peak_holds_still_in_t
 
     w = world()
     w.place(job("u", mem=None), [0], now=0.0)
-    assert w.committed[0] == 80 * GIB
+    assert w.table.committed[0] == 80 * GIB
     w.observe_memory("u", 3 * GIB, 4.0)
     w.set_reading(0, 5.0, 0.3, 0.1)  # active: its peak counts as reached QUIET_S from now
     w.tick(5.0 + QUIET_S - 0.1)
-    assert w.committed[0] == 80 * GIB
-    assert w.tick(5.0 + QUIET_S) and w.committed[0] == pytest.approx(settled_mib(3 * GIB))
+    assert w.table.committed[0] == 80 * GIB
+    assert w.tick(5.0 + QUIET_S) and w.table.committed[0] == pytest.approx(settled_mib(3 * GIB))
 
 
 def test_under_mps_a_gpu_belongs_to_the_user_of_its_jobs_until_it_empties():
@@ -217,7 +219,7 @@ def test_a_jobs_measured_slowdown_is_its_fastest_step_rate_over_its_rate_now():
     assert w.residents["a"].best_rate == 0.0
     _active(w, "a", 0, 4.0, 0.6)
     step = _report(w, "a", 4.0, 12.0, 10.0)
-    assert w.residents["a"].slowdown == pytest.approx(1.0) and w.slowed[0] == pytest.approx(1.0)
+    assert w.residents["a"].slowdown == pytest.approx(1.0) and w.table.slowed[0] == pytest.approx(1.0)
     _report(w, "a", 12.5, 30.0, 4.0, step)  # something slows it to 4 steps a second
     assert w.residents["a"].slowdown == pytest.approx(2.5)
     assert w.snapshot(30.0).slowed[0] == pytest.approx(2.5)
@@ -230,12 +232,12 @@ def test_a_warming_job_whose_step_counter_moves_is_active_at_once_on_a_gpu_too_b
     w.place(job("a"), [0], now=2.0)
     w.observe_memory("a", 2 * GIB, now=3.0)
     w.set_reading(0, 3.0, 0.97, 0.4)
-    assert w.residents["a"].phase is Phase.WARMING and w.n_starting[0] == 1
+    assert w.residents["a"].phase is Phase.WARMING and w.table.n_starting[0] == 1
     w.observe_progress("a", 4.0, 0.0)
     w.observe_progress("a", 4.5, 0.0)  # a counter that does not move: not training yet
-    assert w.residents["a"].phase is Phase.WARMING and w.n_starting[0] == 1
+    assert w.residents["a"].phase is Phase.WARMING and w.table.n_starting[0] == 1
     w.observe_progress("a", 5.0, 2.0)  # it moved: training, its start-up slot free long before WARMUP_MAX_S
-    assert w.residents["a"].phase is Phase.ACTIVE and w.n_starting[0] == 0
+    assert w.residents["a"].phase is Phase.ACTIVE and w.table.n_starting[0] == 0
     assert w.residents["a"].best_rate == 0.0  # warming reports are not its pace
     _report(w, "a", 5.5, 10.0, 4.0, 4.0)
     assert w.residents["a"].slowdown == pytest.approx(1.0)
@@ -264,12 +266,12 @@ def test_a_gpu_shows_its_slowest_jobs_measurement_until_that_job_leaves():
     step = _report(w, "a", 1.0, 8.0, 10.0)
     _report(w, "a", 8.5, 20.0, 5.0, step)
     _report(w, "b", 1.0, 20.0, 7.0)  # b reports a steady rate: 1x
-    assert w.slowed[0] == pytest.approx(2.0)
+    assert w.table.slowed[0] == pytest.approx(2.0)
     w.remove("a", 21.0)
-    assert w.slowed[0] == pytest.approx(1.0)
+    assert w.table.slowed[0] == pytest.approx(1.0)
     assert w.snapshot(21.0).slowed is not None
     w.remove("b", 22.0)
-    assert w.slowed[0] == 0.0 and w.snapshot(22.0).slowed is None  # nothing measured anywhere
+    assert w.table.slowed[0] == 0.0 and w.snapshot(22.0).slowed is None  # nothing measured anywhere
 
 
 def test_devices_that_join_start_unmeasured_beside_a_measured_one():
@@ -279,8 +281,31 @@ def test_devices_that_join_start_unmeasured_beside_a_measured_one():
     step = _report(w, "a", 1.0, 8.0, 10.0)
     _report(w, "a", 8.5, 20.0, 5.0, step)
     w.add_devices([Device(GpuId("m", 0), 80 * GIB)])  # a node joined
-    assert len(w.slowed) == len(w.ids) and w.slowed[-1] == 0.0
+    assert len(w.table.slowed) == len(w.ids) and w.table.slowed[-1] == 0.0
     assert w.snapshot(21.0).slowed is not None and len(w.snapshot(21.0).slowed) == len(w.ids)
+
+
+def test_a_device_that_joins_has_every_column_a_fresh_device_has_and_the_others_keep_theirs():
+    w = world(2, window=5)
+    w.place(job("a", user="ann"), [0], now=0.0)
+    _active(w, "a", 0, 1.0, 0.6)
+    before = {f.name: list(getattr(w.table, f.name)) for f in fields(DeviceTable)}
+    joined = Device(GpuId("m", 0), 40 * GIB, speed=0.5)
+    w.add_devices([joined])
+    fresh = DeviceTable.of([joined])
+    for f in fields(DeviceTable):
+        column = list(getattr(w.table, f.name))
+        assert len(column) == 3, f.name
+        if f.name == "state":
+            assert column[:2] == before["state"] and not column[2].residents and column[2].segment is None
+        else:
+            assert column == before[f.name] + list(getattr(fresh, f.name)), f.name
+    w.place(job("b"), [2], now=9.0)
+    w.set_reading(2, 10.0, 0.3, 0.1)
+    snap = w.snapshot(10.0)
+    assert snap.n_jobs.tolist() == [1, 0, 1] and snap.speed.tolist() == [1.0, 1.0, 0.5]
+    # its risk window reads the half-GPU instance relative to its own SMs: 0.3 of the GPU is 0.6 of it
+    assert list(snap.residents[2]) == ["b"] and snap.util_sm[2] == pytest.approx(0.6)
 
 
 def test_recent_load_follows_the_readings_of_the_last_few_samples_not_the_risk_windows_peaks():

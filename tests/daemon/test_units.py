@@ -6,9 +6,11 @@ import json
 import math
 import os
 import sys
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -19,6 +21,7 @@ from collocate.daemon.paths import ENV_STATE_DIR, resolve_state_dir
 from collocate.daemon.plan import plan_launch
 from collocate.daemon.spec import JobSpec, default_name, parse_env, validate_submit
 from collocate.daemon.store import Attempt, Store, job_from_json, job_to_json
+from collocate.daemon.views import gpu_rows
 from collocate.errors import InputError
 from collocate.gpus.base import DeviceInfo, DeviceSample, ProcessUsage
 from collocate.gpus.mps import MpsDirs
@@ -257,6 +260,52 @@ class _Backend:
 
 def _watch(samples, **kw) -> GpuWatch:
     return GpuWatch(_Backend(samples), sharing=SharingMode.TIME_SLICING, params=None, window=5, **kw)
+
+
+class _Joining(_Backend):
+    """Node n's two GPUs; node m's one GPU once it has joined, with job 1's process (pid 30)."""
+
+    def __init__(self):
+        super().__init__([])
+        self.joined = False
+
+    def devices(self):
+        joined = [DeviceInfo(GpuId("m", 0), "GPU-m0", "A100-40GB", 40000.0, 108)] if self.joined else []
+        return super().devices() + joined
+
+    def sample(self):
+        return [DeviceSample(d.uuid, 0.0, 3000.0 if d.id.node == "m" else 0.0, 37000.0 if d.id.node == "m" else 40000.0,
+                             sm_activity=0.4 if d.id.node == "m" else 0.0,
+                             processes=(ProcessUsage(30, 3000.0, 0.4),) if d.id.node == "m" else ())
+                for d in self.devices()]
+
+
+@pytest.mark.parametrize("sharing", [SharingMode.TIME_SLICING, SharingMode.MPS])
+def test_a_gpu_that_joins_after_start_shows_in_every_view_with_its_job(sharing):
+    # once, a per-device array the world forgot to grow broke ``collocate gpus`` after a node joined
+    backend = _Joining()
+    watch = GpuWatch(backend, sharing=sharing, params=None, window=5)
+    watch.read()
+    watch.observe({}, now=1.0)
+    backend.joined = True
+    watch.read()  # takes in the GPU of the node that joined
+    watch.place(Job("1", mem_mib=4000, mem_source="declared", user="ann"), ("GPU-m0",), 2.0)
+    watch.read()
+    watch.observe({"1": frozenset({30})}, now=3.0)
+    snap = watch.snapshot(3.0)
+    assert [str(g) for g in snap.ids] == ["n:0", "n:1", "m:0"]
+    per_device = {f.name: getattr(snap, f.name) for f in fields(snap)
+                  if isinstance(getattr(snap, f.name), np.ndarray) or f.name in ("owner", "residents")}
+    assert not [name for name, v in per_device.items() if len(v) not in (0, 3)], "a per-device view not grown"
+    assert snap.n_jobs.tolist() == [0, 0, 1] and snap.committed_mib.tolist() == [0.0, 0.0, 4000.0]
+    assert snap.launch_seen_at[2] == 3.0 and snap.util_sm[2] > 0.0 and list(snap.residents[2]) == ["1"]
+    assert list(snap.owner) == (["", "", "ann"] if sharing is SharingMode.MPS else [])
+    run = SimpleNamespace(attempt=SimpleNamespace(uuids=("GPU-m0",)), pids=frozenset({30}))
+    rows = gpu_rows(watch, {"1": run}, 3.0)  # what ``collocate gpus`` shows
+    assert [r["id"] for r in rows] == ["n:0", "n:1", "m:0"]
+    joined = rows[2]
+    assert joined["jobs"] == ["1"] and joined["job_mib"] == {"1": 3000.0} and joined["committed_mib"] == 4000.0
+    assert joined["sm_window"] > 0.0 and joined["slowed"] is None and joined["frozen"] == 0
 
 
 def test_the_watch_attributes_memory_to_jobs_and_charges_what_nobody_owns():

@@ -408,11 +408,10 @@ class Attempts:
     def _holdings_beside(self, resident: Any) -> list[Holding]:
         """What each job on the crashed attempt's GPUs held (its peak, as last read) and was
         allowed: what attributing the crash weighs."""
-        world = self.watch.world
-        beside = sorted({o for i in resident.devices for o in world.state[i].residents
-                         if o != resident.job.id}, key=_job_key)
-        return [Holding(o, r.ramp.peak_mib, job_allowance_mib(r.job, r.room_mib))
-                for o in beside if (r := world.residents.get(o)) is not None]
+        beside = {o.job.id: o for i in resident.devices for o in self.watch.world.on(i)
+                  if o.job.id != resident.job.id}
+        return [Holding(o.job.id, o.ramp.peak_mib, job_allowance_mib(o.job, o.room_mib))
+                for o in sorted(beside.values(), key=lambda o: _job_key(o.job.id))]
 
     def _remember_departure(self, resident: Any, end: float) -> None:
         while self.departed and self.departed[0].end < end - 2 * DEPARTED_WINDOW_S:
@@ -424,7 +423,7 @@ class Attempts:
     def _beside_unowned_memory(self, resident: Any) -> bool:
         """Whether a GPU of the attempt holds memory of processes that are no job's (then an
         out-of-memory crash is not the job's fault)."""
-        return any(self.watch.world.other[i] > 0.0 for i in resident.devices)
+        return any(self.watch.world.other_mib(i) > 0.0 for i in resident.devices)
 
 
 def _not_the_jobs_fault(exc: BaseException) -> bool:

@@ -61,20 +61,16 @@ class GpuWatch:
 
     def remove(self, job_id: str, now: float) -> Resident | None:
         """The job's resident, with what it taught; None when the world never had it."""
-        if job_id not in self.world.residents:
+        if self.world.resident(job_id) is None:
             return None
         return self.world.remove(job_id, now)
 
     def neighbours(self, job_id: str) -> set[str]:
-        """The jobs that share a GPU with this resident (none when it is not one): read off
-        its devices, not by comparing it with every running job."""
-        r = self.world.residents.get(job_id)
-        if r is None:
-            return set()
-        return {o for i in r.devices for o in self.world.state[i].residents if o != job_id}
+        """The jobs that share a GPU with this resident (none when it is not one)."""
+        return self.world.neighbours(job_id)
 
     def resident(self, job_id: str) -> Resident | None:
-        return self.world.residents.get(job_id)
+        return self.world.resident(job_id)
 
     def progress(self, points: Iterable[MetricPoint]) -> None:
         """The steps jobs reported with their metrics (``log_metric(..., step=)``): the world
@@ -101,7 +97,7 @@ class GpuWatch:
         ours: set[int] = set()
         for job_id, pids in pids_of.items():
             ours |= pids
-            r = self.world.residents.get(job_id)
+            r = self.world.resident(job_id)
             if r is None:
                 continue
             held = 0.0
@@ -136,12 +132,10 @@ class GpuWatch:
         return snapshot.subset([i for i, d in enumerate(self.devices) if d.uuid not in away])
 
     def util(self, uuid: str) -> Utilization:
-        i = self.position[uuid]
-        w = self.world
-        return Utilization(float(w.util_sm[i]), float(w.util_occ[i]), float(w.util_dram[i]))
+        return self.world.util(self.position[uuid])
 
     def committed_mib(self, uuid: str) -> float:
-        return float(self.world.committed[self.position[uuid]])
+        return self.world.committed_mib(self.position[uuid])
 
     def held_mib(self, pids: frozenset[int], uuid: str) -> float:
         """What a job's processes hold on one device now."""

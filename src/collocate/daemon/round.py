@@ -162,8 +162,7 @@ class SchedulingRound:
         is expected to draw beside its neighbours (the interference model's split of a GPU
         reading that per-process counters miss, as under MPS)."""
         launched = {j: run for j, run in self.attempts.running.items() if run.attempt.pid}
-        residents = self.watch.world.residents
-        profiles = {j: residents[j].profile if j in residents else UNKNOWN_PROFILE for j in launched}
+        profiles = {j: r.profile if (r := self.watch.resident(j)) is not None else UNKNOWN_PROFILE for j in launched}
         on_gpu: dict[str, list[str]] = {}  # who shares each GPU: one pass, not one per pair of jobs
         for job_id, run in launched.items():
             for uuid in run.attempt.uuids:

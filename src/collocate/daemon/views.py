@@ -332,8 +332,8 @@ def gpu_rows(monitor: GpuWatch, running: Mapping[str, Any], now: float,
             "sm_recent": monitor.world.recent_sm(monitor.position[d.uuid], now),
             "committed_mib": monitor.committed_mib(d.uuid),
             "other_mib": monitor.other_mib.get(d.uuid, 0.0),
-            "slowed": float(monitor.world.slowed[monitor.position[d.uuid]]) or None,
-            "frozen": int(monitor.world.n_frozen[monitor.position[d.uuid]]),  # held for their thaw
+            "slowed": monitor.world.slowed(monitor.position[d.uuid]) or None,
+            "frozen": monitor.world.n_frozen(monitor.position[d.uuid]),  # held for their thaw
             "jobs": sorted(jobs_on.get(d.uuid, []), key=int),
             "job_mib": held.get(d.uuid, {}),
             "node_event": latest.get(d.id.node),
