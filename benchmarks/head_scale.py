@@ -17,7 +17,8 @@ back to back (``SchedulingRound.run``, what ``serve_forever`` calls every ``--pe
 
 Reported per scale: round time (median, p95, max) in each phase, placement latency (a churn
 round's time over the jobs it placed, and the fill's time per job placed), how long the
-monitoring store's writer (a thread of its own) then took to write the round's tick (untimed in
+tracking sinks' writers (the monitoring store and Prometheus, threads of their own) then took to
+write the round's tick (untimed in
 the round: each round waits for it, as the daemon's period leaves it the time), the process's CPU
 time in the median round (what the wall time is on a machine nobody else uses), and memory (the
 process's RSS after opening and after the queue is in, from ``psutil``). Writes
@@ -89,10 +90,12 @@ def run_scale(n_nodes: int, n_jobs: int, rounds: int, workdir: Path) -> dict:
     written: list[float] = []  # how long the store's writer took after each round
 
     def store_pending() -> int:
-        return next(s["pending"] for s in service.tracking.mon.status()["tracking"] if s["sink"] == "store")
+        """Calls the tracking sinks' writers (threads of their own: the store, Prometheus) have
+        yet to deliver."""
+        return sum(s["pending"] for s in service.tracking.mon.status()["tracking"])
 
     def timed_round(phase: str) -> tuple[float, int]:
-        """One round; then, untimed, wait for the monitoring store's writer (a thread of its
+        """One round; then, untimed, wait for the tracking sinks' writers (threads of their
         own, which the daemon leaves the rest of its period) to write what the round made."""
         before = len(service.attempts.running)
         t0, c0 = time.perf_counter(), time.process_time()

@@ -656,6 +656,27 @@ def test_a_drained_ledger_stops_its_member_between_counts(tmp_path):
     assert sorted(stopped) == ["ann", "cy"] and "collocate purge" in stopped["ann"]
 
 
+def test_a_members_queue_is_counted_only_for_members(tmp_path):
+    """``Accounts.check_submit`` asks how many jobs are queued (a walk over every job) only of
+    a member, whom ``max_queued`` bounds: the owner's 10,000 submits counted the whole queue
+    each time, for a bound that does not apply to them."""
+    from collocate.daemon.quotas import Accounts, Quotas
+
+    asked: list[int] = []
+
+    def queued() -> int:
+        asked.append(1)
+        return 3
+
+    accounts = Accounts(Quotas(max_queued=3), tmp_path, db=None, owner_uid=1000)
+    for owner in (1000, 0):
+        accounts.check_submit(owner, 100, queued)
+    assert asked == []
+    with pytest.raises(InputError, match="3 jobs queued") as refused:
+        accounts.check_submit(1001, 100, queued)
+    assert asked == [1] and "--user-max-queued" in (refused.value.hint or "")
+
+
 def test_one_member_can_never_bring_the_disk_to_its_reserve():
     from collocate.daemon.quotas import Quotas
 

@@ -66,7 +66,7 @@ class Api:
             return {"id": job.id, "name": job.name, "state": job.state.value, "mem_mib": job.mem_mib,
                     "mem_source": job.mem_source}
         self.accounts.check_submit(peer.uid, request_size(args),
-                                   queued_of(peer.uid, self.scheduler.jobs.values(), self.specs))
+                                   lambda: queued_of(peer.uid, self.scheduler.jobs.values(), self.specs))
         req = validate_submit(args, uid=peer.uid, gid=peer.gid, user=peer.user)
         if req.priority > 0 and not rights.is_admin(peer.uid):
             raise InputError(f"only the daemon's owner may raise a job's priority (asked {req.priority})",

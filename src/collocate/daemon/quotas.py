@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -86,9 +86,11 @@ class Accounts:
         # uid -> (stored bytes, when counted): a sweep's thousands of submits count once a second
         self._stored: dict[int, tuple[int, float]] = {}
 
-    def check_submit(self, uid: int, request_bytes: int, queued: int) -> None:
+    def check_submit(self, uid: int, request_bytes: int, queued: Callable[[], int]) -> None:
         """Raise ``DiskFull`` below the disk reserve, or ``InputError`` naming the bound a
-        member's submit would pass and what to do."""
+        member's submit would pass and what to do. ``queued()``: how many jobs the member has
+        pending, asked only of a member (it walks every job: the owner submitting 10,000 jobs
+        spent most of the time counting a queue no bound applies to)."""
         q = self.quotas
         free = free_bytes(self.root)
         if free is not None and q.disk_reserve is not None and free < q.disk_reserve:
@@ -104,8 +106,8 @@ class Accounts:
                              "a member may send (its command and environment)",
                              hint="pass fewer or smaller environment variables (--env), or ask the "
                                   "daemon's owner to raise --user-max-request")
-        if queued >= q.max_queued:
-            raise InputError(f"you have {queued} jobs queued, the most a member may have",
+        if (n_queued := queued()) >= q.max_queued:
+            raise InputError(f"you have {n_queued} jobs queued, the most a member may have",
                              hint="wait for some to start, cancel some, or ask the daemon's owner to "
                                   "raise --user-max-queued")
         counted = self._stored.get(uid)
