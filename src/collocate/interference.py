@@ -52,7 +52,7 @@ class InterferenceModel:
         """Factor (>= 1) by which ``job`` runs slower than alone on a whole GPU."""
         p = self.modes[mode]
         if mode is SharingMode.MIG:
-            return (1.0 + p.base) * max(1.0, job.sm_activity / speed) ** p.speed_exponent
+            return (1.0 + p.base) * max(1.0, on_device(job.sm_activity, speed)) ** p.speed_exponent
         if not others:
             return 1.0
         return float(
@@ -75,15 +75,16 @@ class InterferenceModel:
         """Factor by which ``job`` on a MIG instance with ``fraction`` of the GPU's SMs runs
         slower than alone on the whole GPU, while ``others`` share that instance by ``inner``.
 
-        Inside an instance, activities count relative to it (``a / fraction``, at most 1): a job
-        that keeps 30% of a whole GPU busy saturates a 1g slice of an A100.
+        Inside an instance, activities count relative to it (``on_device``, at most 1 per job): a
+        job that keeps 30% of a whole GPU busy saturates a 1g slice of an A100.
         """
         solo = self.slowdown(SharingMode.MIG, job, speed=fraction)
         if not others:
             return solo
 
         def relative(p: JobProfile) -> JobProfile:
-            return JobProfile(min(1.0, p.sm_activity / fraction), min(1.0, p.dram_activity / fraction))
+            return JobProfile(min(1.0, on_device(p.sm_activity, fraction)),
+                              min(1.0, on_device(p.dram_activity, fraction)))
 
         return solo * self.slowdown(inner, relative(job), [relative(o) for o in others])
 
@@ -96,6 +97,17 @@ class InterferenceModel:
     def power_watts(self, idle_watts: float, max_watts: float, profiles: Sequence[JobProfile]) -> float:
         busy = self.busy_fraction(profiles)
         return idle_watts + (max_watts - idle_watts) * busy**self.power_exponent
+
+
+def on_device(activity, speed):
+    """Activity taken against a whole GPU's SMs (a job's solo profile, a sum of them), as a device
+    with ``speed`` of those SMs counts it: a MIG instance's counters read against its own SMs,
+    so a job keeping 20% of an A100 busy keeps 47% of a 3g instance busy; on a whole GPU
+    (``speed`` 1) it is the activity itself. Everything that relates activity to an instance
+    (the slowdown below, ``auto``'s scores, the world's readings, the emulated backend's samples,
+    the simulator's timelines) goes through here. A reading saturates at 1, so callers that read
+    one take ``min(1, ...)``; sums a policy prices may exceed it. Floats and numpy arrays alike."""
+    return activity / speed
 
 
 def shared_slowdown(p: ModeParams, sm, dram, other_sm, other_dram):

@@ -58,7 +58,7 @@ import numpy as np
 
 from collocate.belief import HISTORY_SD_FLOOR, SD_FLOOR, UNKNOWN, Belief, Joint, exact, realized
 from collocate.commitment import MemoryRamp, committed_mib
-from collocate.interference import ModeParams, shared_slowdown
+from collocate.interference import ModeParams, on_device, shared_slowdown
 from collocate.model import (
     ClusterSnapshot,
     Gangs,
@@ -514,7 +514,7 @@ class World:
         st = self.state[i]
         st.sm, st.dram, st.occupancy, st.level_at = sm, dram, occupancy, now
         self.load_sm[i] = self._average_sm(i, now)
-        self.level_sm[i], self.load_at[i] = min(1.0, sm / self.speed[i]), now
+        self.level_sm[i], self.load_at[i] = min(1.0, on_device(sm, self.speed[i])), now
         if free_mib is not None:
             self.free[i] = free_mib
         if other_mib != self.other[i]:
@@ -872,10 +872,10 @@ class World:
         if st.window is not None:
             u = summarize_window(*st.window)
         else:
-            relative = self.speed[i]  # a monitor reads a MIG device relative to its own SMs
-            busy = min(1.0, st.sm / relative)
+            speed = self.speed[i]  # a monitor reads a MIG device relative to its own SMs
+            busy = min(1.0, on_device(st.sm, speed))
             occupancy = busy * OCCUPANCY_PER_SM if st.occupancy is None else st.occupancy
-            u = Utilization(busy, occupancy, min(1.0, (st.dram or 0.0) / relative))
+            u = Utilization(busy, occupancy, min(1.0, on_device(st.dram or 0.0, speed)))
         self.util_sm[i], self.util_occ[i], self.util_dram[i] = u.sm_activity, u.sm_occupancy, u.dram_activity
 
     def _due_at(self, when: float, kind: int, key: str, epoch: int) -> None:

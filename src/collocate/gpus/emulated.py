@@ -32,9 +32,9 @@ from collocate.gpus.emulated_state import (
     read_devices,
     read_live_claims,
 )
-from collocate.gpus.mig_profiles import full_gpu_sm_count, mig_profile, place
+from collocate.gpus.mig_profiles import mig_profile, place, sm_fraction
 from collocate.gputypes import GpuType, NodeSpec, gpu_type, parse_cluster
-from collocate.interference import InterferenceModel, default_interference
+from collocate.interference import InterferenceModel, default_interference, on_device
 from collocate.model import GpuId, JobProfile
 
 ENV_STATE_DIR = "COLLOCATE_EMULATED_DIR"  # where jobs find the state (the daemon sets it)
@@ -230,7 +230,6 @@ def _device_rows(
                       gpu.idle_watts, gpu.max_watts)
         ]
     place(gpu.name, list(profiles))  # raises if this set cannot coexist on one GPU
-    full_sms = full_gpu_sm_count(gpu.name, gpu.sm_count)
     rows = []
     for gi, name in enumerate(profiles, start=1):
         p = mig_profile(gpu.name, name)
@@ -241,7 +240,7 @@ def _device_rows(
             )
         rows.append(
             DeviceRow(mig_uuid(node, index, gi), start_ord + gi - 1, node, index, f"{gi}.0",
-                      gpu.name, p.memory_mib, p.sm_count, p.sm_count / full_sms,
+                      gpu.name, p.memory_mib, p.sm_count, sm_fraction(gpu.name, p.sm_count, name),
                       gpu_uuid(node, index), name, gpu.idle_watts, gpu.max_watts)
         )
     return rows
@@ -303,9 +302,8 @@ def _sample(
     """One reading. On a MIG instance activities are relative to the instance's share of SMs.
     A job slowed down by its neighbours keeps the GPU busy at its solo activity times its rate,
     as a real GPU's counters read (measured on an H100: docs/gpu-validation.md)."""
-    scale = 1.0 / d.sm_fraction
-    sm = [c.sm * c.rate * scale for c in claims]
-    dram = [c.dram * c.rate * scale for c in claims]
+    sm = [on_device(c.sm * c.rate, d.sm_fraction) for c in claims]
+    dram = [on_device(c.dram * c.rate, d.sm_fraction) for c in claims]
     sm_total, dram_total = float(sum(sm)), float(sum(dram))
     used = float(sum(c.mib for c in claims))
     per_pid: dict[int, list[float]] = {}

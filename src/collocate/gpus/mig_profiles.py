@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 
 from collocate.errors import InputError, UnknownNameError
+from collocate.gputypes import GPU_TYPES
 
 MEMORY_SLICES = 8
 COMPUTE_SLICES = 7
@@ -125,6 +126,25 @@ def full_gpu_sm_count(type_name: str, fallback: int) -> int:
         if profile.compute_slices == COMPUTE_SLICES and profile.sm_count:
             return profile.sm_count
     return fallback
+
+
+def sm_fraction(type_name: str, sm_count: int | None, profile: str | None = None) -> float:
+    """A MIG instance's share of its GPU's SMs: the ``speed`` policies, the world and both
+    worlds' slowdown take it at (``collocate.interference``), computed here once for the NVML
+    backend, the emulated one and the simulator.
+
+    Its SMs (``sm_count``, as read or as the table says) over the whole-GPU (7g) instance's (the
+    GPU type's SMs where the table lacks it; on H100 these are not multiples of 1/7); where its
+    SMs are unknown, its compute slices (``profile`` in the table) over 7; where neither is
+    known, 1.0, which treats the instance as a whole GPU."""
+    known = GPU_TYPES.get(type_name)
+    full = full_gpu_sm_count(type_name, known.sm_count if known else 0)
+    if sm_count and full > 0:
+        return min(1.0, sm_count / full)
+    table = MIG_PROFILES.get(type_name, {})
+    if profile in table:
+        return table[profile].compute_slices / COMPUTE_SLICES
+    return 1.0
 
 
 def profile_from_device_name(product: str) -> str | None:

@@ -109,6 +109,7 @@ from collocate.interference import (
     InterferenceModel,
     ModeParams,
     default_interference,
+    on_device,
     shared_slowdown,
 )
 from collocate.model import ClusterSnapshot, Job, Plan, SharingMode, Wait, WaitKind
@@ -227,7 +228,7 @@ class Auto:
             if params.per_dram:
                 pressure += params.per_dram * ledger.dram_sum[candidates]
             if cluster.has_mig_instances:  # activity counts relative to each instance's SMs
-                pressure /= cluster.speed[candidates]
+                pressure = on_device(pressure, cluster.speed[candidates])
             kept = (pressure <= 1.0 / min_gain - 1.0 - params.base) | startable
             missed, candidates = candidates[~kept], candidates[kept]
             by_model, on_room = by_model[kept], on_room[kept]
@@ -274,7 +275,8 @@ class Auto:
         load = (cluster.util_sm if cluster.sm_recent is None else cluster.sm_recent)[candidates]
         if self.observe_known and cluster.sm_known is not None:  # what is known to be there
             known = cluster.sm_known[candidates]
-            load = np.maximum(load, known / cluster.speed[candidates] if cluster.has_mig_instances else known)
+            load = np.maximum(load, on_device(known, cluster.speed[candidates])
+                              if cluster.has_mig_instances else known)
         on_room = ((load < self.observe_below_sm) & (starting < self.observe_slots)
                    & (job.nodes == 1 and not job.interactive))
         if self.frozen_room and cluster.n_frozen is not None:
@@ -315,7 +317,7 @@ class Auto:
         sm, dram = float(ledger.sm_sum[gpu]), float(ledger.dram_sum[gpu])
         if ledger.cluster.has_mig_instances:
             f = float(ledger.cluster.speed[gpu])
-            sm, dram = sm / f, dram / f
+            sm, dram = on_device(sm, f), on_device(dram, f)
         return float(shared_slowdown(self._params(ledger.cluster.sharing), sm / n, dram / n,
                                      sm - sm / n, dram - dram / n))
 
@@ -332,7 +334,8 @@ class Auto:
         sm, dram = ledger.sm_sum[gpus], ledger.dram_sum[gpus]
         if ledger.cluster.has_mig_instances:  # activity relative to an instance (f = 1 on whole GPUs)
             f = ledger.cluster.speed[gpus]
-            a, d, sm, dram = np.minimum(1.0, a / f), np.minimum(1.0, d / f), sm / f, dram / f
+            a, d = np.minimum(1.0, on_device(a, f)), np.minimum(1.0, on_device(d, f))
+            sm, dram = on_device(sm, f), on_device(dram, f)
         mean_sm, mean_dram = sm / n, dram / n
         newcomer = shared_slowdown(params, a, d, sm, dram)
         resident_after = shared_slowdown(params, mean_sm, mean_dram, sm - mean_sm + a, dram - mean_dram + d)

@@ -47,7 +47,7 @@ from collocate.errors import CollocateError, InputError
 from collocate.estimate.static import TRACED_REL_UNCERTAINTY
 from collocate.fairness import Fairness
 from collocate.gputypes import NodeSpec
-from collocate.interference import InterferenceModel, default_interference
+from collocate.interference import InterferenceModel, default_interference, on_device
 from collocate.job_behaviour import RAMP_STEPS, JobBehaviour, context_mib, progress_rate, ramp_mib, ramp_schedule
 from collocate.knowledge import MemoryProfiles, ProfileKnowledge, carried_over, learned_here, price_pending
 from collocate.model import Job, JobProfile, JobState, SharingMode
@@ -628,7 +628,7 @@ class Simulation:
         for i in gpus:  # memory and activity relative to each device (a MIG instance's own SMs)
             key = str(self.ids[i])
             if key in self.timelines:
-                busy = min(1.0, self.sm_live[i] / self.speed[i])
+                busy = min(1.0, on_device(self.sm_live[i], self.speed[i]))
                 self.timelines[key].append((now, float(self.used[i]), float(busy)))
 
     def _close(self, job: Job, now: float) -> None:

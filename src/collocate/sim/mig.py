@@ -4,8 +4,8 @@ Each physical GPU is split once, at the start, into the instances of a layout (`
 validated with ``collocate.gpus.mig_profiles.place``, the same check the emulated backend runs).
 Every instance is a GPU in the snapshot, as the daemon sees real MIG devices:
 ``GpuId(node, gpu index, "<n>.0")`` with ``n`` = 1, 2, ... in layout order, the profile's memory,
-and ``speed`` = its SM fraction (the profile's SMs over the 7g instance's SMs, as
-``gpus/emulated.py`` computes it; on H100 these are not multiples of 1/7).
+and ``speed`` = its SM fraction (``collocate.gpus.mig_profiles.sm_fraction``, as every backend
+takes it).
 
 The model, also what ``collocate emulate-job`` does on an emulated MIG instance:
 
@@ -35,13 +35,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from collocate.errors import InputError
-from collocate.gpus.mig_profiles import (
-    COMPUTE_SLICES,
-    full_gpu_sm_count,
-    mig_profile,
-    place,
-    profiles_for,
-)
+from collocate.gpus.mig_profiles import mig_profile, place, profiles_for, sm_fraction
 from collocate.gputypes import NodeSpec, gpu_type
 from collocate.model import GpuId
 from collocate.sim.devices import WholeGpus
@@ -102,7 +96,6 @@ def resolve_layout(text: str | None, nodes: Sequence[NodeSpec]) -> dict[str, tup
         profiles_for(type_name)  # no MIG on this type: the error lists the MIG-capable types
         names = per_type.get(type_name) or common or list(default_layout(type_name))
         place(type_name, names)  # unknown names, too many slices, no placement: as the driver
-        full_sms = full_gpu_sm_count(type_name, gpu_type(type_name).sm_count)
         instances = []
         for name in names:
             p = mig_profile(type_name, name)
@@ -111,8 +104,7 @@ def resolve_layout(text: str | None, nodes: Sequence[NodeSpec]) -> dict[str, tup
                     f"MIG profile {name} of {type_name} has no measured size, so it cannot be simulated",
                     hint="use another profile; its numbers were never captured from a real GPU",
                 )
-            fraction = p.sm_count / full_sms if p.sm_count else p.compute_slices / COMPUTE_SLICES
-            instances.append(MigInstance(name, p.memory_mib, fraction))
+            instances.append(MigInstance(name, p.memory_mib, sm_fraction(type_name, p.sm_count, name)))
         out[type_name] = tuple(instances)
     return out
 
