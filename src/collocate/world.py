@@ -58,7 +58,7 @@ import numpy as np
 
 from collocate.belief import HISTORY_SD_FLOOR, SD_FLOOR, UNKNOWN, Belief, Joint, exact, realized
 from collocate.commitment import MemoryRamp, committed_mib
-from collocate.interference import ModeParams, on_device, shared_slowdown
+from collocate.interference import ModeParams, device_slowdown, on_device
 from collocate.model import (
     ClusterSnapshot,
     Gangs,
@@ -211,7 +211,7 @@ class World:
         self.devices = tuple(devices)
         self.sharing = sharing
         self.params = params
-        self.learn = learn and params is not None and sharing is not SharingMode.MIG
+        self.learn = learn and params is not None
         self.period = period_s
         self.min_segment_s = MIN_SEGMENT_SAMPLES * period_s
         self.average_s = AVERAGE_SAMPLES * period_s
@@ -406,7 +406,7 @@ class World:
         """Every resident of ``job_id``'s devices, itself included, with its slowdown as
         observed (``collocate.suspension``): measured from the steps it reports, else what the
         interference model gives for the activity the readings taught of it and its running
-        neighbours (0 while any of them is priced only by a prior, or on a MIG instance)."""
+        neighbours (0 while any of them is priced only by a prior)."""
         r = self.residents.get(job_id)
         if r is None:
             return []
@@ -421,16 +421,12 @@ class World:
             return Neighbour(r.job.id, r.devices, r.seq, active, r.slowdown if active else 0.0, bool(r.slowdown))
         worst = 0.0
         for i in r.devices:
-            if self.speed[i] < 1.0:
-                return Neighbour(r.job.id, r.devices, r.seq, active, 0.0)
             others = [self.residents[j] for j in self.state[i].residents if j != r.job.id]
             others = [o for o in others if o.phase is Phase.ACTIVE and not o.frozen]
             if any(o.pricing.source in _PRIORS for o in (r, *others)):
                 return Neighbour(r.job.id, r.devices, r.seq, active, 0.0)
-            p = r.pricing.profile
-            worst = max(worst, float(shared_slowdown(
-                self.params, p.sm_activity, p.dram_activity, sum(o.pricing.profile.sm_activity for o in others),
-                sum(o.pricing.profile.dram_activity for o in others))) if others else 1.0)
+            worst = max(worst, device_slowdown(self.params, r.pricing.profile,
+                                               [o.pricing.profile for o in others], float(self.speed[i])))
         return Neighbour(r.job.id, r.devices, r.seq, active, worst)
 
     def tell(self, job_id: str, job: Job) -> None:

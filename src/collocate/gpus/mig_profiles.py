@@ -166,6 +166,23 @@ def profile_from_slices(type_name: str, compute_slices: int, memory_mib: float) 
     return best[1] if best else None
 
 
+def split_profiles(text: str) -> list[str]:
+    """``"1g.5gb+me+3g.20gb"`` → ``["1g.5gb+me", "3g.20gb"]`` (``+me`` belongs to its profile):
+    a layout as ``simulate --mig-layout`` and the emulated backend's ``:mig=`` read it."""
+    names: list[str] = []
+    for part in (p.strip() for p in text.split("+")):
+        if part.lower() == "me" and names:
+            names[-1] += "+me"
+        else:
+            names.append(part)
+    if not all(names):
+        raise InputError(
+            f"empty MIG profile name in layout {text!r}",
+            hint="join profile names with +, e.g. 3g.20gb+4g.20gb",
+        )
+    return names
+
+
 def place(type_name: str, names: list[str] | tuple[str, ...]) -> list[int]:
     """Find memory-slice start positions for these instances on one GPU, as the driver would.
 

@@ -87,9 +87,10 @@ placement adds the most total training progress?" and answers with the interfere
   jobs start up to 40 min later than under carma-bf (docs/simulator.md).
 * Jobs recovered from an out-of-memory crash come first in the queue and are placed like any
   other job with their raised memory requirement; they never stop the rest of the queue.
-* A MIG instance is a GPU of its own; jobs sharing one are scored with their activity relative
-  to its size (the snapshot's per-GPU ``speed``), so the simulator and the daemon score
-  instances alike whatever sharing mode they were started with. (Sending each job to the idle
+* A MIG instance is a GPU of its own, shared by the sharing mode in use as a whole GPU is; jobs
+  sharing one are scored with their activity relative to its size (``interference.on_device``
+  with the snapshot's per-GPU ``speed``), the formula of ``interference.device_slowdown`` over
+  arrays, so the simulator and the daemon score instances alike. (Sending each job to the idle
   instance where it would run fastest made simulated makespans 4-6% longer on carma-heavy-60,
   so idle instances are taken in order, as whole GPUs are.)
 * Jobs that read one shared dataset (``collocate submit --dataset``) are drawn together: a
@@ -388,9 +389,7 @@ class Auto:
         return np.bincount(at, weights=paced - (1.0 / before[at] - 1.0 / after[at]), minlength=len(gpus))
 
     def _params(self, mode: SharingMode) -> ModeParams:
-        # Jobs sharing one MIG instance time-slice it (the simulator's MIG mode; the daemon says
-        # how it shares GPUs, instances included).
-        return self.interference.modes[SharingMode.TIME_SLICING if mode is SharingMode.MIG else mode]
+        return self.interference.modes[mode]
 
     def _reserve_for(self, job: Job, ledger: Ledger, keep: np.ndarray) -> list[int] | None:
         """Keep room for ``job`` on the GPUs it would fit soonest: others may still share them,

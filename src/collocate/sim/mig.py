@@ -7,14 +7,15 @@ Every instance is a GPU in the snapshot, as the daemon sees real MIG devices:
 and ``speed`` = its SM fraction (``collocate.gpus.mig_profiles.sm_fraction``, as every backend
 takes it).
 
-The model, also what ``collocate emulate-job`` does on an emulated MIG instance:
+The model, ``InterferenceModel.slowdown(mode, job, others, speed=f)``, also what
+``collocate emulate-job`` does on an emulated MIG instance:
 
-* alone on an instance of SM fraction ``f`` a job runs ``slowdown(MIG, job, speed=f)`` times slower
-  than alone on the whole GPU (``data/interference.toml``, ``[modes.mig]``);
-* jobs that share one instance time-slice it: that factor is multiplied by the time-slicing
-  slowdown among them, with every activity taken relative to the instance (``min(1, a / f)``
-  for SM and DRAM activity alike): a job busy on 20% of a whole GPU's SMs keeps 47% of a 3g
-  instance's busy;
+* alone on an instance of SM fraction ``f`` a job runs ``InterferenceModel.alone(job, f)`` times
+  slower than alone on the whole GPU (``data/interference.toml``, ``[mig]``);
+* jobs that share one instance share it by the sharing mode in use (time-slicing or MPS), as on
+  a whole GPU: that factor is multiplied by the mode's slowdown among them, with every activity
+  taken relative to the instance (``interference.on_device``, at most 1, for SM and DRAM
+  activity alike): a job busy on 20% of a whole GPU's SMs keeps 47% of a 3g instance busy;
 * instances never slow each other down (separate SMs, L2 slices and memory controllers);
 * a physical GPU draws its idle power once: ``idle + (max - idle) · min(1, Σ_instances
   f · busy)^exponent`` with ``busy = min(1, Σ a·rate / f)`` per instance (the realized activity,
@@ -35,7 +36,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from collocate.errors import InputError
-from collocate.gpus.mig_profiles import mig_profile, place, profiles_for, sm_fraction
+from collocate.gpus.mig_profiles import mig_profile, place, profiles_for, sm_fraction, split_profiles
 from collocate.gputypes import NodeSpec, gpu_type
 from collocate.model import GpuId
 from collocate.sim.devices import WholeGpus
@@ -59,28 +60,12 @@ def default_layout(type_name: str) -> tuple[str, ...]:
     return (pick[3], pick[4])
 
 
-def split_profiles(text: str) -> list[str]:
-    """``"1g.5gb+me+3g.20gb"`` → ``["1g.5gb+me", "3g.20gb"]`` (``+me`` belongs to its profile)."""
-    names: list[str] = []
-    for part in (p.strip() for p in text.split("+")):
-        if part.lower() == "me" and names:
-            names[-1] += "+me"
-        else:
-            names.append(part)
-    if not all(names):
-        raise InputError(
-            f"empty MIG profile name in layout {text!r}",
-            hint="join profile names with +, e.g. 3g.20gb+4g.20gb",
-        )
-    return names
-
-
 def resolve_layout(text: str | None, nodes: Sequence[NodeSpec]) -> dict[str, tuple[MigInstance, ...]]:
     """The instances of each GPU type in the cluster, validated; ``text`` as ``--mig-layout``.
 
     ``text`` is one layout for every GPU type (``3g.20gb+4g.20gb``), or comma-separated layouts
     per type (``A100-40GB=3g.20gb+4g.20gb,H100-80GB=3g.40gb+4g.40gb``; types left out get their
-    default); None gives every type its default. Raises ``InputError`` (``UnknownNameError`` for
+    default); ``default`` (or None) gives every type its default. Raises ``InputError`` (``UnknownNameError`` for
     bad names, listing the valid ones) when a type has no MIG or a layout does not fit its GPUs.
     """
     types = list(dict.fromkeys(n.gpu_type.name for n in nodes))
@@ -113,7 +98,9 @@ def _parse_layout_text(text: str | None) -> tuple[list[str] | None, dict[str, li
     if text is None:
         return None, {}
     if not text.strip():
-        raise InputError("--mig-layout is empty", hint="e.g. --mig-layout 3g.20gb+4g.20gb")
+        raise InputError("--mig-layout is empty", hint="e.g. --mig-layout 3g.20gb+4g.20gb, or default")
+    if text.strip() == "default":
+        return None, {}
     common: list[str] | None = None
     per_type: dict[str, list[str]] = {}
     for item in (i.strip() for i in text.split(",")):
@@ -141,14 +128,11 @@ def layout_text(layout: dict[str, tuple[MigInstance, ...]]) -> dict[str, str]:
 class MigInstances(WholeGpus):
     """Every physical GPU split into the instances of its type's layout, each a device."""
 
-    learns_alone = False  # the daemon does not learn solo profiles on MIG instances
-
     def __init__(self, nodes: Sequence[NodeSpec], layout: dict[str, tuple[MigInstance, ...]]) -> None:
         self.layout = layout
         self.board: list[int] = []  # instance -> its physical GPU
         self.members: list[list[int]] = []  # physical GPU -> its instances
         super().__init__(nodes)
-        self.fraction = self.speed  # plain floats: read per event
         self.board_mib = [float(s.gpu_type.memory_mib) for s in nodes for _ in range(s.count)]
 
     def _add_devices(self, nodes: Sequence[NodeSpec]) -> None:
