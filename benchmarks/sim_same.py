@@ -23,7 +23,7 @@ import sys
 
 # (policy, SimConfig keyword arguments): the paths a speed change can touch. Whole GPUs with
 # exact profiles, learning from nothing, a start-up and warm-up, estimated memory (a watched
-# ramp, crashes), the model's calibration error, MIG instances.
+# ramp, crashes), the model's calibration error, MPS, MIG instances.
 CASES: list[tuple[str, dict]] = [
     ("auto", {}),
     ("carma-magm", {}),
@@ -31,7 +31,9 @@ CASES: list[tuple[str, dict]] = [
     ("auto", {"estimator": "faketensor", "model_error_seed": 7}),
     ("carma-magm", {"estimator": "horus"}),
     ("exclusive", {}),
-    ("auto", {"sharing": "mig"}),
+    ("auto", {"sharing": "mps"}),
+    ("carma-magm", {"sharing": "mps"}),
+    ("auto", {"mig_layout": "3g.40gb+4g.40gb"}),
 ]
 
 _CHILD = r"""
@@ -43,6 +45,8 @@ from collocate.sim.engine import SimConfig, Simulation
 from collocate.sim.synth import synthetic_trace
 
 jobs, seed, policy, kwargs = json.loads(sys.argv[1])
+if "mig_layout" in kwargs and hasattr(SharingMode, "MIG"):  # a tree from before MIG left the modes
+    kwargs["sharing"] = "mig"
 if "sharing" in kwargs:
     kwargs["sharing"] = SharingMode(kwargs["sharing"])
 nodes = parse_cluster("25x(8xA100-80GB)")

@@ -20,11 +20,12 @@ if TYPE_CHECKING:  # imported where used: the client (``collocate ls``) needs Jo
 
 
 class SharingMode(StrEnum):
-    """How jobs on one GPU share it."""
+    """How jobs on one device share it, a whole GPU or a MIG instance alike. MIG is no sharing
+    mode: an instance is a device of its own, with its share of its GPU's SMs (``GpuId.mig``,
+    ``ClusterSnapshot.speed``), that its jobs share by the mode in use."""
 
     TIME_SLICING = "time-slicing"  # the driver's default: contexts take turns
     MPS = "mps"  # NVIDIA Multi-Process Service: kernels of several processes run concurrently
-    MIG = "mig"  # hardware partitions; each instance is scheduled as a GPU of its own
 
 
 @dataclass(frozen=True, slots=True, order=True)

@@ -60,7 +60,7 @@ import numpy as np
 from collocate.belief import HISTORY_SD_FLOOR, SD_FLOOR, UNKNOWN, Belief, exact, realized
 from collocate.commitment import MemoryRamp, committed_mib
 from collocate.device_table import Device, DeviceTable, Segment
-from collocate.interference import ModeParams, shared_slowdown
+from collocate.interference import ModeParams, device_slowdown, on_device
 from collocate.model import (
     ClusterSnapshot,
     Gangs,
@@ -175,7 +175,7 @@ class World:
         self.sharing = sharing
         self.mps = sharing is SharingMode.MPS  # a GPU serves one user's jobs (``owner``)
         self.params = params
-        self.learn = learn and params is not None and sharing is not SharingMode.MIG
+        self.learn = learn and params is not None
         self.period = period_s
         self.min_segment_s = MIN_SEGMENT_SAMPLES * period_s
         self.average_s = AVERAGE_SAMPLES * period_s
@@ -328,7 +328,7 @@ class World:
         """Every resident of ``job_id``'s devices, itself included, with its slowdown as
         observed (``collocate.suspension``): measured from the steps it reports, else what the
         interference model gives for the activity the readings taught of it and its running
-        neighbours (0 while any of them is priced only by a prior, or on a MIG instance)."""
+        neighbours (0 while any of them is priced only by a prior)."""
         r = self.residents.get(job_id)
         if r is None:
             return []
@@ -343,16 +343,12 @@ class World:
             return Neighbour(r.job.id, r.devices, r.seq, active, r.slowdown if active else 0.0, bool(r.slowdown))
         worst = 0.0
         for i in r.devices:
-            if self.table.speed[i] < 1.0:
-                return Neighbour(r.job.id, r.devices, r.seq, active, 0.0)
             others = [self.residents[j] for j in self.table.state[i].residents if j != r.job.id]
             others = [o for o in others if o.phase is Phase.ACTIVE and not o.frozen]
             if any(o.pricing.source in _PRIORS for o in (r, *others)):
                 return Neighbour(r.job.id, r.devices, r.seq, active, 0.0)
-            p = r.pricing.profile
-            worst = max(worst, float(shared_slowdown(
-                self.params, p.sm_activity, p.dram_activity, sum(o.pricing.profile.sm_activity for o in others),
-                sum(o.pricing.profile.dram_activity for o in others))) if others else 1.0)
+            worst = max(worst, device_slowdown(self.params, r.pricing.profile,
+                                               [o.pricing.profile for o in others], float(self.table.speed[i])))
         return Neighbour(r.job.id, r.devices, r.seq, active, worst)
 
     # -- readings ------------------------------------------------------------------------------
@@ -434,7 +430,7 @@ class World:
         st = t.state[i]
         st.sm, st.dram, st.occupancy, st.level_at = sm, dram, occupancy, now
         t.load_sm[i] = self._average_sm(i, now)
-        t.level_sm[i], t.load_at[i] = min(1.0, sm / t.speed[i]), now
+        t.level_sm[i], t.load_at[i] = min(1.0, on_device(sm, t.speed[i])), now
         if free_mib is not None:
             t.free[i] = free_mib
         if other_mib != t.other[i]:
@@ -447,7 +443,7 @@ class World:
             busy = float(t.level_sm[i])
             st.window[0].append(busy)
             st.window[1].append(busy * OCCUPANCY_PER_SM if occupancy is None else occupancy)
-            st.window[2].append(min(1.0, (dram or 0.0) / t.speed[i]))
+            st.window[2].append(min(1.0, on_device(dram or 0.0, t.speed[i])))
         if st.segment is not None and dram is None:
             st.segment.has_dram = False
         self._refresh_util(i)
@@ -829,10 +825,10 @@ class World:
         if st.window is not None:
             u = summarize_window(*st.window)
         else:
-            relative = t.speed[i]  # a monitor reads a MIG device relative to its own SMs
-            busy = min(1.0, st.sm / relative)
+            speed = t.speed[i]  # a monitor reads a MIG device relative to its own SMs
+            busy = min(1.0, on_device(st.sm, speed))
             occupancy = busy * OCCUPANCY_PER_SM if st.occupancy is None else st.occupancy
-            u = Utilization(busy, occupancy, min(1.0, (st.dram or 0.0) / relative))
+            u = Utilization(busy, occupancy, min(1.0, on_device(st.dram or 0.0, speed)))
         t.util_sm[i], t.util_occ[i], t.util_dram[i] = u.sm_activity, u.sm_occupancy, u.dram_activity
 
     def _due_at(self, when: float, kind: int, key: str, epoch: int) -> None:

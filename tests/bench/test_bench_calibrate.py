@@ -147,7 +147,7 @@ def test_written_model_loads_and_keeps_unmeasured_modes(tmp_path: Path) -> None:
     assert doc["calibration"]["device"] == "NVIDIA H100 80GB HBM3"
     assert doc["calibration"]["source"] == "ts-only.jsonl"
     assert "not measured" in doc["modes"]["mps"]["provenance"]
-    assert "never changes MIG" in doc["modes"]["mig"]["provenance"]
+    assert "never changes MIG" in doc["mig"]["provenance"]
     assert doc["power"]["gpus"]["H100-80GB"]["idle_watts"] == pytest.approx(POWER[0], rel=1e-3)
     assert any("mps" in n for n in cal.notes)
     errs = doc["calibration"]["modes"]["time-slicing"]

@@ -62,9 +62,10 @@ def test_the_scheduler_refuses_a_plan_that_spreads_a_job_over_instances():
         scheduler.schedule(cluster)
 
 
-def test_auto_scores_instances_the_same_whatever_mode_the_world_says():
-    """The simulator's MIG mode and a daemon started with time-slicing on MIG devices see the
-    same per-GPU facts, so ``auto`` places alike."""
+@pytest.mark.parametrize("mode", list(SharingMode))
+def test_auto_scores_instances_by_their_size_under_every_sharing_mode(mode):
+    """An instance is a device shared by the mode in use, as a whole GPU: ``auto`` scores a
+    newcomer's activity relative to each instance, so the larger one gains more."""
     heavy = JobProfile(0.4, 0.2)
     views = [instance(0, "1.0", speed=3 / 7, jobs=("r1",), committed=4 * GIB),
              instance(0, "2.0", speed=4 / 7, jobs=("r2",), committed=4 * GIB)]
@@ -73,10 +74,8 @@ def test_auto_scores_instances_the_same_whatever_mode_the_world_says():
     running = {"r1": RunningJob("r1", (views[0].id,), heavy, 4 * GIB),
                "r2": RunningJob("r2", (views[1].id,), heavy, 4 * GIB)}
     queue = [Job("a", mem_mib=2 * GIB, mem_source="declared", profile=JobProfile(0.1, 0.05))]
-    plans = [make_policy("auto")(queue, snapshot(views, sharing=mode, running=running, now=math.inf))
-             for mode in (SharingMode.MIG, SharingMode.TIME_SLICING)]
-    assert plans[0] == plans[1]
-    assert [str(g) for g in plans[0].placements[0].gpus] == ["n0:0/2.0"]  # the larger instance gains more
+    plan = make_policy("auto")(queue, snapshot(views, sharing=mode, running=running, now=math.inf))
+    assert [str(g) for g in plan.placements[0].gpus] == ["n0:0/2.0"]  # the larger instance gains more
 
 
 @pytest.mark.parametrize("name", ["exclusive", "shares", "declared-memory", "round-robin", "carma-magm", "auto"])

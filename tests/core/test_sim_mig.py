@@ -1,5 +1,6 @@
 """MIG in the simulator: layouts, the per-instance slowdown, power per physical GPU, admission,
-out-of-memory against instance memory, and `collocate simulate --sharing mig` end to end."""
+out-of-memory against instance memory, time-slicing and MPS inside an instance, and
+`collocate simulate --mig-layout` end to end."""
 
 import json
 import os
@@ -14,6 +15,7 @@ from typer.testing import CliRunner
 
 from collocate.cli import app
 from collocate.errors import InputError, UnknownNameError
+from collocate.gpus.mig_profiles import split_profiles
 from collocate.gputypes import gpu_type, parse_cluster
 from collocate.interference import default_interference
 from collocate.model import GpuId, JobProfile, SharingMode
@@ -25,7 +27,6 @@ from collocate.sim.mig import (
     default_layout,
     layout_text,
     resolve_layout,
-    split_profiles,
 )
 from collocate.sim.trace import TraceJob, Workload
 
@@ -40,7 +41,7 @@ def job(job_id, *, sm=0.5, dram=0.2, duration=3600.0, peak=4000.0, gpus=1, arriv
 
 
 def mig(trace, policy="exclusive", cluster="1xA100-40GB", layout=None, **config):
-    cfg = SimConfig(sharing=SharingMode.MIG, mig_layout=layout, **config)
+    cfg = SimConfig(mig_layout=layout or "default", **config)
     return Simulation(parse_cluster(cluster), trace, make_policy(policy), cfg).run()
 
 
@@ -99,15 +100,9 @@ def test_bad_layouts_say_why(text, cluster, error, message):
         resolve_layout(text, parse_cluster(cluster))
 
 
-def test_a_layout_without_mig_sharing_is_refused():
-    with pytest.raises(InputError, match="sharing mode"):
-        Simulation(parse_cluster("1xA100-40GB"), [job("a")], make_policy("exclusive"),
-                   SimConfig(mig_layout="3g.20gb+4g.20gb"))
-
-
 def test_instances_are_gpus_of_their_own_in_the_snapshot():
     sim = Simulation(parse_cluster("2x(2xA100-40GB)"), [job("a")], make_policy("exclusive"),
-                     SimConfig(sharing=SharingMode.MIG, mig_layout="4g.20gb+2g.10gb+1g.10gb"))
+                     SimConfig(mig_layout="4g.20gb+2g.10gb+1g.10gb"))
     assert isinstance(sim.devices, MigInstances)
     snap = sim.world.snapshot(0.0)
     assert snap.ids[:3] == (GpuId("node0", 0, "1.0"), GpuId("node0", 0, "2.0"), GpuId("node0", 0, "3.0"))
@@ -124,7 +119,7 @@ def test_a_job_alone_on_a_3g_instance_takes_duration_times_the_mig_slowdown():
     result = mig([job("a", sm=0.6, dram=0.3, duration=3600.0)], layout="3g.20gb+4g.20gb")
     r = records(result)["a"]
     assert r.last_gpus == "node0:0/1.0"
-    expected = 3600.0 * MODEL.slowdown(SharingMode.MIG, profile, speed=3 / 7)
+    expected = 3600.0 * MODEL.alone(profile, 3 / 7)
     assert r.end - r.submit == pytest.approx(expected, rel=1e-9)
     assert expected == pytest.approx(3600.0 * 1.05 * (0.6 * 7 / 3) ** 0.65)
 
@@ -134,17 +129,19 @@ def test_two_instances_of_one_gpu_do_not_slow_each_other():
     r = records(mig(trace, layout="3g.20gb+4g.20gb"))
     assert (r["big"].last_gpus, r["small"].last_gpus) == ("node0:0/1.0", "node0:0/2.0")
     for rec, f in ((r["big"], 3 / 7), (r["small"], 4 / 7)):
-        alone = MODEL.slowdown(SharingMode.MIG, JobProfile(0.9, 0.2), speed=f)
+        alone = MODEL.alone(JobProfile(0.9, 0.2), f)
         assert rec.end - rec.submit == pytest.approx(1800.0 * alone, rel=1e-9)
 
 
-def test_jobs_on_one_instance_time_slice_it_with_activity_relative_to_the_instance():
+@pytest.mark.parametrize("sharing", list(SharingMode))
+def test_jobs_on_one_instance_share_it_by_the_mode_with_activity_relative_to_the_instance(sharing):
     trace = [job("a", sm=0.2, dram=0.1), job("b", sm=0.2, dram=0.1)]
-    r = records(mig(trace, policy="declared-memory", layout="3g.20gb"))
+    r = records(mig(trace, policy="declared-memory", layout="3g.20gb", sharing=sharing))
     assert r["a"].last_gpus == r["b"].last_gpus == "node0:0/1.0"
     f = 3 / 7
-    inside = MODEL.slowdown(SharingMode.TIME_SLICING, JobProfile(0.2 / f, 0.1 / f), [JobProfile(0.2 / f, 0.1 / f)])
-    expected = 3600.0 * MODEL.slowdown(SharingMode.MIG, JobProfile(0.2, 0.1), speed=f) * inside
+    inside = MODEL.slowdown(sharing, JobProfile(0.2 / f, 0.1 / f), [JobProfile(0.2 / f, 0.1 / f)])
+    assert inside > 1.0
+    expected = 3600.0 * MODEL.alone(JobProfile(0.2, 0.1), f) * inside
     assert r["a"].end == pytest.approx(expected, rel=1e-9) and r["b"].end == pytest.approx(expected, rel=1e-9)
 
 
@@ -152,7 +149,7 @@ def test_a_physical_gpu_draws_idle_power_once_and_utilization_is_per_physical_gp
     duration = 3600.0
     result = mig([job("a", sm=0.3, duration=duration)], cluster="2xA100-40GB", layout="1g.5gb+1g.5gb+2g.10gb+3g.20gb")
     assert records(result)["a"].last_gpus == "node0:0/1.0"  # a 1g instance: 1/7 of the SMs
-    slowdown = MODEL.slowdown(SharingMode.MIG, JobProfile(0.3, 0.2), speed=1 / 7)
+    slowdown = MODEL.alone(JobProfile(0.3, 0.2), 1 / 7)
     busy = 1 / 7  # the job saturates its instance: min(1/7, 0.3 / slowdown) of the whole GPU
     assert 0.3 / slowdown > busy
     makespan = duration * slowdown
@@ -226,7 +223,7 @@ traces = st.lists(
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(traces, st.sampled_from(LAYOUTS), st.sampled_from(("declared-memory", "carma-magm", "auto")))
 def test_memory_aware_policies_never_overcommit_an_instance(trace, layout, policy):
-    config = SimConfig(sharing=SharingMode.MIG, mig_layout=layout)
+    config = SimConfig(mig_layout=layout)
     result = _CheckedMig(parse_cluster("2xA100-40GB"), trace, make_policy(policy), config).run()
     s = summarize(result)
     assert s.oom_crashes == 0  # estimates are the peaks: placement alone keeps memory safe
@@ -243,13 +240,13 @@ def test_cli_simulates_mig_end_to_end(shared_data):
     out = subprocess.run(
         [sys.executable, "-m", "collocate.cli", "simulate",
          "--trace", str(data / "carma-heavy-60.csv"), "--workloads", str(data / "carma-workloads.csv"),
-         "--cluster", "4xA100-40GB", "--sharing", "mig", "--policy", "exclusive,carma-magm,auto",
+         "--cluster", "4xA100-40GB", "--mig-layout", "default", "--policy", "exclusive,carma-magm,auto",
          "--format", "json"],
         capture_output=True, text=True, timeout=120, cwd=REPO, check=False,
     )
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
-    assert doc["sharing"] == "mig" and doc["mig_layout"] == {"A100-40GB": "3g.20gb+4g.20gb"}
+    assert doc["sharing"] == "time-slicing" and doc["mig_layout"] == {"A100-40GB": "3g.20gb+4g.20gb"}
     assert [p["policy"] for p in doc["policies"]] == ["exclusive", "carma-magm", "auto"]
     for p in doc["policies"]:
         # 2-GPU jobs (3) and jobs over the 19968 MiB of the larger instance (5) are rejected
@@ -260,19 +257,19 @@ def test_cli_table_names_the_layout(shared_data):
     result = CliRunner().invoke(app, [
         "simulate", "--trace", str(shared_data / "carma-heavy-60.csv"),
         "--workloads", str(shared_data / "carma-workloads.csv"), "--policy", "exclusive",
-        "--sharing", "mig", "--mig-layout", "4g.20gb+3g.20gb",
+        "--sharing", "mps", "--mig-layout", "4g.20gb+3g.20gb",
     ])
     assert result.exit_code == 0, result.output
-    assert "mig 4g.20gb+3g.20gb" in result.output
+    assert "mps 4g.20gb+3g.20gb" in result.output
 
 
 @pytest.mark.parametrize(
     ("args", "error", "message"),
     [
-        (["--mig-layout", "3g.20gb+4g.20gb"], InputError, "only applies with --sharing mig"),
-        (["--sharing", "mig", "--mig-layout", "3g.40gb"], UnknownNameError, "3g.20gb"),
-        (["--sharing", "mig", "--cluster", "2xL4-24GB"], UnknownNameError, "MIG-capable"),
-        (["--sharing", "shared"], InputError, "mig"),
+        (["--sharing", "mig"], InputError, "no sharing mode"),
+        (["--mig-layout", "3g.40gb"], UnknownNameError, "3g.20gb"),
+        (["--mig-layout", "default", "--cluster", "2xL4-24GB"], UnknownNameError, "MIG-capable"),
+        (["--sharing", "shared"], InputError, "mps"),
     ],
 )
 def test_cli_mig_errors_explain_the_fix(args, error, message):
@@ -292,7 +289,7 @@ def test_a_warming_job_draws_warm_up_power_on_its_instance_too():
     def energy(warmup_busy):
         model = replace(MODEL, warmup_busy=warmup_busy)
         workload = Workload("w", 1, 60.0, 1000.0, {"peak": 1000.0}, JobProfile(0.2, 0.1), warmup_s=10.0)
-        cfg = SimConfig(sharing=SharingMode.MIG, mig_layout="3g.20gb+4g.20gb", interference=model, ramp_s=0.0)
+        cfg = SimConfig(mig_layout="3g.20gb+4g.20gb", interference=model, ramp_s=0.0)
         result = Simulation(parse_cluster("1xA100-40GB"), [TraceJob("a", 0.0, workload)],
                             make_policy("exclusive"), cfg).run()
         assert records(result)["a"].last_gpus == "node0:0/1.0"  # the 3g instance
@@ -301,3 +298,24 @@ def test_a_warming_job_draws_warm_up_power_on_its_instance_too():
     assert MODEL.warmup_busy > 0
     extra = (A100.max_watts - A100.idle_watts) * (3 / 7 * MODEL.warmup_busy) ** MODEL.power_exponent
     assert energy(MODEL.warmup_busy) - energy(0.0) == pytest.approx(10.0 * extra, rel=1e-9)
+
+
+# -- the instance's parameters ------------------------------------------------------------------
+
+
+def test_an_instance_is_priced_by_mig_parameters_read_from_their_own_table(tmp_path):
+    """``[mig]`` holds the instance's parameters; a file written before MIG left the sharing
+    modes (``[modes.mig]``, by an older ``bench calibrate``) still loads."""
+    from collocate.interference import InstanceParams, load_interference
+
+    modes = "[modes.time-slicing]\nbase = 0.1\n[modes.mps]\nbase = 0.2\n"
+    for table in ("[mig]", "[modes.mig]"):
+        path = tmp_path / "model.toml"
+        path.write_text(f"{modes}{table}\nbase = 0.5\nspeed_exponent = 1.0\n")
+        model = load_interference(path)
+        assert model.instance == InstanceParams(0.5, 1.0)
+        assert model.alone(JobProfile(0.6, 0.1), 3 / 7) == pytest.approx(1.5 * 1.4)
+        assert model.alone(JobProfile(0.6, 0.1), 1.0) == 1.0  # a whole GPU (or a 7g instance)
+    path.write_text(f"{modes}[mig]\nbase = 0.5\nper_sm = 1.0\n")
+    with pytest.raises(InputError, match=r"\[mig\]"):
+        load_interference(path)

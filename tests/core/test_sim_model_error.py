@@ -72,10 +72,10 @@ def test_exclusive_is_untouched_and_collocation_moves_with_the_seed(heavy60):
 
 def test_no_job_runs_faster_than_alone_under_model_error(heavy60):
     duration = {j.id: j.workload.duration_s for j in heavy60}
-    for sharing in ("time-slicing", "mps", "mig"):  # jobs on one MIG instance time-slice it
-        policy = "shares" if sharing == "mig" else "carma-magm"  # shares puts jobs on one instance
-        result = run(heavy60, policy, sharing=SharingMode(sharing), model_error_seed=4)
-        assert summarize(result) != summarize(run(heavy60, policy, sharing=SharingMode(sharing)))
+    for sharing, layout in [(m, layout) for m in SharingMode for layout in (None, "default")]:
+        policy = "carma-magm" if layout is None else "shares"  # shares puts jobs on one instance
+        result = run(heavy60, policy, sharing=sharing, mig_layout=layout, model_error_seed=4)
+        assert summarize(result) != summarize(run(heavy60, policy, sharing=sharing, mig_layout=layout))
         assert all(r.end - r.start >= duration[r.id] - 1e-6 for r in result.records if r.state == "done")
 
 

@@ -397,3 +397,21 @@ def test_every_devices_recent_load_in_the_snapshot_is_what_it_reads_lately_alone
         assert recent.tolist() == pytest.approx([w.recent_sm(i, now) for i in range(4)], abs=1e-12)
     assert w.snapshot(11.0).sm_recent[0] > 0.2 and w.snapshot(1e6).sm_recent[0] == 0.2
     assert w.snapshot(11.0).sm_recent[1] == 0.9
+
+
+def test_on_a_mig_instance_the_neighbourhood_reports_what_neighbours_cost_there():
+    """An instance is a device shared by the mode: the world prices a job's neighbours with the
+    one slowdown, activity relative to the instance, and leaves out what the instance alone costs."""
+    from collocate.interference import device_slowdown
+
+    f = 3 / 7
+    w = World([Device(GpuId("n", 0, "1.0"), 20 * GIB, f)], sharing=SharingMode.TIME_SLICING, params=TS)
+    light = JobProfile(0.2, 0.1)
+    for name in ("a", "b"):
+        w.place(job(name, profile=light, profile_source="declared"), [0], now=0.0)
+        w.observe_memory(name, 2 * GIB, now=1.0)
+    w.tick(1.0 + WARMUP_MAX_S)
+    seen = {n.job_id: n.slowdown for n in w.neighbourhood("a")}
+    expected = device_slowdown(TS, light, [light], f)
+    assert expected > device_slowdown(TS, light, [light])  # busier relative to 3/7 of the SMs
+    assert seen == {"a": pytest.approx(expected), "b": pytest.approx(expected)}

@@ -454,7 +454,7 @@ def test_policies_see_a_mig_instance_at_its_share_of_the_gpu(tmp_path):
     from collocate.gpus.emulated import EmulatedBackend
 
     backend = EmulatedBackend.create(tmp_path, "2xA100-40GB:mig1=3g.20gb,4g.20gb", node="n0")
-    snap = GpuWatch(backend, sharing=SharingMode.MIG, params=None, window=5).snapshot(1.0)
+    snap = GpuWatch(backend, sharing=SharingMode.TIME_SLICING, params=None, window=5).snapshot(1.0)
     assert [round(s, 3) for s in snap.speed] == [1.0, round(42 / 98, 3), round(56 / 98, 3)]
 
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from collocate.errors import InputError
-from collocate.gpus.emulate_job import JobSpec, job_slowdown, oom_message, torch_size
+from collocate.gpus.emulate_job import JobSpec, oom_message, torch_size
 from collocate.gpus.emulated import EmulatedBackend
-from collocate.gpus.emulated_state import DeviceRow, Refusal
+from collocate.gpus.emulated_state import Refusal
 from collocate.gputypes import gpu_type
 from collocate.interference import default_interference
 from collocate.model import JobProfile, SharingMode
@@ -201,17 +201,25 @@ def test_torch_sizes_and_message() -> None:
     assert "Process 7 has 39.06 GiB memory in use." in text
 
 
-def test_slowdown_on_mig_instances() -> None:
-    model = default_interference()
-    row = DeviceRow("MIG-x", 0, NODE, 0, "1.0", "A100-40GB", 19968, 42, 42 / 98, "GPU-x", "3g.20gb", 55, 400)
-    own = JobProfile(0.8, 0.2)
-    alone = job_slowdown(model, SharingMode.TIME_SLICING, own, row, [])
-    assert alone == pytest.approx(model.slowdown(SharingMode.MIG, own, speed=42 / 98))
-    assert alone > 1.3
-    shared = job_slowdown(model, SharingMode.MIG, own, row, [JobProfile(0.1, 0.1)])
-    assert shared > alone
-    whole = DeviceRow("GPU-x", 0, NODE, 0, None, "A100-40GB", 40536, 108, 1.0, None, None, 55, 400)
-    assert job_slowdown(model, SharingMode.MIG, own, whole, []) == 1.0
+
+
+@pytest.mark.parametrize("mode", list(SharingMode))
+def test_jobs_sharing_an_emulated_mig_instance_run_at_the_one_slowdown(state_dir: Path, start_job, mode) -> None:
+    """Two real jobs on one 3g instance, time-sliced or under MPS: each trains at
+    ``InterferenceModel.slowdown`` on that device, what the simulator runs them at."""
+    EmulatedBackend.create(state_dir, "2xA100-40GB:mig1=3g.20gb,4g.20gb", node=NODE)
+    instance = f"MIG-emu-{NODE}-1-1"
+    args = ("--mem", "1GiB", "--seconds", "2", "--sm", "0.3", "--dram", "0.1", "--ramp", "0")
+    pair = [start_job(*args, devices=instance, env={"COLLOCATE_SHARING": mode.value}) for _ in range(2)]
+    outs = [finish(p) for p in pair]
+    assert [o[0] for o in outs] == [0, 0]
+    model, profile = default_interference(), JobProfile(0.3, 0.1)
+    alone = model.slowdown(mode, profile, speed=42 / 98)
+    shared = model.slowdown(mode, profile, [profile], speed=42 / 98)
+    assert shared > alone > 1.0
+    text = outs[0][1] + outs[1][1]
+    assert f"slowdown {shared:.3f}" in text  # the model, applied (alone only while the other starts)
+    assert set(re.findall(r"slowdown ([\d.]+)", text)) <= {f"{alone:.3f}", f"{shared:.3f}"}
 
 
 def test_mps_pinned_limits_are_read_as_mib_per_ordinal():

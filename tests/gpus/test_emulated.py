@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -121,6 +122,23 @@ def test_mig_instances_replace_their_parent(state_dir: Path) -> None:
     assert (devices[0].sm_fraction, three.sm_fraction, four.sm_fraction) == (1.0, 42 / 98, 56 / 98)
     samples = backend.sample()
     assert samples[1].power_watts is None and samples[1].energy_joules is None  # NVML: per GPU only
+
+
+def test_one_layout_splits_every_gpu_as_the_simulator_does(state_dir: Path) -> None:
+    """``:mig=`` is ``simulate --mig-layout``: the daemon's devices are the simulator's."""
+    from collocate.gputypes import parse_cluster
+    from collocate.sim.mig import MigInstances, resolve_layout
+
+    backend = EmulatedBackend.create(state_dir, "2xA100-40GB:mig=3g.20gb+4g.20gb", node=NODE)
+    nodes = parse_cluster("2xA100-40GB")
+    nodes = (replace(nodes[0], name=NODE),)
+    simulated = MigInstances(nodes, resolve_layout("3g.20gb+4g.20gb", nodes))
+    emulated = backend.devices()
+    assert [d.id for d in emulated] == simulated.ids
+    assert [d.sm_fraction for d in emulated] == simulated.speed
+    assert [d.total_mib for d in emulated] == simulated.total_mib
+    mixed = EmulatedBackend.create(state_dir, "2xA100-40GB:mig=3g.20gb,4g.20gb:mig1=7g.40gb", node=NODE)
+    assert [d.mig_profile for d in mixed.devices()] == ["3g.20gb", "4g.20gb", "7g.40gb"]
 
 
 def test_mig_option_and_h100_sizes(state_dir: Path) -> None:

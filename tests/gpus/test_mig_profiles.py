@@ -67,3 +67,12 @@ def test_profile_names_from_nvml() -> None:
     assert profile_from_slices("H100-80GB", 1, 20000) == "1g.20gb"
     assert profile_from_slices("H100-80GB", 1, 9900) == "1g.10gb"
     assert profile_from_slices("L4-24GB", 1, 9900) is None
+
+
+def test_an_instances_sm_fraction_is_taken_once_for_every_backend() -> None:
+    from collocate.gpus.mig_profiles import sm_fraction
+
+    assert sm_fraction("A100-40GB", 42, "3g.20gb") == pytest.approx(3 / 7)  # SMs over the 7g's
+    assert sm_fraction("H100-80GB", 60, "3g.40gb") == pytest.approx(60 / 132)  # not 3/7
+    assert sm_fraction("H200-141GB", None, "3g.71gb") == pytest.approx(3 / 7)  # SMs unknown: slices
+    assert sm_fraction("NVIDIA Mystery", 0, None) == 1.0  # nothing known: a whole GPU

@@ -18,8 +18,9 @@ not 1). The simulator feeds the power model that realized activity, so the fit u
 measured one.
 
 The output TOML has the format of ``collocate/data/interference.toml`` and loads with
-``collocate.interference.load_interference``; modes without measurements (MIG is never changed by
-the bench) keep the packaged parameters and say so in their provenance.
+``collocate.interference.load_interference``; what it does not measure (modes without
+measurements; MIG instances, which the bench never changes) keeps the packaged parameters and
+says so in its provenance.
 """
 
 from __future__ import annotations
@@ -279,8 +280,8 @@ def interference_toml(cal: Calibration) -> str:
             f"fitted by collocate bench calibrate to {stats['observations']} jobs in "
             f"{stats['mixes']} mixes of {cal.source} ({where}); leave-one-mix-out "
             f"{_error_summary(stats, 'cv')}{exp_note}"))
-    mig = packaged["modes"]["mig"]
-    lines += ["", "[modes.mig]",
+    mig = packaged["mig"]
+    lines += ["", "[mig]",
               *[f"{k} = {_num(float(v))}" for k, v in mig.items() if k != "provenance"],
               "provenance = " + _str("not measured (the bench never changes MIG settings); kept "
                                      f"from the packaged model: {mig.get('provenance', '')}")]

@@ -232,9 +232,10 @@ def minitrace_run(
     from collocate.bench.envinfo import environment
     from collocate.bench.minitrace import read_jobs_json
     from collocate.bench.minitrace_run import run_minitrace
+    from collocate.model import SharingMode
 
-    if sharing not in ("time-slicing", "mps"):
-        raise InputError(f"unknown sharing mode {sharing!r}", hint="use time-slicing or mps")
+    if sharing not in set(SharingMode):
+        raise InputError(f"unknown sharing mode {sharing!r}", hint=f"use {' or '.join(SharingMode)}")
     if emulate != gpus.startswith("emulated"):
         raise InputError("--emulate goes with --gpus emulated:<spec>, real jobs with --gpus nvml",
                          hint="e.g. --emulate --gpus emulated:1xH100-80GB for a CPU dry run")

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 
 from collocate.bench.workloads import DEFAULT_WORKLOADS, workload
 from collocate.errors import InputError
+from collocate.model import SharingMode
 
-SHARING_MODES = ("time-slicing", "mps")
+SHARING_MODES = tuple(m.value for m in SharingMode)
 ALONE = "alone"  # a single process on the GPU: the sharing mode does not apply
 DEFAULT_COPIES = (1, 2, 3, 7)
 

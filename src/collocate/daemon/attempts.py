@@ -29,7 +29,7 @@ from collocate.daemon.producers import producer_request
 from collocate.daemon.store import Attempt
 from collocate.gpus.mps import MpsDirs
 from collocate.knowledge import carried_over, learned_here
-from collocate.model import GpuId, Job, JobState, Placement, SharingMode
+from collocate.model import GpuId, Job, JobState, Placement
 from collocate.monitor.sinks.base import JobInfo
 from collocate.node.api import ExitRecord, NodeUnreachable
 from collocate.node.datasets import ProducerStartError
@@ -152,7 +152,7 @@ class Attempts:
         """One launch plan per node of the placement, in rank order; a job on several nodes
         gets the rendezvous of its rank 0 (its node's address and a port free there)."""
         spec, uuid_of, adir = self.specs[job.id], self.uuid_of, Path(attempt.dir)
-        mps_dirs = MpsDirs.under(self.layout.root) if self.config.sharing is SharingMode.MPS else None
+        mps_dirs = MpsDirs.under(self.layout.root)  # used where the mode is MPS (daemon/plan.py)
         by_node: dict[str, list[GpuId]] = {attempt.host: []} if attempt.host else {}
         for g in placement.gpus:
             by_node.setdefault(g.node, []).append(g)

@@ -132,8 +132,10 @@ def serve(
     from collocate.recovery import RecoveryRules
     from collocate.units import option_bytes
 
-    if sharing not in ("auto", "time-slicing", "mps"):
-        raise InputError(f"unknown sharing mode {sharing!r}", hint="use auto, time-slicing or mps")
+    if sharing != "auto" and sharing not in set(SharingMode):
+        raise InputError(f"unknown sharing mode {sharing!r}",
+                         hint=f"use auto or {' or '.join(SharingMode)} (MIG instances are devices: "
+                              "emulated ones with --gpus emulated:4xA100-40GB:mig=3g.20gb+4g.20gb)")
     why_sharing = "chosen with --sharing"
     if sharing == "auto":
         sharing, why_sharing = default_sharing(gpus=gpus, serves_others=group is not None, ray=ray is not None)

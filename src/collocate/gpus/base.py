@@ -31,16 +31,13 @@ class DeviceInfo:
     @property
     def sm_fraction(self) -> float:
         """The instance's share of its GPU's SMs (1.0 for a whole GPU): the ``speed`` policies
-        see, taken of the whole-GPU (7g) instance as the emulated backend and simulator do.
-        1.0 when the SM counts are unknown, which treats the instance as a whole GPU."""
+        see (``collocate.gpus.mig_profiles.sm_fraction``, as the emulated backend and the
+        simulator take it)."""
         if self.parent_uuid is None:
             return 1.0
-        from collocate.gpus.mig_profiles import full_gpu_sm_count
-        from collocate.gputypes import GPU_TYPES
+        from collocate.gpus.mig_profiles import sm_fraction
 
-        known = GPU_TYPES.get(self.type_name)
-        full = full_gpu_sm_count(self.type_name, known.sm_count if known else 0)
-        return min(1.0, self.sm_count / full) if self.sm_count > 0 and full > 0 else 1.0
+        return sm_fraction(self.type_name, self.sm_count, self.mig_profile)
 
 
 @dataclass(frozen=True, slots=True)

@@ -165,22 +165,6 @@ def sharing_mode(env: dict[str, str] | os._Environ[str]) -> SharingMode:
         ) from None
 
 
-def job_slowdown(
-    model: InterferenceModel, mode: SharingMode, own: JobProfile, device: DeviceRow,
-    others: list[JobProfile],
-) -> float:
-    """Slowdown on one device.
-
-    A MIG instance runs at its SM share; jobs inside one instance share it by ``mode``.
-    """
-    if device.parent_uuid is None:
-        if mode is SharingMode.MIG:  # not partitioned: co-runners take turns
-            mode = SharingMode.TIME_SLICING
-        return model.slowdown(mode, own, others)
-    inner = SharingMode.TIME_SLICING if mode is SharingMode.MIG else mode
-    return model.instance_slowdown(own, others, device.sm_fraction, inner)
-
-
 #: A gap between two ticks longer than this is the process being stopped (a cgroup freezer,
 #: SIGSTOP): a stopped job makes no progress, so such a gap counts as one tick. A tick is at most
 #: 0.1 s, and a process waiting for a CPU on a loaded machine is back within a few hundredths
@@ -298,7 +282,7 @@ class EmulatedJob:
         for device in self.devices:
             others = [_profile(c) for c in claims if c.uuid == device.uuid and c.pid != self.pid
                       and (c.sm > 0 or c.dram > 0)]  # a neighbour in its first steps slows nobody
-            worst = max(worst, job_slowdown(self.model, self.mode, self.profile, device, others))
+            worst = max(worst, self.model.slowdown(self.mode, self.profile, others, speed=device.sm_fraction))
         return worst
 
     def _say(self, text: str) -> None:

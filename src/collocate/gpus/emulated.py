@@ -9,8 +9,10 @@ the integral of that power over the samples (persisted, so it is monotonic acros
 
 Spec grammar (after ``emulated:``): a cluster spec as ``gputypes.parse_cluster`` reads it,
 then optional ``:mig<i>=<profile>,<profile>`` parts that split GPU ``i`` into MIG instances, e.g.
-``emulated:2xA100-40GB:mig0=3g.20gb,4g.20gb``. A single-node spec takes the ``node`` name given
-(the host, for the daemon); multi-node specs keep ``node0``, ``node1``, ... and take no MIG parts.
+``emulated:2xA100-40GB:mig0=3g.20gb,4g.20gb``, or a ``:mig=`` part that splits every GPU alike,
+as ``simulate --mig-layout`` does (``emulated:4xA100-40GB:mig=3g.20gb+4g.20gb``; a ``mig<i>``
+part overrides it for GPU ``i``). A single-node spec takes the ``node`` name given (the host,
+for the daemon); multi-node specs keep ``node0``, ``node1``, ... and take no MIG parts.
 """
 
 from __future__ import annotations
@@ -32,13 +34,13 @@ from collocate.gpus.emulated_state import (
     read_devices,
     read_live_claims,
 )
-from collocate.gpus.mig_profiles import full_gpu_sm_count, mig_profile, place
+from collocate.gpus.mig_profiles import mig_profile, place, sm_fraction, split_profiles
 from collocate.gputypes import GpuType, NodeSpec, gpu_type, parse_cluster
-from collocate.interference import InterferenceModel, default_interference
+from collocate.interference import InterferenceModel, default_interference, on_device
 from collocate.model import GpuId, JobProfile
 
 ENV_STATE_DIR = "COLLOCATE_EMULATED_DIR"  # where jobs find the state (the daemon sets it)
-_MIG_PART = re.compile(r"^mig(\d+)=(.+)$")
+_MIG_PART = re.compile(r"^mig(\d*)=(.+)$")
 
 
 def gpu_uuid(node: str, index: int) -> str:
@@ -54,16 +56,23 @@ def parse_spec(spec: str) -> tuple[tuple[NodeSpec, ...], dict[int, list[str]]]:
     """Split ``2xA100-40GB:mig0=3g.20gb,4g.20gb`` into the cluster and the MIG layout."""
     cluster_text, *parts = spec.split(":")
     nodes = parse_cluster(cluster_text)
+    every: list[str] = []
     mig: dict[int, list[str]] = {}
     for part in parts:
         match = _MIG_PART.match(part.strip())
         if not match:
             raise InputError(
                 f"cannot read emulated GPU option {part!r} in {spec!r}",
-                hint="write MIG layouts as :mig<gpu index>=<profile>,<profile>, "
-                "e.g. emulated:2xA100-40GB:mig0=3g.20gb,4g.20gb",
+                hint="write MIG layouts as :mig<gpu index>=<profile>,<profile>, or :mig=<layout> "
+                "for every GPU, e.g. emulated:2xA100-40GB:mig0=3g.20gb,4g.20gb",
             )
-        mig[int(match[1])] = [p.strip() for p in match[2].split(",") if p.strip()]
+        profiles = [p for item in match[2].split(",") for p in split_profiles(item)]
+        if match[1]:
+            mig[int(match[1])] = profiles
+        else:
+            every = profiles
+    if every:
+        mig = {i: every for i in range(sum(n.count for n in nodes))} | mig
     return nodes, mig
 
 
@@ -230,7 +239,6 @@ def _device_rows(
                       gpu.idle_watts, gpu.max_watts)
         ]
     place(gpu.name, list(profiles))  # raises if this set cannot coexist on one GPU
-    full_sms = full_gpu_sm_count(gpu.name, gpu.sm_count)
     rows = []
     for gi, name in enumerate(profiles, start=1):
         p = mig_profile(gpu.name, name)
@@ -241,7 +249,7 @@ def _device_rows(
             )
         rows.append(
             DeviceRow(mig_uuid(node, index, gi), start_ord + gi - 1, node, index, f"{gi}.0",
-                      gpu.name, p.memory_mib, p.sm_count, p.sm_count / full_sms,
+                      gpu.name, p.memory_mib, p.sm_count, sm_fraction(gpu.name, p.sm_count, name),
                       gpu_uuid(node, index), name, gpu.idle_watts, gpu.max_watts)
         )
     return rows
@@ -303,9 +311,8 @@ def _sample(
     """One reading. On a MIG instance activities are relative to the instance's share of SMs.
     A job slowed down by its neighbours keeps the GPU busy at its solo activity times its rate,
     as a real GPU's counters read (measured on an H100: docs/gpu-validation.md)."""
-    scale = 1.0 / d.sm_fraction
-    sm = [c.sm * c.rate * scale for c in claims]
-    dram = [c.dram * c.rate * scale for c in claims]
+    sm = [on_device(c.sm * c.rate, d.sm_fraction) for c in claims]
+    dram = [on_device(c.dram * c.rate, d.sm_fraction) for c in claims]
     sm_total, dram_total = float(sum(sm)), float(sum(dram))
     used = float(sum(c.mib for c in claims))
     per_pid: dict[int, list[float]] = {}

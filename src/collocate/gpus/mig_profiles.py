@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 
 from collocate.errors import InputError, UnknownNameError
+from collocate.gputypes import GPU_TYPES
 
 MEMORY_SLICES = 8
 COMPUTE_SLICES = 7
@@ -127,6 +128,25 @@ def full_gpu_sm_count(type_name: str, fallback: int) -> int:
     return fallback
 
 
+def sm_fraction(type_name: str, sm_count: int | None, profile: str | None = None) -> float:
+    """A MIG instance's share of its GPU's SMs: the ``speed`` policies, the world and both
+    worlds' slowdown take it at (``collocate.interference``), computed here once for the NVML
+    backend, the emulated one and the simulator.
+
+    Its SMs (``sm_count``, as read or as the table says) over the whole-GPU (7g) instance's (the
+    GPU type's SMs where the table lacks it; on H100 these are not multiples of 1/7); where its
+    SMs are unknown, its compute slices (``profile`` in the table) over 7; where neither is
+    known, 1.0, which treats the instance as a whole GPU."""
+    known = GPU_TYPES.get(type_name)
+    full = full_gpu_sm_count(type_name, known.sm_count if known else 0)
+    if sm_count and full > 0:
+        return min(1.0, sm_count / full)
+    table = MIG_PROFILES.get(type_name, {})
+    if profile in table:
+        return table[profile].compute_slices / COMPUTE_SLICES
+    return 1.0
+
+
 def profile_from_device_name(product: str) -> str | None:
     """The profile in an NVML MIG device name: "NVIDIA A100-SXM4-40GB MIG 3g.20gb" → "3g.20gb"."""
     match = _NAME_IN_PRODUCT.search(product)
@@ -144,6 +164,23 @@ def profile_from_slices(type_name: str, compute_slices: int, memory_mib: float) 
         if best is None or gap < best[0]:
             best = (gap, profile.name)
     return best[1] if best else None
+
+
+def split_profiles(text: str) -> list[str]:
+    """``"1g.5gb+me+3g.20gb"`` → ``["1g.5gb+me", "3g.20gb"]`` (``+me`` belongs to its profile):
+    a layout as ``simulate --mig-layout`` and the emulated backend's ``:mig=`` read it."""
+    names: list[str] = []
+    for part in (p.strip() for p in text.split("+")):
+        if part.lower() == "me" and names:
+            names[-1] += "+me"
+        else:
+            names.append(part)
+    if not all(names):
+        raise InputError(
+            f"empty MIG profile name in layout {text!r}",
+            hint="join profile names with +, e.g. 3g.20gb+4g.20gb",
+        )
+    return names
 
 
 def place(type_name: str, names: list[str] | tuple[str, ...]) -> list[int]:

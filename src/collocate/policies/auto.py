@@ -90,9 +90,10 @@ placement adds the most total training progress?" and answers with the interfere
   jobs start up to 40 min later than under carma-bf (docs/simulator.md).
 * Jobs recovered from an out-of-memory crash come first in the queue and are placed like any
   other job with their raised memory requirement; they never stop the rest of the queue.
-* A MIG instance is a GPU of its own; jobs sharing one are scored with their activity relative
-  to its size (the snapshot's per-GPU ``speed``), so the simulator and the daemon score
-  instances alike whatever sharing mode they were started with. (Sending each job to the idle
+* A MIG instance is a GPU of its own, shared by the sharing mode in use as a whole GPU is; jobs
+  sharing one are scored with their activity relative to its size (``interference.on_device``
+  with the snapshot's per-GPU ``speed``), the formula of ``interference.device_slowdown`` over
+  arrays, so the simulator and the daemon score instances alike. (Sending each job to the idle
   instance where it would run fastest made simulated makespans 4-6% longer on carma-heavy-60,
   so idle instances are taken in order, as whole GPUs are.)
 * Jobs that read one shared dataset (``collocate submit --dataset``) are drawn together: a
@@ -112,6 +113,7 @@ from collocate.interference import (
     InterferenceModel,
     ModeParams,
     default_interference,
+    on_device,
     shared_slowdown,
 )
 from collocate.model import ClusterSnapshot, Job, Plan, SharingMode, Wait, WaitKind
@@ -230,7 +232,7 @@ class Auto:
             if params.per_dram:
                 pressure += params.per_dram * ledger.dram_sum[candidates]
             if cluster.has_mig_instances:  # activity counts relative to each instance's SMs
-                pressure /= cluster.speed[candidates]
+                pressure = on_device(pressure, cluster.speed[candidates])
             kept = (pressure <= 1.0 / min_gain - 1.0 - params.base) | startable
             missed, candidates = candidates[~kept], candidates[kept]
             by_model, on_room = by_model[kept], on_room[kept]
@@ -279,7 +281,8 @@ class Auto:
         load = (cluster.util_sm if cluster.sm_recent is None else cluster.sm_recent)[candidates]
         if self.observe_known and cluster.sm_known is not None:  # what is known to be there
             known = cluster.sm_known[candidates]
-            load = np.maximum(load, known / cluster.speed[candidates] if cluster.has_mig_instances else known)
+            load = np.maximum(load, on_device(known, cluster.speed[candidates])
+                              if cluster.has_mig_instances else known)
         on_room = ((load < self.observe_below_sm) & (starting < self.observe_slots)
                    & (job.nodes == 1 and not job.interactive))
         if self.frozen_room and cluster.n_frozen is not None:
@@ -324,7 +327,7 @@ class Auto:
         sm, dram = float(ledger.sm_sum[gpu]), float(ledger.dram_sum[gpu])
         if ledger.cluster.has_mig_instances:
             f = float(ledger.cluster.speed[gpu])
-            sm, dram = sm / f, dram / f
+            sm, dram = on_device(sm, f), on_device(dram, f)
         return float(shared_slowdown(self._params(ledger.cluster.sharing), sm / n, dram / n,
                                      sm - sm / n, dram - dram / n))
 
@@ -341,7 +344,8 @@ class Auto:
         sm, dram = ledger.sm_sum[gpus], ledger.dram_sum[gpus]
         if ledger.cluster.has_mig_instances:  # activity relative to an instance (f = 1 on whole GPUs)
             f = ledger.cluster.speed[gpus]
-            a, d, sm, dram = np.minimum(1.0, a / f), np.minimum(1.0, d / f), sm / f, dram / f
+            a, d = np.minimum(1.0, on_device(a, f)), np.minimum(1.0, on_device(d, f))
+            sm, dram = on_device(sm, f), on_device(dram, f)
         mean_sm, mean_dram = sm / n, dram / n
         newcomer = shared_slowdown(params, a, d, sm, dram)
         resident_after = shared_slowdown(params, mean_sm, mean_dram, sm - mean_sm + a, dram - mean_dram + d)
@@ -394,9 +398,7 @@ class Auto:
         return np.bincount(at, weights=paced - (1.0 / before[at] - 1.0 / after[at]), minlength=len(gpus))
 
     def _params(self, mode: SharingMode) -> ModeParams:
-        # Jobs sharing one MIG instance time-slice it (the simulator's MIG mode; the daemon says
-        # how it shares GPUs, instances included).
-        return self.interference.modes[SharingMode.TIME_SLICING if mode is SharingMode.MIG else mode]
+        return self.interference.modes[mode]
 
     def _reserve_for(self, job: Job, ledger: Ledger, keep: np.ndarray) -> list[int] | None:
         """Keep room for ``job`` on the GPUs it would fit soonest: others may still share them,

@@ -42,18 +42,19 @@ def simulate(
     sharing: Annotated[
         str,
         typer.Option(
-            help="How jobs share a GPU: time-slicing, mps, or mig (every GPU split into the MIG "
-            "instances of --mig-layout, each scheduled as a GPU; jobs on one instance time-slice it)."
+            help="How jobs share a device, a whole GPU or a MIG instance of --mig-layout: "
+            "time-slicing or mps."
         ),
     ] = "time-slicing",
     mig_layout: Annotated[
         str | None,
         typer.Option(
-            help="With --sharing mig: the instances every GPU is split into, MIG profile names "
-            "joined by +, e.g. 3g.20gb+4g.20gb (A100-40GB) or 2g.20gb+2g.20gb+3g.40gb "
-            "(H100-80GB); for mixed clusters one per type, A100-40GB=...,H100-80GB=.... "
-            "Default: the 3g+4g half/half split of each type, which uses the whole GPU in the "
-            "fewest instances and leaves each half the memory, so larger jobs still fit.",
+            help="Split every GPU into these MIG instances, each scheduled as a GPU and shared by "
+            "--sharing: MIG profile names joined by +, e.g. 3g.20gb+4g.20gb (A100-40GB) or "
+            "2g.20gb+2g.20gb+3g.40gb (H100-80GB); for mixed clusters one per type, "
+            "A100-40GB=...,H100-80GB=...; or default: the 3g+4g half/half split of each type, "
+            "which uses the whole GPU in the fewest instances and leaves each half the memory, "
+            "so larger jobs still fit. Not given: whole GPUs.",
         ),
     ] = None,
     param: Annotated[
@@ -156,18 +157,18 @@ def simulate(
         raise InputError(f"unknown --profiles {profiles!r}", hint=f"valid: {', '.join(PROFILE_KNOWLEDGE)}")
     if estimator not in ESTIMATORS:
         raise InputError(f"unknown estimator {estimator!r}", hint=f"valid estimators: {', '.join(ESTIMATORS)}")
+    if sharing == "mig":
+        raise InputError(
+            "MIG is no sharing mode: it splits GPUs into instances, which jobs share by "
+            "time-slicing or mps",
+            hint="use --mig-layout default (or a layout such as 3g.20gb+4g.20gb) with "
+                 "--sharing time-slicing or mps",
+        )
     try:
         mode = SharingMode(sharing)
     except ValueError:
-        raise InputError(f"unknown sharing mode {sharing!r}", hint="valid: time-slicing, mps, mig") from None
-    layout = None
-    if mode is SharingMode.MIG:
-        layout = layout_text(resolve_layout(mig_layout, nodes))  # validated before any run
-    elif mig_layout is not None:
-        raise InputError(
-            f"--mig-layout only applies with --sharing mig (got --sharing {mode.value})",
-            hint=f"add --sharing mig, or drop --mig-layout {mig_layout}",
-        )
+        raise InputError(f"unknown sharing mode {sharing!r}", hint="valid: time-slicing, mps") from None
+    layout = None if mig_layout is None else layout_text(resolve_layout(mig_layout, nodes))  # checked first
     names = [name.strip() for name in policy.split(",") if name.strip()]
     if not names:
         raise InputError("no policy given", hint="e.g. --policy exclusive,carma-magm,auto")
@@ -226,7 +227,7 @@ def simulate(
     summaries = [summarize(r) for r in results]
     versus = {r.policy: versus_exclusive(completion_times(r), completion_times(baseline))
               for r in results if r is not baseline}
-    floor_doc = _floor_doc(jobs, nodes, mode, summaries) if floor else None
+    floor_doc = _floor_doc(jobs, nodes, mode, summaries, layout is not None) if floor else None
 
     written: list[Path] = []
     if out:
@@ -280,12 +281,12 @@ def _advancing(progress: Progress, task: TaskID) -> Callable[[int, int], None]:
     return lambda done, _total: progress.update(task, completed=done)
 
 
-def _floor_doc(jobs, nodes, mode, summaries) -> dict:
+def _floor_doc(jobs, nodes, mode, summaries, mig: bool) -> dict:
     """Floors in minutes and, when `exclusive` was compared, each policy's share of the gap
     between exclusive's makespan and each floor."""
     from collocate.sim.floor import floors
 
-    f = floors(jobs, nodes, mode)
+    f = floors(jobs, nodes, mode, mig=mig)
     minutes = {k.replace("_s", "_min"): (None if v is None else _minutes(v))
                for k, v in f.as_dict().items() if k.endswith("_s")}
     doc: dict = {**minutes, "mixes": f.mixes, "job_types": f.job_types}

@@ -2,10 +2,10 @@
 
 The engine (``sim/engine.py``) keeps per-device state (memory, residents, activity) and asks a
 ``Devices`` strategy for what differs between sharing modes: which devices there are, how
-their physical GPUs integrate energy, busy time and memory, and whether the daemon would
-learn a job's solo profile on them. ``WholeGpus`` is every mode but MIG (one device per
-physical GPU); ``collocate.sim.mig.MigInstances`` splits each GPU into MIG instances. Admission
-needs no hook: ``collocate.scheduler.Capacity`` reads MIG instances from the snapshot.
+their physical GPUs integrate energy, busy time and memory, and each device's share of its GPU's
+SMs (``speed``). ``WholeGpus`` is one device per physical GPU; ``collocate.sim.mig.MigInstances``
+splits each GPU into MIG instances. Admission needs no hook: ``collocate.scheduler.Capacity``
+reads MIG instances from the snapshot.
 """
 
 from __future__ import annotations
@@ -20,12 +20,6 @@ from collocate.model import GpuId
 
 class WholeGpus:
     """Each physical GPU is one schedulable device."""
-
-    #: The daemon learns a job's solo profile only on a whole GPU.
-    learns_alone = True
-    #: Per device, its share of its GPU's SMs when jobs on it are slowed per instance (MIG);
-    #: None: jobs are slowed by the sharing mode among the residents of a whole GPU.
-    fraction: list[float] | None = None
 
     def __init__(self, nodes: Sequence[NodeSpec]) -> None:
         self.ids: list[GpuId] = []

@@ -22,12 +22,14 @@ realized activity whenever it changes), and the world model builds the policies'
 phases of each job, its memory commitment and its beliefs of every job's activity, learned
 while jobs share GPUs as the daemon learns them. ``SimConfig.profiles`` says what it starts from.
 
-What differs between sharing modes is a small strategy object (``collocate.sim.devices``):
-``WholeGpus``, or under ``SharingMode.MIG`` ``collocate.sim.mig.MigInstances``, whose GPUs are
+What the devices are is a small strategy object (``collocate.sim.devices``): ``WholeGpus``, or
+with a MIG layout (``SimConfig.mig_layout``) ``collocate.sim.mig.MigInstances``, whose GPUs are
 split into MIG instances that are scheduled as GPUs of their own. It says which devices there
-are, meters their physical GPUs' energy, busy time and memory, and gives each instance's SM
-fraction (jobs on an instance are slowed relative to it). Admission is the core's
-(``collocate.scheduler.Capacity`` reads MIG instances from the snapshot).
+are, meters their physical GPUs' energy, busy time and memory, and gives each device's share of
+its GPU's SMs (``speed``: jobs on an instance are slowed relative to it, by
+``InterferenceModel.slowdown``, and share it by the sharing mode, time-slicing or MPS, as a whole
+GPU). Admission is the core's (``collocate.scheduler.Capacity`` reads MIG instances from the
+snapshot).
 
 Policies see estimates (``Job.mem_mib``, from the chosen estimator) while crashes follow the
 actual peaks, so the cost of a poor estimator shows up as out-of-memory crashes.
@@ -48,7 +50,7 @@ from collocate.errors import CollocateError, InputError
 from collocate.estimate.static import TRACED_REL_UNCERTAINTY
 from collocate.fairness import Fairness
 from collocate.gputypes import NodeSpec
-from collocate.interference import InterferenceModel, default_interference
+from collocate.interference import InterferenceModel, default_interference, on_device
 from collocate.job_behaviour import RAMP_STEPS, JobBehaviour, context_mib, progress_rate, ramp_mib, ramp_schedule
 from collocate.knowledge import MemoryProfiles, ProfileKnowledge, carried_over, learned_here, price_pending
 from collocate.model import Job, JobProfile, JobState, SharingMode
@@ -118,9 +120,9 @@ class SimConfig:
     rules: RecoveryRules = field(default_factory=RecoveryRules)
     interference: InterferenceModel = field(default_factory=default_interference)
     timeline_gpus: int = 16  # record memory/SM timelines of the first N GPUs (for plots)
-    # MIG only: the instances every physical GPU is split into, e.g. "3g.20gb+4g.20gb", or per
-    # GPU type "A100-40GB=3g.20gb+4g.20gb,H100-80GB=..."; None: the default of each type
-    # (collocate.sim.mig.default_layout).
+    # The MIG instances every physical GPU is split into, e.g. "3g.20gb+4g.20gb", or per GPU
+    # type "A100-40GB=3g.20gb+4g.20gb,H100-80GB=...", or "default" (each type's
+    # collocate.sim.mig.default_layout); None: whole GPUs. Jobs share an instance by ``sharing``.
     mig_layout: str | None = None
     # Seed of the model error (``collocate.sim.model_error``): jobs in a mix run at the model's
     # slowdown times a held-out calibration error; None runs them at the model's prediction.
@@ -213,18 +215,13 @@ class Simulation:
         *,
         progress: Callable[[int, int], None] | None = None,
     ) -> None:
-        if config.mig_layout is not None and config.sharing is not SharingMode.MIG:
-            raise InputError(
-                f"a MIG layout was given but the sharing mode is {config.sharing.value}",
-                hint="use sharing mode mig with a MIG layout, or drop the layout",
-            )
         self.cfg = config
         self.trace = trace
         self.policy = policy
         self.model_error = (None if config.model_error_seed is None
                             else ModelError.of(config.interference, config.sharing, config.model_error_seed))
         self.progress = progress
-        if config.sharing is SharingMode.MIG:
+        if config.mig_layout is not None:
             self.devices: WholeGpus = MigInstances(nodes, resolve_layout(config.mig_layout, nodes))
         else:
             self.devices = WholeGpus(nodes)
@@ -586,8 +583,7 @@ class Simulation:
     def _rerate(self, gpus: list[int], now: float) -> None:
         """Recompute the progress rate of every job sharing any of these GPUs."""
         affected = {job_id: None for i in gpus for job_id in self.residents[i]}  # ordered, no repeats
-        model, mode, error = self.cfg.interference, self.cfg.sharing, self.model_error
-        instance = self.devices.fraction  # MIG: jobs are slowed relative to their instance
+        model, mode, error, speed = self.cfg.interference, self.cfg.sharing, self.model_error, self.devices.speed
         # A multi-GPU job's new rate changes what its other GPUs draw: meter them up to now first.
         beyond = [i for j in affected for i in self.running[j].gpus if i not in gpus]
         self._advance(beyond, now)
@@ -599,10 +595,7 @@ class Simulation:
             for i in run.gpus if not run.starting else ():  # inline: the simulator's hot path
                 others = [r.profile for o in self.residents[i]
                           if o != job_id and not (r := self.running[o]).starting and not r.frozen]
-                if instance is None:
-                    here = model.slowdown(mode, run.profile, others)
-                else:
-                    here = model.instance_slowdown(run.profile, others, instance[i])
+                here = model.slowdown(mode, run.profile, others, speed=speed[i])
                 if error is not None and others:
                     co_runners = [o for o in self.residents[i]
                                   if o != job_id and not self.running[o].starting and not self.running[o].frozen]
@@ -642,7 +635,7 @@ class Simulation:
         for i in gpus:  # memory and activity relative to each device (a MIG instance's own SMs)
             key = str(self.ids[i])
             if key in self.timelines:
-                busy = min(1.0, self.sm_live[i] / self.speed[i])
+                busy = min(1.0, on_device(self.sm_live[i], self.speed[i]))
                 self.timelines[key].append((now, float(self.used[i]), float(busy)))
 
     def _close(self, job: Job, now: float) -> None:

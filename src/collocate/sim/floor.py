@@ -92,8 +92,11 @@ def floors(
     nodes: Sequence[NodeSpec],
     sharing: SharingMode = SharingMode.TIME_SLICING,
     model: InterferenceModel | None = None,
+    *,
+    mig: bool = False,
 ) -> Floors:
-    """Arrival, SM and model floors of ``jobs`` on ``nodes`` (seconds from the first arrival)."""
+    """Arrival, SM and model floors of ``jobs`` on ``nodes`` (seconds from the first arrival);
+    with ``mig`` (GPUs split into MIG instances) no model floor: the fluid LP knows whole GPUs."""
     if not jobs:
         raise InputError("the trace has no jobs")
     first = min(j.arrival_s for j in jobs)
@@ -107,7 +110,7 @@ def floors(
     longest = max(j.workload.duration_s for j in fits)
     sm_work = sum(j.workload.gpus * j.workload.duration_s * j.workload.profile.sm_activity for j in fits)
     sm_floor = max(sm_work / gpus, longest)
-    if sharing is SharingMode.MIG:
+    if mig:
         return Floors(arrival, sm_floor, None, None, 0, 0)
     model = model or default_interference()
     lp = _FluidLP(fits, nodes, model.modes[sharing])

@@ -4,17 +4,18 @@ Each physical GPU is split once, at the start, into the instances of a layout (`
 validated with ``collocate.gpus.mig_profiles.place``, the same check the emulated backend runs).
 Every instance is a GPU in the snapshot, as the daemon sees real MIG devices:
 ``GpuId(node, gpu index, "<n>.0")`` with ``n`` = 1, 2, ... in layout order, the profile's memory,
-and ``speed`` = its SM fraction (the profile's SMs over the 7g instance's SMs, as
-``gpus/emulated.py`` computes it; on H100 these are not multiples of 1/7).
+and ``speed`` = its SM fraction (``collocate.gpus.mig_profiles.sm_fraction``, as every backend
+takes it).
 
-The model, also what ``collocate emulate-job`` does on an emulated MIG instance:
+The model, ``InterferenceModel.slowdown(mode, job, others, speed=f)``, also what
+``collocate emulate-job`` does on an emulated MIG instance:
 
-* alone on an instance of SM fraction ``f`` a job runs ``slowdown(MIG, job, speed=f)`` times slower
-  than alone on the whole GPU (``data/interference.toml``, ``[modes.mig]``);
-* jobs that share one instance time-slice it: that factor is multiplied by the time-slicing
-  slowdown among them, with every activity taken relative to the instance (``min(1, a / f)``
-  for SM and DRAM activity alike): a job busy on 20% of a whole GPU's SMs keeps 47% of a 3g
-  instance's busy;
+* alone on an instance of SM fraction ``f`` a job runs ``InterferenceModel.alone(job, f)`` times
+  slower than alone on the whole GPU (``data/interference.toml``, ``[mig]``);
+* jobs that share one instance share it by the sharing mode in use (time-slicing or MPS), as on
+  a whole GPU: that factor is multiplied by the mode's slowdown among them, with every activity
+  taken relative to the instance (``interference.on_device``, at most 1, for SM and DRAM
+  activity alike): a job busy on 20% of a whole GPU's SMs keeps 47% of a 3g instance busy;
 * instances never slow each other down (separate SMs, L2 slices and memory controllers);
 * a physical GPU draws its idle power once: ``idle + (max - idle) · min(1, Σ_instances
   f · busy)^exponent`` with ``busy = min(1, Σ a·rate / f)`` per instance (the realized activity,
@@ -35,13 +36,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from collocate.errors import InputError
-from collocate.gpus.mig_profiles import (
-    COMPUTE_SLICES,
-    full_gpu_sm_count,
-    mig_profile,
-    place,
-    profiles_for,
-)
+from collocate.gpus.mig_profiles import mig_profile, place, profiles_for, sm_fraction, split_profiles
 from collocate.gputypes import NodeSpec, gpu_type
 from collocate.model import GpuId
 from collocate.sim.devices import WholeGpus
@@ -65,28 +60,12 @@ def default_layout(type_name: str) -> tuple[str, ...]:
     return (pick[3], pick[4])
 
 
-def split_profiles(text: str) -> list[str]:
-    """``"1g.5gb+me+3g.20gb"`` → ``["1g.5gb+me", "3g.20gb"]`` (``+me`` belongs to its profile)."""
-    names: list[str] = []
-    for part in (p.strip() for p in text.split("+")):
-        if part.lower() == "me" and names:
-            names[-1] += "+me"
-        else:
-            names.append(part)
-    if not all(names):
-        raise InputError(
-            f"empty MIG profile name in layout {text!r}",
-            hint="join profile names with +, e.g. 3g.20gb+4g.20gb",
-        )
-    return names
-
-
 def resolve_layout(text: str | None, nodes: Sequence[NodeSpec]) -> dict[str, tuple[MigInstance, ...]]:
     """The instances of each GPU type in the cluster, validated; ``text`` as ``--mig-layout``.
 
     ``text`` is one layout for every GPU type (``3g.20gb+4g.20gb``), or comma-separated layouts
     per type (``A100-40GB=3g.20gb+4g.20gb,H100-80GB=3g.40gb+4g.40gb``; types left out get their
-    default); None gives every type its default. Raises ``InputError`` (``UnknownNameError`` for
+    default); ``default`` (or None) gives every type its default. Raises ``InputError`` (``UnknownNameError`` for
     bad names, listing the valid ones) when a type has no MIG or a layout does not fit its GPUs.
     """
     types = list(dict.fromkeys(n.gpu_type.name for n in nodes))
@@ -102,7 +81,6 @@ def resolve_layout(text: str | None, nodes: Sequence[NodeSpec]) -> dict[str, tup
         profiles_for(type_name)  # no MIG on this type: the error lists the MIG-capable types
         names = per_type.get(type_name) or common or list(default_layout(type_name))
         place(type_name, names)  # unknown names, too many slices, no placement: as the driver
-        full_sms = full_gpu_sm_count(type_name, gpu_type(type_name).sm_count)
         instances = []
         for name in names:
             p = mig_profile(type_name, name)
@@ -111,8 +89,7 @@ def resolve_layout(text: str | None, nodes: Sequence[NodeSpec]) -> dict[str, tup
                     f"MIG profile {name} of {type_name} has no measured size, so it cannot be simulated",
                     hint="use another profile; its numbers were never captured from a real GPU",
                 )
-            fraction = p.sm_count / full_sms if p.sm_count else p.compute_slices / COMPUTE_SLICES
-            instances.append(MigInstance(name, p.memory_mib, fraction))
+            instances.append(MigInstance(name, p.memory_mib, sm_fraction(type_name, p.sm_count, name)))
         out[type_name] = tuple(instances)
     return out
 
@@ -121,7 +98,9 @@ def _parse_layout_text(text: str | None) -> tuple[list[str] | None, dict[str, li
     if text is None:
         return None, {}
     if not text.strip():
-        raise InputError("--mig-layout is empty", hint="e.g. --mig-layout 3g.20gb+4g.20gb")
+        raise InputError("--mig-layout is empty", hint="e.g. --mig-layout 3g.20gb+4g.20gb, or default")
+    if text.strip() == "default":
+        return None, {}
     common: list[str] | None = None
     per_type: dict[str, list[str]] = {}
     for item in (i.strip() for i in text.split(",")):
@@ -149,14 +128,11 @@ def layout_text(layout: dict[str, tuple[MigInstance, ...]]) -> dict[str, str]:
 class MigInstances(WholeGpus):
     """Every physical GPU split into the instances of its type's layout, each a device."""
 
-    learns_alone = False  # the daemon does not learn solo profiles on MIG instances
-
     def __init__(self, nodes: Sequence[NodeSpec], layout: dict[str, tuple[MigInstance, ...]]) -> None:
         self.layout = layout
         self.board: list[int] = []  # instance -> its physical GPU
         self.members: list[list[int]] = []  # physical GPU -> its instances
         super().__init__(nodes)
-        self.fraction = self.speed  # plain floats: read per event
         self.board_mib = [float(s.gpu_type.memory_mib) for s in nodes for _ in range(s.count)]
 
     def _add_devices(self, nodes: Sequence[NodeSpec]) -> None:

@@ -39,12 +39,11 @@ class ModelError:
 
     @classmethod
     def of(cls, model: InterferenceModel, sharing: SharingMode, seed: int) -> ModelError:
-        """The errors of ``sharing`` (jobs on one MIG instance time-slice it)."""
-        mode = SharingMode.TIME_SLICING if sharing is SharingMode.MIG else sharing
-        errors = model.held_out_log_errors.get(mode)
+        """The errors of ``sharing`` (on whole GPUs and MIG instances alike)."""
+        errors = model.held_out_log_errors.get(sharing)
         if not errors:
             raise InputError(
-                f"the interference model has no held-out errors for {mode.value} to draw model error from",
+                f"the interference model has no held-out errors for {sharing.value} to draw model error from",
                 hint="use the packaged model, or a file written by `collocate bench calibrate` "
                      "(its [calibration.modes.*] cv_log_ratios), or drop --model-error",
             )
