@@ -6,7 +6,7 @@ ways and compared with the truth from the jobs' solo runs:
 
 * ``assumed``: the prior alone, 0.5 per job (``model.UNKNOWN_PROFILE``);
 * ``reading``: the GPU's SM activity reading itself;
-* ``inferred``: ``collocate.belief.revise`` from the prior with every job unmeasured, by the
+* ``inferred``: ``collocate.core.belief.revise`` from the prior with every job unmeasured, by the
   mix's measured SM and DRAM readings (10 samples): what the world model prices such a GPU with.
 
 And the case issue 29 is about, a newcomer beside jobs already known: for each job of each mix,
@@ -25,9 +25,9 @@ import statistics
 from datetime import date
 from pathlib import Path
 
-from collocate.belief import UNKNOWN, exact, revise
-from collocate.interference import default_interference
-from collocate.model import UNKNOWN_PROFILE, JobProfile, SharingMode
+from collocate.core.belief import UNKNOWN, exact, revise
+from collocate.core.interference import default_interference
+from collocate.core.model import UNKNOWN_PROFILE, JobProfile, SharingMode
 
 ROOT = Path(__file__).resolve().parent
 BENCH = ROOT / "results" / "bench-h100-80gb-hbm3-2026-11-22" / "summary.csv"

@@ -45,9 +45,9 @@ import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from collocate.gputypes import parse_cluster
-from collocate.model import SharingMode
-from collocate.policies import make_policy, parse_params
+from collocate.core.gputypes import parse_cluster
+from collocate.core.model import SharingMode
+from collocate.core.policies import make_policy, parse_params
 from collocate.sim.engine import PROFILE_KNOWLEDGE, SimConfig, Simulation
 from collocate.sim.metrics import summarize
 from collocate.sim.synth import synthetic_trace

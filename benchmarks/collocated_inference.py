@@ -31,8 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
-from collocate.interference import default_interference
-from collocate.model import UNKNOWN_PROFILE, JobProfile, SharingMode
+from collocate.core.interference import default_interference
+from collocate.core.model import UNKNOWN_PROFILE, JobProfile, SharingMode
 
 COARSE, FINE = 0.05, 0.005
 

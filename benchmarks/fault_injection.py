@@ -59,7 +59,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _machine import machine
 
 from collocate.client.connect import Client, list_jobs
-from collocate.errors import CollocateError
+from collocate.common.errors import CollocateError
 from collocate.node.cgroups import Cgroups
 
 GPUS = "emulated:2xA100-40GB"
@@ -177,11 +177,11 @@ def fill_disk(state: Path, hold_s: float) -> None:
 
 
 class Foreign:
-    """A process outside every job holding emulated GPU memory (``collocate.gpus.emulate_job``)."""
+    """A process outside every job holding emulated GPU memory (``collocate.node.emulate_job``)."""
 
     def __init__(self, state: Path, mib: float, seconds: float) -> None:
         uuid = Client(state).request("gpus")[0]["uuid"]
-        code = ("import os, sys\nfrom collocate.gpus.emulate_job import JobSpec, run_job\n"
+        code = ("import os, sys\nfrom collocate.node.emulate_job import JobSpec, run_job\n"
                 "from pathlib import Path\nsys.exit(run_job(JobSpec(mem_mib=float(sys.argv[1]), "
                 "seconds=float(sys.argv[2]), ramp_s=0.0, sm=0.05), Path(sys.argv[3]), os.environ))")
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": uuid, "COLLOCATE_SHARING": "time-slicing"}

@@ -15,7 +15,7 @@ once, out-of-memory crashes, each job's worst slowdown (its time over its exclus
 job by job against the plain queue: each job's completion time (submission to end) over its
 completion time under ``exclusive`` (p50, p95, max, jobs worse off:
 ``collocate.sim.metrics.versus_exclusive``, the function ``collocate simulate`` reports with).
-The same trace goes through the simulator (the same world model, ``collocate.world``; the
+The same trace goes through the simulator (the same world model, ``collocate.core.world``; the
 daemon's period; what a fresh daemon knows), for every policy of the CARMA family too, so the
 prediction is checked against the emulated run; and the model floor (``collocate.sim.floor``,
 start-up and first steps taken out of the work since they overlap anything) says how far any
@@ -38,10 +38,10 @@ from dataclasses import replace
 from datetime import date
 from pathlib import Path
 
+from collocate.core.gputypes import parse_cluster
+from collocate.core.model import JobProfile, SharingMode
+from collocate.core.policies import make_policy
 from collocate.daemon.child import DaemonProcess
-from collocate.gputypes import parse_cluster
-from collocate.model import JobProfile, SharingMode
-from collocate.policies import make_policy
 from collocate.sim.engine import SimConfig, Simulation
 from collocate.sim.floor import floors
 from collocate.sim.metrics import versus_exclusive

@@ -11,10 +11,10 @@ MLPs at the bottom of the range, launch-bound as gpu-facts.md measured them; DRA
 0.3-0.6 of SM activity. Nothing here was fitted to a result.
 
 ``python benchmarks/first_run_trace.py --job NAME [--lr LR] --out PATH`` runs one job as an
-emulated training job (``collocate.gpus.emulate_job``: start-up, memory ramp, first steps, then
+emulated training job (``collocate.node.emulate_job``: start-up, memory ramp, first steps, then
 steady activity, its step reported every 0.25 s as a training loop logs it), so the daemon sees one script with
 different arguments, as it did on the GPU:
-the MLP sweep's points are one family (``collocate.identity``), ``--job lstm`` and ``--job mlp``
+the MLP sweep's points are one family (``collocate.core.identity``), ``--job lstm`` and ``--job mlp``
 are not, and a resubmission with another ``--out`` is the same job.
 """
 
@@ -92,8 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     t = find(args.job, args.lr)
     scale = float(os.environ.get("FIRST_RUN_SCALE", "1"))
-    from collocate.gpus.emulate_job import JobSpec, run_job
     from collocate.gpus.emulated import state_dir_from_env
+    from collocate.node.emulate_job import JobSpec, run_job
 
     spec = JobSpec(mem_mib=t.peak_mib, seconds=t.seconds * scale, sm=t.sm, dram=t.dram,
                    ramp_s=2.0 * scale, startup_s=t.startup_s * scale, warmup_s=t.warmup_s * scale,

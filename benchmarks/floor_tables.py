@@ -20,9 +20,9 @@ import json
 import platform
 from pathlib import Path
 
-from collocate.gputypes import parse_cluster
-from collocate.model import SharingMode
-from collocate.policies import make_policy
+from collocate.core.gputypes import parse_cluster
+from collocate.core.model import SharingMode
+from collocate.core.policies import make_policy
 from collocate.sim.engine import SimConfig, Simulation
 from collocate.sim.floor import floors, gap_closed
 from collocate.sim.metrics import summarize

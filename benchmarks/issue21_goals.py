@@ -38,9 +38,9 @@ from _machine import machine
 from auto_family import CARMA, outcome, synthetic
 from rich.progress import track
 
-from collocate.gputypes import parse_cluster
-from collocate.model import SharingMode
-from collocate.policies import POLICY_NAMES, make_policy
+from collocate.core.gputypes import parse_cluster
+from collocate.core.model import SharingMode
+from collocate.core.policies import POLICY_NAMES, make_policy
 from collocate.sim.engine import SimConfig
 from collocate.sim.floor import floors, gap_closed
 from collocate.sim.trace import load_catalogue, load_trace

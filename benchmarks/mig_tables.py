@@ -23,9 +23,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from _machine import machine
 
-from collocate.gputypes import parse_cluster
-from collocate.model import SharingMode
-from collocate.policies import make_policy
+from collocate.core.gputypes import parse_cluster
+from collocate.core.model import SharingMode
+from collocate.core.policies import make_policy
 from collocate.sim.engine import SimConfig, Simulation
 from collocate.sim.metrics import summarize
 from collocate.sim.trace import load_catalogue, load_trace

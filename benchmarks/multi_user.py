@@ -4,7 +4,7 @@
 
 One user (``flood``) submits 200 one-GPU jobs in the first minute on 8 GPUs; three others submit
 12 jobs each over 8 hours (``collocate.sim.users.flood_trace``). Each policy runs twice: with
-fair share (the default, ``collocate.fairness``) and first-come (``fair_share=False``). Per
+fair share (the default, ``collocate.core.fairness``) and first-come (``fair_share=False``). Per
 user: mean and worst wait, and the wait of their first job, which the issue bounds by one job's
 length (the longest job in the trace, as a non-preemptive scheduler can only promise that);
 and the cluster's makespan. Writes benchmarks/results/multi_user-<date>.json and .md.
@@ -22,9 +22,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from _machine import machine
 
-from collocate.fairness import Fairness
-from collocate.gputypes import parse_cluster
-from collocate.policies import make_policy
+from collocate.core.fairness import Fairness
+from collocate.core.gputypes import parse_cluster
+from collocate.core.policies import make_policy
 from collocate.sim.engine import SimConfig, Simulation
 from collocate.sim.users import flood_trace, user_waits
 

@@ -19,10 +19,10 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from collocate.gputypes import parse_cluster
-from collocate.model import ClusterSnapshot, Job, Plan, SharingMode
-from collocate.policies import make_policy
-from collocate.policies.base import Policy
+from collocate.core.gputypes import parse_cluster
+from collocate.core.model import ClusterSnapshot, Job, Plan, SharingMode
+from collocate.core.policies import make_policy
+from collocate.core.policies.base import Policy
 from collocate.sim.engine import SimConfig, Simulation
 from collocate.sim.metrics import summarize
 from collocate.sim.trace import load_catalogue, load_trace

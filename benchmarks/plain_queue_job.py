@@ -1,6 +1,6 @@
 """One emulated training job of ``plain_queue.py``'s mix: a start-up with no GPU use, a memory
 ramp, first steps, then steady activity, its steps reported with ``log_metric`` as a training
-loop logs them (``collocate.gpus.emulate_job``); ``--peak-mib`` at ``--peak-at`` of its progress
+loop logs them (``collocate.node.emulate_job``); ``--peak-mib`` at ``--peak-at`` of its progress
 is memory that grows late. What it really uses is independent of what it was submitted with.
 
 ``python benchmarks/plain_queue_job.py --mem-mib M --seconds S [--peak-mib P --peak-at F]
@@ -29,8 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ramp", type=float, default=2.0)
     parser.add_argument("--name", default="")
     args = parser.parse_args(argv)
-    from collocate.gpus.emulate_job import JobSpec, run_job
     from collocate.gpus.emulated import state_dir_from_env
+    from collocate.node.emulate_job import JobSpec, run_job
 
     spec = JobSpec(mem_mib=args.mem_mib, seconds=args.seconds, sm=args.sm, dram=args.dram,
                    ramp_s=args.ramp, peak_mib=args.peak_mib, peak_at=args.peak_at,

@@ -1,5 +1,5 @@
 """What knowing each job's activity profile is worth to ``auto``, and how much of it the daemon's
-learning (``collocate.world``) recovers: the same traces simulated with the policies told the
+learning (``collocate.core.world``) recovers: the same traces simulated with the policies told the
 trace's profiles, told nothing (``"blind"``: every job priced at 0.5 SM / 0.2 DRAM), told all a
 fresh daemon learns as the trace runs (``"unknown"``: every GPU's readings revise the beliefs of
 the jobs on it, alone or shared; a job's history; its family's prior), and the same without
@@ -26,9 +26,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _machine import machine
 from rich.progress import track
 
-from collocate.gputypes import parse_cluster
-from collocate.model import SharingMode
-from collocate.policies import make_policy
+from collocate.core.gputypes import parse_cluster
+from collocate.core.model import SharingMode
+from collocate.core.policies import make_policy
 from collocate.sim.engine import PROFILE_KNOWLEDGE, SimConfig, Simulation
 from collocate.sim.metrics import summarize
 from collocate.sim.synth import synthetic_trace

@@ -99,7 +99,7 @@ def run(state: Path, args: list[str], jobs: int, idle_s: float,
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
-    db = sqlite3.connect(state / "collocate.sqlite")
+    db = sqlite3.connect(state / "collocate.common.sqlite")
     attempts = db.execute("SELECT job_id, start FROM attempts").fetchall()
     db.close()
     ran = {job: float(at) for job, at in (text.split() for text in starts.read_text().splitlines())}

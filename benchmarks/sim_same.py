@@ -38,9 +38,9 @@ CASES: list[tuple[str, dict]] = [
 
 _CHILD = r"""
 import json, sys
-from collocate.gputypes import parse_cluster
-from collocate.model import SharingMode
-from collocate.policies import make_policy
+from collocate.core.gputypes import parse_cluster
+from collocate.core.model import SharingMode
+from collocate.core.policies import make_policy
 from collocate.sim.engine import SimConfig, Simulation
 from collocate.sim.synth import synthetic_trace
 

@@ -21,8 +21,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from _machine import machine
 
-from collocate.gputypes import parse_cluster
-from collocate.model import (
+from collocate.core.gputypes import parse_cluster
+from collocate.core.model import (
     ClusterSnapshot,
     GpuId,
     GpuView,
@@ -30,7 +30,7 @@ from collocate.model import (
     JobProfile,
     Utilization,
 )
-from collocate.policies import make_policy
+from collocate.core.policies import make_policy
 from collocate.sim.engine import Simulation
 from collocate.sim.synth import synthetic_trace
 

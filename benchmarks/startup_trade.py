@@ -24,7 +24,7 @@ Per trace and variant: makespan over ``exclusive``'s on the same trace, start wa
 how many started more than 5 s after submission), the probe's completion time, and job by job
 each job's completion time over its time under ``exclusive`` (p50, p95, max, jobs worse off:
 ``collocate.sim.metrics.versus_exclusive``). Variants (the start-up bound of
-``collocate.world.STARTUP_MAX_S`` is switched off for "before" by setting it to infinity; "warming
+``collocate.core.world.STARTUP_MAX_S`` is switched off for "before" by setting it to infinity; "warming
 frees the slot" counts only jobs with no GPU memory yet as starting, a rule of the world tried
 here by recounting the snapshot's ``n_starting``; "pile-up taken back at once" freezes as many
 trial jobs of a GPU at once as the limit needs, ``SuspendRules.at_once``, where the others freeze
@@ -51,16 +51,16 @@ from pathlib import Path
 
 import numpy as np
 
-import collocate.world as world_module
-from collocate.gputypes import parse_cluster
-from collocate.model import JobProfile, SharingMode
-from collocate.policies import make_policy
-from collocate.policies.auto import Auto
+import collocate.core.world as world_module
+from collocate.core.gputypes import parse_cluster
+from collocate.core.model import JobProfile, SharingMode
+from collocate.core.policies import make_policy
+from collocate.core.policies.auto import Auto
+from collocate.core.suspension import SuspendRules
 from collocate.sim.engine import SimConfig, Simulation
 from collocate.sim.metrics import completion_times, versus_exclusive
 from collocate.sim.synth import synthetic_trace
 from collocate.sim.trace import TraceJob, Workload, load_catalogue, load_trace
-from collocate.suspension import SuspendRules
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))

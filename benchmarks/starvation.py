@@ -14,9 +14,9 @@ import argparse
 import json
 from collections import defaultdict
 
-from collocate.gputypes import parse_cluster
-from collocate.model import SharingMode
-from collocate.policies import make_policy, parse_params, policy_parameters
+from collocate.core.gputypes import parse_cluster
+from collocate.core.model import SharingMode
+from collocate.core.policies import make_policy, parse_params, policy_parameters
 from collocate.sim.engine import SimConfig, Simulation
 from collocate.sim.metrics import summarize
 from collocate.sim.synth import synthetic_trace

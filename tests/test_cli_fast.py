@@ -1,7 +1,7 @@
-"""The fast path (``collocate.cli_fast``) reads command lines as Typer does, or not at all.
+"""The fast path (``collocate.cli.fast``) reads command lines as Typer does, or not at all.
 
 For each hot command, generated command lines go both ways: through ``cli_fast.parse`` and
-through the Typer command ``collocate.cli_app.load`` builds (its function swapped for a
+through the Typer command ``collocate.cli.typer_app.load`` builds (its function swapped for a
 recorder). Where the fast path reads a line, Typer must call the command's function with the
 same arguments; where Typer refuses a line, the fast path must leave it to Typer. Lines built
 only from the declared options must all be read fast (else the fast path would silently be
@@ -22,9 +22,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from collocate import cli_fast
 from collocate.cli import COMMANDS
-from collocate.cli_params import Argument, Option
+from collocate.cli import fast as cli_fast
+from collocate.common.cli_params import Argument, Option
 
 HOT = sorted(cli_fast.HOT)
 ENVVARS = ("COLLOCATE_HOST", "COLLOCATE_TOKEN_FILE", "COLLOCATE_FINGERPRINT")
@@ -34,7 +34,7 @@ _typer_commands: dict[str, tuple[Any, list[dict[str, Any]]]] = {}
 def _typer(name: str) -> tuple[Any, list[dict[str, Any]]]:
     """The Typer command ``name`` with its function replaced by a recorder, and its records."""
     if name not in _typer_commands:
-        from collocate import cli_app
+        from collocate.cli import typer_app as cli_app
 
         hot = cli_fast.HOT[name]
         module = __import__(hot.module, fromlist=["_"])
@@ -221,7 +221,7 @@ def test_an_option_reads_its_environment_variable_unless_empty_or_given():
 
 
 def _typer_root_help() -> str:
-    from collocate.cli_app import app
+    from collocate.cli.typer_app import app
 
     out = io.StringIO()
     with redirect_stdout(out):

@@ -1,6 +1,6 @@
 """Every command's ``--help`` in an 80-column terminal: nothing wider, and the description's
 lines broken where the terminal needs it, not where the source's docstring happened to wrap
-(``collocate.cli_help``; issue 37)."""
+(``collocate.common.cli_help``; issue 37)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from collocate.cli import COMMANDS, app, load
-from collocate.cli_help import reflow
+from collocate.common.cli_help import reflow
 
 WIDTH = 80
 
@@ -40,7 +40,7 @@ def test_help_reflows_to_the_terminal(path):
     command = _command(path)
     rest = (command.help or "").split("\n\n", 1)[1:]  # Typer joins the first paragraph's lines itself
     assert [reflow(text) for text in rest] == rest, (
-        f"{' '.join(path)}: register it with help=help_text(fn) (collocate.cli_help), or put "
+        f"{' '.join(path)}: register it with help=help_text(fn) (collocate.common.cli_help), or put "
         "each paragraph of its docstring on one line")
     out = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": str(WIDTH), "TERMINAL_WIDTH": str(WIDTH)})
     assert out.exit_code == 0, out.output

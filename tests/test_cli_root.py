@@ -62,7 +62,7 @@ def test_client_commands_import_only_what_they_need(tmp_path: Path, args: list[s
     assert not heavy, f"collocate {' '.join(args)} imports {heavy} ({done.stderr[-300:]})"
     others = sorted(m for m in json.loads(out.read_text()) if m.startswith(("collocate.estimate.",
                     "collocate.sim", "collocate.monitor", "collocate.web", "collocate.bench",
-                    "collocate.scheduler", "collocate.policies", "collocate.model"))
+                    "collocate.core.scheduler", "collocate.core.policies", "collocate.core.model"))
               and m != "collocate.estimate.base")
     assert not others, f"collocate {' '.join(args)} imports {others}"
 

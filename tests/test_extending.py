@@ -17,21 +17,21 @@ from typing import ClassVar
 import numpy as np
 import pytest
 
-from collocate import policies
+from collocate.common.errors import InputError
+from collocate.core import policies
+from collocate.core.gputypes import parse_cluster
+from collocate.core.model import ClusterSnapshot, GpuId, Job, JobProfile, Plan
+from collocate.core.policies.base import Ledger, pick_on_one_node
+from collocate.core.scheduler import Capacity, Scheduler
 from collocate.daemon.fleet import InProcessNodes
 from collocate.daemon.gpu_watch import GpuWatch
 from collocate.daemon.server import Peer
 from collocate.daemon.service import ServeConfig, Service
-from collocate.errors import InputError
 from collocate.gpus import registry
 from collocate.gpus.base import DeviceInfo, DeviceSample
-from collocate.gputypes import parse_cluster
-from collocate.model import ClusterSnapshot, GpuId, Job, JobProfile, Plan
 from collocate.monitor.service import UsageMonitor
 from collocate.monitor.sinks.base import JobInfo
 from collocate.node.local import LocalNode
-from collocate.policies.base import Ledger, pick_on_one_node
-from collocate.scheduler import Capacity, Scheduler
 from collocate.sim.engine import Simulation
 from collocate.sim.metrics import summarize
 from collocate.sim.trace import TraceJob, Workload

@@ -96,7 +96,7 @@ def build_cases(rows: Sequence[dict[str, str]], estimate: Callable[[dict[str, st
 
 def run_estimators(row: dict[str, str]) -> dict[str, Any]:
     """The real estimators on one CSV row (our method, Horus, FakeTensor)."""
-    from collocate.errors import CollocateError
+    from collocate.common.errors import CollocateError
     from collocate.estimate.api import estimate_baselines, estimate_memory
     from collocate.estimate.base import Estimate
     from collocate.estimate.gpu_overheads import gpu_type_from_device_name

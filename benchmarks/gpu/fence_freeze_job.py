@@ -57,9 +57,9 @@ def _emulated_holder() -> Callable[[float], None] | None:
     None outside the daemon (nothing to hold)."""
     if not os.environ.get("CUDA_VISIBLE_DEVICES"):
         return None
-    from collocate.gpus.emulate_job import oom_message, resolve_devices
     from collocate.gpus.emulated import state_dir_from_env
     from collocate.gpus.emulated_state import Refusal, StateStore, process_start_time
+    from collocate.node.emulate_job import oom_message, resolve_devices
     from collocate.node.fence import fence_of
 
     store = StateStore.open_existing(state_dir_from_env())

@@ -20,7 +20,7 @@ What a new user does, step by step, on one H100/H200:
    runs/again/...``) to the same daemon, whose history should find them by their identity
    (issue 29); optional runs ``auto-mps``, ``auto-ts``, ``carma-magm-mps``, and the second
    submission of the same commands with the history of the exclusive run (its
-   ``collocate.sqlite`` copied into a fresh state directory: memory and solo activity measured
+   ``collocate.common.sqlite`` copied into a fresh state directory: memory and solo activity measured
    there): ``auto-mps-history`` and ``exclusive-history``.
 
 Jobs run from one fixed working directory (``WORKDIR``, a copy of ``first_run_job.py``), so the
@@ -186,7 +186,7 @@ def run_one(name: str, trace: dict[str, Any], out: Path, *, gpus: str, dry: bool
     run_dir.mkdir(parents=True, exist_ok=True)
     state = Path(tempfile.mkdtemp(prefix="cfr-"))  # short: the API socket lives here
     if history is not None:
-        shutil.copy(history, state / "collocate.sqlite")
+        shutil.copy(history, state / "collocate.common.sqlite")
     serve = ["--gpus", gpus, "--policy", policy, "--sharing", sharing, "--verbose"]
     for p in settle:
         serve += ["--param", p]
@@ -279,7 +279,7 @@ def run_one(name: str, trace: dict[str, Any], out: Path, *, gpus: str, dry: bool
     if again is not None:
         summary["again"] = again
     if name == "exclusive":  # the history of the second submission
-        copy_db(state / "collocate.sqlite", out / "history.sqlite")
+        copy_db(state / "collocate.common.sqlite", out / "history.sqlite")
     shutil.rmtree(state, ignore_errors=True)
     return summary
 
@@ -354,9 +354,9 @@ def simulate(runs: list[dict], gpu_type: str) -> tuple[list[dict], str]:
     solo = next((r for r in runs if r["run"] == "exclusive"), None)
     if solo is None or solo["done"] < solo["jobs"]:
         return [], "simulator comparison skipped: needs a complete exclusive run in this folder"
-    from collocate.gputypes import parse_cluster
-    from collocate.model import JobProfile, SharingMode
-    from collocate.policies import make_policy
+    from collocate.core.gputypes import parse_cluster
+    from collocate.core.model import JobProfile, SharingMode
+    from collocate.core.policies import make_policy
     from collocate.sim.engine import SimConfig, Simulation
     from collocate.sim.trace import TraceJob, Workload
 
@@ -535,8 +535,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def gpu_type_here() -> str:
+    from collocate.core.gputypes import type_name_from_product
     from collocate.gpus.nvml import driver_versions
-    from collocate.gputypes import type_name_from_product
 
     return type_name_from_product(str(driver_versions(0).get("device_name") or "H100-80GB"))
 

@@ -274,9 +274,9 @@ def hold_emulated_memory() -> Callable[[], None]:
     mib = os.environ.get("FIRST_RUN_EMULATED_MIB")
     if not mib:
         return lambda: None
-    from collocate.gpus.emulate_job import oom_message, resolve_devices
     from collocate.gpus.emulated import state_dir_from_env
     from collocate.gpus.emulated_state import StateStore, process_start_time
+    from collocate.node.emulate_job import oom_message, resolve_devices
 
     store = StateStore.open_existing(state_dir_from_env())
     pid = os.getpid()

@@ -166,7 +166,7 @@ def _mps_phase(backend: NvmlBackend, uuid: str, seconds: float, period: float) -
     """Start MPS privately, run the load as an MPS client, stop MPS; every error is recorded."""
     import os
 
-    from collocate.errors import CollocateError
+    from collocate.common.errors import CollocateError
     from collocate.gpus.mps import MpsControl
 
     control = MpsControl(Path(tempfile.mkdtemp(prefix="probe-mps-")))

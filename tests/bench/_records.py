@@ -10,7 +10,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from collocate.bench.fit import Observation, predict
-from collocate.interference import ModeParams
+from collocate.core.interference import ModeParams
 
 ENV = {"measured_on": "synthetic", "device_name": "NVIDIA H100 80GB HBM3", "driver": "test",
        "cuda": "test", "torch": "test", "date_utc": "2026-01-01"}

@@ -25,9 +25,9 @@ from collocate.bench.fit import (
     predict,
 )
 from collocate.cli import app
-from collocate.errors import InputError
-from collocate.interference import ModeParams, load_interference
-from collocate.model import SharingMode
+from collocate.common.errors import InputError
+from collocate.core.interference import ModeParams, load_interference
+from collocate.core.model import SharingMode
 
 from ._records import POWER, PROFILES, TRUE, _power, synthetic_records
 
@@ -167,7 +167,7 @@ def test_without_gpm_profiles_it_says_what_is_missing() -> None:
 
 def test_exponent_not_identifiable_keeps_prior() -> None:
     from collocate.bench.fit import Observation, predict
-    from collocate.interference import ModeParams
+    from collocate.core.interference import ModeParams
 
     p = ModeParams(base=0.1, per_sm=0.2, per_dram=0.0)
     obs = []

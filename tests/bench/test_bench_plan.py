@@ -15,7 +15,7 @@ from collocate.bench.plan import (
 from collocate.bench.runner import fits
 from collocate.bench.workloads import DEFAULT_WORKLOADS, WORKLOADS
 from collocate.cli import app
-from collocate.errors import InputError, UnknownNameError
+from collocate.common.errors import InputError, UnknownNameError
 
 
 def test_default_plan_enumerates_alone_copies_and_mixes_in_order() -> None:

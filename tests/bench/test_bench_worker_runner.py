@@ -116,7 +116,7 @@ def test_run_plan_resumes_skips_what_cannot_fit_and_brackets_mps(tmp_path: Path,
 
 def test_mps_that_cannot_start_fails_its_scenarios_and_the_rest_runs(tmp_path: Path,
                                                                       monkeypatch) -> None:
-    from collocate.errors import CollocateError
+    from collocate.common.errors import CollocateError
 
     ran: list[str] = []
 

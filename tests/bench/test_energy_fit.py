@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from collocate.bench.energy_fit import fit_exponent
-from collocate.interference import default_interference
+from collocate.core.interference import default_interference
 
 RUNS = Path(__file__).resolve().parents[2] / "benchmarks/results/minitrace-h100-80gb-hbm3-2026-11-22"
 

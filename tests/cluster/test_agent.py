@@ -14,14 +14,14 @@ import psutil
 import pytest
 
 from collocate.cluster.agent import NodeAgent
+from collocate.core.model import GpuId, Job, Placement, SharingMode
 from collocate.daemon.plan import plan_launch
 from collocate.daemon.producers import producer_request
-from collocate.daemon.spec import JobSpec
 from collocate.gpus.mps import MpsDirs
-from collocate.model import GpuId, Job, Placement, SharingMode
 from collocate.node.api import PartRef
 from collocate.node.isolate import bootstrap_argv
 from collocate.node.launcher import ENV_EMULATED_DIR, localize
+from collocate.wire.spec import JobSpec
 
 
 def _plan(head: Path, argv: tuple[str, ...], job_id: str = "1", cwd: str = "/"):

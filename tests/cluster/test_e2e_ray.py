@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from daemon_harness import job_argv, wait_for
 
-from collocate.errors import CollocateError
+from collocate.common.errors import CollocateError
 from collocate.monitor.store import MonitorStore, monitor_db_path
 from collocate.share.lifecycle import probe
 

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from collocate import policies
+from collocate.core import policies
+from collocate.core.model import GpuId, Job
+from collocate.core.scheduler import Capacity, Scheduler
 from collocate.daemon.gpu_watch import GpuWatch
 from collocate.gpus.base import DeviceInfo, DeviceSample
-from collocate.model import GpuId, Job
-from collocate.scheduler import Capacity, Scheduler
 
 
 def test_single_node_mode_never_imports_ray(tmp_path: Path):

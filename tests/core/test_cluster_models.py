@@ -4,11 +4,11 @@ from pathlib import Path
 
 import pytest
 
-from collocate.errors import InputError, UnknownNameError
-from collocate.gputypes import parse_cluster
-from collocate.interference import default_interference
-from collocate.model import JobProfile, SharingMode
-from collocate.policies.risk import summarize
+from collocate.common.errors import InputError, UnknownNameError
+from collocate.core.gputypes import parse_cluster
+from collocate.core.interference import default_interference
+from collocate.core.model import JobProfile, SharingMode
+from collocate.core.policies.risk import summarize
 
 
 def test_cluster_specs():
@@ -73,7 +73,7 @@ def test_risk_summary_weights_recent_peaks():
 def test_sharing_never_speeds_a_job_up_even_with_a_negative_fitted_base():
     import numpy as np
 
-    from collocate.interference import ModeParams, shared_slowdown
+    from collocate.core.interference import ModeParams, shared_slowdown
 
     p = ModeParams(base=-0.3, per_sm=0.5, per_dram=0.5, saturation_exponent=0.0)
     assert shared_slowdown(p, 0.1, 0.05, 0.1, 0.05) == 1.0

@@ -6,12 +6,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collocate.fairness import Fairness, UserLimits
-from collocate.gputypes import parse_cluster
-from collocate.model import ClusterSnapshot, GpuId, GpuView, Job, JobState, WaitKind
-from collocate.policies import POLICY_NAMES, make_policy
-from collocate.recovery import ExitReport, Outcome
-from collocate.scheduler import Capacity, Scheduler
+from collocate.core.fairness import Fairness, UserLimits
+from collocate.core.gputypes import parse_cluster
+from collocate.core.model import ClusterSnapshot, GpuId, GpuView, Job, JobState, WaitKind
+from collocate.core.policies import POLICY_NAMES, make_policy
+from collocate.core.recovery import ExitReport, Outcome
+from collocate.core.scheduler import Capacity, Scheduler
 from collocate.sim.engine import SimConfig, Simulation
 from collocate.sim.trace import TraceJob, Workload
 

@@ -9,9 +9,9 @@ import sys
 
 SCRIPT = """
 import json
-from collocate.gputypes import parse_cluster
-from collocate.model import SharingMode
-from collocate.policies import make_policy
+from collocate.core.gputypes import parse_cluster
+from collocate.core.model import SharingMode
+from collocate.core.policies import make_policy
 from collocate.sim.engine import SimConfig, Simulation
 from collocate.sim.synth import synthetic_trace
 

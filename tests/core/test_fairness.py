@@ -7,11 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collocate.fairness import Fairness, Usage, UserLimits
-from collocate.model import ClusterSnapshot, GpuId, GpuView, Job, JobState, WaitKind
-from collocate.policies import make_policy
-from collocate.recovery import ExitReport, Outcome
-from collocate.scheduler import Capacity, Scheduler
+from collocate.core.fairness import Fairness, Usage, UserLimits
+from collocate.core.model import ClusterSnapshot, GpuId, GpuView, Job, JobState, WaitKind
+from collocate.core.policies import make_policy
+from collocate.core.recovery import ExitReport, Outcome
+from collocate.core.scheduler import Capacity, Scheduler
 
 HOUR = 3600.0
 

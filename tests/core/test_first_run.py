@@ -10,12 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collocate.commitment import QUIET_S, MemoryRamp, mps_limit_mib, settled_mib, upper_bound_mib
-from collocate.errors import CollocateError
-from collocate.gputypes import parse_cluster
-from collocate.model import ClusterSnapshot, GpuId, GpuView, Job, JobProfile, SharingMode, WaitKind
-from collocate.policies import POLICY_NAMES, make_policy
-from collocate.scheduler import Capacity, PolicyError, Scheduler
+from collocate.common.errors import CollocateError
+from collocate.core.commitment import QUIET_S, MemoryRamp, mps_limit_mib, settled_mib, upper_bound_mib
+from collocate.core.gputypes import parse_cluster
+from collocate.core.model import ClusterSnapshot, GpuId, GpuView, Job, JobProfile, SharingMode, WaitKind
+from collocate.core.policies import POLICY_NAMES, make_policy
+from collocate.core.scheduler import Capacity, PolicyError, Scheduler
 from collocate.sim.engine import SimConfig, Simulation
 from collocate.sim.trace import TraceJob, Workload
 
@@ -275,7 +275,7 @@ def test_under_mps_a_gpu_serves_one_users_jobs_at_a_time():
 
 
 def test_the_scheduler_refuses_a_plan_that_mixes_users_on_an_mps_gpu():
-    from collocate.model import Placement, Plan
+    from collocate.core.model import Placement, Plan
 
     cluster = ClusterSnapshot.from_views([_gpu(jobs=1, committed=4 * GIB, owner="alice")], sharing=SharingMode.MPS)
 
@@ -313,7 +313,7 @@ def _sim(trace, policy="auto", cluster="1xA100-40GB", **config):
 
 
 def test_light_unmeasured_jobs_are_priced_by_their_gpus_reading_within_seconds():
-    from collocate.world import MIN_SEGMENT_SAMPLES
+    from collocate.core.world import MIN_SEGMENT_SAMPLES
 
     learned_after = (MIN_SEGMENT_SAMPLES + 1) * SimConfig().period_s  # a sample's lag, then a few
 

@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collocate import policies
-from collocate.gputypes import parse_cluster
-from collocate.model import ClusterSnapshot, GpuId, GpuView, Job
-from collocate.policies.base import pick_gang
-from collocate.scheduler import Capacity, Scheduler
+from collocate.core import policies
+from collocate.core.gputypes import parse_cluster
+from collocate.core.model import ClusterSnapshot, GpuId, GpuView, Job
+from collocate.core.policies.base import pick_gang
+from collocate.core.scheduler import Capacity, Scheduler
 from collocate.sim.engine import SimConfig, Simulation
 from collocate.sim.trace import TraceJob, Workload
 

@@ -1,4 +1,4 @@
-"""A job's behaviour over an attempt (``collocate.job_behaviour``): the ramp, the phases, the later
+"""A job's behaviour over an attempt (``collocate.core.job_behaviour``): the ramp, the phases, the later
 peak and the progress rate, and that the simulator and the emulated job both play it; and what an
 attempt's end teaches the next one, in the simulator as in the daemon (``knowledge.carried_over``)."""
 
@@ -9,9 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from collocate.gpus.emulate_job import JobSpec
-from collocate.gputypes import parse_cluster
-from collocate.job_behaviour import (
+from collocate.core.gputypes import parse_cluster
+from collocate.core.job_behaviour import (
     CONTEXT_MIB,
     RAMP_STEPS,
     JobBehaviour,
@@ -20,8 +19,9 @@ from collocate.job_behaviour import (
     ramp_mib,
     ramp_schedule,
 )
-from collocate.model import JobProfile
-from collocate.policies import make_policy
+from collocate.core.model import JobProfile
+from collocate.core.policies import make_policy
+from collocate.node.emulate_job import JobSpec
 from collocate.sim.engine import SimConfig, Simulation
 from collocate.sim.trace import TraceJob, Workload
 

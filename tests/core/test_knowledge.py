@@ -1,6 +1,6 @@
-"""What is known of a job before it runs (``collocate.knowledge``), when two submissions are the
-same job or siblings (``collocate.identity``), and how readings revise beliefs
-(``collocate.belief``)."""
+"""What is known of a job before it runs (``collocate.core.knowledge``), when two submissions are the
+same job or siblings (``collocate.core.identity``), and how readings revise beliefs
+(``collocate.core.belief``)."""
 
 from dataclasses import replace
 
@@ -8,11 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collocate.belief import UNKNOWN, Belief, exact, family_prior, realized, revise
-from collocate.identity import JobKeys
-from collocate.interference import default_interference
-from collocate.knowledge import MemoryProfiles, ProfileKnowledge, carried_over, learned_here, price_pending
-from collocate.model import UNKNOWN_PROFILE, Job, JobProfile, JobState, SharingMode
+from collocate.core.belief import UNKNOWN, Belief, exact, family_prior, realized, revise
+from collocate.core.identity import JobKeys
+from collocate.core.interference import default_interference
+from collocate.core.knowledge import MemoryProfiles, ProfileKnowledge, carried_over, learned_here, price_pending
+from collocate.core.model import UNKNOWN_PROFILE, Job, JobProfile, JobState, SharingMode
 
 TS = default_interference().modes[SharingMode.TIME_SLICING]
 MPS = default_interference().modes[SharingMode.MPS]

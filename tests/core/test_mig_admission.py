@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from collocate.model import ClusterSnapshot, GpuId, GpuView, Job, JobProfile, Placement, Plan, SharingMode
-from collocate.policies import make_policy
-from collocate.scheduler import Capacity, PolicyError, Scheduler
+from collocate.core.model import ClusterSnapshot, GpuId, GpuView, Job, JobProfile, Placement, Plan, SharingMode
+from collocate.core.policies import make_policy
+from collocate.core.scheduler import Capacity, PolicyError, Scheduler
 
 GIB = 1024.0
 
@@ -69,7 +69,7 @@ def test_auto_scores_instances_by_their_size_under_every_sharing_mode(mode):
     heavy = JobProfile(0.4, 0.2)
     views = [instance(0, "1.0", speed=3 / 7, jobs=("r1",), committed=4 * GIB),
              instance(0, "2.0", speed=4 / 7, jobs=("r2",), committed=4 * GIB)]
-    from collocate.model import RunningJob
+    from collocate.core.model import RunningJob
 
     running = {"r1": RunningJob("r1", (views[0].id,), heavy, 4 * GIB),
                "r2": RunningJob("r2", (views[1].id,), heavy, 4 * GIB)}

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from collocate.errors import CollocateError
-from collocate.plotting import pyplot
+from collocate.common.errors import CollocateError
+from collocate.common.plotting import pyplot
 
 
 def test_plots_without_matplotlib_name_the_extra(monkeypatch) -> None:

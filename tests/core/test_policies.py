@@ -5,8 +5,8 @@ import math
 import numpy as np
 import pytest
 
-from collocate.errors import InputError, UnknownNameError
-from collocate.model import (
+from collocate.common.errors import InputError, UnknownNameError
+from collocate.core.model import (
     ClusterSnapshot,
     GpuId,
     GpuView,
@@ -17,7 +17,7 @@ from collocate.model import (
     Utilization,
     WaitKind,
 )
-from collocate.policies import POLICY_NAMES, make_policy
+from collocate.core.policies import POLICY_NAMES, make_policy
 
 GIB = 1024.0
 

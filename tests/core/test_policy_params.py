@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from collocate.errors import InputError
-from collocate.policies import make_policy, parse_params, policy_parameters
+from collocate.common.errors import InputError
+from collocate.core.policies import make_policy, parse_params, policy_parameters
 
 
 def cli(*args, tmp_path):

@@ -1,5 +1,5 @@
 """Priority preemption by suspension (issue 35, Slurm's PreemptMode=SUSPEND): the pure rule
-(``collocate.preemption``) on the world's snapshots, the scheduler's record of it, the thaw when
+(``collocate.core.preemption``) on the world's snapshots, the scheduler's record of it, the thaw when
 the preemptor ends, and the simulator carrying it out."""
 
 from __future__ import annotations
@@ -7,16 +7,16 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collocate.gputypes import parse_cluster
-from collocate.interference import default_interference
-from collocate.model import GpuId, Job, JobProfile, JobState, SharingMode
-from collocate.policies import make_policy
-from collocate.preemption import preempt
-from collocate.recovery import ExitReport, Outcome
-from collocate.scheduler import Capacity, Scheduler
+from collocate.core.gputypes import parse_cluster
+from collocate.core.interference import default_interference
+from collocate.core.model import GpuId, Job, JobProfile, JobState, SharingMode
+from collocate.core.policies import make_policy
+from collocate.core.preemption import preempt
+from collocate.core.recovery import ExitReport, Outcome
+from collocate.core.scheduler import Capacity, Scheduler
+from collocate.core.world import Device, World
 from collocate.sim.engine import SimConfig, Simulation
 from collocate.sim.trace import TraceJob, Workload
-from collocate.world import Device, World
 
 GIB = 1024.0
 TS = default_interference().modes[SharingMode.TIME_SLICING]

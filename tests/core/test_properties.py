@@ -5,9 +5,9 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collocate.model import ClusterSnapshot, GpuId, GpuView, Job, JobProfile
-from collocate.policies import make_policy
-from collocate.scheduler import Capacity, Scheduler
+from collocate.core.model import ClusterSnapshot, GpuId, GpuView, Job, JobProfile
+from collocate.core.policies import make_policy
+from collocate.core.scheduler import Capacity, Scheduler
 
 GIB = 1024.0
 MEMORY_AWARE = ("declared-memory", "carma-ff", "carma-bf", "carma-magm", "carma-lug", "auto")

@@ -11,12 +11,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from collocate.commitment import LIMIT_MARGIN_MIB, at_fence
-from collocate.gputypes import parse_cluster
-from collocate.model import ClusterSnapshot, GpuId, GpuView, Job, JobProfile, JobState, SharingMode
-from collocate.node.fence import ENV_MEM_FENCE, site_dir, with_fence_path
-from collocate.policies import POLICY_NAMES, make_policy
-from collocate.recovery import (
+from collocate.core.commitment import LIMIT_MARGIN_MIB, at_fence
+from collocate.core.gputypes import parse_cluster
+from collocate.core.model import ClusterSnapshot, GpuId, GpuView, Job, JobProfile, JobState, SharingMode
+from collocate.core.policies import POLICY_NAMES, make_policy
+from collocate.core.recovery import (
     DEPARTED_WINDOW_S,
     Departure,
     ExitReport,
@@ -29,7 +28,8 @@ from collocate.recovery import (
     job_fence_mib,
     why_unfenced,
 )
-from collocate.scheduler import Capacity, Scheduler
+from collocate.core.scheduler import Capacity, Scheduler
+from collocate.node.fence import ENV_MEM_FENCE, site_dir, with_fence_path
 from collocate.sim.engine import SimConfig, Simulation
 from collocate.sim.trace import TraceJob, Workload
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from collocate.errors import CollocateError
-from collocate.model import (
+from collocate.common.errors import CollocateError
+from collocate.core.model import (
     ClusterSnapshot,
     GpuId,
     GpuView,
@@ -13,15 +13,15 @@ from collocate.model import (
     Plan,
     Rejection,
 )
-from collocate.policies import make_policy
-from collocate.recovery import (
+from collocate.core.policies import make_policy
+from collocate.core.recovery import (
     ExitReport,
     Outcome,
     RecoveryRules,
     after_exit,
     raised_requirement,
 )
-from collocate.scheduler import Capacity, PolicyError, Scheduler
+from collocate.core.scheduler import Capacity, PolicyError, Scheduler
 
 GIB = 1024.0
 
@@ -168,7 +168,7 @@ def test_edit_rewires_dependencies_refuses_cycles_and_running_jobs():
 def test_a_stopped_user_gets_no_new_attempt_and_their_jobs_say_why():
     """A member at their storage quota (the daemon sets ``stopped_users``): their jobs wait
     with the reason, others' start; once freed, theirs start again (issue 36)."""
-    from collocate.model import WaitKind
+    from collocate.core.model import WaitKind
 
     s = Scheduler(make_policy("exclusive"), Capacity.of(cluster(2)))
     s.submit(Job("a1", user="ann", submit_time=0.0))

@@ -9,9 +9,9 @@ import pytest
 from typer.testing import CliRunner
 
 from collocate.cli import app
-from collocate.gputypes import parse_cluster
-from collocate.model import JobProfile, SharingMode
-from collocate.policies import make_policy
+from collocate.core.gputypes import parse_cluster
+from collocate.core.model import JobProfile, SharingMode
+from collocate.core.policies import make_policy
 from collocate.sim.engine import SimConfig, Simulation
 from collocate.sim.floor import floors, gap_closed
 from collocate.sim.synth import synthetic_trace
@@ -89,7 +89,7 @@ def test_the_certified_floor_reaches_the_fluid_optimum_over_every_mix(sharing):
     # bound alone stays 3.2% and 2.0% under it here.
     import itertools
 
-    from collocate.interference import default_interference
+    from collocate.core.interference import default_interference
     from collocate.sim.floor import _FluidLP
 
     kinds = [(0.25, 0.10, 9_000), (0.40, 0.20, 7_000), (0.55, 0.15, 12_000), (0.15, 0.30, 5_000)]

@@ -14,12 +14,12 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from collocate.cli import app
-from collocate.errors import InputError, UnknownNameError
+from collocate.common.errors import InputError, UnknownNameError
+from collocate.core.gputypes import gpu_type, parse_cluster
+from collocate.core.interference import default_interference
+from collocate.core.model import GpuId, JobProfile, SharingMode
+from collocate.core.policies import make_policy
 from collocate.gpus.mig_profiles import split_profiles
-from collocate.gputypes import gpu_type, parse_cluster
-from collocate.interference import default_interference
-from collocate.model import GpuId, JobProfile, SharingMode
-from collocate.policies import make_policy
 from collocate.sim.engine import SimConfig, Simulation
 from collocate.sim.metrics import summarize
 from collocate.sim.mig import (
@@ -306,7 +306,7 @@ def test_a_warming_job_draws_warm_up_power_on_its_instance_too():
 def test_an_instance_is_priced_by_mig_parameters_read_from_their_own_table(tmp_path):
     """``[mig]`` holds the instance's parameters; a file written before MIG left the sharing
     modes (``[modes.mig]``, by an older ``bench calibrate``) still loads."""
-    from collocate.interference import InstanceParams, load_interference
+    from collocate.core.interference import InstanceParams, load_interference
 
     modes = "[modes.time-slicing]\nbase = 0.1\n[modes.mps]\nbase = 0.2\n"
     for table in ("[mig]", "[modes.mig]"):

@@ -8,11 +8,11 @@ import sys
 
 import pytest
 
-from collocate.errors import InputError
-from collocate.gputypes import parse_cluster
-from collocate.interference import default_interference, load_interference
-from collocate.model import JobProfile, SharingMode
-from collocate.policies import make_policy
+from collocate.common.errors import InputError
+from collocate.core.gputypes import parse_cluster
+from collocate.core.interference import default_interference, load_interference
+from collocate.core.model import JobProfile, SharingMode
+from collocate.core.policies import make_policy
 from collocate.sim.engine import SimConfig, Simulation
 from collocate.sim.metrics import summarize
 from collocate.sim.model_error import ModelError

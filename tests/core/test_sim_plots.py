@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import csv
 
-from collocate.gputypes import parse_cluster
-from collocate.policies import make_policy
+from collocate.core.gputypes import parse_cluster
+from collocate.core.policies import make_policy
 from collocate.sim.engine import SimConfig, Simulation
 from collocate.sim.report import gantt_bars, write_jobs_csv, write_plots
 from collocate.sim.synth import synthetic_trace

@@ -1,8 +1,8 @@
 """The simulator with several users: fair share and caps run there as in the daemon."""
 
-from collocate.fairness import Fairness, UserLimits
-from collocate.gputypes import parse_cluster
-from collocate.policies import make_policy
+from collocate.core.fairness import Fairness, UserLimits
+from collocate.core.gputypes import parse_cluster
+from collocate.core.policies import make_policy
 from collocate.sim.engine import SimConfig, Simulation
 from collocate.sim.trace import load_trace
 from collocate.sim.users import flood_trace, user_waits

@@ -6,15 +6,15 @@ import sys
 
 import pytest
 
-from collocate.commitment import QUIET_S
-from collocate.errors import InputError
-from collocate.gputypes import parse_cluster
-from collocate.policies import POLICY_NAMES, make_policy
+from collocate.common.errors import InputError
+from collocate.core.commitment import QUIET_S
+from collocate.core.gputypes import parse_cluster
+from collocate.core.policies import POLICY_NAMES, make_policy
+from collocate.core.world import MIN_SEGMENT_SAMPLES
 from collocate.sim.engine import SimConfig, Simulation
 from collocate.sim.metrics import summarize
 from collocate.sim.synth import synthetic_trace
 from collocate.sim.trace import load_catalogue, load_trace
-from collocate.world import MIN_SEGMENT_SAMPLES
 
 
 @pytest.fixture(scope="module")
@@ -109,8 +109,8 @@ def test_cli_bad_names_exit_2_and_list_valid_choices(shared_data):
 def test_a_shared_gpu_reads_and_draws_its_realized_activity_not_the_sum_of_solo_activities():
     # On an H100, 7 time-sliced copies of a job of SM activity 0.3 read 0.49, not 1: each copy
     # does its work 1/slowdown as fast, so the GPU's counters see sum(a * rate).
-    from collocate.interference import default_interference
-    from collocate.model import JobProfile, SharingMode
+    from collocate.core.interference import default_interference
+    from collocate.core.model import JobProfile, SharingMode
     from collocate.sim.trace import TraceJob, Workload
 
     profile = JobProfile(0.3, 0.2)
@@ -151,8 +151,8 @@ def test_cli_param_reaches_the_policies_that_have_it(tmp_path):
 def test_a_starting_job_neither_slows_nor_is_slowed_and_reads_idle():
     # On an H100 a job's first ~10 s (import, CUDA context) use no SM: two time-sliced jobs whose
     # start-ups overlap each other's work cost each other nothing then (mini-trace, 2026-11-23).
-    from collocate.interference import default_interference
-    from collocate.model import JobProfile, SharingMode
+    from collocate.core.interference import default_interference
+    from collocate.core.model import JobProfile, SharingMode
     from collocate.sim.trace import TraceJob, Workload
 
     profile = JobProfile(0.8, 0.5)
@@ -184,7 +184,7 @@ def test_a_job_shares_beside_an_overestimated_one_once_its_memory_holds_still(es
     # requirement, a reservation, stays). Memory ramps to its peak by 10 s; QUIET_S later an
     # estimate gives way.
     # Horus has no figure for these jobs: each falls back to its declaration, kept whole.
-    from collocate.model import JobProfile
+    from collocate.core.model import JobProfile
     from collocate.sim.trace import TraceJob, Workload
 
     light = JobProfile(0.1, 0.05)
@@ -201,8 +201,8 @@ def test_a_warming_job_is_seen_but_idle_and_unslowed():
     # A job's first steps (cuDNN autotuning, lazy kernel loading) took 2-9 s on an H100 at almost
     # no SM activity (mini-trace, 2026-11-23): its warm-up neither slows nor is slowed, and the
     # in-flight guard runs from start-up's end, not warm-up's.
-    from collocate.interference import default_interference
-    from collocate.model import JobProfile, SharingMode
+    from collocate.core.interference import default_interference
+    from collocate.core.model import JobProfile, SharingMode
     from collocate.sim.trace import TraceJob, Workload
 
     profile = JobProfile(0.8, 0.5)
@@ -228,9 +228,9 @@ def test_a_warming_job_draws_warm_up_power_after_start_up():
     # On the H100 a process in its first steps drew 132 W median at SM activity under 0.05,
     # against 76 W with no process: start-up (import, not yet on the GPU) is charged idle power,
     # warm-up the model's warmup_busy, then the job's own activity.
-    from collocate.gputypes import GPU_TYPES
-    from collocate.interference import default_interference
-    from collocate.model import JobProfile
+    from collocate.core.gputypes import GPU_TYPES
+    from collocate.core.interference import default_interference
+    from collocate.core.model import JobProfile
     from collocate.sim.trace import TraceJob, Workload
 
     model = default_interference()
@@ -258,8 +258,8 @@ def test_a_warming_job_draws_warm_up_power_after_start_up():
 def test_policies_told_nothing_of_profiles_still_run_jobs_at_their_real_activity():
     # The daemon knows a job's activity only from history; the H100 mini-trace's jobs had none,
     # so `auto` priced each as UNKNOWN_PROFILE (0.5/0.2). The simulator can replay that blindness.
-    from collocate.interference import default_interference
-    from collocate.model import JobProfile, SharingMode
+    from collocate.core.interference import default_interference
+    from collocate.core.model import JobProfile, SharingMode
     from collocate.sim.trace import TraceJob, Workload
 
     heavy = JobProfile(0.79, 0.6)  # under the risk filter's SM limit (0.8): only pricing decides
@@ -291,7 +291,7 @@ def test_a_jobs_activity_is_read_on_its_gpu_within_seconds(b_arrives, paired):
     # a's GPU reads its activity from its first steps, and MIN_SEGMENT_S of readings price it:
     # b arriving before that is paired with a, as a blind daemon would; b arriving after it
     # waits for a, as an informed one does.
-    from collocate.model import JobProfile
+    from collocate.core.model import JobProfile
     from collocate.sim.trace import TraceJob, Workload
 
     w = Workload("heavy", 1, 30.0, 1000.0, {"peak": 1000.0}, JobProfile(0.79, 0.6))
@@ -314,7 +314,7 @@ def test_unknown_profile_knowledge_is_refused():
 def test_learned_profiles_are_remembered_for_jobs_of_the_same_command(command, c_waits):
     # a runs alone and is learned; b and c come after a's end. With the same command, both are
     # known from a's run (the daemon's history), so c waits for b; without one, c is paired.
-    from collocate.model import JobProfile
+    from collocate.core.model import JobProfile
     from collocate.sim.trace import TraceJob, Workload
 
     w = Workload("heavy", 1, 30.0, 1000.0, {"peak": 1000.0}, JobProfile(0.79, 0.6), command=command)
@@ -335,7 +335,7 @@ def test_similar_profiles_come_from_other_commands_of_the_program(profiles, prog
     # With "unknown" (family priors) and a shared family they start with a's profile shrunk half-way toward the
     # prior, heavy enough that c waits for b; with "learned" (or no family) they are unknown and
     # c is paired with b. (Start-up slots off: they would let the unpriced c start beside b.)
-    from collocate.model import JobProfile
+    from collocate.core.model import JobProfile
     from collocate.sim.trace import TraceJob, Workload
 
     def point(name: str) -> Workload:
@@ -367,9 +367,9 @@ def test_a_job_using_no_gpu_past_the_longest_start_up_stops_holding_its_gpus_sta
     # a runs a CPU prelude of 300 s before it touches its GPU; x trains beside it. b, unpriced,
     # is turned away by the gain gate at its prior and may start past it on trial only where
     # no job is still starting: a counts as starting for STARTUP_MAX_S only, so b starts then.
-    from collocate.model import JobProfile
+    from collocate.core.model import JobProfile
+    from collocate.core.world import STARTUP_MAX_S
     from collocate.sim.trace import TraceJob, Workload
-    from collocate.world import STARTUP_MAX_S
 
     def job(name: str, seconds: float, startup_s: float) -> Workload:
         return Workload(name, 1, seconds, 8000.0, {"declared": 8000.0}, JobProfile(0.3, 0.15),
@@ -389,7 +389,7 @@ def test_a_job_crashes_at_the_ramp_step_past_its_fence_and_its_next_attempt_runs
     fence, so it crashes there, and its requirement is raised from what it held and tried to
     allocate, as PyTorch's message tells the daemon (3,000 x 1.25 + 512). Its next attempt runs
     its whole duration: the crashed attempt's finish, still queued, does not end it."""
-    from collocate.model import JobProfile, SharingMode
+    from collocate.core.model import JobProfile, SharingMode
     from collocate.sim.trace import TraceJob, Workload
 
     def job(i: str, sm: float, peak: float, declared: float) -> TraceJob:

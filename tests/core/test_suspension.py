@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from collocate.gputypes import parse_cluster
-from collocate.model import ClusterSnapshot, GpuId, GpuView, Job, JobProfile, JobState, Placement, Plan
-from collocate.policies import make_policy
-from collocate.scheduler import Capacity, Scheduler
+from collocate.core.gputypes import parse_cluster
+from collocate.core.model import ClusterSnapshot, GpuId, GpuView, Job, JobProfile, JobState, Placement, Plan
+from collocate.core.policies import make_policy
+from collocate.core.scheduler import Capacity, Scheduler
+from collocate.core.suspension import Neighbour, SuspendRules, review
 from collocate.sim.engine import SimConfig, Simulation
 from collocate.sim.trace import TraceJob, Workload
-from collocate.suspension import Neighbour, SuspendRules, review
 
 GPU = GpuId("n", 0)
 RULES = SuspendRules()

@@ -4,10 +4,10 @@ once, in one round or across rounds, GPU and CPU jobs alike, and the rest say wh
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collocate.model import ClusterSnapshot, GpuId, GpuView, Job, JobState, WaitKind
-from collocate.policies import make_policy
-from collocate.recovery import ExitReport, Outcome
-from collocate.scheduler import Capacity, Scheduler
+from collocate.core.model import ClusterSnapshot, GpuId, GpuView, Job, JobState, WaitKind
+from collocate.core.policies import make_policy
+from collocate.core.recovery import ExitReport, Outcome
+from collocate.core.scheduler import Capacity, Scheduler
 
 
 def cluster(n=8):

@@ -7,12 +7,12 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collocate.gputypes import parse_cluster
-from collocate.model import Job, JobProfile, JobState, queue_key
-from collocate.policies import make_policy
+from collocate.core.gputypes import parse_cluster
+from collocate.core.model import Job, JobProfile, JobState, queue_key
+from collocate.core.policies import make_policy
+from collocate.core.suspension import Neighbour, SuspendRules, review
 from collocate.sim.engine import SimConfig, Simulation
 from collocate.sim.trace import TraceJob, Workload
-from collocate.suspension import Neighbour, SuspendRules, review
 
 THAW_ONE = SuspendRules(thaw_one=True)
 SETTLE = THAW_ONE.settle_s

@@ -2,7 +2,7 @@
 
 import pytest
 
-from collocate.errors import InputError
+from collocate.common.errors import InputError
 from collocate.sim.trace import load_catalogue, load_trace
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from collocate.gputypes import parse_cluster
-from collocate.model import JobProfile
-from collocate.policies import make_policy
+from collocate.core.gputypes import parse_cluster
+from collocate.core.model import JobProfile
+from collocate.core.policies import make_policy
 from collocate.sim.engine import SimConfig, Simulation
 from collocate.sim.trace import _assumed_profiles, assumed_profile, load_catalogue, load_trace
 

@@ -1,4 +1,4 @@
-"""The world model (``collocate.world``): what is on each GPU, observed, for both worlds."""
+"""The world model (``collocate.core.world``): what is on each GPU, observed, for both worlds."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collocate.belief import realized
-from collocate.device_table import DeviceTable
-from collocate.interference import default_interference
-from collocate.model import GpuId, Job, JobProfile, SharingMode
-from collocate.world import MIN_SEGMENT_SAMPLES, ONSET_STEP, STARTUP_MAX_S, WARMUP_MAX_S, Device, Phase, World
+from collocate.core.belief import realized
+from collocate.core.device_table import DeviceTable
+from collocate.core.interference import default_interference
+from collocate.core.model import GpuId, Job, JobProfile, SharingMode
+from collocate.core.world import MIN_SEGMENT_SAMPLES, ONSET_STEP, STARTUP_MAX_S, WARMUP_MAX_S, Device, Phase, World
 
 LEARN_S = MIN_SEGMENT_SAMPLES + 1.0  # at a 1-s period: a sample's lag, then a few samples
 
@@ -83,7 +83,7 @@ def test_a_job_that_lapsed_as_starting_and_ended_leaves_the_count_as_it_was():
 
 
 def test_on_a_gpu_too_busy_to_show_its_steps_a_job_whose_memory_holds_still_is_active():
-    from collocate.world import WARM_QUIET_S
+    from collocate.core.world import WARM_QUIET_S
 
     w = World([Device(GpuId("n", 0), 80 * GIB)], sharing=SharingMode.MPS,
               params=default_interference().modes[SharingMode.MPS])
@@ -179,7 +179,7 @@ def test_memory_nobody_owns_is_charged_and_an_emptied_gpu_reads_idle():
 
 
 def test_an_unknown_jobs_memory_is_its_whole_gpu_until_its_peak_holds_still_in_training():
-    from collocate.commitment import QUIET_S, settled_mib
+    from collocate.core.commitment import QUIET_S, settled_mib
 
     w = world()
     w.place(job("u", mem=None), [0], now=0.0)
@@ -335,7 +335,7 @@ def test_the_multi_gpu_table_kept_as_gangs_come_and_go_is_the_one_built_afresh(s
     """The world keeps its table of gangs up to date as they are placed and removed (rebuilding
     it cost a pass over every gang in each round of a large simulation): in the same order, the
     same arrays as one built from the residents."""
-    from collocate.model import Gangs
+    from collocate.core.model import Gangs
 
     w = world(8)
     for n, (add, first, width) in enumerate(steps):
@@ -402,7 +402,7 @@ def test_every_devices_recent_load_in_the_snapshot_is_what_it_reads_lately_alone
 def test_on_a_mig_instance_the_neighbourhood_reports_what_neighbours_cost_there():
     """An instance is a device shared by the mode: the world prices a job's neighbours with the
     one slowdown, activity relative to the instance, and leaves out what the instance alone costs."""
-    from collocate.interference import device_slowdown
+    from collocate.core.interference import device_slowdown
 
     f = 3 / 7
     w = World([Device(GpuId("n", 0, "1.0"), 20 * GIB, f)], sharing=SharingMode.TIME_SLICING, params=TS)

@@ -1,4 +1,4 @@
-"""A test job: the emulated training job (``collocate.gpus.emulate_job``) without the CLI's imports.
+"""A test job: the emulated training job (``collocate.node.emulate_job``) without the CLI's imports.
 
 Usage: python job.py MEM_MIB SECONDS [PEAK_MIB [SM]] [--startup S] [--warmup W] [--dram D]
 [--steps-per-s N] [--ramp R]
@@ -9,8 +9,8 @@ the time of ``collocate emulate-job``, which keeps the end-to-end tests fast on 
 import os
 import sys
 
-from collocate.gpus.emulate_job import JobSpec, run_job
 from collocate.gpus.emulated import state_dir_from_env
+from collocate.node.emulate_job import JobSpec, run_job
 
 args = sys.argv[1:]
 options = {name: float(args[args.index(name) + 1])

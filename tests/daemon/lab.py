@@ -68,9 +68,9 @@ _PRELUDE = (  # what the user's code and the CLI import, imported while still ro
     "import contextvars, fnmatch, json, os, pwd, socket, sys, time, uuid\n"
     "import rich.console, rich.live, rich.table, rich.text\n"
     "import collocate.daemon.__main__, collocate.client.connect, collocate.client.follow\n"
-    "import collocate.daemon.protocol, collocate.client.render, collocate.client.select\n"
-    "import collocate.daemon.spec, collocate.client.sweep, collocate.estimate.providers\n"
-    "import collocate.monitor.report, collocate.tls, encodings.idna, psutil\n"
+    "import collocate.wire.protocol, collocate.client.render, collocate.client.select\n"
+    "import collocate.wire.spec, collocate.client.sweep, collocate.estimate.providers\n"
+    "import collocate.monitor.report, collocate.common.tls, encodings.idna, psutil\n"
     "os.setgroups([]); os.setgid({gid}); os.setuid({uid})\n"
 )
 

@@ -36,7 +36,7 @@ HERE = Path(__file__).parent
 _REQUEST = (
     "import json, sys\n"
     "from collocate.client.connect import Client\n"
-    "from collocate.errors import CollocateError\n"
+    "from collocate.common.errors import CollocateError\n"
     "client = Client(sys.argv[1], timeout_s=30)\n"
     "out = []\n"
     "for op, args in json.loads(sys.argv[2]):\n"

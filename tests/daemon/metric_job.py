@@ -7,9 +7,9 @@ emulated training job, so the daemon samples both its metrics file and its GPU u
 import os
 import sys
 
-from collocate.gpus.emulate_job import JobSpec, run_job
 from collocate.gpus.emulated import state_dir_from_env
 from collocate.monitor import log_metric
+from collocate.node.emulate_job import JobSpec, run_job
 
 mem, seconds = float(sys.argv[1]), float(sys.argv[2])
 for step in range(5):

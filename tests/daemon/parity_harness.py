@@ -18,9 +18,9 @@ from pathlib import Path
 
 from daemon_harness import Daemon, job_argv, wait_for
 
-from collocate.gputypes import parse_cluster
-from collocate.model import JobProfile, SharingMode
-from collocate.policies import make_policy
+from collocate.core.gputypes import parse_cluster
+from collocate.core.model import JobProfile, SharingMode
+from collocate.core.policies import make_policy
 from collocate.sim.engine import SimConfig, SimResult, Simulation
 from collocate.sim.trace import TraceJob, Workload
 
@@ -178,7 +178,7 @@ def running(span: tuple[float, float, frozenset[str]], frozen: list[tuple[float,
 def shares(spans: Spans, frozen: Freezes) -> dict[str, frozenset[str]]:
     """Whom each job shared a GPU with: jobs on one of its GPUs that ran unfrozen beside it for
     more than 0.5 s in all (a job that starts as another ends shared nothing with it). A frozen
-    job (``collocate.suspension``) shares nothing: it holds memory, not the GPU. Two heavy jobs
+    job (``collocate.core.suspension``) shares nothing: it holds memory, not the GPU. Two heavy jobs
     kept apart are apart whether one waits queued or frozen, and which of them yields turns on
     when start-ups end (on a loaded machine the daemon may start the second heavy job in the
     round it starts a light one, and freeze the light one or the other heavy one instead);

@@ -14,9 +14,9 @@ from rich.console import Console
 from collocate.client import render
 from collocate.client.follow import print_logs
 from collocate.client.select import filter_rows, needs_ended, parse_ids, parse_states, parse_when
-from collocate.errors import InputError
-from collocate.safetext import printable
-from collocate.units import parse_mib, require_unit
+from collocate.common.errors import InputError
+from collocate.common.safetext import printable
+from collocate.common.units import parse_mib, require_unit
 
 
 @given(st.text())
@@ -145,7 +145,7 @@ def test_logs_of_a_pending_job_says_why_and_escapes_another_users_output():
 
 
 def test_a_sweep_keeps_its_values_in_the_name_and_show_quotes_the_command(capsys):
-    from collocate.daemon.spec import default_name
+    from collocate.wire.spec import default_name
 
     assert default_name(["bash", "-c", "sleep 30 # {learning_rate}"]) == "sleep"  # no placeholder
     name = f"{default_name(['python', 'long_experiment_name.py'])}[learning_rate=0.001,seed=3]"
@@ -314,7 +314,7 @@ def test_demo_tables_fit_80_columns():
         def counts(self) -> dict:
             return {"pending": 160, "running": 160, "done": 160, "failed": 160, "oom": 123}
 
-    from collocate.policies import POLICY_NAMES
+    from collocate.core.policies import POLICY_NAMES
 
     runs = [Run(p, 12345.5) for p in POLICY_NAMES]
     c = Console(width=80, record=True, markup=False)
@@ -356,8 +356,8 @@ def test_every_commands_help_fits_80_columns_uncut():
 
 
 def test_a_job_frozen_for_a_higher_one_says_for_which_first_in_80_columns_and_in_show():
+    from collocate.core.model import Job, JobState
     from collocate.daemon.views import _suspension
-    from collocate.model import Job, JobState
 
     frozen = Job("7", state=JobState.RUNNING, suspended="preempt", suspended_at=time.time(),
                  suspended_why="for job 12 of higher priority (5 > 0); thaws when it ends")

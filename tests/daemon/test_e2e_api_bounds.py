@@ -16,11 +16,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from collocate.client.connect import Client
-from collocate.daemon.rights import RIGHTS
-from collocate.daemon.schema import FIELDS
+from collocate.common.errors import CollocateError
+from collocate.common.tls import cert_fingerprint
 from collocate.daemon.server import ApiServer
-from collocate.errors import CollocateError
-from collocate.tls import cert_fingerprint
+from collocate.wire.rights import RIGHTS
+from collocate.wire.schema import FIELDS
 
 TOKEN = "a-long-random-test-token-0123456789"
 

@@ -14,8 +14,8 @@ import pytest
 from daemon_harness import job_argv
 
 from collocate.client.connect import Client
-from collocate.errors import CollocateError
-from collocate.tls import cert_fingerprint
+from collocate.common.errors import CollocateError
+from collocate.common.tls import cert_fingerprint
 
 CLI = [sys.executable, "-m", "collocate.cli"]
 

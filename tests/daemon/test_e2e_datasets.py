@@ -14,7 +14,7 @@ import psutil
 import pytest
 from daemon_harness import job_argv, wait_for
 
-from collocate.errors import CollocateError
+from collocate.common.errors import CollocateError
 from collocate.share.lifecycle import probe
 
 HERE = Path(__file__).parent

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from daemon_harness import Daemon, wait_for
 
-from collocate.errors import CollocateError
+from collocate.common.errors import CollocateError
 
 
 @pytest.fixture

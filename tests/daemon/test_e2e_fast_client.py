@@ -1,6 +1,6 @@
 """The fast path against a real daemon: ``collocate ls``, ``show``, ``gpus``, ``submit``, ``logs``,
 ``wait`` and ``cancel`` print the same, and exit the same, as Typer's path does for the same
-command line, without importing Typer (``collocate.cli_fast``; its parsing is held to Typer's in ``tests/test_cli_fast.py``)."""
+command line, without importing Typer (``collocate.cli.fast``; its parsing is held to Typer's in ``tests/test_cli_fast.py``)."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ FAST = ("import sys, atexit\n"
 #: the same command line through Typer alone
 TYPER = ("import sys\n"
          "from collocate.cli import COMMANDS\n"
-         "from collocate.cli_app import app\n"
-         "from collocate.cli_errors import run\n"
+         "from collocate.cli.typer_app import app\n"
+         "from collocate.common.cli_errors import run\n"
          "run(app, commands=COMMANDS)\n")
 
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 from daemon_harness import job_argv
 
-from collocate.errors import CollocateError
+from collocate.common.errors import CollocateError
 
 ENV_DUMP = [sys.executable, "-c",
             ("import os; [print(k + '=' + os.environ.get(k, '')) for k in ('CUDA_VISIBLE_DEVICES', "

@@ -28,8 +28,8 @@ from daemon_harness import Daemon, job_argv, wait_for
 from lab import LabDir, User, lab_users, run_as
 
 from collocate.client.connect import Client
-from collocate.errors import CollocateError
-from collocate.tls import cert_fingerprint, self_signed
+from collocate.common.errors import CollocateError
+from collocate.common.tls import cert_fingerprint, self_signed
 
 CLI = [sys.executable, "-m", "collocate.daemon"]
 OWNER_TOKEN = "owner-token-0123456789abcdef"
@@ -177,7 +177,7 @@ def test_finding5_a_taken_port_stops_serve_at_once_with_a_clear_error(tmp_path):
 
 def _authenticated(port: int, pin: str, token: str) -> ssl.SSLSocket:
     """A TLS connection that sent ``token`` and a ping, and keeps its slot open."""
-    from collocate.tls import client_socket
+    from collocate.common.tls import client_socket
 
     sock = client_socket(socket.create_connection(("127.0.0.1", port), timeout=30), pin=pin,
                          ca_file=None, host="127.0.0.1")

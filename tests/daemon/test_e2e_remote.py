@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from collocate.tls import cert_fingerprint, self_signed
+from collocate.common.tls import cert_fingerprint, self_signed
 
 CLI = [sys.executable, "-m", "collocate.daemon"]
 OWNER_TOKEN = "owner-token-0123456789abcdef"

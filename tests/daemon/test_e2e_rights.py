@@ -1,4 +1,4 @@
-"""Every row of the rights table (``collocate.daemon.rights.RIGHTS``), exercised by real member
+"""Every row of the rights table (``collocate.wire.rights.RIGHTS``), exercised by real member
 users of a root daemon: what a second member may and may not do to the first one's jobs, what
 only the daemon's owner may do, and what members see of each other's jobs (``squeue``'s view:
 no command, no logs, no stderr in reasons, unless the job's owner opted in with ``--public``).
@@ -14,7 +14,7 @@ import pytest
 from daemon_harness import wait_for
 from lab_harness import lab_daemon, lab_members, sh, stop_lab, why_no_lab, work_dir
 
-from collocate.daemon.rights import RIGHTS
+from collocate.wire.rights import RIGHTS
 
 pytestmark = pytest.mark.skipif(why_no_lab() is not None, reason=str(why_no_lab()))
 

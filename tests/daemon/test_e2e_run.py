@@ -24,7 +24,7 @@ from daemon_harness import wait_for
 from lab_harness import lab_daemon, lab_members, member_python, stop_lab, why_no_lab, work_dir
 from test_e2e_remote import _remote
 
-from collocate.errors import CollocateError
+from collocate.common.errors import CollocateError
 
 CLI = [sys.executable, "-m", "collocate.daemon"]
 

@@ -122,7 +122,7 @@ def test_state_files_are_private_and_secrets_stay_there(shared):
                              base_env={"PATH": "/usr/bin:/bin", "API_KEY": "s3cret-value-42"})
     job = d.wait_state(reply["result"]["id"], "done")
     wait_for(lambda: (d.state_dir / "monitor.sqlite").exists(), 10, "the monitoring store")
-    for name in ("collocate.sqlite", "collocate.sqlite-wal", "collocate.sqlite-shm", "monitor.sqlite",
+    for name in ("collocate.common.sqlite", "collocate.common.sqlite-wal", "collocate.common.sqlite-shm", "monitor.sqlite",
                  "daemon.log"):
         path = d.state_dir / name
         if path.exists():
@@ -130,7 +130,7 @@ def test_state_files_are_private_and_secrets_stay_there(shared):
     assert stat.S_IMODE(d.state_dir.stat().st_mode) == 0o710
     reader = ("import os, sys\nos.setgroups([]); os.setgid(65534); os.setuid(65534)\n"
               "try:\n    open(sys.argv[1], 'rb').read(); print('read')\nexcept OSError: print('denied')\n")
-    out = subprocess.run([sys.executable, "-c", reader, str(d.state_dir / "collocate.sqlite")],
+    out = subprocess.run([sys.executable, "-c", reader, str(d.state_dir / "collocate.common.sqlite")],
                          capture_output=True, text=True, timeout=30, check=True)
     assert out.stdout.strip() == "denied"
     # the API shows no environment; the env file the runner read is gone
@@ -140,8 +140,8 @@ def test_state_files_are_private_and_secrets_stay_there(shared):
 
 
 def test_state_dir_of_another_user_or_with_a_planted_symlink_is_refused(tmp_path):
-    from collocate.daemon.paths import StateLayout
-    from collocate.errors import CollocateError
+    from collocate.common.errors import CollocateError
+    from collocate.wire.paths import StateLayout
 
     theirs = tmp_path / "theirs"
     theirs.mkdir()
@@ -157,7 +157,7 @@ def test_state_dir_of_another_user_or_with_a_planted_symlink_is_refused(tmp_path
         StateLayout(planted).create()
     open_to_all = tmp_path / "open"
     open_to_all.mkdir()
-    (open_to_all / "collocate.sqlite").write_text("")
+    (open_to_all / "collocate.common.sqlite").write_text("")
     os.chmod(open_to_all, 0o777)
     with pytest.raises(CollocateError, match="writable by others"):
         StateLayout(open_to_all).create()

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from collocate.client.script import script_of
-from collocate.errors import InputError
+from collocate.common.errors import InputError
 
 CLI = [sys.executable, "-m", "collocate.daemon"]
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from daemon_harness import job_argv
 
+from collocate.common.errors import CollocateError
 from collocate.daemon.store import Store
-from collocate.errors import CollocateError
 
 
 def _serve(state: Path) -> subprocess.CompletedProcess:
@@ -32,7 +32,7 @@ def used_state(daemons):
 
 @pytest.mark.parametrize("damage", ["delete", "truncate"])
 def test_a_lost_store_is_refused_not_restarted_from_job_1(used_state, damage):
-    db = used_state / "collocate.sqlite"
+    db = used_state / "collocate.common.sqlite"
     for extra in ("-wal", "-shm"):
         Path(str(db) + extra).unlink(missing_ok=True)
     if damage == "delete":
@@ -44,12 +44,12 @@ def test_a_lost_store_is_refused_not_restarted_from_job_1(used_state, damage):
     assert f"is {'missing' if damage == 'delete' else 'empty'}, but this state dir had jobs" in out.stderr
     assert "Traceback" not in out.stderr
     # also when only the attempt dirs remain (a state dir from before the marker existed)
-    (used_state / "collocate.sqlite.id").unlink()
+    (used_state / "collocate.common.sqlite.id").unlink()
     assert "had jobs" in _serve(used_state).stderr
 
 
 def test_corrupt_pages_give_a_clear_error(used_state):
-    db = used_state / "collocate.sqlite"
+    db = used_state / "collocate.common.sqlite"
     subprocess.run([sys.executable, "-c", "import sqlite3,sys; c=sqlite3.connect(sys.argv[1]);"
                     "c.execute('PRAGMA wal_checkpoint(TRUNCATE)'); c.close()", str(db)], check=True)
     data = bytearray(db.read_bytes())
@@ -62,12 +62,12 @@ def test_corrupt_pages_give_a_clear_error(used_state):
 
 
 def test_a_replaced_store_is_refused(used_state, tmp_path):
-    other = tmp_path / "other" / "collocate.sqlite"
+    other = tmp_path / "other" / "collocate.common.sqlite"
     other.parent.mkdir()
     Store(other).close()
     for extra in ("", "-wal", "-shm"):
-        Path(str(used_state / "collocate.sqlite") + extra).unlink(missing_ok=True)
-    os.replace(other, used_state / "collocate.sqlite")
+        Path(str(used_state / "collocate.common.sqlite") + extra).unlink(missing_ok=True)
+    os.replace(other, used_state / "collocate.common.sqlite")
     assert "is not the one this state dir used" in _serve(used_state).stderr
 
 
@@ -78,9 +78,9 @@ def test_a_read_only_store_is_refused_at_start(tmp_path):
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)]).returncode != 0:
         pytest.skip("cannot mount a tmpfs here")
     try:
-        Store(mnt / "collocate.sqlite").close()
+        Store(mnt / "collocate.common.sqlite").close()
         subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
         with pytest.raises(CollocateError, match="read-only"):
-            Store(mnt / "collocate.sqlite")
+            Store(mnt / "collocate.common.sqlite")
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)

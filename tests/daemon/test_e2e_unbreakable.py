@@ -20,7 +20,7 @@ from daemon_harness import Daemon, wait_for
 from lab import cli_as, popen_as, raw_requests, submit_as
 
 from collocate.client.connect import Client
-from collocate.tls import cert_fingerprint
+from collocate.common.tls import cert_fingerprint
 
 PYTHON = "/usr/bin/python3"  # one every user may run (the test's own may be under /root)
 TOKEN = "a-long-random-test-token-0123456789"
@@ -86,7 +86,7 @@ def test_row2_big_submits_are_refused_and_stored_bytes_are_capped(lab, lab_daemo
     accepted = [r["result"]["id"] for r in replies if r["ok"]]
     assert 10 <= len(accepted) <= 16, [r.get("error") for r in replies]  # 16 MiB share
     assert "--user-max-stored" in next(r for r in replies if not r["ok"])["hint"]
-    assert (d.state_dir / "collocate.sqlite").stat().st_size < 24 * 2**20
+    assert (d.state_dir / "collocate.common.sqlite").stat().st_size < 24 * 2**20
     assert _ok(submit_as(lab["A"], _sock(d), cwd=str(work), argv=["/bin/true"]))
     out = cli_as(lab["B"], d.state_dir, "cancel", "--all")
     assert out.returncode == 0, out.stderr

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from collocate.core.recovery import Outcome
 from collocate.daemon.failures import classify, oom_lower_bound_mib
-from collocate.recovery import Outcome
 
 PYTORCH = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
            "capacity of 39.59 GiB of which 1.00 GiB is free. Including non-PyTorch memory, this process "

@@ -1,8 +1,8 @@
 """The project's central claim as a test: the same trace of emulated jobs through the real daemon
 and through the simulator, with the same policy and sharing mode, shares GPUs the same way.
 
-Both worlds run the one core (``Scheduler``, the policy, ``collocate.commitment``) and the one
-world model (``collocate.world``: phases, commitments, beliefs learned from readings); what
+Both worlds run the one core (``Scheduler``, the policy, ``collocate.core.commitment``) and the one
+world model (``collocate.core.world``: phases, commitments, beliefs learned from readings); what
 differs is the clock, the GPUs (emulated processes vs simulated arrays) and the launcher. The
 trace is one where observing changes decisions: light and heavy jobs nobody has measured, each
 with a start-up, all submitted at once. Priced at the prior, the light ones could not all share;

@@ -75,7 +75,7 @@ def test_an_out_of_memory_requeue(daemons):
     raised = sim.scheduler.jobs["2"]
     assert raised.mem_source == "oom-raised" and raised.mem_mib == pytest.approx(attempts[1]["mem_mib"], rel=0.02)
     # its second attempt started from what the first read, not from the prior it was submitted with
-    with closing(Store(d.state_dir / "collocate.sqlite")) as store:
+    with closing(Store(d.state_dir / "collocate.common.sqlite")) as store:
         requeued = store.job("2")[0]
     assert got.told["2"] == "assumed" and requeued.profile_source == raised.profile_source == "history"
     assert attempts[0]["solo_sm"] == pytest.approx(raised.profile.sm_activity, abs=0.05)

@@ -5,7 +5,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from collocate.client.sweep import MAX_JOBS, Axis, expand, parse_axis
-from collocate.errors import InputError
+from collocate.common.errors import InputError
 
 
 def test_lists_and_inclusive_ranges():
@@ -86,7 +86,7 @@ def test_env_values_take_the_placeholders_as_slurms_array_task_id():
 
 
 def test_output_patterns_are_checked_and_filled_as_sbatch_fills_them():
-    from collocate.daemon.outputs import check_template, fill
+    from collocate.wire.outputs import check_template, fill
 
     template = check_template("logs/%x-%j-%u-%A-%%.txt", "--output", "/work")
     assert fill(template, job_id="7", name="a1", user="ann", sweep="") == "/work/logs/a1-7-ann-7-%.txt"

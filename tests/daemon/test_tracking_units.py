@@ -8,11 +8,11 @@ import sys
 import pytest
 
 from collocate.client.render import measured_lines, tracking_line
+from collocate.common.errors import CollocateError, InputError
+from collocate.core.model import GpuId
 from collocate.daemon.cli import _tracking_config
 from collocate.daemon.tracking import DaemonTracking, TrackingConfig, parse_dashboard
-from collocate.errors import CollocateError, InputError
 from collocate.gpus.base import DeviceInfo
-from collocate.model import GpuId
 
 
 def test_dashboard_address_defaults_to_loopback():

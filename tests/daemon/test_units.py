@@ -15,19 +15,19 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from collocate.belief import Belief
+from collocate.common.errors import InputError
+from collocate.core.belief import Belief
+from collocate.core.knowledge import ProfileKnowledge
+from collocate.core.model import GpuId, Job, JobProfile, JobState, Placement, SharingMode
 from collocate.daemon.gpu_watch import GpuWatch
-from collocate.daemon.paths import ENV_STATE_DIR, resolve_state_dir
 from collocate.daemon.plan import plan_launch
-from collocate.daemon.spec import JobSpec, default_name, parse_env, validate_submit
 from collocate.daemon.store import Attempt, Store, job_from_json, job_to_json
 from collocate.daemon.views import gpu_rows
-from collocate.errors import InputError
 from collocate.gpus.base import DeviceInfo, DeviceSample, ProcessUsage
 from collocate.gpus.mps import MpsDirs
-from collocate.knowledge import ProfileKnowledge
-from collocate.model import GpuId, Job, JobProfile, JobState, Placement, SharingMode
 from collocate.node.isolate import bootstrap_argv
+from collocate.wire.paths import ENV_STATE_DIR, resolve_state_dir
+from collocate.wire.spec import JobSpec, default_name, parse_env, validate_submit
 
 
 def _req(**kw):
@@ -374,7 +374,7 @@ def test_authorize_owner_root_and_group_only(monkeypatch):
 def test_protocol_rejects_garbage():
     import io
 
-    from collocate.daemon import protocol
+    from collocate.wire import protocol
 
     with pytest.raises(protocol.ProtocolError):
         protocol.read_message(io.BytesIO(b"not json\n"))
@@ -466,9 +466,9 @@ def test_a_mig_instance_reads_alike_from_the_daemons_watch_and_the_simulators_me
     again."""
     import os
 
+    from collocate.core.world import Device, World
     from collocate.gpus.emulated import EmulatedBackend
     from collocate.gpus.emulated_state import process_start_time
-    from collocate.world import Device, World
 
     backend = EmulatedBackend.create(tmp_path, "1xA100-40GB:mig0=3g.20gb,4g.20gb", node="n0")
     watch = GpuWatch(backend, sharing=SharingMode.TIME_SLICING, params=None, window=5)
@@ -500,7 +500,7 @@ def test_log_chunks_never_split_a_character(text, chunk):
 
 def _solo_watch(is_helper=lambda pid: False):
     """One whole GPU and one MIG-like slice (GPU-1 reports a seventh of the SMs), learning."""
-    from collocate.interference import default_interference
+    from collocate.core.interference import default_interference
 
     class Backend(_Backend):
         def devices(self):
@@ -521,7 +521,7 @@ def _reading(uuid, sm, *procs, dram=0.3):
 
 
 def test_the_watch_learns_a_jobs_activity_once_its_steps_show_and_the_mps_server_is_no_neighbour():
-    from collocate.world import MIN_SEGMENT_SAMPLES, Phase
+    from collocate.core.world import MIN_SEGMENT_SAMPLES, Phase
 
     backend, watch = _solo_watch(is_helper=lambda pid: pid == 99)
     watch.place(Job("1", mem_mib=6000, mem_source="declared"), ("GPU-0",), 0.0)
@@ -580,8 +580,8 @@ def test_the_rights_table_in_the_docs_is_the_one_in_the_code():
     import re
     from pathlib import Path
 
-    from collocate.daemon.protocol import OPS
-    from collocate.daemon.rights import RIGHTS
+    from collocate.wire.protocol import OPS
+    from collocate.wire.rights import RIGHTS
 
     doc = (Path(__file__).parents[2] / "docs" / "security.md").read_text()
     rows = dict(re.findall(r"^\| `(\w+)` \| ([^|]+) \|", doc, flags=re.MULTILINE))
@@ -590,7 +590,7 @@ def test_the_rights_table_in_the_docs_is_the_one_in_the_code():
 
 
 def test_what_another_member_sees_of_a_failed_job():
-    from collocate.daemon.rights import public_reason, redact
+    from collocate.wire.rights import public_reason, redact
 
     assert public_reason("exited with status 1: password=hunter2") == "exited with status 1"
     assert public_reason("could not start the job: [Errno 2] /home/ann/x") == "could not start the job"

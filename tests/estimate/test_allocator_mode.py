@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from collocate.cli import app
-from collocate.errors import UnknownNameError
+from collocate.common.errors import UnknownNameError
 from collocate.estimate.api import estimate_memory
 from collocate.estimate.gpu_overheads import allocator_from_conf
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from collocate.errors import UnknownNameError
+from collocate.common.errors import UnknownNameError
 from collocate.estimate.base import Estimate
 from collocate.estimate.gpu_overheads import gpu_type, gpu_type_from_device_name
 

@@ -7,7 +7,7 @@ import json
 from typer.testing import CliRunner
 
 from collocate.cli import app
-from collocate.errors import InputError
+from collocate.common.errors import InputError
 
 runner = CliRunner()
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from collocate.errors import CollocateError, InputError, UnknownNameError
+from collocate.common.errors import CollocateError, InputError, UnknownNameError
 from collocate.estimate.api import estimate_memory
 from collocate.estimate.entrypoint import check_batch_size, load, resolve
 

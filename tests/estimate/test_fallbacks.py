@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from collocate.errors import CollocateError
+from collocate.common.errors import CollocateError
 from collocate.estimate.api import estimate_memory
 from collocate.estimate.cpurun import calibration_batches, estimate_cpu_run
 from collocate.estimate.gpu_overheads import gpu_type

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from collocate.errors import InputError
+from collocate.common.errors import InputError
 from collocate.estimate.base import Estimate
 from collocate.estimate.providers import (
     ChainProvider,

@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from collocate.errors import InputError
+from collocate.common.errors import InputError
 from collocate.estimate.api import estimate_memory
 
 MYMOD = textwrap.dedent("""

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from collocate.errors import InputError
+from collocate.common.errors import InputError
 from collocate.estimate.api import estimate_memory
 from collocate.estimate.warm import ask, command
 

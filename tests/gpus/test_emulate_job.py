@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from collocate.errors import InputError
-from collocate.gpus.emulate_job import JobSpec, oom_message, torch_size
+from collocate.common.errors import InputError
+from collocate.core.gputypes import gpu_type
+from collocate.core.interference import default_interference
+from collocate.core.model import JobProfile, SharingMode
 from collocate.gpus.emulated import EmulatedBackend
 from collocate.gpus.emulated_state import Refusal
-from collocate.gputypes import gpu_type
-from collocate.interference import default_interference
-from collocate.model import JobProfile, SharingMode
+from collocate.node.emulate_job import JobSpec, oom_message, torch_size
 
 from ._gpu_helpers import NODE, holders, wait_for
 
@@ -223,7 +223,7 @@ def test_jobs_sharing_an_emulated_mig_instance_run_at_the_one_slowdown(state_dir
 
 
 def test_mps_pinned_limits_are_read_as_mib_per_ordinal():
-    from collocate.gpus.emulate_job import pinned_limits
+    from collocate.node.emulate_job import pinned_limits
 
     assert pinned_limits("0=7578M,1=2G") == {0: 7578.0, 1: 2048.0}
     assert pinned_limits(None) == {} and pinned_limits("junk,=3M") == {}

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from collocate.errors import CollocateError, InputError
+from collocate.common.errors import CollocateError, InputError
+from collocate.core.gputypes import GPU_TYPES
+from collocate.core.model import GpuId
 from collocate.gpus.emulated import EmulatedBackend, parse_spec
 from collocate.gpus.emulated_state import StateStore, process_start_time
-from collocate.gputypes import GPU_TYPES
-from collocate.model import GpuId
 
 from ._gpu_helpers import NODE, holders
 
@@ -126,7 +126,7 @@ def test_mig_instances_replace_their_parent(state_dir: Path) -> None:
 
 def test_one_layout_splits_every_gpu_as_the_simulator_does(state_dir: Path) -> None:
     """``:mig=`` is ``simulate --mig-layout``: the daemon's devices are the simulator's."""
-    from collocate.gputypes import parse_cluster
+    from collocate.core.gputypes import parse_cluster
     from collocate.sim.mig import MigInstances, resolve_layout
 
     backend = EmulatedBackend.create(state_dir, "2xA100-40GB:mig=3g.20gb+4g.20gb", node=NODE)

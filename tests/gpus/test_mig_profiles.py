@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from collocate.errors import InputError, UnknownNameError
+from collocate.common.errors import InputError, UnknownNameError
 from collocate.gpus.mig_profiles import (
     MIG_PROFILES,
     mig_profile,

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from collocate.errors import CollocateError, InputError
+from collocate.common.errors import CollocateError, InputError
 from collocate.gpus.mps import (
     CONTROL_BINARY,
     MpsControl,

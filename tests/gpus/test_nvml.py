@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import pynvml
 import pytest
 
+from collocate.core.model import GpuId
 from collocate.gpus.nvml import (
     NoGpuError,
     NvmlBackend,
@@ -19,7 +20,6 @@ from collocate.gpus.nvml import (
     percent_to_fraction,
     type_name_from_product,
 )
-from collocate.model import GpuId
 
 from .fake_nvml import FakeNvml
 

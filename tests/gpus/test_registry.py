@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from collocate.errors import InputError, UnknownNameError
+from collocate.common.errors import InputError, UnknownNameError
 from collocate.gpus.emulated import EmulatedBackend
 from collocate.gpus.nvml import NoGpuError
 from collocate.gpus.probe import main

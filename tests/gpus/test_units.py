@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from collocate.errors import InputError
-from collocate.units import format_mib, parse_mib
+from collocate.common.errors import InputError
+from collocate.common.units import format_mib, parse_mib
 
 
 @pytest.mark.parametrize(

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from collocate.errors import InputError
+from collocate.common.errors import InputError
+from collocate.core.model import GpuId
 from collocate.gpus.base import DeviceInfo
 from collocate.gpus.nvml import NvmlBackend
 from collocate.gpus.registry import open_backend
 from collocate.gpus.visible import Visible, select_devices, visible_from_env
-from collocate.model import GpuId
 
 from .fake_nvml import FakeNvml
 

@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from collocate.cli import app
-from collocate.errors import InputError
+from collocate.common.errors import InputError
 from collocate.monitor.report import build_report, parse_since, summary_lines
 from collocate.monitor.store import MonitorStore, monitor_db_path
 
@@ -69,7 +69,7 @@ def test_cli_report(tmp_path):
 
 
 def test_timeline_segments_and_lanes():
-    from collocate.gantt import lanes
+    from collocate.common.gantt import lanes
     from collocate.monitor.report import _segments
 
     rows = [{"t": 0.0, "jobs": ["1"]}, {"t": 1.0, "jobs": ["1", "2"]}, {"t": 2.0, "jobs": ["2"]},
@@ -100,11 +100,11 @@ def test_report_gives_each_job_its_sacct_fields_from_the_job_store(tmp_path):
     """A CPU job on emulated GPUs holds no GPU memory: the report still says what it did
     (state, exit code, GPUs, wait, run time, GPUs held x hours), and why the measured columns
     are empty, rather than a table of zeros."""
-    from collocate.daemon.spec import JobSpec
+    from collocate.core.model import Job, JobState
     from collocate.daemon.store import Attempt, Store
-    from collocate.model import Job, JobState
+    from collocate.wire.spec import JobSpec
 
-    store = Store(tmp_path / "collocate.sqlite")
+    store = Store(tmp_path / "collocate.common.sqlite")
     for job_id, state, code in (("1", JobState.DONE, 0), ("2", JobState.FAILED, 3)):
         store.add_job(Job(job_id, submit_time=100.0, name=f"train{job_id}", user="ann"),
                       JobSpec(("python", "train.py"), "/", user="ann"))

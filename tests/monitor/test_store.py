@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from collocate.core.model import GpuId
 from collocate.gpus.base import DeviceInfo, DeviceSample, ProcessUsage
-from collocate.model import GpuId
 from collocate.monitor.job_metrics import MetricPoint
 from collocate.monitor.sampler import Tick, UsageJob, UsageSampler
 from collocate.monitor.store import MonitorStore, Retention

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from collocate.errors import InputError
+from collocate.common.errors import InputError
 from collocate.share import SharedLoader, naming
 from collocate.share.errors import ProducerExistsError, ProducerLostError
 from collocate.share.lifecycle import ProducerSpec, probe, start_producer

@@ -7,8 +7,8 @@ import time
 from collections import deque
 from typing import Any
 
+from collocate.common.errors import InputError
 from collocate.daemon.views import device_readings, host_usage
-from collocate.errors import InputError
 from collocate.gpus.emulated import EmulatedBackend
 
 

@@ -9,7 +9,7 @@ pytest.importorskip("httpx", reason="FastAPI's TestClient needs httpx")
 
 from fastapi.testclient import TestClient
 
-from collocate.errors import CollocateError
+from collocate.common.errors import CollocateError
 from collocate.gpus.emulated import EmulatedBackend
 from collocate.monitor.sinks.prometheus import PrometheusSink
 from collocate.web.app import cookie_name, create_app

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from collocate.errors import InputError, UnknownNameError
+from collocate.common.errors import InputError, UnknownNameError
 from collocate.estimate.entrypoint import resolve, validate
 from collocate.workloads import adapters, models
 

@@ -18,7 +18,7 @@ not 1). The simulator feeds the power model that realized activity, so the fit u
 measured one.
 
 The output TOML has the format of ``collocate/data/interference.toml`` and loads with
-``collocate.interference.load_interference``; what it does not measure (modes without
+``collocate.core.interference.load_interference``; what it does not measure (modes without
 measurements; MIG instances, which the bench never changes) keeps the packaged parameters and
 says so in its provenance.
 """
@@ -47,7 +47,7 @@ from collocate.bench.fit import (
 from collocate.bench.plan import ALONE, SHARING_MODES
 from collocate.bench.report import env_of, solo_rates
 from collocate.bench.workloads import WORKLOADS
-from collocate.errors import InputError
+from collocate.common.errors import InputError
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,7 +235,7 @@ def interference_toml(cal: Calibration) -> str:
     lines = [
         "# Interference and power model fitted by `collocate bench calibrate` (docs/bench.md).",
         "# Formulas: see collocate/data/interference.toml (same format, loads with",
-        "# collocate.interference.load_interference).",
+        "# collocate.core.interference.load_interference).",
         f"# Measured on {where}; source {cal.source}.",
         *[f"# note: {n}" for n in cal.notes],
         "",
@@ -361,7 +361,7 @@ def report_markdown(cal: Calibration) -> str:
 
 def write_outputs(cal: Calibration, out: Path, profiles_out: Path | None,
                   report_out: Path | None) -> list[Path]:
-    from collocate.interference import load_interference
+    from collocate.core.interference import load_interference
 
     out.write_text(interference_toml(cal))
     load_interference(out)  # what we wrote must load

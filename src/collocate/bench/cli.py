@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from collocate.errors import CollocateError, InputError
+from collocate.common.errors import CollocateError, InputError
 
 bench_app = typer.Typer(help="Measure collocated training on a real GPU (or rehearse on CPU).",
                         no_args_is_help=True)
@@ -232,7 +232,7 @@ def minitrace_run(
     from collocate.bench.envinfo import environment
     from collocate.bench.minitrace import read_jobs_json
     from collocate.bench.minitrace_run import run_minitrace
-    from collocate.model import SharingMode
+    from collocate.core.model import SharingMode
 
     if sharing not in set(SharingMode):
         raise InputError(f"unknown sharing mode {sharing!r}", hint=f"use {' or '.join(SharingMode)}")

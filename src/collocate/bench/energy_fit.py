@@ -6,7 +6,7 @@ depends on warm-up power, idle GPUs and how busy a shared GPU really is. So this
 real mini-trace runs (``collocate bench minitrace``: exclusive, and collocated under
 time-slicing and MPS), simulates each as ``gpu-validation.md`` §5 row (f) does, and picks the
 exponent whose simulated energies are closest to the measured ones (least squares on log
-ratios, on a grid), with idle/max held at the GPU type's watts (``collocate/gputypes.py``).
+ratios, on a grid), with idle/max held at the GPU type's watts (``collocate/core/gputypes.py``).
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
-from collocate.gputypes import parse_cluster
-from collocate.interference import default_interference
-from collocate.model import SharingMode
-from collocate.policies import make_policy, policy_parameters
+from collocate.core.gputypes import parse_cluster
+from collocate.core.interference import default_interference
+from collocate.core.model import SharingMode
+from collocate.core.policies import make_policy, policy_parameters
 from collocate.sim.engine import SimConfig, Simulation
 from collocate.sim.trace import load_trace
 

@@ -1,6 +1,6 @@
 """Least-squares fits of the interference and power models (numpy only).
 
-Interference (``collocate.interference.shared_slowdown``), per sharing mode::
+Interference (``collocate.core.interference.shared_slowdown``), per sharing mode::
 
     slowdown = (1 + base + per_sm * S_o + per_dram * D_o) * max(1, A, D) ** e
 
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from collocate.interference import ModeParams, shared_slowdown
+from collocate.core.interference import ModeParams, shared_slowdown
 
 EXPONENT_RANGE = (0.0, 3.0)
 POWER_EXPONENT_RANGE = (0.2, 3.0)

@@ -36,7 +36,7 @@ from collocate.bench.plan import ALONE
 from collocate.bench.report import env_of
 from collocate.bench.runner import solo_memory
 from collocate.bench.workloads import DEFAULT_WORKLOADS, workload
-from collocate.errors import InputError
+from collocate.common.errors import InputError
 
 TRACE_FIELDS = ("id", "arrival_s", "gpus", "duration_s", "peak_mib", "sm_activity",
                 "dram_activity", "warmup_s", "name")

@@ -26,8 +26,8 @@ from typing import Any
 
 from collocate.bench.minitrace import MiniJob
 from collocate.bench.sampling import BenchSampler, sample_dict
+from collocate.common.errors import CollocateError, InputError
 from collocate.daemon.child import DaemonProcess
-from collocate.errors import CollocateError, InputError
 
 TERMINAL = ("done", "failed", "cancelled", "rejected")
 

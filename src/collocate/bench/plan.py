@@ -14,8 +14,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from collocate.bench.workloads import DEFAULT_WORKLOADS, workload
-from collocate.errors import InputError
-from collocate.model import SharingMode
+from collocate.common.errors import InputError
+from collocate.core.model import SharingMode
 
 SHARING_MODES = tuple(m.value for m in SharingMode)
 ALONE = "alone"  # a single process on the GPU: the sharing mode does not apply

@@ -212,7 +212,7 @@ def markdown(records: Sequence[dict[str, Any]], source: str = "results.jsonl") -
 
 def write_plots(records: Sequence[dict[str, Any]], out_dir: Path) -> list[Path]:
     """slowdown.png (per job, TS vs MPS) and scaling.png (aggregate throughput vs copies)."""
-    from collocate.plotting import pyplot
+    from collocate.common.plotting import pyplot
 
     plt = pyplot()
 

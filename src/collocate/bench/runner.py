@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 from collocate.bench.plan import ALONE, Scenario, estimate_seconds
 from collocate.bench.sampling import BenchSampler, sample_dict, summarize
-from collocate.errors import CollocateError
+from collocate.common.errors import CollocateError
 from collocate.gpus.base import GpuBackend
 
 CONTEXT_MIB = 600.0  # CUDA context + cuDNN/cuBLAS workspaces beyond torch's reserved memory

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from collocate.errors import UnknownNameError
+from collocate.common.errors import UnknownNameError
 
 IMAGENET_TRAIN = 1_281_167  # images in the ImageNet-1k training split
 CIFAR_TRAIN = 50_000

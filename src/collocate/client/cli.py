@@ -13,9 +13,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
-from collocate.cli_options import ErrorOpt, FingerprintOpt, HostOpt, OutputOpt, StateDirOpt, TokenFileOpt
-from collocate.cli_params import Argument, Option, echo
-from collocate.errors import CollocateError, InputError
+from collocate.common.cli_options import ErrorOpt, FingerprintOpt, HostOpt, OutputOpt, StateDirOpt, TokenFileOpt
+from collocate.common.cli_params import Argument, Option, echo
+from collocate.common.errors import CollocateError, InputError
 
 if TYPE_CHECKING:
     import typer
@@ -35,7 +35,7 @@ def _format(fmt: str) -> str:
 
 
 def register(app: typer.Typer) -> None:
-    from collocate.cli_help import help_text  # only where the Typer app is built
+    from collocate.common.cli_help import help_text  # only where the Typer app is built
 
     app.command("submit", help=help_text(submit), context_settings={"allow_interspersed_args": False})(submit)
     app.command("ls")(ls)
@@ -159,8 +159,8 @@ def submit(
     if (script := _script_params(ctx, command)) is not None:  # `submit train.sh`: its #COLLOCATE lines
         return script()
     from collocate.client.sweep import expand, parse_axis
-    from collocate.daemon.spec import default_name, parse_env
-    from collocate.units import parse_mib, require_unit
+    from collocate.common.units import parse_mib, require_unit
+    from collocate.wire.spec import default_name, parse_env
 
     _format(fmt)
     if not command:
@@ -174,7 +174,7 @@ def submit(
             raise InputError(f"--nice takes 0 to 1,000,000, got {nice}")
         priority = -nice
     if time_limit is not None:
-        from collocate.units import parse_duration
+        from collocate.common.units import parse_duration
 
         parse_duration(time_limit)
     if mem is not None:
@@ -188,7 +188,7 @@ def submit(
     directory = (cwd or Path.cwd()).expanduser().absolute()
     if not directory.is_dir():
         raise InputError(f"working directory {directory} does not exist", hint="pass an existing --cwd")
-    from collocate.daemon.outputs import check_directory
+    from collocate.wire.outputs import check_directory
 
     paths = [(output, error)] if points is None else [(p.path(output), p.path(error)) for p in points]
     for out_path, err_path in paths:
@@ -291,7 +291,7 @@ def _daemon_gpu_type(client: Any) -> str | None:
     """The GPU type to estimate for when the user names none: the daemon's, if all its GPUs
     are of one known type (a CUDA context's size differs by GPU). Asking first also fails fast,
     before estimating, when no daemon is running."""
-    from collocate.gputypes import GPU_TYPES
+    from collocate.core.gputypes import GPU_TYPES
 
     types = {row["type"] for row in client.request("gpus")}
     if len(types) == 1 and (only := types.pop()) in GPU_TYPES:
@@ -504,7 +504,7 @@ def cancel(
     """
     from collocate.client.connect import list_jobs
     from collocate.client.select import ACTIVE, filter_rows, me, parse_ids, parse_states
-    from collocate.safetext import printable
+    from collocate.common.safetext import printable
 
     _format(fmt)
     ids = parse_ids(job_ids or [])
@@ -568,7 +568,7 @@ def wait(
     """
     from collocate.client.connect import list_jobs
     from collocate.client.select import ACTIVE, parse_ids
-    from collocate.safetext import printable
+    from collocate.common.safetext import printable
 
     _format(fmt)
     client = _client(state_dir, host, token_file, fingerprint)
@@ -684,7 +684,7 @@ def resume(job_ids: Annotated[list[str] | None, Argument(
 def dashboard_url(fmt: FormatOpt = "table", state_dir: StateDirOpt = None, host: HostOpt = None,
     token_file: TokenFileOpt = None, fingerprint: FingerprintOpt = None) -> None:
     """Print the daemon's dashboard URL with its token (readable by the daemon's owner only)."""
-    from collocate.daemon.paths import StateLayout
+    from collocate.wire.paths import StateLayout
 
     _format(fmt)
     client = _client(state_dir, host, token_file, fingerprint)

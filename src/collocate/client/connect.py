@@ -13,9 +13,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from collocate.daemon import protocol
-from collocate.daemon.paths import StateLayout, client_state_dir, lab_state_dir
-from collocate.errors import CollocateError
+from collocate.common.errors import CollocateError
+from collocate.wire import protocol
+from collocate.wire.paths import StateLayout, client_state_dir, lab_state_dir
 
 CONNECT_TIMEOUT_S = 5.0
 REPLY_TIMEOUT_S = 90.0
@@ -44,7 +44,7 @@ def client_for(state_dir: str | Path | None = None, *, host: str | None = None,
     if path is None:
         raise CollocateError(f"a daemon over TCP ({host}) needs your token",
                              hint=f"pass --token-file FILE or set {ENV_TOKEN_FILE}")
-    from collocate.tls import read_secret
+    from collocate.common.tls import read_secret
 
     try:
         token = read_secret(path, "the token file").strip()
@@ -191,7 +191,7 @@ class Client:
                     f"cannot reach a collocate daemon at {self.tcp[0]}:{self.tcp[1]}: {exc}",
                     hint="check the address and that the daemon was started with --tcp",
                 ) from exc
-            from collocate.tls import client_socket
+            from collocate.common.tls import client_socket
 
             return client_socket(sock, pin=self.fingerprint, ca_file=self.ca_file, host=host)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -1,5 +1,5 @@
 """Commands that change pending jobs or the lab's rules: ``hold``, ``release``, ``priority``,
-``limits``. Parsing and printing only; the daemon checks who may (``daemon/rights.py``).
+``limits``. Parsing and printing only; the daemon checks who may (``wire/rights.py``).
 
 They read as Slurm's do: ``hold``/``release`` take ids, ranges and lists like ``scontrol
 hold``; ``priority`` is ``scontrol update priority=``/``nice=`` in one; ``limits`` is what
@@ -14,8 +14,8 @@ from typing import Annotated, Any
 
 import typer
 
-from collocate.cli_options import FingerprintOpt, HostOpt, StateDirOpt, TokenFileOpt
-from collocate.errors import CollocateError, InputError
+from collocate.common.cli_options import FingerprintOpt, HostOpt, StateDirOpt, TokenFileOpt
+from collocate.common.errors import CollocateError, InputError
 
 IdsArg = Annotated[list[str], typer.Argument(metavar="IDS", help="Job ids, ranges and lists: 7, "
                                              "3-7, 3,5,9.", show_default=False)]
@@ -37,7 +37,7 @@ def _each(op: str, job_ids: list[str], target: tuple[Any, ...], fmt: str = "tabl
     arguments)."""
     from collocate.client.cli import _format
     from collocate.client.select import parse_ids
-    from collocate.safetext import printable
+    from collocate.common.safetext import printable
 
     _format(fmt)
     client = _client(*target)
@@ -167,7 +167,7 @@ def limits(
 
 
 def _print_limits(r: dict[str, Any]) -> None:
-    from collocate.safetext import printable
+    from collocate.common.safetext import printable
 
     def caps(lim: dict[str, Any]) -> str:
         parts = [f"{lim['max_jobs']} running jobs" if lim["max_jobs"] is not None else "",

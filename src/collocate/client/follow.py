@@ -21,8 +21,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from collocate.safetext import printable
-from collocate.units import format_mib
+from collocate.common.safetext import printable
+from collocate.common.units import format_mib
 
 TERMINAL = ("done", "failed", "cancelled", "rejected", "timeout")
 POLL_S = 0.5

@@ -25,8 +25,8 @@ from typing import Annotated, Any
 
 import typer
 
-from collocate.cli_options import ErrorOpt, FingerprintOpt, HostOpt, OutputOpt, StateDirOpt, TokenFileOpt
-from collocate.errors import CollocateError, InputError
+from collocate.common.cli_options import ErrorOpt, FingerprintOpt, HostOpt, OutputOpt, StateDirOpt, TokenFileOpt
+from collocate.common.errors import CollocateError, InputError
 
 POLL_S = 0.5  # how often a queued job's state is asked
 
@@ -60,8 +60,8 @@ def run(
     collocate run --mem 8GiB -- jupyter lab --no-browser --port 8888 --ip 127.0.0.1
     """
     from collocate.client.connect import client_for
-    from collocate.daemon.spec import parse_env
-    from collocate.units import parse_duration, parse_mib, require_unit
+    from collocate.common.units import parse_duration, parse_mib, require_unit
+    from collocate.wire.spec import parse_env
 
     if not command:
         raise InputError("empty command", hint="put the command after --, e.g. collocate run --mem 8GiB -- bash")
@@ -78,7 +78,7 @@ def run(
     directory = (cwd or Path.cwd()).expanduser().absolute()
     if not directory.is_dir():
         raise InputError(f"working directory {directory} does not exist", hint="pass an existing --cwd")
-    from collocate.daemon.outputs import check_directory
+    from collocate.wire.outputs import check_directory
 
     check_directory(output, "--output", str(directory))
     check_directory(error, "--error", str(directory))
@@ -149,14 +149,14 @@ class Session:
         sock = self.client._connect()  # the Client's own door: Unix socket, or TCP + TLS
         sock.settimeout(30.0)
         if self.client.tcp is not None:
-            from collocate.daemon import protocol
+            from collocate.wire import protocol
 
             sock.sendall(protocol.encode({"token": self.client.token}))
         return sock
 
     def _ask(self, sock: socket.socket) -> tuple[dict[str, Any], bytes]:
         """One ``attach`` on the connection: its result, and any stream bytes after it."""
-        from collocate.daemon import protocol
+        from collocate.wire import protocol
 
         sock.sendall(protocol.encode({"op": "attach", "args": {"id": self.job_id}}))
         data = b""
@@ -185,7 +185,7 @@ class Session:
 
     def _line(self, text: str) -> None:
         """The one live line (on a terminal; elsewhere each new text once)."""
-        from collocate.safetext import printable
+        from collocate.common.safetext import printable
 
         if self.live:
             sys.stderr.write("\r\x1b[K" + live_line(text, os.get_terminal_size(sys.stderr.fileno()).columns))
@@ -288,6 +288,6 @@ def live_line(text: str, columns: int) -> str:
     fills the terminal wraps the cursor to the next), ending in ``…`` where it was cut; the
     whole reason is in `collocate show`."""
     from collocate.client.render import cut
-    from collocate.safetext import printable
+    from collocate.common.safetext import printable
 
     return cut(printable(text), max(columns - 1, 10))

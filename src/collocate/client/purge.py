@@ -4,7 +4,7 @@ frees it themselves instead of asking the daemon's owner (issue 36).
 Slurm has no twin (its logs are the user's own files); this is the closest to deleting them.
 The job's record stays (``ls --all``, ``show``, ``sacct``-like history); its attempts' stdout
 and stderr and its ``--notify`` output go. Who may purge is ``cancel``'s rule (the job's owner
-or the daemon's owner), checked and audited by the daemon (``daemon/rights.py``).
+or the daemon's owner), checked and audited by the daemon (``wire/rights.py``).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from typing import Annotated, Any
 
 import typer
 
-from collocate.cli_help import help_text
-from collocate.cli_options import FingerprintOpt, HostOpt, StateDirOpt, TokenFileOpt
-from collocate.errors import CollocateError, InputError
+from collocate.common.cli_help import help_text
+from collocate.common.cli_options import FingerprintOpt, HostOpt, StateDirOpt, TokenFileOpt
+from collocate.common.errors import CollocateError, InputError
 
 
 def register(app: typer.Typer) -> None:
@@ -44,7 +44,7 @@ def purge(
     from collocate.client.cli import _format
     from collocate.client.connect import client_for
     from collocate.client.select import parse_ids
-    from collocate.safetext import printable
+    from collocate.common.safetext import printable
 
     _format(fmt)
     if bool(job_ids) == (before is not None):

@@ -2,7 +2,7 @@
 
 Everything a user or a job wrote (names, commands, paths, user names, reasons, which carry the
 last line of a job's stderr) goes through ``safetext.printable`` and is printed as plain text,
-never as Rich markup: see ``collocate.safetext`` for why. They are written by ``textout``, which
+never as Rich markup: see ``collocate.common.safetext`` for why. They are written by ``textout``, which
 leaves to Rich only what has to wrap (importing Rich costs more than the rest of ``ls``).
 """
 
@@ -14,8 +14,8 @@ import time
 from typing import Any
 
 from collocate.client.textout import Console, Table, Text
-from collocate.safetext import printable
-from collocate.units import format_duration, format_mib
+from collocate.common.safetext import printable
+from collocate.common.units import format_duration, format_mib
 
 NAME_WIDTH = 24
 #: Below this many columns left for it, a REASON column would cut reasons to a word or two:

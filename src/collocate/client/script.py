@@ -16,8 +16,8 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from collocate.cli_errors import _is
-from collocate.errors import InputError
+from collocate.common.cli_errors import _is
+from collocate.common.errors import InputError
 
 DIRECTIVE = "#COLLOCATE"
 _HEAD_BYTES = 64 * 1024  # directives live in a script's first lines
@@ -155,7 +155,7 @@ def _parse(command: Any, words: tuple[str, ...] | list[str], where: str) -> dict
     except Exception as exc:  # Click's UsageError, or Typer's vendored copy of it
         if not _is(exc, "UsageError"):
             raise
-        from collocate.client.slurm_words import hint_for
+        from collocate.common.slurm_words import hint_for
 
         slurms = hint_for(exc) if _is(exc, "NoSuchOption") else None
         raise InputError(f"{where}: {exc.format_message()}",  # type: ignore[attr-defined]

@@ -14,8 +14,8 @@ import pwd
 from collections.abc import Iterable
 from typing import Any
 
-from collocate.errors import InputError
-from collocate.jobstate import JobState
+from collocate.common.errors import InputError
+from collocate.core.jobstate import JobState
 
 #: Not a state of its own (a frozen job's state stays running) but what ``ls`` shows a frozen
 #: job as, so ``--state suspended`` picks those, as ``squeue -t SUSPENDED`` does.
@@ -139,7 +139,7 @@ def parse_when(text: str, option: str, now: float) -> float:
         if unit in _SACCT_UNITS:
             return now + (1 if sign == "+" else -1) * int(count) * _SACCT_UNITS[unit]
     if raw and raw[-1].lower() in "smhd":
-        from collocate.units import parse_duration
+        from collocate.common.units import parse_duration
 
         try:
             return now - parse_duration(raw, option)

@@ -4,7 +4,7 @@ A sweep is the commonest reason to queue many jobs at once, and the shell loop u
 it today is what collocate replaces. Only the placeholders of declared axes are replaced, so any
 other braces in a command (JSON arguments, shell ``${VAR}``) pass through untouched. The same
 placeholders are filled in ``--name``, in ``--env`` values and in ``--output``/``--error``
-(where ``%a``, Slurm's array index, is the value of a sweep's only axis: ``daemon/outputs.py``
+(where ``%a``, Slurm's array index, is the value of a sweep's only axis: ``wire/outputs.py``
 fills the rest).
 """
 
@@ -15,9 +15,9 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from collocate.daemon.outputs import PERCENT as _PERCENT
-from collocate.daemon.outputs import escape
-from collocate.errors import InputError
+from collocate.common.errors import InputError
+from collocate.wire.outputs import PERCENT as _PERCENT
+from collocate.wire.outputs import escape
 
 MAX_JOBS = 10_000  # a typo like seed=0..1000000 should not flood the queue
 _RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")

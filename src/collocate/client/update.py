@@ -12,9 +12,9 @@ from typing import Annotated, Any
 
 import typer
 
-from collocate.cli_options import FingerprintOpt, HostOpt, StateDirOpt, TokenFileOpt
 from collocate.client.control import IdsArg
-from collocate.errors import CollocateError, InputError
+from collocate.common.cli_options import FingerprintOpt, HostOpt, StateDirOpt, TokenFileOpt
+from collocate.common.errors import CollocateError, InputError
 
 
 def update(
@@ -45,8 +45,8 @@ def update(
     from collocate.client.cli import _format
     from collocate.client.control import _client
     from collocate.client.select import parse_ids
-    from collocate.safetext import printable
-    from collocate.units import parse_duration, require_unit
+    from collocate.common.safetext import printable
+    from collocate.common.units import parse_duration, require_unit
 
     _format(fmt)
     if nice is not None and priority is not None:
@@ -85,8 +85,8 @@ def update(
 
 
 def _describe(r: dict[str, Any]) -> str:
-    from collocate.safetext import printable
-    from collocate.units import format_duration, format_mib
+    from collocate.common.safetext import printable
+    from collocate.common.units import format_duration, format_mib
 
     said = {"name": f"name {printable(r['name'])}",
             "mem_mib": f"memory {format_mib(r['mem_mib'])}" if r["mem_mib"] is not None else "",

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from collocate.cluster.exposure import check_session_dir
-from collocate.model import SharingMode
+from collocate.core.model import SharingMode
 from collocate.node.confine import NodeBounds
 from collocate.node.local import HEARTBEAT, LocalNode
 

@@ -27,7 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from collocate.errors import CollocateError
+from collocate.common.errors import CollocateError
 
 PROBE_TIMEOUT_S = 60.0
 

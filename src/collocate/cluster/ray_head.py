@@ -39,7 +39,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from collocate.cluster.agent import NodeAgent
 from collocate.cluster.exposure import check_session_dir, require_token
-from collocate.errors import CollocateError
+from collocate.common.errors import CollocateError
 from collocate.gpus.base import DeviceInfo
 from collocate.monitor.job_metrics import MetricPoint
 from collocate.monitor.process_tree import TreeUsage

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import typer
 
-from collocate.cli_errors import run
-from collocate.cli_params import adopt
 from collocate.client.cli import register as register_client
 from collocate.client.purge import register as register_purge
+from collocate.common.cli_errors import run
+from collocate.common.cli_params import adopt
 from collocate.daemon.cli import register
 
 app = typer.Typer(name="collocate-daemon", no_args_is_help=True, add_completion=False,

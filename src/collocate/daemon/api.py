@@ -16,22 +16,23 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from collocate.daemon import rights, views
+from collocate.common.errors import InputError
+from collocate.core.fairness import Fairness, UserLimits
+from collocate.core.knowledge import ProfileKnowledge, with_belief
+from collocate.core.model import Job, JobState, Wait, WaitKind
+from collocate.core.recovery import Outcome
+from collocate.daemon import views
 from collocate.daemon.attempts import Attempts
 from collocate.daemon.config import Wiring
 from collocate.daemon.faults import disk_nearly_full
 from collocate.daemon.fleet import InProcessNodes
 from collocate.daemon.producers import resolve_factory
-from collocate.daemon.protocol import PAGE_ROWS, check_logs_args, whole_number
 from collocate.daemon.quotas import Accounts, queued_of, request_size
 from collocate.daemon.server import Peer
-from collocate.daemon.spec import SubmitRequest, submit_key, validate_submit
-from collocate.errors import InputError
-from collocate.fairness import Fairness, UserLimits
-from collocate.knowledge import ProfileKnowledge, with_belief
-from collocate.model import Job, JobState, Wait, WaitKind
 from collocate.node.ptyjob import SOCKET_NAME
-from collocate.recovery import Outcome
+from collocate.wire import rights
+from collocate.wire.protocol import PAGE_ROWS, check_logs_args, whole_number
+from collocate.wire.spec import SubmitRequest, submit_key, validate_submit
 
 
 class Api:
@@ -282,7 +283,7 @@ class Api:
         return job, run
 
     def op_priority(self, args: dict, peer: Peer) -> dict:
-        from collocate.model import PRIORITY_MAX
+        from collocate.core.model import PRIORITY_MAX
 
         job = self._pending_job(args, peer, "change the priority of")
         value = args.get("priority")
@@ -297,8 +298,8 @@ class Api:
     def op_update(self, args: dict, peer: Peer) -> dict:
         """Change a pending job (Slurm's ``scontrol update``): its memory, time limit, name,
         dependencies or priority, with ``priority``'s rights (only the daemon's owner raises)."""
-        from collocate.daemon.spec import validate_update
-        from collocate.errors import CollocateError
+        from collocate.common.errors import CollocateError
+        from collocate.wire.spec import validate_update
 
         job = self._pending_job(args, peer, "update")
         changes = validate_update(args)

@@ -17,7 +17,7 @@ import ssl
 from pathlib import Path
 from typing import Any
 
-from collocate.errors import CollocateError
+from collocate.common.errors import CollocateError
 from collocate.node.ptyjob import connect
 
 SEND_TIMEOUT_S = 30.0  # a side that takes no bytes this long is let go

@@ -20,21 +20,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from collocate.daemon.config import Wiring
-from collocate.daemon.failures import classify, describe_status, oom_lower_bound_mib
-from collocate.daemon.faults import describe_error, is_disk_full
-from collocate.daemon.fleet import NodeProducers
-from collocate.daemon.plan import Rendezvous, plan_launch
-from collocate.daemon.producers import producer_request
-from collocate.daemon.store import Attempt
-from collocate.gpus.mps import MpsDirs
-from collocate.knowledge import carried_over, learned_here
-from collocate.model import GpuId, Job, JobState, Placement
-from collocate.monitor.sinks.base import JobInfo
-from collocate.node.api import ExitRecord, NodeUnreachable
-from collocate.node.datasets import ProducerStartError
-from collocate.node.launcher import LaunchPlan, with_runner_args
-from collocate.recovery import (
+from collocate.core.knowledge import carried_over, learned_here
+from collocate.core.model import GpuId, Job, JobState, Placement
+from collocate.core.recovery import (
     DEPARTED_WINDOW_S,
     Departure,
     ExitReport,
@@ -45,6 +33,18 @@ from collocate.recovery import (
     job_allowance_mib,
     job_fence_mib,
 )
+from collocate.daemon.config import Wiring
+from collocate.daemon.failures import classify, describe_status, oom_lower_bound_mib
+from collocate.daemon.faults import describe_error, is_disk_full
+from collocate.daemon.fleet import NodeProducers
+from collocate.daemon.plan import Rendezvous, plan_launch
+from collocate.daemon.producers import producer_request
+from collocate.daemon.store import Attempt
+from collocate.gpus.mps import MpsDirs
+from collocate.monitor.sinks.base import JobInfo
+from collocate.node.api import ExitRecord, NodeUnreachable
+from collocate.node.datasets import ProducerStartError
+from collocate.node.launcher import LaunchPlan, with_runner_args
 
 log = logging.getLogger("collocate.daemon")
 
@@ -107,7 +107,7 @@ def timeout_key(job_id: str) -> str:
 
 
 def timeout_reason(limit_s: float) -> str:
-    from collocate.units import format_duration
+    from collocate.common.units import format_duration
 
     return f"reached its time limit of {format_duration(limit_s)} (--time); stopped"
 
@@ -369,7 +369,7 @@ class Attempts:
                 observed = max(peak or 0.0, bound)
             if resident is not None and self._beside_unowned_memory(resident):
                 outcome, reason = Outcome.LOST, f"{reason} beside GPU memory held by processes no job owns; requeued"
-            elif resident is not None:  # charged to whoever overran (collocate.recovery)
+            elif resident is not None:  # charged to whoever overran (collocate.core.recovery)
                 crashed = Holding(run.attempt.job_id, observed or 0.0, job_allowance_mib(resident.job, resident.room_mib))
                 beside = beside_at_crash(self._holdings_beside(resident), self.departed,
                                          resident.devices, run.attempt.job_id, end)

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from collocate.client.connect import Client
-from collocate.errors import CollocateError
+from collocate.common.errors import CollocateError
 
 
 class DaemonProcess:

@@ -9,9 +9,9 @@ from typing import Annotated
 
 import typer
 
-from collocate.cli_options import StateDirOpt
+from collocate.common.cli_options import StateDirOpt
+from collocate.common.errors import InputError
 from collocate.daemon.logformat import PrintableLogFormatter
-from collocate.errors import InputError
 
 
 def register(app: typer.Typer) -> None:
@@ -122,15 +122,15 @@ def serve(
     """Run the daemon in the foreground (Ctrl-C stops it; running jobs keep running)."""
     import grp
 
-    from collocate.daemon.paths import resolve_state_dir
+    from collocate.common.units import option_bytes
+    from collocate.core.model import SharingMode
+    from collocate.core.policies import make_policy, parse_params
+    from collocate.core.recovery import RecoveryRules
     from collocate.daemon.quotas import Quotas
     from collocate.daemon.run import run_daemon
     from collocate.daemon.service import ServeConfig
     from collocate.gpus.mps import default_sharing
-    from collocate.model import SharingMode
-    from collocate.policies import make_policy, parse_params
-    from collocate.recovery import RecoveryRules
-    from collocate.units import option_bytes
+    from collocate.wire.paths import resolve_state_dir
 
     if sharing != "auto" and sharing not in set(SharingMode):
         raise InputError(f"unknown sharing mode {sharing!r}",
@@ -219,7 +219,7 @@ def _rule_notes(rules) -> str:
 
 
 def _read_token(token_file: Path | None) -> str | None:
-    from collocate.tls import read_secret
+    from collocate.common.tls import read_secret
 
     if token_file is None:
         return None
@@ -238,7 +238,7 @@ def _read_user_tokens(path: Path | None) -> dict[str, str]:
     """``--user-tokens``: ``USER TOKEN`` per line (``#`` comments), token → user."""
     if path is None:
         return {}
-    from collocate.tls import read_secret
+    from collocate.common.tls import read_secret
 
     try:
         lines = read_secret(path, "--user-tokens").splitlines()

@@ -11,22 +11,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from collocate.core.model import SharingMode
+from collocate.core.policies.risk import WINDOW_SAMPLES
+from collocate.core.recovery import RecoveryRules
 from collocate.daemon.quotas import Quotas
 from collocate.daemon.tracking import TrackingConfig
-from collocate.model import SharingMode
 from collocate.node.cgroups import DEFAULT_MAX_PIDS
 from collocate.node.confine import NodeBounds
-from collocate.policies.risk import WINDOW_SAMPLES
-from collocate.recovery import RecoveryRules
 
 if TYPE_CHECKING:
+    from collocate.core.scheduler import Scheduler
     from collocate.daemon.fleet import Fleet
     from collocate.daemon.gpu_watch import GpuWatch
-    from collocate.daemon.paths import StateLayout
-    from collocate.daemon.spec import JobSpec
     from collocate.daemon.store import Store
     from collocate.daemon.tracking import DaemonTracking
-    from collocate.scheduler import Scheduler
+    from collocate.wire.paths import StateLayout
+    from collocate.wire.spec import JobSpec
 
 
 @dataclass(frozen=True)
@@ -46,8 +46,8 @@ class ServeConfig:
     cancel_grace_s: float = 10.0
     rules: RecoveryRules = field(default_factory=RecoveryRules)
     #: Whether a waiting job of higher priority freezes running ones of lower priority
-    #: (``collocate.preemption``); off, it waits as in a plain priority queue. Jobs started on
-    #: trial are taken back either way (``collocate.suspension``).
+    #: (``collocate.core.preemption``); off, it waits as in a plain priority queue. Jobs started on
+    #: trial are taken back either way (``collocate.core.suspension``).
     preemption: bool = True
     #: Whether a pile-up of trial jobs on a GPU is taken back in one step rather than one job per
     #: settling period (``SuspendRules.at_once``; off by default, docs/policies.md).
@@ -59,7 +59,7 @@ class ServeConfig:
     job_max_pids: int | None = DEFAULT_MAX_PIDS  # per attempt, in its cgroup
     job_max_memory: int | None = None  # host memory per attempt (bytes); accounted either way
     #: TCP over TLS: the certificate and key files, or (both None and ``tls_self_signed``) the
-    #: daemon's own, made once under ``<state dir>/tls`` (``collocate.tls``).
+    #: daemon's own, made once under ``<state dir>/tls`` (``collocate.common.tls``).
     tls_cert: Path | None = None
     tls_key: Path | None = None
     tls_self_signed: bool = False

@@ -23,8 +23,8 @@ from typing import Annotated, Any
 
 import typer
 
+from collocate.common.errors import InputError
 from collocate.daemon.child import DaemonProcess
-from collocate.errors import InputError
 
 GPUS = "emulated:4xA100-40GB"
 PERIOD_S = 0.25
@@ -84,7 +84,7 @@ class DemoRun:
     """One policy's daemon and its jobs."""
 
     def __init__(self, policy: str, root: Path, scale: float) -> None:
-        from collocate.policies import policy_parameters
+        from collocate.core.policies import policy_parameters
 
         self.policy, self.scale = policy, scale
         self.state_dir = root / policy
@@ -155,7 +155,7 @@ def demo(
     from rich.console import Console
     from rich.live import Live
 
-    from collocate.policies import POLICY_NAMES
+    from collocate.core.policies import POLICY_NAMES
 
     names = [p.strip() for p in policies.split(",") if p.strip()]
     for name in names:

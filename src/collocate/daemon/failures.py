@@ -11,8 +11,8 @@ from __future__ import annotations
 import re
 import signal
 
+from collocate.core.recovery import Outcome
 from collocate.node.runner import TAIL_BYTES  # noqa: F401 - re-exported: the classified tail
-from collocate.recovery import Outcome
 
 OOM_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
     (label, re.compile(rx, re.IGNORECASE))

@@ -11,7 +11,7 @@ import errno
 import sqlite3
 from pathlib import Path
 
-from collocate.errors import CollocateError
+from collocate.common.errors import CollocateError
 from collocate.node.files import free_bytes
 
 _FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT}

@@ -23,7 +23,7 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
-from collocate.errors import CollocateError
+from collocate.common.errors import CollocateError
 
 ENV_REGISTRY = "COLLOCATE_GPU_REGISTRY"
 SYSTEM_REGISTRY = Path("/run/collocate/gpus")

@@ -1,4 +1,4 @@
-"""The daemon's GPU watch: live readings fed into the world model (``collocate.world``).
+"""The daemon's GPU watch: live readings fed into the world model (``collocate.core.world``).
 
 Each sampling period the watch reads the backend once and tells the world what the simulator's
 meters tell it in a simulation: per device its SM, occupancy and DRAM activity (GPM where the GPU
@@ -15,13 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
+from collocate.core.interference import ModeParams
+from collocate.core.model import ClusterSnapshot, Job, SharingMode, Utilization
+from collocate.core.policies.risk import WINDOW_SAMPLES
+from collocate.core.world import Device, Resident, World
 from collocate.gpus.base import DeviceInfo, DeviceSample, GpuBackend
 from collocate.gpus.mps import is_mps_server
-from collocate.interference import ModeParams
-from collocate.model import ClusterSnapshot, Job, SharingMode, Utilization
 from collocate.monitor.job_metrics import MetricPoint
-from collocate.policies.risk import WINDOW_SAMPLES
-from collocate.world import Device, Resident, World
 
 
 class GpuWatch:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from collocate.safetext import printable
+from collocate.common.safetext import printable
 
 
 class PrintableLogFormatter(logging.Formatter):

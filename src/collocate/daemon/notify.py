@@ -23,14 +23,14 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from collocate.daemon.paths import StateLayout
-from collocate.daemon.spec import JobSpec
+from collocate.core.model import Job
 from collocate.daemon.store import Store
-from collocate.model import Job
 from collocate.node.confine import Confinement
 from collocate.node.files import drop_logs
 from collocate.node.isolate import bootstrap_argv
 from collocate.node.launcher import COMMAND_FILE, ENV_FILE, RUNNER_MODULE, LaunchPlan, start, with_runner_args
+from collocate.wire.paths import StateLayout
+from collocate.wire.spec import JobSpec
 
 #: How long a ``--notify`` command may run before it is stopped with all it started: mail or a
 #: webhook takes seconds; a command still running after a minute is stuck or is not a notice.

@@ -13,15 +13,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from collocate.daemon.outputs import fill
-from collocate.daemon.spec import JobSpec
+from collocate.core.model import Job, Placement, SharingMode
+from collocate.core.recovery import job_fence_mib
 from collocate.gpus.mps import MpsDirs, mps_client_env
-from collocate.model import Job, Placement, SharingMode
 from collocate.monitor.job_metrics import metrics_env
 from collocate.node.fence import ENV_MEM_FENCE
 from collocate.node.isolate import bootstrap_argv
 from collocate.node.launcher import COMMAND_FILE, ENV_EMULATED_DIR, ENV_FILE, RUNNER_MODULE, LaunchPlan
-from collocate.recovery import job_fence_mib
+from collocate.wire.outputs import fill
+from collocate.wire.spec import JobSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,8 +67,8 @@ def mps_env(job: Job, placement: Placement, dirs: MpsDirs) -> dict[str, str]:
     activity slowed jobs that ran alone by up to 1.9x (the transformer, capped at 91%), and the
     measured MPS interference model assumes uncapped clients. Pinned memory: the requirement's
     upper bound plus a margin, the room a job of unknown memory was placed with, for an estimate
-    the larger of the two (``collocate.commitment.mps_limit_mib``, the rule the simulator
-    applies too); none for an unfenced attempt (``collocate.recovery.job_fence_mib``).
+    the larger of the two (``collocate.core.commitment.mps_limit_mib``, the rule the simulator
+    applies too); none for an unfenced attempt (``collocate.core.recovery.job_fence_mib``).
     """
     limit = job_fence_mib(job, placement_room(job, placement))
     return mps_client_env(dirs=dirs, mem_mib=limit, margin_mib=0.0,
@@ -119,7 +119,7 @@ def plan_launch(
 
 
 def output_args(job: Job, spec: JobSpec, attempt: int, rendezvous: Rendezvous | None) -> tuple[str, ...]:
-    """The runner's ``--output``/``--error`` files (``submit -o/-e``, ``daemon/outputs.py``):
+    """The runner's ``--output``/``--error`` files (``submit -o/-e``, ``wire/outputs.py``):
     written by rank 0's part only (one file, as sbatch's batch step), truncated by the first
     attempt and appended to by later ones, so a retry never loses what the first one wrote."""
     if spec.output is None and spec.error is None or rendezvous is not None and rendezvous.rank:

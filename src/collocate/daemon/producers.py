@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from collocate.daemon.spec import JobSpec
-from collocate.errors import InputError
-from collocate.model import Job
+from collocate.common.errors import InputError
+from collocate.core.model import Job
 from collocate.node.datasets import ProducerRequest
+from collocate.wire.spec import JobSpec
 
 
 def producer_request(spec: JobSpec) -> ProducerRequest:

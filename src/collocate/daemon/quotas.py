@@ -33,9 +33,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from collocate.common.errors import InputError
+from collocate.core.model import JobState
 from collocate.daemon.faults import DiskFull, free_bytes
-from collocate.errors import InputError
-from collocate.model import JobState
 from collocate.node.confine import default_disk_reserve, default_log_max
 from collocate.node.files import attempt_files
 from collocate.node.logkeeper import locked, read_ledger, write_ledger

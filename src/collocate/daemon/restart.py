@@ -18,12 +18,12 @@ import time
 from dataclasses import replace
 from typing import Any
 
+from collocate.core.model import Job, JobState
+from collocate.core.recovery import ExitReport, Outcome
+from collocate.core.scheduler import Scheduler
 from collocate.daemon.attempts import Attempts, LiveAttempt, cancel_key, timeout_key
 from collocate.daemon.fleet import Fleet
 from collocate.daemon.store import Attempt, Store
-from collocate.model import Job, JobState
-from collocate.recovery import ExitReport, Outcome
-from collocate.scheduler import Scheduler
 
 log = logging.getLogger("collocate.daemon")
 

@@ -12,19 +12,19 @@ from __future__ import annotations
 
 import time
 
+from collocate.core.interference import InterferenceModel
+from collocate.core.knowledge import ProfileKnowledge, price_pending
+from collocate.core.model import UNKNOWN_PROFILE
+from collocate.core.scheduler import Capacity
+from collocate.core.world import observed_residents
 from collocate.daemon.attempts import Attempts
 from collocate.daemon.config import Wiring
 from collocate.daemon.faults import disk_nearly_full
 from collocate.daemon.producers import active_factories
 from collocate.daemon.quotas import Accounts
 from collocate.daemon.views import committed_by_gpu
-from collocate.interference import InterferenceModel
-from collocate.knowledge import ProfileKnowledge, price_pending
-from collocate.model import UNKNOWN_PROFILE
 from collocate.monitor.process_tree import TreeUsage
 from collocate.monitor.sampler import UsageJob
-from collocate.scheduler import Capacity
-from collocate.world import observed_residents
 
 QUOTA_RECOUNT_S = 1.0  # how often members' stored bytes are counted again while jobs wait
 
@@ -67,7 +67,7 @@ class SchedulingRound:
         self._price_pending()
         self._stop_over_quota()
         plan = self.scheduler.schedule(self.watch.snapshot(now), lambda idle: self.watch.snapshot(now, idle))
-        for f in plan.freeze:  # jobs of lower priority, frozen for a placement (``collocate.preemption``)
+        for f in plan.freeze:  # jobs of lower priority, frozen for a placement (``collocate.core.preemption``)
             self.attempts.set_frozen(f.job_id, True, now, f.why)
         for placement in plan.placements:
             try:

@@ -48,11 +48,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from collocate.daemon import protocol
+from collocate.common.errors import CollocateError
 from collocate.daemon.audit import AuditLog
 from collocate.daemon.faults import disk_full, is_disk_full
-from collocate.daemon.rights import NotAllowed
-from collocate.errors import CollocateError
+from collocate.wire import protocol
+from collocate.wire.rights import NotAllowed
 
 log = logging.getLogger("collocate.daemon")
 

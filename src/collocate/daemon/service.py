@@ -30,6 +30,11 @@ from concurrent.futures import Future
 from dataclasses import replace
 from typing import Any
 
+from collocate.common.errors import CollocateError
+from collocate.core.interference import default_interference
+from collocate.core.policies import make_policy
+from collocate.core.scheduler import Capacity, Scheduler
+from collocate.core.suspension import SuspendRules
 from collocate.daemon.api import Api
 from collocate.daemon.attempts import Attempts
 from collocate.daemon.audit import AUDIT_FILE, AuditLog
@@ -40,23 +45,18 @@ from collocate.daemon.fleet import Fleet, InProcessNodes, Nodes
 from collocate.daemon.gpu_claims import GpuClaims
 from collocate.daemon.gpu_watch import GpuWatch
 from collocate.daemon.notify import Notifier
-from collocate.daemon.paths import StateLayout, share_with_group
 from collocate.daemon.quotas import Accounts
 from collocate.daemon.restart import restore
 from collocate.daemon.round import SchedulingRound
 from collocate.daemon.server import ApiServer, Peer
-from collocate.daemon.spec import JobSpec
 from collocate.daemon.store import Store
 from collocate.daemon.tracking import DaemonTracking
 from collocate.daemon.warm_estimator import start_warm_estimator, stop_process
-from collocate.errors import CollocateError
-from collocate.interference import default_interference
 from collocate.node.confine import UNLIMITED, Confinement
 from collocate.node.files import disk_size
 from collocate.node.local import LocalNode
-from collocate.policies import make_policy
-from collocate.scheduler import Capacity, Scheduler
-from collocate.suspension import SuspendRules
+from collocate.wire.paths import StateLayout, share_with_group
+from collocate.wire.spec import JobSpec
 
 __all__ = ["ServeConfig", "Service"]
 
@@ -158,7 +158,7 @@ class Service:
         """The TLS context of the TCP API (None: no TCP; TCP is TLS only, the daemon's own
         self-signed certificate unless one is given); sets ``self.tls_fingerprint`` for the
         start-up line."""
-        from collocate import tls
+        from collocate.common import tls
 
         self.tls_fingerprint: str | None = None
         if self.config.tcp is None:

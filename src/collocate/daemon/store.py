@@ -10,10 +10,10 @@ Tables:
 * ``attempts``: one row per launch: start/end, GPUs, the runner's pid and process start time
   (to re-adopt it after a restart), exit status, outcome, reason, measured peak memory and solo
   activity profile (``collocate.activity``; NULL when the job never ran alone long enough);
-* ``job_history``: per job identity (``collocate.identity``: the same command up to seeds,
+* ``job_history``: per job identity (``collocate.core.identity``: the same command up to seeds,
   output paths and run names), the measured peak of its last successful run (the memory of
   later runs of the same job) and what its runs taught of its activity, with the variance
-  (``collocate.belief``), learned alone or shared; and its family (a sweep's points), whose
+  (``collocate.core.belief``), learned alone or shared; and its family (a sweep's points), whose
   other identities' beliefs give a new job its prior. (Files from before keep an unused
   ``history`` table keyed by the exact command.)
 * ``meta``: the id counter, the drain flag and the per-user caps (``limits``, JSON).
@@ -31,13 +31,13 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from collocate.belief import Belief, from_history
+from collocate.common.errors import CollocateError
+from collocate.common.sqlite import open_wal
+from collocate.core.belief import Belief, from_history
+from collocate.core.fairness import Fairness, UserLimits
+from collocate.core.model import UNKNOWN_PROFILE, GpuId, Job, JobProfile, JobState
 from collocate.daemon.faults import disk_full, is_disk_full
-from collocate.daemon.spec import JobSpec
-from collocate.errors import CollocateError
-from collocate.fairness import Fairness, UserLimits
-from collocate.model import UNKNOWN_PROFILE, GpuId, Job, JobProfile, JobState
-from collocate.sqlite import open_wal
+from collocate.wire.spec import JobSpec
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -175,7 +175,7 @@ class Store:
 
     @property
     def _marker(self) -> Path:
-        """``collocate.sqlite.id``: the store's random id, kept beside it. It outlives a store
+        """``collocate.common.sqlite.id``: the store's random id, kept beside it. It outlives a store
         that is deleted or emptied, which is how such a loss is told from a first start."""
         return self.path.with_name(self.path.name + ".id")
 
@@ -191,7 +191,7 @@ class Store:
             raise CollocateError(
                 f"the job store {self.path} is {state}, but this state dir had jobs "
                 f"({self._marker.name} or {jobs} say so)",
-                hint="restore collocate.sqlite from a backup; or move the state dir aside and start "
+                hint="restore collocate.common.sqlite from a backup; or move the state dir aside and start "
                      "on a fresh one (starting here would reuse job ids and mix old and new logs)")
 
     def _mark(self) -> None:
@@ -207,7 +207,7 @@ class Store:
             raise CollocateError(
                 f"the job store {self.path} is not the one this state dir used "
                 f"(id {store_id}, {self._marker.name} says {marked})",
-                hint="put the original collocate.sqlite back, or start on a fresh state dir")
+                hint="put the original collocate.common.sqlite back, or start on a fresh state dir")
         self.db.execute("INSERT INTO meta VALUES ('store_id', ?) ON CONFLICT (key) DO UPDATE SET"
                         " value = excluded.value", (store_id,))
         if marked is None:
@@ -225,7 +225,7 @@ class Store:
             return disk_full(str(self.path))
         damaged = any(w in text for w in ("malformed", "not a database", "corrupt", "quick_check", "***"))
         return CollocateError(f"the job store {self.path} is {'corrupt' if damaged else 'unusable'}: {text}",
-                              hint="restore collocate.sqlite from a backup, or move the state dir "
+                              hint="restore collocate.common.sqlite from a backup, or move the state dir "
                                    "aside and start on a fresh one")
 
     def close(self) -> None:

@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from collocate.daemon.paths import StateLayout
-from collocate.errors import CollocateError, InputError
+from collocate.common.errors import CollocateError, InputError
+from collocate.wire.paths import StateLayout
 
 log = logging.getLogger("collocate.daemon")
 

@@ -13,15 +13,15 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from collocate.daemon.protocol import PAGE_ROWS
+from collocate.common.errors import InputError
+from collocate.core.model import Job, JobState, Wait
 from collocate.daemon.store import Store
-from collocate.errors import InputError
-from collocate.model import Job, JobState, Wait
 from collocate.node.files import attempt_files
+from collocate.wire.protocol import PAGE_ROWS
 
 if TYPE_CHECKING:
     from collocate.daemon.gpu_watch import GpuWatch
-    from collocate.daemon.spec import JobSpec
+    from collocate.wire.spec import JobSpec
 
 LOG_CHUNK_BYTES = 256 * 1024
 
@@ -91,7 +91,7 @@ def frozen_s(job: Job, now: float) -> float:
 
 
 def _suspension(job: Job, run: Any = None) -> dict[str, Any]:
-    """A frozen job's who, since when and why (``collocate.suspension``); its reason says it,
+    """A frozen job's who, since when and why (``collocate.core.suspension``); its reason says it,
     why first (``ls`` at 80 columns shows the first words: "for job 12 …", "slowed job 3 …"),
     and, for one frozen before it launched (``run``: its attempt, waiting for its dataset's
     producer), that it has not started."""
@@ -142,7 +142,7 @@ def job_detail(store: Store, job_id: str, *, running: Mapping[str, Any] | None =
 
 def _output_files(job: Job, spec: JobSpec) -> dict[str, str]:
     """The ``--output``/``--error`` files as the job's attempts write them (its owner's to see)."""
-    from collocate.daemon.outputs import fill
+    from collocate.wire.outputs import fill
 
     names = {"job_id": job.id, "name": job.name, "user": spec.user or job.user, "sweep": job.sweep}
     return {key: fill(template, **names) for key, template in (("output", spec.output), ("error", spec.error))
@@ -151,9 +151,9 @@ def _output_files(job: Job, spec: JobSpec) -> dict[str, str]:
 
 def fence_line(job: Job, r: Any) -> str:
     """Whether the job's memory is fenced (its running attempt's, else its last or next one's),
-    at what, and if not, why (``collocate.recovery``)."""
-    from collocate.recovery import job_fence_mib, why_unfenced
-    from collocate.units import format_mib
+    at what, and if not, why (``collocate.core.recovery``)."""
+    from collocate.common.units import format_mib
+    from collocate.core.recovery import job_fence_mib, why_unfenced
 
     live = job.state is JobState.RUNNING and r is not None
     placed = r.job if live else job
@@ -202,7 +202,7 @@ _SOURCES = {
 
 def _profile(job: Job, resident: Any) -> dict[str, Any]:
     """The solo activity the policies use for this job, how sure it is, and where it comes
-    from (``collocate.belief``): the world's belief while it runs, else what it was told."""
+    from (``collocate.core.belief``): the world's belief while it runs, else what it was told."""
     if resident is not None:
         belief = resident.pricing
         sm, dram, sm_var, source = (belief.profile.sm_activity, belief.profile.dram_activity,
@@ -298,7 +298,7 @@ def complete_utf8(data: bytes) -> bytes:
 
 def committed_by_gpu(monitor: GpuWatch) -> dict[str, float]:
     """MiB the running jobs commit on each GPU, by uuid (the world model's,
-    ``collocate.commitment``)."""
+    ``collocate.core.commitment``)."""
     return {d.uuid: monitor.committed_mib(d.uuid) for d in monitor.devices}
 
 
@@ -306,7 +306,7 @@ def gpu_rows(monitor: GpuWatch, running: Mapping[str, Any], now: float,
              events: Sequence[tuple[float, str, str]] = ()) -> list[dict[str, Any]]:
     """Each GPU: its reading (now, the risk window's summary, and ``sm_recent``: its SM
     averaged over the last few samples, what a start on trial asks), its jobs, the memory they
-    commit (``collocate.commitment``), the memory of processes that are no job's
+    commit (``collocate.core.commitment``), the memory of processes that are no job's
     (``other_mib``), how many of its jobs the scheduler froze (``frozen``: it holds their room,
     ``suspension.holds_room``) and, on a cluster, the latest change of its node's membership within
     ``EVENT_S`` (joined, stopped answering, answers again)."""

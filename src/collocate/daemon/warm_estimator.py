@@ -7,7 +7,7 @@ from __future__ import annotations
 import subprocess
 
 from collocate.daemon.config import ServeConfig
-from collocate.daemon.paths import StateLayout
+from collocate.wire.paths import StateLayout
 
 STOP_GRACE_S = 5.0
 

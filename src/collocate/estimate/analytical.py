@@ -21,7 +21,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from collocate.errors import CollocateError
+from collocate.common.errors import CollocateError
 from collocate.estimate import gpu_overheads
 from collocate.estimate.base import Estimate, breakdown_mib
 from collocate.estimate.entrypoint import load

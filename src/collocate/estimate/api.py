@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from collocate.errors import CollocateError, InputError, UnknownNameError
+from collocate.common.errors import CollocateError, InputError, UnknownNameError
 from collocate.estimate.base import Estimate
 from collocate.estimate.entrypoint import (
     OPTIMIZERS,

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from collocate.errors import CollocateError
+from collocate.common.errors import CollocateError
 from collocate.estimate.allocator import Alloc
 from collocate.estimate.base import MIB, Estimate
 from collocate.estimate.entrypoint import call, resolve, validate

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from collocate.errors import InputError
+from collocate.common.errors import InputError
 from collocate.estimate.base import Estimate
 
 #: Show the expandable-segments tip when it would save at least 10%.
@@ -74,8 +74,8 @@ def estimate(
 
 def _ask_warm(request: dict[str, Any]) -> Estimate | None:
     """The daemon's warm estimator's answer (``estimate/warm.py``), or None: estimate here."""
-    from collocate.daemon.paths import StateLayout, client_state_dir
     from collocate.estimate.warm import ask
+    from collocate.wire.paths import StateLayout, client_state_dir
 
     return ask(StateLayout(client_state_dir()).estimator_socket, **request)
 

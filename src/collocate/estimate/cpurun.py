@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from collocate.errors import CollocateError, InputError
+from collocate.common.errors import CollocateError, InputError
 from collocate.estimate import gpu_overheads
 from collocate.estimate.allocator import Alloc, Event, Free
 from collocate.estimate.base import Estimate

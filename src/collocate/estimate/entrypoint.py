@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from collocate.errors import CollocateError, InputError, UnknownNameError
+from collocate.common.errors import CollocateError, InputError, UnknownNameError
 
 CONTRACT_HINT = (
     "the entry point must be `def build(batch_size: int)` returning "

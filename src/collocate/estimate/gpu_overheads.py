@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from collocate import gputypes
+from collocate.core import gputypes
 
 MIB = 1 << 20
 CUBLAS_WS_SM90 = 4096 * 8 * 1024
@@ -92,7 +92,7 @@ def _overheads(t: gputypes.GpuType) -> GpuType:
     return GpuType(t.name, t.memory_mib, t.compute_capability, 500.0, 200.0)
 
 
-# The GPU types are collocate.gputypes' (one table for the scheduler, simulator and estimator).
+# The GPU types are collocate.core.gputypes' (one table for the scheduler, simulator and estimator).
 GPU_TYPES: dict[str, GpuType] = {name: _overheads(t) for name, t in gputypes.GPU_TYPES.items()}
 
 DEFAULT_GPU = "A100-80GB"

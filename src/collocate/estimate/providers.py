@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from collocate.errors import CollocateError, InputError
+from collocate.common.errors import CollocateError, InputError
 from collocate.estimate.base import Estimate
 
 #: Relative uncertainty given to a measured peak from history (run-to-run variation; a prior).

@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from collocate.errors import CollocateError, InputError
+from collocate.common.errors import CollocateError, InputError
 from collocate.estimate import fused, gpu_overheads
 from collocate.estimate.allocator import Alloc, Event, replay
 from collocate.estimate.base import Estimate, breakdown_mib

@@ -157,7 +157,7 @@ def default_loss(output: Any, targets: Any) -> Any:
 
 
 def _no_default_loss(out: Any, targets: Any, expected: str) -> Exception:
-    from collocate.errors import InputError
+    from collocate.common.errors import InputError
 
     return InputError(
         f"no default loss for an output of shape {tuple(out.shape)} and targets of shape "
@@ -223,7 +223,7 @@ def training_step(
         else:
             loss = work.loss_fn(out, work.targets)
     if not hasattr(loss, "backward"):
-        from collocate.errors import InputError
+        from collocate.common.errors import InputError
 
         raise InputError(
             f"the loss function returned {type(loss).__name__}, not a tensor",

@@ -42,7 +42,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from collocate.errors import CollocateError, InputError
+from collocate.common.errors import CollocateError, InputError
 
 if TYPE_CHECKING:
     from collocate.node.cgroups import AttemptCgroup, Cgroups

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from collocate.model import GpuId
+from collocate.core.model import GpuId
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import astuple, replace
 from pathlib import Path
 
-from collocate.errors import CollocateError, InputError
+from collocate.common.errors import CollocateError, InputError
+from collocate.core.gputypes import GpuType, NodeSpec, gpu_type, parse_cluster
+from collocate.core.interference import InterferenceModel, default_interference, on_device
+from collocate.core.model import GpuId, JobProfile
 from collocate.gpus.base import DeviceInfo, DeviceSample, ProcessUsage
 from collocate.gpus.emulated_state import (
     Claim,
@@ -35,9 +38,6 @@ from collocate.gpus.emulated_state import (
     read_live_claims,
 )
 from collocate.gpus.mig_profiles import mig_profile, place, sm_fraction, split_profiles
-from collocate.gputypes import GpuType, NodeSpec, gpu_type, parse_cluster
-from collocate.interference import InterferenceModel, default_interference, on_device
-from collocate.model import GpuId, JobProfile
 
 ENV_STATE_DIR = "COLLOCATE_EMULATED_DIR"  # where jobs find the state (the daemon sets it)
 _MIG_PART = re.compile(r"^mig(\d*)=(.+)$")

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import psutil
 
-from collocate.errors import CollocateError
+from collocate.common.errors import CollocateError
 
 DB_NAME = "emulated.sqlite"
 BUSY_TIMEOUT_S = 30.0

@@ -12,8 +12,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from collocate.errors import InputError, UnknownNameError
-from collocate.gputypes import GPU_TYPES
+from collocate.common.errors import InputError, UnknownNameError
+from collocate.core.gputypes import GPU_TYPES
 
 MEMORY_SLICES = 8
 COMPUTE_SLICES = 7
@@ -130,7 +130,7 @@ def full_gpu_sm_count(type_name: str, fallback: int) -> int:
 
 def sm_fraction(type_name: str, sm_count: int | None, profile: str | None = None) -> float:
     """A MIG instance's share of its GPU's SMs: the ``speed`` policies, the world and both
-    worlds' slowdown take it at (``collocate.interference``), computed here once for the NVML
+    worlds' slowdown take it at (``collocate.core.interference``), computed here once for the NVML
     backend, the emulated one and the simulator.
 
     Its SMs (``sm_count``, as read or as the table says) over the whole-GPU (7g) instance's (the

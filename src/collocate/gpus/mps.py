@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from collocate.errors import CollocateError, InputError
+from collocate.common.errors import CollocateError, InputError
 
 CONTROL_BINARY = "nvidia-cuda-mps-control"
 SERVER_COMM = "nvidia-cuda-mps"  # /proc/<pid>/comm of nvidia-cuda-mps-server (cut at 15 bytes)

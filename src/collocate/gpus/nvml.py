@@ -20,12 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, overload
 
-from collocate.errors import CollocateError
+from collocate.common.errors import CollocateError
+from collocate.core.gputypes import GPU_TYPES, type_name_from_product
+from collocate.core.model import GpuId
 from collocate.gpus.base import DeviceInfo, DeviceSample, ProcessUsage
 from collocate.gpus.mig_profiles import profile_from_device_name, profile_from_slices
 from collocate.gpus.visible import Visible, select_devices
-from collocate.gputypes import GPU_TYPES, type_name_from_product
-from collocate.model import GpuId
 
 _MIB = 1024 * 1024
 EMULATED_HINT = (

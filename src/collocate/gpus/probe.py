@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from collocate.errors import CollocateError
+from collocate.common.errors import CollocateError
 from collocate.gpus.registry import open_backend
 
 

@@ -10,7 +10,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from collocate.errors import InputError, UnknownNameError
+from collocate.common.errors import InputError, UnknownNameError
 from collocate.gpus.base import GpuBackend
 from collocate.gpus.nvml import EMULATED_HINT, NoGpuError
 

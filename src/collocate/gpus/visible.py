@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from collocate.errors import InputError
+from collocate.common.errors import InputError
 from collocate.gpus.base import DeviceInfo
 
 VARIABLES = ("CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS")  # first set wins

@@ -26,10 +26,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from collocate.errors import InputError
-from collocate.gantt import Bar, draw_gantt
+from collocate.common.errors import InputError
+from collocate.common.gantt import Bar, draw_gantt
+from collocate.common.safetext import printable
 from collocate.monitor.store import JobSummary, MonitorStore
-from collocate.safetext import printable
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -165,7 +165,7 @@ def _per_gpu(store: MonitorStore, series: list[dict[str, Any]],
 
 def _markdown(since: float | None, jobs: list[JobSummary], users: list[dict[str, Any]],
               gpus: list[dict[str, Any]], acct: list[dict[str, Any]]) -> str:
-    from collocate.units import format_duration
+    from collocate.common.units import format_duration
 
     span = ("whole history" if since is None
             else f"since {datetime.fromtimestamp(since):%Y-%m-%d %H:%M}")
@@ -214,7 +214,7 @@ def _cell(text: str) -> str:
 
 
 def _plots(out: Path, series: list[dict[str, Any]], jobs: list[JobSummary]) -> list[Path]:
-    from collocate.plotting import pyplot
+    from collocate.common.plotting import pyplot
 
     plt = pyplot()
 

@@ -25,10 +25,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from collocate.errors import UnknownNameError
+from collocate.common.errors import UnknownNameError
+from collocate.core.gputypes import gpu_type
 from collocate.gpus.base import DeviceInfo, DeviceSample, GpuBackend
 from collocate.gpus.mps import is_mps_server
-from collocate.gputypes import gpu_type
 from collocate.monitor.attribution import IDLE, OTHER, Attribution, attribute
 from collocate.monitor.job_metrics import MetricPoint, MetricsTail
 from collocate.monitor.process_tree import EMPTY, TreeReader, TreeUsage
@@ -119,7 +119,7 @@ class Tick:
     jobs: tuple[UsageRecord, ...]
     metrics: tuple[MetricPoint, ...] = ()
     attributions: tuple[Attribution, ...] = field(default=(), repr=False)
-    #: Per GPU uuid, the memory its jobs commit (``collocate.commitment``), when the caller knows
+    #: Per GPU uuid, the memory its jobs commit (``collocate.core.commitment``), when the caller knows
     #: it: the daemon does; kept beside what is used so the dashboard shows both over time.
     committed: Mapping[str, float] = field(default_factory=dict, repr=False)
 

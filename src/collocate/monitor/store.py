@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from collocate.common.sqlite import open_wal
 from collocate.monitor.sampler import Tick
-from collocate.sqlite import open_wal
 
 MONITOR_DB_NAME = "monitor.sqlite"
 

@@ -163,7 +163,7 @@ class Node(Protocol):
 
     def suspend(self, part: PartRef, frozen: bool) -> str:
         """Freeze the part's job (its cgroup's freezer: no CPU, no new kernels, its memory
-        kept) or thaw it; how it was done (``collocate.suspension``)."""
+        kept) or thaw it; how it was done (``collocate.core.suspension``)."""
         ...
 
     def release(self, part: PartRef) -> None:

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import psutil
 
-from collocate.errors import CollocateError
+from collocate.common.errors import CollocateError
 from collocate.node.isolate import CLEAN_ENV, bootstrap_argv, write_env_file
 from collocate.node.launcher import process_matches
 

@@ -14,9 +14,9 @@ from collections.abc import Collection, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import replace
 
+from collocate.core.gputypes import GPU_TYPES
+from collocate.core.model import GpuId
 from collocate.gpus.base import DeviceInfo, DeviceSample
-from collocate.gputypes import GPU_TYPES
-from collocate.model import GpuId
 from collocate.monitor.job_metrics import MetricPoint
 from collocate.monitor.process_tree import TreeUsage
 from collocate.node.api import ExitRecord, NodeTick, NodeUnreachable, PartEnd, PartRef, PartStatus, Producers

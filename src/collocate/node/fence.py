@@ -1,7 +1,7 @@
 """The memory fence of a job's processes, where the runtime allows (docs/daemon.md, "Fencing").
 
 The daemon tells a fenced attempt the MiB it may hold on each of its GPUs in
-``COLLOCATE_MEM_FENCE_MIB`` (``collocate.recovery.job_fence_mib``). The runner then puts
+``COLLOCATE_MEM_FENCE_MIB`` (``collocate.core.recovery.job_fence_mib``). The runner then puts
 ``fence_site`` first on the job's ``PYTHONPATH``: its ``sitecustomize`` (which chains to any
 the job had) caps every PyTorch process's caching allocator there, at CUDA's own lazy
 initialisation, so nothing starts CUDA earlier than the job would. Emulated jobs

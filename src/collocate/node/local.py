@@ -28,8 +28,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from collocate.core.model import SharingMode
 from collocate.gpus.base import DeviceInfo, GpuBackend
-from collocate.model import SharingMode
 from collocate.monitor.job_metrics import METRICS_FILE_NAME, MetricPoint, MetricsTail
 from collocate.monitor.process_tree import TreeReader, TreeUsage
 from collocate.node.api import ExitRecord, NodeTick, PartEnd, PartRef, PartStatus, Producers

@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from collocate.errors import CollocateError
+from collocate.common.errors import CollocateError
 from collocate.share.cli import share_app
 
 

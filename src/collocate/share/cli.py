@@ -45,7 +45,7 @@ def status_command(
                             "when none serves it)."),
 ) -> None:
     """Show whether a producer serves NAME, and its progress (exit 1 if none does)."""
-    from collocate.errors import InputError
+    from collocate.common.errors import InputError
     from collocate.share.lifecycle import probe
 
     if fmt not in ("table", "json"):

@@ -36,7 +36,7 @@ import time
 from collections.abc import Iterator
 from typing import Any, Self
 
-from collocate.errors import InputError
+from collocate.common.errors import InputError
 from collocate.share import naming
 from collocate.share.connection import Connection
 from collocate.share.errors import RingCorruptionError, ShareError

@@ -6,7 +6,7 @@ a user can act on instead of a traceback from a socket call.
 
 from __future__ import annotations
 
-from collocate.errors import CollocateError, InputError
+from collocate.common.errors import CollocateError, InputError
 
 
 class ShareError(CollocateError):

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
-from collocate.errors import InputError
+from collocate.common.errors import InputError
 
 
 def load_factory(spec: str) -> Any:

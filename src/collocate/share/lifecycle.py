@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from collocate.errors import InputError
+from collocate.common.errors import InputError
 from collocate.share import naming
 from collocate.share.errors import ProducerLostError, ProtocolError, ShareError
 from collocate.share.protocol import Msg, decode, encode, recv, send

@@ -15,7 +15,7 @@ import re
 import sys
 from pathlib import Path
 
-from collocate.errors import InputError
+from collocate.common.errors import InputError
 from collocate.share.errors import ShareUnsupportedError
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")

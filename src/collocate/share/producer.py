@@ -74,7 +74,7 @@ class ProducerConfig:
     device: str = "cpu"
 
     def __post_init__(self) -> None:
-        from collocate.errors import InputError
+        from collocate.common.errors import InputError
 
         if not 2 <= self.slots <= 4096:
             raise InputError(f"slots={self.slots} is out of range", hint="use 2..4096 (default 8)")

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from collocate.cli_help import help_text
-from collocate.errors import InputError
+from collocate.common.cli_help import help_text
+from collocate.common.errors import InputError
 
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
@@ -141,10 +141,10 @@ def simulate(
         TimeElapsedColumn,
     )
 
-    from collocate.gputypes import parse_cluster
-    from collocate.model import SharingMode
-    from collocate.policies import make_policy, parse_params, policy_parameters
-    from collocate.safetext import printable
+    from collocate.common.safetext import printable
+    from collocate.core.gputypes import parse_cluster
+    from collocate.core.model import SharingMode
+    from collocate.core.policies import make_policy, parse_params, policy_parameters
     from collocate.sim.engine import PROFILE_KNOWLEDGE, SimConfig, Simulation
     from collocate.sim.metrics import completion_times, summarize, versus_exclusive
     from collocate.sim.mig import layout_text, resolve_layout

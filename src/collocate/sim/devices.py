@@ -4,7 +4,7 @@ The engine (``sim/engine.py``) keeps per-device state (memory, residents, activi
 ``Devices`` strategy for what differs between sharing modes: which devices there are, how
 their physical GPUs integrate energy, busy time and memory, and each device's share of its GPU's
 SMs (``speed``). ``WholeGpus`` is one device per physical GPU; ``collocate.sim.mig.MigInstances``
-splits each GPU into MIG instances. Admission needs no hook: ``collocate.scheduler.Capacity``
+splits each GPU into MIG instances. Admission needs no hook: ``collocate.core.scheduler.Capacity``
 reads MIG instances from the snapshot.
 """
 
@@ -14,8 +14,8 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from collocate.gputypes import NodeSpec
-from collocate.model import GpuId
+from collocate.core.gputypes import NodeSpec
+from collocate.core.model import GpuId
 
 
 class WholeGpus:

@@ -14,10 +14,10 @@ What is simulated (everything else is the production code path, the world model 
   from scratch), an optional warm-up with no activity (the trace's ``warmup_s``),
   then progress at ``1 / slowdown`` of solo speed, where the slowdown comes from the
   interference model for the jobs sharing each of its GPUs. These phases are
-  ``collocate.job_behaviour``'s, which the emulated job plays too.
+  ``collocate.core.job_behaviour``'s, which the emulated job plays too.
 
 What policies know is not simulated: the simulator feeds the same world model the daemon feeds
-(``collocate.world``) with what its meters read (each job's memory as it ramps, each GPU's
+(``collocate.core.world``) with what its meters read (each job's memory as it ramps, each GPU's
 realized activity whenever it changes), and the world model builds the policies' snapshot, the
 phases of each job, its memory commitment and its beliefs of every job's activity, learned
 while jobs share GPUs as the daemon learns them. ``SimConfig.profiles`` says what it starts from.
@@ -28,7 +28,7 @@ split into MIG instances that are scheduled as GPUs of their own. It says which 
 are, meters their physical GPUs' energy, busy time and memory, and gives each device's share of
 its GPU's SMs (``speed``: jobs on an instance are slowed relative to it, by
 ``InterferenceModel.slowdown``, and share it by the sharing mode, time-slicing or MPS, as a whole
-GPU). Admission is the core's (``collocate.scheduler.Capacity`` reads MIG instances from the
+GPU). Admission is the core's (``collocate.core.scheduler.Capacity`` reads MIG instances from the
 snapshot).
 
 Policies see estimates (``Job.mem_mib``, from the chosen estimator) while crashes follow the
@@ -44,18 +44,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from collocate.belief import UNKNOWN, Belief, as_history, exact
-from collocate.commitment import is_estimated
-from collocate.errors import CollocateError, InputError
-from collocate.estimate.static import TRACED_REL_UNCERTAINTY
-from collocate.fairness import Fairness
-from collocate.gputypes import NodeSpec
-from collocate.interference import InterferenceModel, default_interference, on_device
-from collocate.job_behaviour import RAMP_STEPS, JobBehaviour, context_mib, progress_rate, ramp_mib, ramp_schedule
-from collocate.knowledge import MemoryProfiles, ProfileKnowledge, carried_over, learned_here, price_pending
-from collocate.model import Job, JobProfile, JobState, SharingMode
-from collocate.policies.base import Policy
-from collocate.recovery import (
+from collocate.common.errors import CollocateError, InputError
+from collocate.core.belief import UNKNOWN, Belief, as_history, exact
+from collocate.core.commitment import is_estimated
+from collocate.core.fairness import Fairness
+from collocate.core.gputypes import NodeSpec
+from collocate.core.interference import InterferenceModel, default_interference, on_device
+from collocate.core.job_behaviour import RAMP_STEPS, JobBehaviour, context_mib, progress_rate, ramp_mib, ramp_schedule
+from collocate.core.knowledge import MemoryProfiles, ProfileKnowledge, carried_over, learned_here, price_pending
+from collocate.core.model import Job, JobProfile, JobState, SharingMode
+from collocate.core.policies.base import Policy
+from collocate.core.recovery import (
     ExitReport,
     Holding,
     Outcome,
@@ -64,13 +63,14 @@ from collocate.recovery import (
     job_allowance_mib,
     job_fence_mib,
 )
-from collocate.scheduler import Capacity, Scheduler
+from collocate.core.scheduler import Capacity, Scheduler
+from collocate.core.suspension import SuspendRules
+from collocate.core.world import Device, World, observed_residents
+from collocate.estimate.static import TRACED_REL_UNCERTAINTY
 from collocate.sim.devices import WholeGpus
 from collocate.sim.mig import MigInstances, resolve_layout
 from collocate.sim.model_error import ModelError
 from collocate.sim.trace import TraceJob, Workload
-from collocate.suspension import SuspendRules
-from collocate.world import Device, World, observed_residents
 
 # Event kinds, in the order they are handled at equal times: work done frees GPUs before new
 # work arrives, so a round at time t sees every change of time t.
@@ -100,7 +100,7 @@ class SimConfig:
     estimator: str = "peak"
     # What policies know of each job's solo activity. "trace": the trace's profile, exactly.
     # "unknown": what a fresh daemon knows, nothing at the start and all it learns as the trace
-    # runs (``collocate.world``: every GPU's readings revise the beliefs of the jobs on it, alone
+    # runs (``collocate.core.world``: every GPU's readings revise the beliefs of the jobs on it, alone
     # or shared), what earlier runs of the same job taught (``Workload.command``, its history),
     # and for a job without history its family's prior (``Workload.program``: a sweep's other
     # points) over history and observed running siblings. "blind": nothing, ever
@@ -115,7 +115,7 @@ class SimConfig:
     # other jobs' training cost nothing.
     startup_s: float = 0.0
     # How often the daemon being modelled samples its GPUs (``serve --period``): its readings
-    # lag a change by a sample, and a few samples price a job (``collocate.world``).
+    # lag a change by a sample, and a few samples price a job (``collocate.core.world``).
     period_s: float = 1.0
     rules: RecoveryRules = field(default_factory=RecoveryRules)
     interference: InterferenceModel = field(default_factory=default_interference)
@@ -127,10 +127,10 @@ class SimConfig:
     # Seed of the model error (``collocate.sim.model_error``): jobs in a mix run at the model's
     # slowdown times a held-out calibration error; None runs them at the model's prediction.
     model_error_seed: int | None = None
-    # Fair share and per-user caps among the trace's users (``collocate.fairness``; a trace
+    # Fair share and per-user caps among the trace's users (``collocate.core.fairness``; a trace
     # without a ``user`` column is one user, and then neither changes anything).
     fairness: Fairness = field(default_factory=Fairness)
-    # Whether a waiting job of higher priority freezes lower ones (``collocate.preemption``), as
+    # Whether a waiting job of higher priority freezes lower ones (``collocate.core.preemption``), as
     # ``serve --no-preemption`` sets it for the daemon being modelled.
     preemption: bool = True
     # Whether a pile-up of trial jobs is taken back in one step (``SuspendRules.at_once``), as
@@ -184,7 +184,7 @@ class SimRun:
     rate: float = 1.0
     since: float = 0.0  # when work_left was last brought up to date
     version: int = 0
-    frozen: bool = False  # suspended (``collocate.suspension``): no progress, no activity, memory kept
+    frozen: bool = False  # suspended (``collocate.core.suspension``): no progress, no activity, memory kept
     frozen_since: float = 0.0
 
 
@@ -200,7 +200,7 @@ class SimResult:
     decisions: int
     timelines: dict[str, list[tuple[float, float, float]]]  # gpu -> (t, used MiB, busy)
     waits: dict[str, int] = field(default_factory=dict)  # wait kind -> job-rounds it was the reason
-    frozen_seconds: float = 0.0  # job-seconds jobs spent frozen (``collocate.suspension``)
+    frozen_seconds: float = 0.0  # job-seconds jobs spent frozen (``collocate.core.suspension``)
 
 
 class Simulation:
@@ -370,7 +370,7 @@ class Simulation:
             self._price_pending()
         plan = self.scheduler.schedule(self.world.snapshot(now), lambda idle: self.world.snapshot(now, idle))
         self.decisions += 1
-        for f in plan.freeze:  # jobs of lower priority, frozen for a placement (``collocate.preemption``)
+        for f in plan.freeze:  # jobs of lower priority, frozen for a placement (``collocate.core.preemption``)
             self._set_frozen(f.job_id, True, now)
         for wait in plan.waits.values():
             self.wait_counts[wait.kind.value] = self.wait_counts.get(wait.kind.value, 0) + 1
@@ -441,7 +441,7 @@ class Simulation:
         for i in gpus:
             self.residents[i][job_id] = None
         # fenced under every sharing mode, as the daemon fences (a capped caching allocator, an
-        # MPS limit): ``collocate.recovery.job_fence_mib``
+        # MPS limit): ``collocate.core.recovery.job_fence_mib``
         limit = job_fence_mib(job, room_mib)
         run = SimRun(job, gpus, behaviour.mem_mib, workload.profile, limit, room_mib,
                      starting=behaviour.idle_first, work_left=workload.duration_s, since=now)
@@ -492,7 +492,7 @@ class Simulation:
             room_mib = float(max(0.0, room.min()))
             observed = next(ramp_mib(run.peak_mib, k) for _, k in ramp_schedule(self.cfg.ramp_s)
                             if ramp_mib(run.peak_mib, k) > room_mib)
-            # charged to whoever overran (``collocate.recovery.charged_to``), as in the daemon
+            # charged to whoever overran (``collocate.core.recovery.charged_to``), as in the daemon
             beside = [Holding(o, r.peak_mib, job_allowance_mib(r.job, r.room_mib))
                       for o in dict.fromkeys(o for i in gpus for o in self.residents[i] if o != job_id)
                       if (r := self.running[o]).allocated]

@@ -13,7 +13,7 @@ simulator could produce:
   GPUs`` (and at least the arrival floor's longest job).
 * **model floor**: the fluid relaxation of the simulator itself. A *mix* is a multiset of jobs
   on one GPU whose peaks fit its memory; in it each member progresses at ``1 / slowdown`` from
-  the calibrated interference model (``collocate.interference``), alone at 1. Minimise the time
+  the calibrated interference model (``collocate.core.interference``), alone at 1. Minimise the time
   T such that the GPU-time given to mixes (at most GPUs x T per GPU type) covers every job's
   work. Jobs of the same profile and peak are one type (on traces with
   more than ``MAX_TYPES`` of them, rounded down). Solved by column generation:
@@ -46,10 +46,10 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from collocate.errors import CollocateError, InputError
-from collocate.gputypes import NodeSpec
-from collocate.interference import InterferenceModel, ModeParams, default_interference
-from collocate.model import SharingMode
+from collocate.common.errors import CollocateError, InputError
+from collocate.core.gputypes import NodeSpec
+from collocate.core.interference import InterferenceModel, ModeParams, default_interference
+from collocate.core.model import SharingMode
 from collocate.sim.trace import TraceJob
 
 #: Continuous knapsacks the pricing bound may solve per GPU type (it stops at the best bound left).

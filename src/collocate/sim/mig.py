@@ -24,7 +24,7 @@ The model, ``InterferenceModel.slowdown(mode, job, others, speed=f)``, also what
   physical GPU (memory: allocated MiB over the whole GPU's MiB);
 * a job needing more than one GPU is rejected at admission: a CUDA process sees one MIG device
   and NCCL does not run across MIG instances. That rule is the core's
-  (``collocate.scheduler.Capacity`` reads instances from the snapshot), so the daemon applies it
+  (``collocate.core.scheduler.Capacity`` reads instances from the snapshot), so the daemon applies it
   to real and emulated MIG devices too.
 
 ``MigInstances`` is the engine's device strategy for this (see ``collocate.sim.devices``).
@@ -35,10 +35,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from collocate.errors import InputError
+from collocate.common.errors import InputError
+from collocate.core.gputypes import NodeSpec, gpu_type
+from collocate.core.model import GpuId
 from collocate.gpus.mig_profiles import mig_profile, place, profiles_for, sm_fraction, split_profiles
-from collocate.gputypes import NodeSpec, gpu_type
-from collocate.model import GpuId
 from collocate.sim.devices import WholeGpus
 
 

@@ -27,9 +27,9 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from collocate.errors import InputError
-from collocate.interference import InterferenceModel
-from collocate.model import SharingMode
+from collocate.common.errors import InputError
+from collocate.core.interference import InterferenceModel
+from collocate.core.model import SharingMode
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,5 +1,5 @@
 """Writing a comparison: the terminal tables (fitting 80 columns), the JSON document, per-job CSV and PNG plots
-(a JCT CDF, and per policy a Gantt chart drawn by ``collocate.gantt``, as ``collocate report``)."""
+(a JCT CDF, and per policy a Gantt chart drawn by ``collocate.common.gantt``, as ``collocate report``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from collocate.gantt import Bar, draw_gantt, natural
+from collocate.common.gantt import Bar, draw_gantt, natural
 from collocate.sim.engine import SimResult
 from collocate.sim.metrics import Summary, VersusExclusive
 
@@ -114,7 +114,7 @@ def _round(value: float | None) -> float | str:
 
 def write_plots(results: Sequence[SimResult], out: Path) -> list[Path]:
     """JCT CDF per policy, and per policy a Gantt chart of who ran on which GPU when."""
-    from collocate.plotting import pyplot
+    from collocate.common.plotting import pyplot
 
     plt = pyplot()
     import numpy as np

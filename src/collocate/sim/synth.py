@@ -21,7 +21,7 @@ import math
 
 import numpy as np
 
-from collocate.model import JobProfile
+from collocate.core.model import JobProfile
 from collocate.sim.trace import TraceJob, Workload
 
 GPU_COUNTS = (1, 2, 4, 8)

@@ -23,8 +23,8 @@ from functools import cache
 from importlib import resources
 from pathlib import Path
 
-from collocate.errors import InputError
-from collocate.model import PRIORITY_MAX, JobProfile
+from collocate.common.errors import InputError
+from collocate.core.model import PRIORITY_MAX, JobProfile
 
 ESTIMATORS = ("peak", "horus", "faketensor", "gpumemnet")
 
@@ -66,7 +66,7 @@ class TraceJob:
     workload: Workload
     user: str = ""  # who submitted it (a trace's optional ``user`` column): fair share counts by it
     #: Its priority (the optional ``priority`` column, a whole number, higher first; 0 when
-    #: empty): the queue's first key, and a higher one freezes lower ones (``collocate.preemption``).
+    #: empty): the queue's first key, and a higher one freezes lower ones (``collocate.core.preemption``).
     priority: int = 0
 
 

@@ -1,6 +1,6 @@
 """Multi-user traces for the simulator: a lab where one user floods the queue, and per-user waits.
 
-What a shared server's fairness rules (``collocate.fairness``) must hold up against is one
+What a shared server's fairness rules (``collocate.core.fairness``) must hold up against is one
 member submitting a sweep of hundreds of jobs at once while the others submit a few jobs each
 through the day. ``flood_trace`` generates that, seeded; ``user_waits`` says what each user
 went through. Traces read from files carry users in their optional ``user`` column
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from collocate.model import JobProfile
+from collocate.core.model import JobProfile
 from collocate.sim.engine import SimResult
 from collocate.sim.trace import TraceJob, Workload
 

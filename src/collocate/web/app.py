@@ -38,8 +38,8 @@ from typing import Any
 from fastapi import Body, FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
-from collocate.errors import CollocateError
-from collocate.model import JobState
+from collocate.common.errors import CollocateError
+from collocate.core.model import JobState
 from collocate.web.page import PAGE
 from collocate.web.source import DashboardSource, can_submit
 

@@ -59,7 +59,7 @@ class ClientSource:
 
     def history(self, since_s: float = HISTORY_WINDOW_S) -> dict[str, Any]:
         """Per-GPU and per-user usage over the last ``since_s`` seconds (``Api.op_history``)."""
-        from collocate.errors import CollocateError
+        from collocate.common.errors import CollocateError
 
         try:
             return dict(self.client.request("history", since_s=min(max(since_s, 60.0), MAX_HISTORY_S),
@@ -87,7 +87,7 @@ class ClientSource:
         return rows
 
     def job(self, job_id: str) -> dict[str, Any] | None:
-        from collocate.errors import CollocateError
+        from collocate.common.errors import CollocateError
 
         try:
             detail = dict(self.client.request("show", id=job_id, series=True))
@@ -104,7 +104,7 @@ class ClientSource:
     def log_tail(self, job_id: str, max_bytes: int, stream: str = "stdout") -> str:
         """The end of the latest attempt's ``stream``; the daemon's refusal (another user's job,
         for a dashboard run by someone else) comes back as the text, to be shown as such."""
-        from collocate.errors import CollocateError
+        from collocate.common.errors import CollocateError
 
         try:
             first = self.client.request("logs", id=job_id, offset=0, stream=stream)

@@ -4,7 +4,7 @@ Why a Python string: it ships inside the wheel with no package-data rules, and t
 on an offline server. The script polls the JSON API every ``POLL_MS`` and rebuilds the views with
 DOM calls and ``textContent`` only (job names, reasons and logs are user text: never
 ``innerHTML``). Charts are SVG drawn here, with axes and units (no charting library to ship).
-Sizes are formatted as ``collocate.units.format_mib`` does and times as ``YYYY-MM-DD HH:MM:SS``
+Sizes are formatted as ``collocate.common.units.format_mib`` does and times as ``YYYY-MM-DD HH:MM:SS``
 local time, as the CLI prints them. ``/jobs/<id>`` is the same page opened on one job.
 
 A member keeps it open (``collocate dashboard``, their own rights): running jobs first (who is

@@ -16,7 +16,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from collocate.errors import CollocateError
+from collocate.common.errors import CollocateError
 
 LOCAL_HOSTS = ("localhost",)
 

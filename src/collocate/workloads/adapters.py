@@ -19,7 +19,7 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from collocate.errors import InputError, UnknownNameError
+from collocate.common.errors import InputError, UnknownNameError
 
 #: Hugging Face configurations: name -> (config class, config kwargs, model class, seq length).
 HF_MODELS: dict[str, tuple[str, dict[str, Any], str, int]] = {

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from collocate.errors import CollocateError
+from collocate.common.errors import CollocateError
 from collocate.monitor.sampler import Tick
 from collocate.monitor.sinks.base import JobInfo
 

@@ -103,7 +103,7 @@ class PrometheusSink:
 
 def queue_metrics(rows: list[dict[str, Any]]) -> Iterator[Metric]:
     """Jobs by state and by why they wait, and OOM/placement counters, from job rows."""
-    from collocate.model import JobState
+    from collocate.core.model import JobState
 
     by_state = {s.value: 0 for s in JobState}
     waiting: dict[str, int] = {}
