@@ -6,6 +6,8 @@ as-is and exit non-zero instead of showing a traceback.
 
 from __future__ import annotations
 
+import errno
+
 
 class CollocateError(Exception):
     """Base class: a problem the user can fix; ``hint`` says how."""
@@ -33,3 +35,14 @@ class UnknownNameError(InputError):
         )
         self.kind, self.name, self.valid = kind, name, tuple(valid)
 
+
+def address_error(address: tuple[str, int], exc: OSError, option: str) -> CollocateError:
+    """The error for a listener that cannot bind ``address``: in use, or not this machine's."""
+    host, port = address
+    if exc.errno == errno.EADDRINUSE:
+        return CollocateError(f"port {port} is in use on {host}: another program (or another "
+                              "collocate daemon) listens there",
+                              hint=f"pick another port for {option}, or stop what listens there "
+                                   f"(`ss -ltnp 'sport = :{port}'` names it)")
+    return CollocateError(f"cannot listen on {host}:{port} ({option}): {exc.strerror or exc}",
+                          hint="give an address of this machine, e.g. 127.0.0.1:PORT or 0.0.0.0:PORT")

@@ -30,8 +30,6 @@ Bounds, so that no one peer (or user) can keep the others waiting:
 
 from __future__ import annotations
 
-import errno
-import grp
 import hmac
 import logging
 import os
@@ -39,73 +37,25 @@ import pwd
 import socket
 import socketserver
 import ssl
-import struct
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from collocate.common.errors import CollocateError
+from collocate.common.errors import CollocateError, address_error
 from collocate.daemon.audit import AuditLog
 from collocate.daemon.faults import disk_full, is_disk_full
 from collocate.wire import protocol
+from collocate.wire.peers import Peer, Refused, authorize, peer_of
 from collocate.wire.rights import NotAllowed
 
 log = logging.getLogger("collocate.daemon")
 
 
-@dataclass(frozen=True, slots=True)
-class Peer:
-    """Who sent a request: from the socket's peer credentials, or a token-holding TCP client."""
-
-    uid: int
-    gid: int
-    pid: int = 0
-    tcp: bool = False
-
-    @property
-    def user(self) -> str:
-        try:
-            return pwd.getpwuid(self.uid).pw_name
-        except KeyError:
-            return str(self.uid)
-
-
-class Refused(CollocateError):
-    """A peer that may not use this daemon."""
-
-
 class Busy(CollocateError):
     """Every connection slot is taken; try again."""
-
-
-def peer_of(sock: socket.socket) -> Peer:
-    data = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    pid, uid, gid = struct.unpack("3i", data)
-    return Peer(uid=uid, gid=gid, pid=pid)
-
-
-def authorize(peer: Peer, *, daemon_uid: int, allow_gid: int | None) -> None:
-    """Raise ``Refused`` unless the peer is the daemon's user, root, or in the allowed group."""
-    if peer.uid in (daemon_uid, 0):
-        return
-    if allow_gid is not None:
-        if peer.gid == allow_gid:
-            return
-        try:
-            members = grp.getgrgid(allow_gid).gr_mem
-        except KeyError:
-            members = []
-        if peer.user in members:
-            return
-    raise Refused(
-        f"user {peer.user} (uid {peer.uid}) may not use this collocate daemon",
-        hint="ask its owner (on a lab server: the lab's admin) to add you to the group it "
-        "serves (--group)",
-    )
 
 
 AUTH_TIMEOUT_S = 10.0  # a TCP peer must send its whole token line within this of connecting
@@ -388,18 +338,6 @@ class _TcpServer(_Capped, socketserver.ThreadingMixIn, socketserver.TCPServer):
         with self._guard:
             self._pending.pop(id(request), None)
             self._authenticated.pop(id(request), None)
-
-
-def address_error(address: tuple[str, int], exc: OSError, option: str) -> CollocateError:
-    """The error for a listener that cannot bind ``address``: in use, or not this machine's."""
-    host, port = address
-    if exc.errno == errno.EADDRINUSE:
-        return CollocateError(f"port {port} is in use on {host}: another program (or another "
-                              "collocate daemon) listens there",
-                              hint=f"pick another port for {option}, or stop what listens there "
-                                   f"(`ss -ltnp 'sport = :{port}'` names it)")
-    return CollocateError(f"cannot listen on {host}:{port} ({option}): {exc.strerror or exc}",
-                          hint="give an address of this machine, e.g. 127.0.0.1:PORT or 0.0.0.0:PORT")
 
 
 class ApiServer:

@@ -260,7 +260,7 @@ def become_peer(conn: socket.socket, allow_gid: int | None) -> None:
     """Take the connecting user's identity, or raise when this process may not serve it."""
     import pwd
 
-    from collocate.daemon.server import authorize, peer_of
+    from collocate.wire.peers import authorize, peer_of
 
     peer = peer_of(conn)
     authorize(peer, daemon_uid=os.getuid(), allow_gid=allow_gid)

@@ -16,7 +16,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from collocate.common.errors import CollocateError
+from collocate.common.errors import CollocateError, address_error
 
 LOCAL_HOSTS = ("localhost",)
 
@@ -51,8 +51,6 @@ class DashboardServer:
 def bind_listener(host: str, port: int) -> socket.socket:
     """A socket bound to ``host:port``, not yet listening; a clear error if the port is taken
     (the daemon binds every listener before it serves any)."""
-    from collocate.daemon.server import address_error
-
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
