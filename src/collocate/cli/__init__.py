@@ -97,6 +97,3 @@ def __getattr__(name: str) -> Any:
         return getattr(cli_app, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-
-if __name__ == "__main__":
-    main()
