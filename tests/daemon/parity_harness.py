@@ -98,7 +98,8 @@ def run_daemon(d: Daemon, runs: list[TraceRun], ramp_s: float = 0.0, timeout: fl
 
 
 def _indices(gpus) -> frozenset[str]:
-    """A job's GPUs as their indices ("local:1" and "n0:1" are both "1")."""
+    """A job's GPUs as their indices ("local:1" and "n0:1" are both "1", "local:0/2.0" and
+    "n0:0/2.0" both "0/2.0": a MIG instance)."""
     return frozenset(str(g).rsplit(":", 1)[-1] for g in gpus)
 
 
@@ -120,10 +121,11 @@ def sim_trace(runs: list[TraceRun], arrivals: dict[str, float] | None = None,
 
 
 def simulate(trace: list[TraceJob], policy: str, sharing: str, gpus: str = "1xA100-40GB", ramp_s: float = 0.0,
-             profiles: str = "unknown") -> tuple[Simulation, SimResult]:
+             profiles: str = "unknown", mig_layout: str | None = None) -> tuple[Simulation, SimResult]:
+    """The simulator on ``gpus``, each split by ``mig_layout`` (``--mig-layout``) when given."""
     sim = Simulation(parse_cluster(gpus), trace, make_policy(policy),
                      SimConfig(sharing=SharingMode(sharing), estimator="declared", profiles=profiles,
-                               ramp_s=ramp_s, period_s=PERIOD_S))
+                               ramp_s=ramp_s, period_s=PERIOD_S, mig_layout=mig_layout))
     return sim, sim.run()
 
 

@@ -1,6 +1,7 @@
 """Parity beyond the plain case (``test_parity``): the daemon on emulated GPUs and the simulator on
 the same small trace agree on a job that spans two GPUs, an out-of-memory requeue, a resubmission
-priced from history, and a trial job frozen beside a neighbour and thawed.
+priced from history, a trial job frozen beside a neighbour and thawed, and jobs time-slicing the
+instances of a MIG layout.
 
 Each trace is the smallest one that shows its case; each world is compared on the order jobs
 start in, whom each ran unfrozen beside, which jobs were frozen, and the makespan
@@ -30,17 +31,20 @@ from parity_harness import (
 from collocate.daemon.store import Store
 
 
-def _compare(got: DaemonRun, runs: list[TraceRun], policy: str, sharing: str, gpus: str, ramp_s: float = 0.0):
+def _compare(got: DaemonRun, runs: list[TraceRun], policy: str, sharing: str, gpus: str, ramp_s: float = 0.0,
+             mig_layout: str | None = None):
     """Assert the simulator decided as the daemon did; the simulation (told a quiet machine's
     process costs) and its result, for the case's own checks."""
-    sim, result = simulate(sim_trace(runs, got.arrivals, ramp_s=ramp_s), policy, sharing, gpus, ramp_s)
+    sim, result = simulate(sim_trace(runs, got.arrivals, ramp_s=ramp_s), policy, sharing, gpus, ramp_s,
+                           mig_layout=mig_layout)
     spans, frozen = sim_spans(result), sim_freezes(result)
     seen = shown(got.spans, spans, got.spawn, got.frozen, frozen)
     assert order(got.spans) == order(spans), seen
     assert {j: g for j, (_, _, g) in got.spans.items()} == {j: g for j, (_, _, g) in spans.items()}, seen
     assert shares(got.spans, got.frozen) == shares(spans, frozen), seen
     assert {j for j, f in got.frozen.items() if f} == {j for j, f in frozen.items() if f}, seen
-    _, timed = simulate(sim_trace(runs, got.arrivals, got.spawn, ramp_s), policy, sharing, gpus, ramp_s)
+    _, timed = simulate(sim_trace(runs, got.arrivals, got.spawn, ramp_s), policy, sharing, gpus, ramp_s,
+                        mig_layout=mig_layout)
     timed_spans = sim_spans(timed)
     seen = shown(got.spans, timed_spans, got.spawn, got.frozen, sim_freezes(timed))
     assert timed.makespan_s == pytest.approx(got.makespan, rel=TOLERANCE), seen
@@ -115,3 +119,21 @@ def test_a_trial_job_frozen_beside_a_neighbour_and_thawed(daemons):
     # frozen, it made no progress: it counted its start-up, its work, slowed, and its freeze
     ((start, end),) = got.frozen["2"]
     assert counted_s(got.details["2"]["attempts"][-1]) >= runs[1].startup_s + runs[1].seconds + (end - start) - 0.3
+
+
+def test_light_jobs_time_slice_the_instances_of_a_mig_layout(daemons):
+    """One GPU split 3g.20gb + 4g.20gb: each instance is a device of its own in both worlds, and
+    jobs time-slice an instance as they would a whole GPU, slowed by its share of the SMs. Two
+    light jobs take an idle instance each; two more nobody has measured join them on trial, each
+    on the first instance with no job still starting: job 3 beside job 1 (the shorter start-up),
+    job 4 beside job 2 (whose start-up ends before job 3's). Start-ups a second or more apart keep
+    each choice from turning on which reading came first: with equal ones the worlds pick by a
+    race decided within a sampling period."""
+    runs = [TraceRun(0.1, 0.05, 4.0), TraceRun(0.2, 0.1, 4.0, startup_s=2.0),
+            TraceRun(0.1, 0.05, 3.0, startup_s=2.0), TraceRun(0.15, 0.05, 3.0)]
+    d = daemons("--policy", "auto", gpus="emulated:1xA100-40GB:mig=3g.20gb+4g.20gb")
+    got = run_daemon(d, runs)
+    _compare(got, runs, "auto", "time-slicing", "1xA100-40GB", mig_layout="3g.20gb+4g.20gb")
+    assert {j: g for j, (_, _, g) in got.spans.items()} == {
+        "1": {"0/1.0"}, "2": {"0/2.0"}, "3": {"0/1.0"}, "4": {"0/2.0"}}
+    assert shares(got.spans, got.frozen) == {"1": {"3"}, "2": {"4"}, "3": {"1"}, "4": {"2"}}
