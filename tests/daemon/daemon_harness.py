@@ -22,7 +22,7 @@ from collocate.client.connect import Client
 
 HERE = Path(__file__).parent
 JOB = str(HERE / "job.py")
-START_TIMEOUT_S = 30.0
+START_TIMEOUT_S = 60.0  # a bound on failure only: `serve --mlflow` imports MLflow, over 30 s on a loaded 2-core box
 
 
 def job_argv(mem_mib: float, seconds: float, peak_mib: float | None = None, sm: float = 0.1,
